@@ -1,0 +1,66 @@
+"""Input checks shared by every public function: clear errors, NaN/inf dropped and counted."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["as_scores", "check_open_unit", "to_numpy"]
+
+
+def check_open_unit(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking it lies in the open interval (0, 1)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}") from None
+    if not (0.0 < v < 1.0) or math.isnan(v):
+        raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
+    return v
+
+
+def as_scores(
+    scores: Any, *, name: str, device: torch.device | None = None
+) -> tuple[torch.Tensor, int]:
+    """Convert scores to a float64 tensor of shape (n, d) on their own device.
+
+    Accepts numpy arrays, torch tensors (any device) and nested sequences, of shape (n,) or (n, d).
+    Rows holding NaN or +-inf are dropped; the number dropped is returned so callers can report it.
+    ``device`` moves the result (used to bring a second argument onto the first one's device).
+    """
+    if isinstance(scores, torch.Tensor):
+        t = scores.detach()
+    else:
+        try:
+            arr = np.asarray(scores, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a numeric array of shape (n,) or (n, d)") from None
+        t = torch.from_numpy(arr)
+    if device is not None:
+        t = t.to(device)
+    if t.is_complex() or t.dtype == torch.bool:
+        t = t.real if t.is_complex() else t
+    t = t.to(torch.float64)
+    if t.ndim == 1:
+        t = t.unsqueeze(1)
+    elif t.ndim != 2:
+        raise ValueError(f"{name} must have shape (n,) or (n, d), got shape {tuple(t.shape)}")
+    if t.shape[0] == 0:
+        raise ValueError(f"{name} is empty: at least one score is needed")
+    if t.shape[1] == 0:
+        raise ValueError(f"{name} has zero dimensions per score: shape {tuple(t.shape)}")
+    finite = torch.isfinite(t).all(dim=1)
+    n_dropped = int(t.shape[0] - int(finite.sum()))
+    if n_dropped == t.shape[0]:
+        raise ValueError(f"{name} has no finite scores: all {n_dropped} are NaN or infinite")
+    if n_dropped:
+        t = t[finite]
+    return t, n_dropped
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """Detach, move to CPU and return as a numpy array."""
+    return t.detach().cpu().numpy()

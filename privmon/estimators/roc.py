@@ -1,0 +1,313 @@
+"""Threshold metrics of a membership score: AUC, ROC curve, TPR at low FPR, accuracy at the
+median, top-q precision.
+
+Convention: a higher score means "more likely a member". Every public function takes the member
+scores and the non-member scores (numpy arrays or torch tensors on any device, shape (n,) or
+(n, 1)); rows that are NaN or infinite are dropped (never counted as ties). The non-member scores
+are moved onto the member scores' device and all work is done there in torch, in O(n log n): the
+pooled scores are sorted once (:func:`_rank`) and every metric is read off the cumulative
+member / non-member counts per distinct score. Results are Python floats or numpy arrays.
+
+Sources:
+
+- AUC is the Mann–Whitney U statistic over n1 * n0: P(member score > non-member score) plus
+  half the probability of a tie (the ROC area with ties traced as diagonal segments).
+- ``tpr_at_fpr`` is the "TPR at low FPR" reading of Carlini et al. (LiRA), reported by the
+  specific-setup paper (``specific-setup-mia-evaluation.txt``).
+- ``accuracy_at_median`` is the DOMIAS threshold rule (``domias-density-ratio-mia.txt``,
+  App. A, algorithm step 4-5): tau = median of the test scores, predict member when score > tau.
+- ``top_q_precision`` is the DOMIAS high-precision attack (App. D): the mean membership of the
+  records scored in the top q-quantile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmon._validation import as_scores, check_open_unit, to_numpy
+
+__all__ = [
+    "accuracy_at_median",
+    "auc",
+    "roc_curve",
+    "roc_summary",
+    "top_q_precision",
+    "tpr_at_fpr",
+]
+
+_DEFAULT_FPR = (0.1, 0.01, 0.001)
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """The pooled scores sorted once, summarised per distinct score.
+
+    ``values`` holds the distinct pooled scores in decreasing order; ``tp[i]`` / ``fp[i]`` count the
+    members / non-members with score >= ``values[i]`` (int64, non-decreasing). ``median`` is the
+    numpy-convention median of the pooled scores (mean of the two middle ones when n is even).
+    All tensors live on the member scores' device.
+    """
+
+    values: torch.Tensor
+    tp: torch.Tensor
+    fp: torch.Tensor
+    median: torch.Tensor
+    n1: int
+    n0: int
+    n_dropped_member: int
+    n_dropped_nonmember: int
+
+    @property
+    def fpr(self) -> torch.Tensor:
+        """False-positive rate at each distinct threshold (without the leading 0)."""
+        return self.fp.to(torch.float64) / self.n0
+
+    @property
+    def tpr(self) -> torch.Tensor:
+        """True-positive rate at each distinct threshold (without the leading 0)."""
+        return self.tp.to(torch.float64) / self.n1
+
+
+def _one_dim(
+    scores: Any, *, name: str, device: torch.device | None = None
+) -> tuple[torch.Tensor, int]:
+    t, dropped = as_scores(scores, name=name, device=device)
+    if t.shape[1] != 1:
+        raise ValueError(
+            f"{name} must be one score per record, shape (n,) or (n, 1), got d = {t.shape[1]} "
+            "dimensions; reduce the scores to one dimension first"
+        )
+    return t[:, 0], dropped
+
+
+def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
+    """Validate, pool, sort once and count members / non-members per distinct score."""
+    pos, d1 = _one_dim(member_scores, name="member_scores")
+    neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
+    n1, n0 = pos.shape[0], neg.shape[0]
+    pooled = torch.cat([pos, neg])
+    is_member = torch.cat(
+        [
+            torch.ones(n1, dtype=torch.int64, device=pos.device),
+            torch.zeros(n0, dtype=torch.int64, device=pos.device),
+        ]
+    )
+    sorted_scores, order = torch.sort(pooled, descending=True)
+    values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    last = torch.cumsum(counts, 0) - 1  # index of the last record of each distinct score
+    tp = torch.cumsum(is_member[order], 0)[last]
+    fp = last + 1 - tp
+    n = n1 + n0
+    # Halve before adding so the midpoint of two huge finite scores cannot overflow; this equals
+    # numpy's (a + b) / 2 bit for bit whenever the latter is finite.
+    median = sorted_scores[(n - 1) // 2] / 2 + sorted_scores[n // 2] / 2
+    return _Ranked(values, tp, fp, median, n1, n0, d1, d0)
+
+
+# --- metrics read off a _Ranked (shared by the public functions and roc_summary) -----------------
+
+
+def _auc_from(r: _Ranked) -> float:
+    # Mann–Whitney U with mid-ranks, grouped by distinct score: each member in a group with h_g
+    # non-members beats the non-members strictly below and ties with h_g of them, so
+    # 2U = sum_g m_g * (2 * below_g + h_g). Integer arithmetic: exact for any number of ties.
+    m_g = torch.diff(r.tp, prepend=r.tp.new_zeros(1))
+    h_g = torch.diff(r.fp, prepend=r.fp.new_zeros(1))
+    below = r.n0 - r.fp
+    two_u = int(torch.sum(m_g * (2 * below + h_g)))
+    return two_u / (2 * r.n1 * r.n0)
+
+
+def _roc_from(r: _Ranked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    zero = r.values.new_zeros(1)
+    fpr = torch.cat([zero, r.fpr])
+    tpr = torch.cat([zero, r.tpr])
+    thresholds = torch.cat([r.values.new_full((1,), math.inf), r.values])
+    return to_numpy(fpr), to_numpy(tpr), to_numpy(thresholds)
+
+
+def _tpr_at_fpr_from(r: _Ranked, targets: list[float]) -> list[float]:
+    # fpr and tpr are non-decreasing along the curve, so the largest TPR with FPR <= t sits at the
+    # last point with FPR <= t. Index 0 is the (0, 0) point with threshold +inf.
+    t = torch.tensor(targets, dtype=torch.float64, device=r.values.device)
+    k = torch.searchsorted(r.fpr, t, right=True)
+    tpr = torch.cat([r.values.new_zeros(1), r.tpr])
+    return tpr[k].tolist()
+
+
+def _accuracy_at_median_from(r: _Ranked) -> float:
+    k = torch.sum(r.values > r.median)  # distinct scores strictly above tau
+    tp = torch.cat([r.tp.new_zeros(1), r.tp])[k]
+    fp = torch.cat([r.fp.new_zeros(1), r.fp])[k]
+    return int(tp + (r.n0 - fp)) / (r.n1 + r.n0)
+
+
+def _top_q_precision_from(r: _Ranked, qs: np.ndarray) -> np.ndarray:
+    n = r.n1 + r.n0
+    x = qs * n
+    # k = ceil(q * n), robust to q * n landing a rounding error above an integer (0.3 * 10).
+    nearest = np.round(x)
+    k = np.where(np.abs(x - nearest) <= 1e-9 * np.maximum(x, 1.0), nearest, np.ceil(x))
+    k = np.clip(k, 1, n).astype(np.int64)
+    kt = torch.as_tensor(k, device=r.values.device)
+    count = r.tp + r.fp  # records with score >= values[i]
+    g = torch.searchsorted(count, kt)  # the distinct score whose group holds the k-th record
+    count0 = torch.cat([count.new_zeros(1), count])
+    tp0 = torch.cat([r.tp.new_zeros(1), r.tp])
+    above, members_above = count0[g], tp0[g]  # records strictly above the cut group
+    group_size = count0[g + 1] - above
+    group_members = tp0[g + 1] - members_above
+    taken = (kt - above).to(torch.float64)
+    expected = members_above.to(torch.float64) + taken * group_members / group_size
+    return to_numpy(expected / kt)
+
+
+# --- argument checks -----------------------------------------------------------------------------
+
+
+def _check_fpr(fpr: float | Sequence[float]) -> list[float]:
+    values = np.atleast_1d(np.asarray(fpr, dtype=object)).ravel().tolist()
+    if not values:
+        raise ValueError("fpr must hold at least one target false-positive rate in (0, 1)")
+    return [check_open_unit(v, name="fpr") for v in values]
+
+
+def _check_q(q: float | Sequence[float]) -> tuple[np.ndarray, bool]:
+    try:
+        arr = np.asarray(q, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"q must be a number or a sequence of numbers in (0, 1], got {q!r}"
+        ) from None
+    scalar = arr.ndim == 0
+    arr = np.atleast_1d(arr).ravel()
+    if arr.size == 0:
+        raise ValueError("q must hold at least one quantile in (0, 1]")
+    bad = ~((arr > 0.0) & (arr <= 1.0))  # also catches NaN
+    if bad.any():
+        raise ValueError(f"q must be in the half-open interval (0, 1], got {arr[bad].tolist()}")
+    return arr, scalar
+
+
+def _fpr_key(f: float) -> str:
+    return f"tpr@fpr={f!r}"
+
+
+# --- public API ----------------------------------------------------------------------------------
+
+
+def auc(member_scores: Any, nonmember_scores: Any) -> float:
+    """Area under the ROC curve: P(member score > non-member score) + 1/2 P(tie).
+
+    Computed as the Mann–Whitney U statistic with mid-ranks for tied scores, divided by
+    n_members * n_nonmembers, in O(n log n). Exact for any pattern of ties (integer arithmetic);
+    equals ``sklearn.metrics.roc_auc_score`` on the pooled scores with members labelled 1.
+    NaN / infinite scores are dropped before ranking.
+
+    Raises:
+        ValueError: a score argument is empty, has no finite value, or has more than one
+            dimension per record; the message names the argument.
+    """
+    return _auc_from(_rank(member_scores, nonmember_scores))
+
+
+def roc_curve(
+    member_scores: Any, nonmember_scores: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ROC curve ``(fpr, tpr, thresholds)`` of the rule "member when score >= threshold".
+
+    Same convention as ``sklearn.metrics.roc_curve(..., drop_intermediate=False)``: the first
+    point is (0, 0) with threshold +inf, then one point per distinct finite score, thresholds
+    decreasing, ending at (1, 1). Arrays are float64 numpy arrays of equal length.
+    """
+    return _roc_from(_rank(member_scores, nonmember_scores))
+
+
+def tpr_at_fpr(
+    member_scores: Any,
+    nonmember_scores: Any,
+    *,
+    fpr: float | Sequence[float] = _DEFAULT_FPR,
+) -> dict[float, float]:
+    """True-positive rate at low false-positive rates (Carlini et al., LiRA).
+
+    For each target ``fpr`` the largest TPR among the ROC points (see :func:`roc_curve`) whose
+    FPR is <= the target; no interpolation between points, so the value is achievable by an
+    actual threshold. With n0 non-members, a target below 1/n0 can only be met by the (0, 0)
+    point and so reads 0 unless some member scores above every non-member: use at least ~10/fpr
+    non-members for a stable reading.
+
+    Args:
+        fpr: one target or a sequence of targets, each in the open interval (0, 1).
+
+    Returns:
+        ``{target: tpr}`` keyed by the targets as floats, in the order given.
+    """
+    targets = _check_fpr(fpr)
+    values = _tpr_at_fpr_from(_rank(member_scores, nonmember_scores), targets)
+    return dict(zip(targets, values, strict=True))
+
+
+def accuracy_at_median(member_scores: Any, nonmember_scores: Any) -> float:
+    """Accuracy of the DOMIAS median-threshold attack.
+
+    DOMIAS (App. A, algorithm steps 4-5): tau = median of the pooled test scores (numpy
+    convention: the mean of the two middle scores when their number is even), predict "member"
+    when score > tau. Returns the plain accuracy over the pooled set: members are correct when
+    score > tau, non-members when score <= tau.
+
+    Tie rule: a score equal to tau is predicted non-member (the strict inequality of DOMIAS). With
+    many scores tied at the median this leans towards "non-member"; in the extreme where every
+    score is equal the result is n_nonmembers / n_total.
+    """
+    return _accuracy_at_median_from(_rank(member_scores, nonmember_scores))
+
+
+def top_q_precision(
+    member_scores: Any, nonmember_scores: Any, *, q: float | Sequence[float]
+) -> float | np.ndarray:
+    """Precision of the attacker that only claims its top q-quantile (DOMIAS App. D).
+
+    DOMIAS defines P(A, D_test, q) = mean membership of {x : score(x) > Quantile(scores, 1 - q)}.
+    Here that set is made exact and tie-aware: it is the k = ceil(q * n) highest-scoring records
+    of the n pooled ones (k >= 1). When a group of tied scores straddles the cut, only part of it
+    can be taken; the tied group then contributes its member fraction times the number of
+    records taken from it, i.e. the expected precision of a uniformly random tie-break. Without
+    ties this is the fraction of members among the top k records.
+
+    Args:
+        q: a quantile in (0, 1], or a sequence of them. ``q = 1`` gives the member fraction.
+
+    Returns:
+        A float for a scalar ``q``, else a float64 numpy array with one value per ``q``.
+    """
+    qs, scalar = _check_q(q)
+    out = _top_q_precision_from(_rank(member_scores, nonmember_scores), qs)
+    return float(out[0]) if scalar else out
+
+
+def roc_summary(
+    member_scores: Any,
+    nonmember_scores: Any,
+    *,
+    fpr: float | Sequence[float] = _DEFAULT_FPR,
+) -> dict[str, float]:
+    """AUC, TPR at each target FPR and accuracy at the median from a single sort.
+
+    Returns ``{"auc": ..., "tpr@fpr=0.1": ..., "tpr@fpr=0.01": ..., "tpr@fpr=0.001": ...,
+    "accuracy_at_median": ...}`` (one ``tpr@fpr=<repr(target)>`` key per target). The values
+    are identical to those of :func:`auc`, :func:`tpr_at_fpr` and :func:`accuracy_at_median`.
+    """
+    targets = _check_fpr(fpr)
+    r = _rank(member_scores, nonmember_scores)
+    out = {"auc": _auc_from(r)}
+    for target, value in zip(targets, _tpr_at_fpr_from(r, targets), strict=True):
+        out[_fpr_key(target)] = value
+    out["accuracy_at_median"] = _accuracy_at_median_from(r)
+    return out

@@ -1,0 +1,279 @@
+"""Streaming state for the estimators: scores binned on a fixed grid, per class and per fold.
+
+Every estimate privmon makes from a stream (histogram W_N, binned KDE U_N, the cross-fitted
+debiased advantage, its certified lower bound, individual risks) is a function of these counts
+and of the first two moments, so the state is a handful of tensors that
+
+* live on the scores' device and are updated batch by batch (memory independent of batches seen),
+* merge by addition (``merge_`` here, ``all_reduce(SUM)`` across ranks), and
+* round-trip through ``state_dict`` / ``load_state_dict``.
+
+**Bin edges.** Pass ``low`` / ``high`` to fix them. Otherwise they are fixed by the first batch:
+its pooled range widened by ``margin`` times its width on each side. Records that fall outside
+later land in the edge bins (overflow bins) and are counted in ``n_overflow``; a large count means
+the grid was fixed on an unrepresentative first batch. The functional API passes the full data
+as one batch with ``margin=0``, so its grid spans exactly the data range (MACE §9.1).
+
+**Folds.** Record ``i`` of a class (counted from the first update) goes to fold
+``hash(i) mod folds`` (a multiplicative hash, so sorted streams are still spread evenly). The fold
+depends only on the record's position, never on batch sizes or on an RNG, so a stream and the same
+records passed at once give identical counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from privmon._validation import as_scores
+
+__all__ = ["BinnedScores"]
+
+_HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
+MAX_CELLS = 1 << 22
+
+
+def fold_of(index: torch.Tensor, folds: int) -> torch.Tensor:
+    """Fold of each running record index (int64 tensor)."""
+    return ((index * _HASH) % (1 << 32) >> 16) % folds
+
+
+class BinnedScores:
+    """Member / non-member scores binned on a fixed grid, kept per fold, with moments.
+
+    ``bins``: cells per dimension (an int, or one per dimension). ``folds``: cross-fitting folds
+    (at least 4: folds 0-1 certify the lower bound against a rule fitted on the rest).
+    """
+
+    def __init__(
+        self,
+        *,
+        bins: int | Sequence[int] = 100,
+        folds: int = 4,
+        low: Sequence[float] | float | None = None,
+        high: Sequence[float] | float | None = None,
+        margin: float = 0.1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if isinstance(folds, bool) or not isinstance(folds, int) or folds < 4:
+            raise ValueError(f"folds must be an integer >= 4, got {folds!r}")
+        if not (margin >= 0 and math.isfinite(margin)):
+            raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
+        bins_t = (bins,) if isinstance(bins, int) else tuple(bins)
+        if not bins_t or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in bins_t
+        ):
+            raise ValueError(f"bins must be a positive integer or a sequence of them, got {bins!r}")
+        if (low is None) != (high is None):
+            raise ValueError("low and high must be given together (or neither)")
+        self._bins_arg = bins_t
+        self.folds = folds
+        self.margin = float(margin)
+        self.device = torch.device(device) if device is not None else None
+        self.bins: tuple[int, ...] | None = None
+        self.low: torch.Tensor | None = None
+        self.high: torch.Tensor | None = None
+        self.counts: torch.Tensor | None = None  # (2, folds, prod(bins)) float64
+        self.sum1: torch.Tensor | None = None  # (2, folds, d)   sum of x
+        self.sum2: torch.Tensor | None = None  # (2, folds, d, d) sum of x x^T
+        self.n_seen = torch.zeros(2, dtype=torch.int64)
+        self.n_dropped = torch.zeros(2, dtype=torch.int64)
+        self.n_overflow = torch.zeros(2, dtype=torch.int64)
+        if low is not None:
+            d = len(bins_t) if len(bins_t) > 1 else None
+            lo = torch.atleast_1d(torch.as_tensor(low, dtype=torch.float64))
+            hi = torch.atleast_1d(torch.as_tensor(high, dtype=torch.float64))
+            if lo.shape != hi.shape or (d is not None and lo.numel() != d):
+                raise ValueError("low and high must have one value per dimension")
+            if not bool((hi > lo).all()):
+                raise ValueError("high must be greater than low in every dimension")
+            self._allocate(lo, hi)
+
+    # -- set-up -----------------------------------------------------------------------------
+    @property
+    def dim(self) -> int | None:
+        return None if self.low is None else int(self.low.numel())
+
+    @property
+    def initialized(self) -> bool:
+        return self.counts is not None
+
+    def _allocate(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        d = lo.numel()
+        bins = self._bins_arg * d if len(self._bins_arg) == 1 else self._bins_arg
+        if len(bins) != d:
+            raise ValueError(f"bins has {len(bins)} entries but the scores have {d} dimensions")
+        cells = math.prod(bins)
+        if cells > MAX_CELLS:
+            raise ValueError(
+                f"bins per dimension {bins} give {cells} cells in {d} dimensions, more than "
+                f"{MAX_CELLS}; use fewer bins (the functional API handles high dimensions)"
+            )
+        dev = self.device or lo.device
+        self.bins = tuple(int(b) for b in bins)
+        self.low, self.high = lo.to(dev), hi.to(dev)
+        self.counts = torch.zeros(2, self.folds, cells, dtype=torch.float64, device=dev)
+        self.sum1 = torch.zeros(2, self.folds, d, dtype=torch.float64, device=dev)
+        self.sum2 = torch.zeros(2, self.folds, d, d, dtype=torch.float64, device=dev)
+        for name in ("n_seen", "n_dropped", "n_overflow"):
+            setattr(self, name, getattr(self, name).to(dev))
+
+    @property
+    def width(self) -> torch.Tensor:
+        return (self.high - self.low) / torch.tensor(
+            self.bins, dtype=torch.float64, device=self.low.device
+        )
+
+    def cell_index(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat cell index of each row of x (clamped into the edge bins) and an in-range mask."""
+        bins = torch.tensor(self.bins, device=x.device)
+        raw = torch.floor((x - self.low) / self.width).to(torch.int64)
+        inside = ((x >= self.low) & (x <= self.high)).all(dim=1)
+        idx = torch.minimum(raw.clamp_min(0), bins - 1)
+        strides = torch.ones_like(bins)
+        if len(self.bins) > 1:
+            strides[:-1] = torch.flip(torch.cumprod(torch.flip(bins[1:], [0]), 0), [0])
+        return (idx * strides).sum(dim=1), inside
+
+    # -- updates ----------------------------------------------------------------------------
+    def update(self, member_scores: Any = None, nonmember_scores: Any = None) -> None:
+        """Add a batch of member and/or non-member scores (NaN / inf rows dropped and counted)."""
+        batches = []
+        for cls, (scores, name) in enumerate(
+            ((member_scores, "member_scores"), (nonmember_scores, "nonmember_scores"))
+        ):
+            if scores is None:
+                continue
+            dev = self.low.device if self.low is not None else self.device
+            try:
+                x, dropped = as_scores(scores, name=name, device=dev)
+            except ValueError as err:
+                if "no finite scores" not in str(err):
+                    raise
+                self.n_dropped[cls] += len(scores)
+                continue
+            if self.dim is not None and x.shape[1] != self.dim:
+                raise ValueError(
+                    f"{name} has {x.shape[1]} dimensions per score, the state holds {self.dim}"
+                )
+            batches.append((cls, x, dropped))
+        if not batches:
+            return
+        if len({b[1].shape[1] for b in batches}) > 1:
+            raise ValueError("member_scores and nonmember_scores must have the same dimension d")
+        if not self.initialized:
+            pooled = torch.cat([b[1] for b in batches])
+            lo, hi = pooled.min(dim=0).values, pooled.max(dim=0).values
+            span = hi - lo
+            lo, hi = lo - self.margin * span, hi + self.margin * span
+            flat = span <= 0
+            lo, hi = torch.where(flat, lo - 0.5, lo), torch.where(flat, hi + 0.5, hi)
+            self._allocate(lo, hi)
+        for cls, x, dropped in batches:
+            self._add(cls, x, dropped)
+
+    def _add(self, cls: int, x: torch.Tensor, dropped: int) -> None:
+        n = x.shape[0]
+        index = torch.arange(n, device=x.device) + self.n_seen[cls].to(x.device)
+        fold = fold_of(index, self.folds)
+        cell, inside = self.cell_index(x)
+        cells = self.counts.shape[2]
+        flat = fold * cells + cell
+        self.counts[cls].view(-1).add_(
+            torch.bincount(flat, minlength=self.folds * cells).to(torch.float64)
+        )
+        self.sum1[cls].index_add_(0, fold, x)
+        self.sum2[cls].index_add_(0, fold, x.unsqueeze(2) * x.unsqueeze(1))
+        self.n_seen[cls] += n
+        self.n_dropped[cls] += dropped
+        self.n_overflow[cls] += int(n - int(inside.sum()))
+
+    def merge_(self, other: BinnedScores) -> BinnedScores:
+        """Add another state's counts in place (same grid); what all_reduce(SUM) does across ranks."""
+        if not other.initialized:
+            return self
+        if not self.initialized:
+            self.load_state_dict(other.state_dict())
+            return self
+        if (
+            self.bins != other.bins
+            or self.folds != other.folds
+            or not (
+                torch.equal(self.low, other.low.to(self.low))
+                and torch.equal(self.high, other.high.to(self.high))
+            )
+        ):
+            raise ValueError("cannot merge states with different grids or folds")
+        for name in self.reducible:
+            getattr(self, name).add_(getattr(other, name).to(self.low.device))
+        return self
+
+    reducible = ("counts", "sum1", "sum2", "n_seen", "n_dropped", "n_overflow")
+
+    def reset(self) -> None:
+        """Zero the counts, keeping the grid."""
+        if self.initialized:
+            for name in self.reducible:
+                getattr(self, name).zero_()
+
+    # -- persistence ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "folds": self.folds,
+            "bins": list(self._bins_arg),
+            "margin": self.margin,
+        }
+        if self.initialized:
+            out.update({"grid_bins": list(self.bins), "low": self.low, "high": self.high})
+        for name in self.reducible:
+            t = getattr(self, name)
+            if t is not None:
+                out[name] = t
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["folds"]) != self.folds:
+            raise ValueError(f"state has {state['folds']} folds, this estimator {self.folds}")
+        if "low" in state:
+            self._bins_arg = tuple(state["grid_bins"])
+            self._allocate(state["low"].to(torch.float64), state["high"].to(torch.float64))
+            expected = {
+                "counts": self.counts.shape,
+                "sum1": self.sum1.shape,
+                "sum2": self.sum2.shape,
+            }
+            for name, shape in expected.items():
+                if tuple(state[name].shape) != tuple(shape):
+                    raise ValueError(
+                        f"state {name} has shape {tuple(state[name].shape)}, "
+                        f"expected {tuple(shape)}"
+                    )
+        for name in self.reducible:
+            if name in state:
+                setattr(
+                    self,
+                    name,
+                    state[name].clone().to(self.low.device if self.low is not None else "cpu"),
+                )
+
+    # -- derived quantities -----------------------------------------------------------------
+    def class_counts(self, folds: Sequence[int] | None = None) -> torch.Tensor:
+        """Counts per class summed over ``folds`` (all when None): shape (2, cells)."""
+        c = self.counts if folds is None else self.counts[:, list(folds)]
+        return c.sum(dim=1)
+
+    def moments(self, folds: Sequence[int] | None = None):
+        """(n, mean, unbiased covariance) per class over ``folds``: shapes (2,), (2,d), (2,d,d)."""
+        sel = slice(None) if folds is None else list(folds)
+        cnt = self.counts[:, sel].sum(dim=(1, 2))
+        s1 = self.sum1[:, sel].sum(dim=1)
+        s2 = self.sum2[:, sel].sum(dim=1)
+        n = cnt.clamp_min(1)[:, None]
+        mean = s1 / n
+        cov = (s2 - n[..., None] * mean.unsqueeze(2) * mean.unsqueeze(1)) / (n - 1).clamp_min(1)[
+            ..., None
+        ]
+        return cnt, mean, cov

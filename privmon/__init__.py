@@ -1,1 +1,48 @@
-"""privmon."""
+"""privmon: membership-inference privacy monitoring for PyTorch training.
+
+The functional core (:mod:`privmon.estimators`) estimates how much a model's query outputs reveal
+about membership (MACE's optimal advantage, individual risk, ROC figures); :mod:`privmon.bounds`
+relates those figures to a differential-privacy budget.
+"""
+
+from privmon.bounds import (
+    epsilon_audit,
+    epsilon_from_counts,
+    epsilon_from_opacus,
+    epsilon_lower_bound,
+    tanh_bound,
+)
+from privmon.estimators import (
+    AdvantageEstimate,
+    IndividualRisk,
+    StreamingAdvantage,
+    accuracy_at_median,
+    auc,
+    individual_risk,
+    optimal_advantage,
+    roc_curve,
+    roc_summary,
+    top_q_precision,
+    tpr_at_fpr,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdvantageEstimate",
+    "IndividualRisk",
+    "StreamingAdvantage",
+    "accuracy_at_median",
+    "auc",
+    "epsilon_audit",
+    "epsilon_from_counts",
+    "epsilon_from_opacus",
+    "epsilon_lower_bound",
+    "individual_risk",
+    "optimal_advantage",
+    "roc_curve",
+    "roc_summary",
+    "tanh_bound",
+    "top_q_precision",
+    "tpr_at_fpr",
+]

@@ -23,13 +23,15 @@ def check_open_unit(value: float, *, name: str) -> float:
 
 
 def as_scores(
-    scores: Any, *, name: str, device: torch.device | None = None
+    scores: Any, *, name: str, device: torch.device | None = None, drop: bool = True
 ) -> tuple[torch.Tensor, int]:
     """Convert scores to a float64 tensor of shape (n, d) on their own device.
 
     Accepts numpy arrays, torch tensors (any device) and nested sequences, of shape (n,) or (n, d).
     Rows holding NaN or +-inf are dropped; the number dropped is returned so callers can report it.
     ``device`` moves the result (used to bring a second argument onto the first one's device).
+    ``drop=False`` keeps every row (for per-record outputs that must stay aligned with the input)
+    and still returns how many rows are not finite.
     """
     if isinstance(scores, torch.Tensor):
         t = scores.detach()
@@ -54,6 +56,8 @@ def as_scores(
         raise ValueError(f"{name} has zero dimensions per score: shape {tuple(t.shape)}")
     finite = torch.isfinite(t).all(dim=1)
     n_dropped = int(t.shape[0] - int(finite.sum()))
+    if not drop:
+        return t, n_dropped
     if n_dropped == t.shape[0]:
         raise ValueError(f"{name} has no finite scores: all {n_dropped} are NaN or infinite")
     if n_dropped:

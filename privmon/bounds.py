@@ -272,7 +272,9 @@ def epsilon_from_counts(
     mechanism satisfies TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ (the region in
     :func:`tanh_bound`, constraints (a) and (b)), hence
 
-    .. math:: ε \ge \max\Big\{\log\frac{TPR_{lo} - δ}{FPR_{hi}},\ \log\frac{TNR_{lo} - δ}{FNR_{hi}}\Big\},
+    .. math::
+        ε \ge \max\Big\{\log\frac{TPR_{lo} - δ}{FPR_{hi}},\
+                         \log\frac{TNR_{lo} - δ}{FNR_{hi}}\Big\},
 
     floored at 0 (a term counts as 0 when its numerator is ≤ 0). TPR_lo and FPR_hi are one-sided
     Clopper–Pearson bounds at level alpha/2 each (Bonferroni across TPR and FPR);
@@ -413,6 +415,14 @@ def epsilon_from_opacus(source: Any, *, delta: float) -> float:
             "source must be an opacus PrivacyEngine or accountant (an object with "
             f"get_epsilon(delta) or an .accountant that has it), got {type(source).__name__}"
         )
+    # No step accounted yet: nothing is spent. (Opacus' PRV accountant, the PrivacyEngine default,
+    # raises on an empty history instead of returning 0.)
+    accountant = getattr(source, "accountant", None)
+    if accountant is None:
+        accountant = source
+    history = getattr(accountant, "history", None)
+    if isinstance(history, list) and not history:
+        return 0.0
     value = getter(d)
     if isinstance(value, (tuple, list)):  # some accountants return (eps, best_alpha)
         value = value[0]

@@ -1,1 +1,37 @@
-"""privmon."""
+"""Pure math on scores: optimal advantage, individual risk, generalized metrics, ROC, densities,
+streaming states. Functions take numpy arrays or torch tensors on any device."""
+
+from privmon.estimators.advantage import (
+    AdvantageEstimate,
+    StreamingAdvantage,
+    advantage_from_state,
+    optimal_advantage,
+)
+from privmon.estimators.density import GaussianKDE
+from privmon.estimators.risk import IndividualRisk, individual_risk
+from privmon.estimators.roc import (
+    accuracy_at_median,
+    auc,
+    roc_curve,
+    roc_summary,
+    top_q_precision,
+    tpr_at_fpr,
+)
+from privmon.estimators.streaming import BinnedScores
+
+__all__ = [
+    "AdvantageEstimate",
+    "BinnedScores",
+    "GaussianKDE",
+    "IndividualRisk",
+    "StreamingAdvantage",
+    "accuracy_at_median",
+    "advantage_from_state",
+    "auc",
+    "individual_risk",
+    "optimal_advantage",
+    "roc_curve",
+    "roc_summary",
+    "top_q_precision",
+    "tpr_at_fpr",
+]

@@ -41,7 +41,13 @@ from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 from privmon.estimators.streaming import BinnedScores, fold_of
 
-__all__ = ["AdvantageEstimate", "advantage_from_state", "default_bins", "optimal_advantage"]
+__all__ = [
+    "AdvantageEstimate",
+    "StreamingAdvantage",
+    "advantage_from_state",
+    "default_bins",
+    "optimal_advantage",
+]
 
 Method = Literal["histogram", "kde"]
 METHODS = ("histogram", "kde")
@@ -441,3 +447,83 @@ def optimal_advantage(
         seed=seed,
         n_dropped=dm + dh,
     )
+
+
+class StreamingAdvantage:
+    """Stateful, mergeable form of :func:`optimal_advantage` (torchmetrics style).
+
+    ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device;
+    ``compute()`` returns the same :class:`AdvantageEstimate` the functional form gives for the
+    same records in the same order (when the grid is the same: pass ``low`` / ``high``, or let the
+    first batch fix it, see :class:`~privmon.estimators.streaming.BinnedScores`). State tensors
+    reduce by sum across ranks (``state.reducible``); ``state_dict`` is persistent.
+    """
+
+    def __init__(
+        self,
+        *,
+        prior: float = 0.5,
+        method: Method = "histogram",
+        delta: float = 0.05,
+        bins: int | None = None,
+        bandwidth: str | float = "scott",
+        folds: int = 4,
+        low: Any = None,
+        high: Any = None,
+        margin: float = 0.1,
+        dim: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.prior = check_open_unit(prior, name="prior")
+        self.delta = check_open_unit(delta, name="delta")
+        self.method = check_method(method)
+        bandwidth_factor(bandwidth, n=2, d=1)
+        self.bandwidth = bandwidth
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 2:
+            raise ValueError(
+                f"dim must be 1 or 2 for a streaming estimate, got {dim!r}; "
+                "use optimal_advantage on all scores above 2 dimensions"
+            )
+        self.state = BinnedScores(
+            bins=bins if bins is not None else default_bins(method, dim),
+            folds=folds,
+            low=low,
+            high=high,
+            margin=margin,
+            device=device,
+        )
+
+    def update(self, member_scores: Any = None, nonmember_scores: Any = None) -> None:
+        self.state.update(member_scores, nonmember_scores)
+
+    def compute(self) -> AdvantageEstimate:
+        return advantage_from_state(
+            self.state,
+            prior=self.prior,
+            method=self.method,
+            delta=self.delta,
+            bandwidth=self.bandwidth,
+        )
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def merge_(self, other: StreamingAdvantage) -> StreamingAdvantage:
+        self.state.merge_(other.state)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "prior": self.prior,
+            "method": self.method,
+            "delta": self.delta,
+            "state": self.state.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("prior", "method", "delta"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"state_dict has {key}={state[key]!r}, this estimator {getattr(self, key)!r}"
+                )
+        self.state.load_state_dict(state["state"])

@@ -92,20 +92,14 @@ def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
     neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
     n1, n0 = pos.shape[0], neg.shape[0]
     pooled = torch.cat([pos, neg])
-    is_member = torch.cat(
-        [
-            torch.ones(n1, dtype=torch.int64, device=pos.device),
-            torch.zeros(n0, dtype=torch.int64, device=pos.device),
-        ]
-    )
     sorted_scores, order = torch.sort(pooled, descending=True)
     values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
     last = torch.cumsum(counts, 0) - 1  # index of the last record of each distinct score
-    tp = torch.cumsum(is_member[order], 0)[last]
+    tp = torch.cumsum((order < n1).to(torch.int64), 0)[last]  # members come first in pooled
     fp = last + 1 - tp
     n = n1 + n0
     # Halve before adding so the midpoint of two huge finite scores cannot overflow; this equals
-    # numpy's (a + b) / 2 bit for bit whenever the latter is finite.
+    # numpy's (a + b) / 2 bit for bit unless that overflows or the halves are subnormal.
     median = sorted_scores[(n - 1) // 2] / 2 + sorted_scores[n // 2] / 2
     return _Ranked(values, tp, fp, median, n1, n0, d1, d0)
 

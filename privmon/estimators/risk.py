@@ -1,0 +1,263 @@
+"""Individual privacy risk |f_p(z)| (MACE eq. 8, §4.1) with confidence intervals.
+
+    f_p(q) = (p·P(q) − (1−p)·Q(q)) / (p·P(q) + (1−p)·Q(q))
+
+and the posterior P(member | q) = (1 + f_p(q)) / 2, which is Song & Mittal's privacy risk score
+(their eq. 13-15): one estimator serves both.
+
+* histogram (discrete query, §4.1.1): P, Q are cell frequencies on the same grid as W_N; the
+  interval is Lemma 5 with two-sided Clopper–Pearson intervals at level 1 − δ/2 for each of P
+  and Q (δ/4 in each tail), so both hold together with probability >= 1 − δ (union bound).
+* kde (continuous query, §4.1.2): P, Q are Gaussian KDEs (scipy convention); the interval is
+  Lemma 6 with Lemma 11's bounds p̂ ± z_{1−δ/4}·sqrt(μ_K·p̂ / (N·h^d)). For a Gaussian kernel with
+  covariance H, μ_K / h^d = ∫K_H² = (4π)^(−d/2)·det(H)^(−1/2). Lemma 11 is a pointwise normal
+  approximation that ignores the KDE's smoothing bias: read it as approximate.
+
+f is increasing in P and decreasing in Q (MACE App. C.2), so the f-interval comes from the
+corners; the interval on |f| is [0, max|·|] when the f-interval contains 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.stats import norm
+
+from privmon._validation import as_scores, check_open_unit, to_numpy
+from privmon.estimators.advantage import Method, check_method, default_bins
+from privmon.estimators.density import GaussianKDE, bandwidth_factor
+from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
+from privmon.estimators.streaming import BinnedScores
+
+__all__ = ["IndividualRisk", "individual_risk", "risk_from_probabilities"]
+
+
+@dataclass(frozen=True)
+class IndividualRisk:
+    """Per-query individual privacy risk. Arrays have one entry per query row, in order.
+
+    ``value`` = |f_p| (point estimate), ``lower`` / ``upper`` its interval (level 1 − delta),
+    ``signed`` = f_p, ``posterior`` = (1 + f_p)/2 = P(member | query output) (Song & Mittal's
+    privacy risk score). Queries with NaN / inf scores get NaN and are counted in ``n_dropped``.
+    """
+
+    value: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    signed: np.ndarray
+    posterior: np.ndarray
+    prior: float
+    method: str
+    delta: float
+    n_dropped: int
+
+
+def _f(p_mass, q_mass, prior, none):
+    """f_p from P and Q; ``none`` where both are zero (no evidence either way)."""
+    num = prior * p_mass - (1 - prior) * q_mass
+    den = prior * p_mass + (1 - prior) * q_mass
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), none)
+
+
+def risk_from_probabilities(
+    p,
+    p_lo,
+    p_hi,
+    q,
+    q_lo,
+    q_hi,
+    *,
+    prior: float,
+    method: str,
+    delta: float,
+    n_dropped: int = 0,
+    signed=None,
+) -> IndividualRisk:
+    """Lemma 5 / 6: the f_p point and interval from P, Q point values and their bounds.
+
+    Without evidence (P = Q = 0) the point is the prior's f = 2p − 1 and the interval is [−1, 1].
+    ``signed`` overrides the point estimate (the KDE path computes it from log densities).
+    """
+    if signed is None:
+        signed = _f(p, q, prior, 2 * prior - 1)
+    f_lo = _f(p_lo, q_hi, prior, -1.0)
+    f_hi = _f(p_hi, q_lo, prior, 1.0)
+    a_lo, a_hi = np.abs(f_lo), np.abs(f_hi)
+    straddles = (f_lo <= 0) & (f_hi >= 0)
+    lower = np.where(straddles, 0.0, np.minimum(a_lo, a_hi))
+    upper = np.maximum(a_lo, a_hi)
+    return IndividualRisk(
+        value=np.abs(signed),
+        lower=lower,
+        upper=upper,
+        signed=signed,
+        posterior=(1 + signed) / 2,
+        prior=prior,
+        method=method,
+        delta=delta,
+        n_dropped=n_dropped,
+    )
+
+
+def _cp_interval(k, n, delta):
+    return clopper_pearson_lower(k, n, delta / 4), clopper_pearson_upper(k, n, delta / 4)
+
+
+def histogram_risk(
+    state: BinnedScores, queries: torch.Tensor, *, prior: float, delta: float, n_dropped: int = 0
+) -> IndividualRisk:
+    """Lemma 5 from a state's cell counts; queries outside the grid (or NaN) carry no evidence."""
+    cell, inside = state.cell_index(torch.nan_to_num(queries))
+    finite = torch.isfinite(queries).all(dim=1)
+    total = state.class_counts()
+    n1, n2 = float(total[0].sum()), float(total[1].sum())
+    k1 = torch.where(inside, total[0][cell], 0.0)
+    k2 = torch.where(inside, total[1][cell], 0.0)
+    k1, k2 = to_numpy(k1), to_numpy(k2)
+    p_lo, p_hi = _cp_interval(k1, n1, delta)
+    q_lo, q_hi = _cp_interval(k2, n2, delta)
+    out = risk_from_probabilities(
+        k1 / n1,
+        p_lo,
+        p_hi,
+        k2 / n2,
+        q_lo,
+        q_hi,
+        prior=prior,
+        method="histogram",
+        delta=delta,
+        n_dropped=n_dropped,
+    )
+    return _mask(out, to_numpy(finite))
+
+
+def _mask(risk: IndividualRisk, finite: np.ndarray) -> IndividualRisk:
+    if finite.all():
+        return risk
+    fields = {
+        k: np.where(finite, getattr(risk, k), np.nan)
+        for k in ("value", "lower", "upper", "signed", "posterior")
+    }
+    return IndividualRisk(
+        **fields, prior=risk.prior, method=risk.method, delta=risk.delta, n_dropped=risk.n_dropped
+    )
+
+
+def _kde_bounds(kde: GaussianKDE, x: torch.Tensor, delta: float):
+    """log p̂(x) and Lemma 11's bounds on p(x)."""
+    log_dens = kde.log_density(x)
+    dens = to_numpy(log_dens.exp())
+    log_det = float(torch.logdet(kde.covariance))
+    mu_over_hd = math.exp(-0.5 * kde.d * math.log(4 * math.pi) - 0.5 * log_det)
+    half = norm.ppf(1 - delta / 4) * np.sqrt(mu_over_hd * dens / kde.n)
+    return log_dens, np.maximum(dens - half, 0.0), dens + half
+
+
+def individual_risk(
+    scores: Any,
+    member_scores: Any,
+    nonmember_scores: Any,
+    *,
+    prior: float = 0.5,
+    method: Method = "histogram",
+    delta: float = 0.05,
+    bins: int | None = None,
+    bandwidth: str | float = "scott",
+) -> IndividualRisk:
+    """Individual privacy risk |f_p| of each query (MACE eq. 8) with Lemma 5 / 6 intervals.
+
+    Args:
+        scores: query outputs of the records to assess, shape (n,) or (n, d); rows stay aligned
+            with the output (non-finite rows give NaN).
+        member_scores, nonmember_scores: the reference member / non-member query outputs that
+            estimate P and Q (NaN / inf rows dropped and counted).
+        prior: P(member), in (0, 1). method: "histogram" (Lemma 5) or "kde" (Lemma 6 / 11).
+        delta: 1 − confidence level of the intervals, in (0, 1).
+        bins: histogram cells per dimension (default 100, the same grid as W_N).
+        bandwidth: KDE factor ("scott", "silverman" or a number), scipy convention.
+
+    Scoring the reference records themselves counts each one in its own estimate (in-sample);
+    the risk of a member that sits alone in its cell is then over-stated.
+    """
+    prior = check_open_unit(prior, name="prior")
+    delta = check_open_unit(delta, name="delta")
+    check_method(method)
+    bandwidth_factor(bandwidth, n=2, d=1)
+    m, dm = as_scores(member_scores, name="member_scores")
+    h, dh = as_scores(nonmember_scores, name="nonmember_scores", device=m.device)
+    x, dx = as_scores(scores, name="scores", device=m.device, drop=False)
+    d = m.shape[1]
+    for t, name in ((h, "nonmember_scores"), (x, "scores")):
+        if t.shape[1] != d:
+            raise ValueError(f"{name} has {t.shape[1]} dimensions per score, member_scores {d}")
+    if method == "kde":
+        finite = torch.isfinite(x).all(dim=1)
+        xs = torch.nan_to_num(x)
+        lp, p_lo, p_hi = _kde_bounds(GaussianKDE(m, bandwidth=bandwidth), xs, delta)
+        lq, q_lo, q_hi = _kde_bounds(GaussianKDE(h, bandwidth=bandwidth), xs, delta)
+        # (x − 1)/(x + 1) = tanh(ln(x)/2) (MACE eq. 17): exact even where both densities underflow
+        lam = math.log(prior / (1 - prior))
+        signed = to_numpy(torch.tanh((lam + lp - lq) / 2))
+        out = risk_from_probabilities(
+            None,
+            p_lo,
+            p_hi,
+            None,
+            q_lo,
+            q_hi,
+            prior=prior,
+            method="kde",
+            delta=delta,
+            n_dropped=dm + dh + dx,
+            signed=signed,
+        )
+        return _mask(out, to_numpy(finite))
+    nbins = bins if bins is not None else default_bins("histogram", d)
+    if d <= 2:
+        state = BinnedScores(bins=nbins, margin=0.0, device=m.device)
+        state.update(m, h)
+        return histogram_risk(state, x, prior=prior, delta=delta, n_dropped=dm + dh + dx)
+    return _sparse_histogram_risk(x, m, h, nbins, prior=prior, delta=delta, n_dropped=dm + dh + dx)
+
+
+def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> IndividualRisk:
+    """Lemma 5 above 2 dimensions: occupied cells only (torch.unique), 100^d never allocated."""
+    pooled = torch.cat([m, h])
+    low, high = pooled.min(0).values, pooled.max(0).values
+    span = torch.where(high > low, high - low, torch.ones_like(high))
+    finite = torch.isfinite(x).all(dim=1)
+    xs = torch.nan_to_num(x)
+    raw = torch.floor((torch.cat([pooled, xs]) - low) / (span / bins)).to(torch.int64)
+    inside = torch.cat(
+        [
+            torch.ones(len(pooled), dtype=torch.bool, device=x.device),
+            ((xs >= low) & (xs <= high)).all(1),
+        ]
+    )
+    _, inv = torch.unique(raw.clamp(0, bins - 1), dim=0, return_inverse=True)
+    u = int(inv.max()) + 1
+    n1, n2 = m.shape[0], h.shape[0]
+    c1 = torch.bincount(inv[:n1], minlength=u).to(x.dtype)
+    c2 = torch.bincount(inv[n1 : n1 + n2], minlength=u).to(x.dtype)
+    q_inv, q_in = inv[n1 + n2 :], inside[n1 + n2 :]
+    k1 = to_numpy(torch.where(q_in, c1[q_inv], 0.0))
+    k2 = to_numpy(torch.where(q_in, c2[q_inv], 0.0))
+    p_lo, p_hi = _cp_interval(k1, n1, delta)
+    q_lo, q_hi = _cp_interval(k2, n2, delta)
+    out = risk_from_probabilities(
+        k1 / n1,
+        p_lo,
+        p_hi,
+        k2 / n2,
+        q_lo,
+        q_hi,
+        prior=prior,
+        method="histogram",
+        delta=delta,
+        n_dropped=n_dropped,
+    )
+    return _mask(out, to_numpy(finite))

@@ -329,7 +329,7 @@ def test_audit_randomized_response_coverage():
 def test_audit_laplace_mechanism_valid_and_informative():
     """Members ~ Laplace(1, 1/eps), non-members ~ Laplace(0, 1/eps) (sensitivity 1): eps-DP."""
     rng = np.random.default_rng(4)
-    eps, alpha, n, reps = 1.0, 0.05, 20_000, 20
+    eps, alpha, n, reps = 1.0, 0.05, 20_000, 60
     results = []
     for _ in range(reps):
         mem = rng.laplace(1.0, 1 / eps, n)

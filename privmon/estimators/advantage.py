@@ -160,7 +160,7 @@ def _convolve(grid: torch.Tensor, kernels: torch.Tensor, bins: tuple[int, ...], 
 
 
 def _gaussian_kernels(cov: torch.Tensor, width: torch.Tensor, bins: tuple[int, ...]):
-    """Gaussian kernels with covariances (R, d, d) sampled on the grid lattice, each summing to 1."""
+    """Gaussian kernels with covariances (R, d, d) on the grid lattice, each summing to 1."""
     d = width.numel()
     sd = torch.sqrt(torch.diagonal(cov, dim1=1, dim2=2).amax(dim=0))
     half = [

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["GaussianKDE", "bandwidth_factor", "kernel_covariance"]
+__all__ = ["GaussianKDE", "bandwidth_factor"]
 
 
 def bandwidth_factor(bandwidth: str | float, *, n: float, d: int) -> float:
@@ -33,14 +33,6 @@ def bandwidth_factor(bandwidth: str | float, *, n: float, d: int) -> float:
     return b
 
 
-def kernel_covariance(covariance: torch.Tensor, factor: float, ridge: torch.Tensor | None = None):
-    """Kernel covariance ``factor**2 * covariance`` (+ an optional diagonal ridge for degenerate data)."""
-    h = covariance * factor**2
-    if ridge is not None:
-        h = h + torch.diag_embed(ridge)
-    return h
-
-
 class GaussianKDE:
     """Exact Gaussian KDE with full covariance (scipy convention), evaluated in chunks.
 
@@ -56,7 +48,7 @@ class GaussianKDE:
         self.n, self.d = n, d
         self.factor = bandwidth_factor(bandwidth, n=n, d=d)
         cov = torch.cov(data.T).reshape(d, d)
-        self.covariance = kernel_covariance(cov, self.factor)
+        self.covariance = cov * self.factor**2
         try:
             chol = torch.linalg.cholesky(self.covariance)
         except RuntimeError:

@@ -192,7 +192,7 @@ class BinnedScores:
         self.n_overflow[cls] += int(n - int(inside.sum()))
 
     def merge_(self, other: BinnedScores) -> BinnedScores:
-        """Add another state's counts in place (same grid); what all_reduce(SUM) does across ranks."""
+        """Add another state's counts in place (same grid): all_reduce(SUM) across ranks."""
         if not other.initialized:
             return self
         if not self.initialized:

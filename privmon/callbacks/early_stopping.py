@@ -1,0 +1,142 @@
+"""Privacy-aware early stopping: stop when a privacy figure stays above its budget.
+
+The decision is the pure function :func:`should_stop` (Lightning EarlyStopping style); the class
+only keeps the counters across checks and reads its figure from each report.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+__all__ = ["PrivacyEarlyStopping", "should_stop"]
+
+USES = ("lower", "value", "upper")
+
+
+def should_stop(
+    value: float, *, threshold: float, checks_seen: int, min_checks: int, wait: int, patience: int
+) -> tuple[bool, int, str | None]:
+    """One early-stopping decision, in a fixed order.
+
+    Returns (stop, new_wait, reason). The checks, in order: a non-finite figure never stops and
+    leaves the wait unchanged; a figure at or below the threshold resets the wait; above it the
+    wait grows and training stops once it exceeds ``patience`` — but never before ``min_checks``
+    checks have been seen.
+    """
+    if not math.isfinite(value):
+        return False, wait, None
+    if value <= threshold:
+        return False, 0, None
+    wait += 1
+    if checks_seen < min_checks:
+        return False, wait, None
+    if wait > patience:
+        return (
+            True,
+            wait,
+            (
+                f"privacy figure {value:.4f} above the budget {threshold:.4f} "
+                f"for {wait} consecutive check(s) (patience {patience})"
+            ),
+        )
+    return False, wait, None
+
+
+class PrivacyEarlyStopping:
+    """Stop training when ``metric`` stays above ``threshold``.
+
+    Args:
+        metric: which figure of a report to watch. Either a full scalar tag
+            (``"privacy/loss/histogram/lower"``) or the part between ``privacy/`` and the estimate
+            field (``"loss/histogram"``), completed with ``use``.
+        threshold: the budget: stop when the figure is above it.
+        use: which estimate of an advantage: "lower" (certified; stops only on proven leakage,
+            the default), "value" (debiased point estimate) or "upper" (conservative).
+        patience: checks above the budget tolerated before stopping (0: stop at the first).
+        min_checks: never stop before this many checks.
+    """
+
+    def __init__(
+        self,
+        metric: str,
+        threshold: float,
+        *,
+        use: Literal["lower", "value", "upper"] = "lower",
+        patience: int = 0,
+        min_checks: int = 1,
+    ) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"metric must be a non-empty string, got {metric!r}")
+        threshold = float(threshold)
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+        if use not in USES:
+            raise ValueError(f"use must be one of {USES}, got {use!r}")
+        for name, v in (("patience", patience), ("min_checks", min_checks)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        self.metric, self.threshold, self.use = metric, threshold, use
+        self.patience, self.min_checks = patience, min_checks
+        self.wait = 0
+        self.checks_seen = 0
+        self.stopped_step: int | None = None
+        self.reason: str | None = None
+
+    @property
+    def tag(self) -> str:
+        if self.metric.startswith("privacy/"):
+            return self.metric
+        return f"privacy/{self.metric}/{self.use}"
+
+    def figure(self, scalars: dict[str, float]) -> float:
+        """The watched figure from a report's scalars (the tag, or ``privacy/<metric>``)."""
+        for tag in (self.tag, f"privacy/{self.metric}"):
+            if tag in scalars:
+                return float(scalars[tag])
+        raise KeyError(
+            f"early stopping metric {self.tag!r} is not among the report's scalars; "
+            f"available: {sorted(scalars)[:20]}"
+        )
+
+    def update(self, step: int, scalars: dict[str, float]) -> bool:
+        """Feed one check's scalars; True when training should stop (stays True once stopped)."""
+        if self.stopped_step is not None:
+            return True
+        self.checks_seen += 1
+        stop, self.wait, reason = should_stop(
+            self.figure(scalars),
+            threshold=self.threshold,
+            checks_seen=self.checks_seen,
+            min_checks=self.min_checks,
+            wait=self.wait,
+            patience=self.patience,
+        )
+        if stop:
+            self.stopped_step, self.reason = int(step), f"step {step}: {reason}"
+        return stop
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "threshold": self.threshold,
+            "use": self.use,
+            "patience": self.patience,
+            "min_checks": self.min_checks,
+            "wait": self.wait,
+            "checks_seen": self.checks_seen,
+            "stopped_step": self.stopped_step,
+            "reason": self.reason,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("metric", "threshold", "use"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"early-stopping state has {key}={state[key]!r}, this callback "
+                    f"{getattr(self, key)!r}"
+                )
+        self.wait = int(state["wait"])
+        self.checks_seen = int(state["checks_seen"])
+        self.stopped_step = state["stopped_step"]
+        self.reason = state["reason"]

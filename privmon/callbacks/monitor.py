@@ -1,0 +1,424 @@
+"""PrivacyMonitor: audit a model's membership leakage while it trains.
+
+One check (DESIGN.md, "the flow of one check"): save every RNG and the train/eval mode of every
+module involved; run the member and non-member batches through each query under
+``torch.no_grad()`` with the modules in eval mode; restore everything; estimate the optimal
+advantage per query and method, AUC and TPR at low FPR, per-record risk; read ε from the Opacus
+accountant and compare with the ceilings; hand one immutable :class:`~privmon.report.Report` to
+the sinks and to early stopping.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from privmon._validation import check_open_unit
+from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
+from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.estimators.advantage import METHODS, optimal_advantage
+from privmon.estimators.risk import individual_risk
+from privmon.estimators.roc import roc_summary
+from privmon.report import QueryResult, Report
+
+__all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
+
+logger = logging.getLogger("privmon")
+
+RISK_LEVELS = (0.5, 0.8, 0.9)
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+class PrivacyViolationWarning(UserWarning):
+    """A certified lower bound on the measured advantage exceeds the DP ceiling."""
+
+
+class Sink(Protocol):
+    def write(self, report: Report) -> None: ...
+    def close(self) -> None: ...
+
+
+def _save_rng() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),  # noqa: NPY002 (the global RNG is what we protect)
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
+    return (
+        f"privmon: at step {step} the certified lower bound on the membership advantage "
+        f"({tag}: {lower:.4f}) exceeds the ceiling {ceiling:.4f} that (ε={eps:.3f}, δ)-DP allows. "
+        "Something the DP claim rests on is false: either the DP implementation or its "
+        "accounting is broken (e.g. less noise than the accountant was told), or the members "
+        "and non-members are not drawn from the same distribution — the ceiling assumes they are "
+        "exchangeable, and a shifted held-out set looks like leakage."
+    )
+
+
+class PrivacyMonitor:
+    """Watch a model's membership leakage during training.
+
+    Args:
+        query: a :mod:`privmon.queries` query, or a sequence of them (names must differ).
+        members: iterable of batches of training records (the audit member set; keep its order
+            fixed — per-record indices refer to the order it yields).
+        nonmembers: iterable of batches of held-out records, drawn from the same distribution.
+        every_n_steps: ``step(global_step)`` runs a check when global_step is a multiple of it.
+        prior: P(member) of the membership experiment, in (0, 1).
+        methods: estimators per query, from ("histogram", "kde"); KDE is skipped for discrete
+            queries.
+        modules: modules the check must protect besides those the queries declare.
+        writer: a ``torch.utils.tensorboard.SummaryWriter`` or a log directory.
+        sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`).
+        accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
+        delta: the DP δ at which ε is read, in (0, 1).
+        interval_delta: 1 − confidence level of the advantage intervals, in (0, 1).
+        early_stopping: a :class:`PrivacyEarlyStopping`.
+        max_batches: audit at most this many batches of each set per check.
+        top_k: how many most-exposed member indices to report per query.
+        strict: re-raise exceptions from a check instead of logging and skipping it.
+    """
+
+    def __init__(
+        self,
+        query: Any,
+        members: Iterable[Any],
+        nonmembers: Iterable[Any],
+        *,
+        every_n_steps: int = 100,
+        prior: float = 0.5,
+        methods: Sequence[str] = ("histogram", "kde"),
+        modules: Sequence[nn.Module] | None = None,
+        writer: Any = None,
+        sinks: Sequence[Sink] = (),
+        accountant: Any = None,
+        delta: float = 1e-5,
+        interval_delta: float = 0.05,
+        early_stopping: PrivacyEarlyStopping | None = None,
+        max_batches: int | None = None,
+        top_k: int = 10,
+        strict: bool = False,
+    ) -> None:
+        queries = list(query) if isinstance(query, (list, tuple)) else [query]
+        if not queries:
+            raise ValueError("query must be a query or a non-empty sequence of queries")
+        for q in queries:
+            if not callable(q) or not isinstance(getattr(q, "name", None), str):
+                raise ValueError(f"query {q!r} must be callable and have a string name")
+        names = [q.name for q in queries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"query names must be unique, got {names}")
+        for obj, name in ((members, "members"), (nonmembers, "nonmembers")):
+            if not isinstance(obj, Iterable):
+                raise ValueError(f"{name} must be an iterable of batches (a DataLoader, a list)")
+        if (
+            isinstance(every_n_steps, bool)
+            or not isinstance(every_n_steps, int)
+            or every_n_steps < 1
+        ):
+            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        methods = tuple(methods)
+        if not methods or any(m not in METHODS for m in methods):
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods!r}")
+        if max_batches is not None and (
+            isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1
+        ):
+            raise ValueError(f"max_batches must be None or an integer >= 1, got {max_batches!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
+        if early_stopping is not None and not isinstance(early_stopping, PrivacyEarlyStopping):
+            raise ValueError("early_stopping must be a PrivacyEarlyStopping or None")
+        if accountant is not None and not callable(getattr(accountant, "get_epsilon", None)):
+            raise ValueError(
+                "accountant must be an Opacus PrivacyEngine or accountant "
+                "(an object with get_epsilon(delta))"
+            )
+        self.queries = queries
+        self.members, self.nonmembers = members, nonmembers
+        self.every_n_steps = every_n_steps
+        self.prior = check_open_unit(prior, name="prior")
+        self.methods = methods
+        self.modules = tuple(modules or ())
+        self.sinks: list[Sink] = list(sinks)
+        if writer is not None:
+            from privmon.sinks.tensorboard import TensorBoardSink
+
+            self.sinks.insert(0, TensorBoardSink(writer))
+        self.accountant = accountant
+        self.delta = check_open_unit(delta, name="delta")
+        self.interval_delta = check_open_unit(interval_delta, name="interval_delta")
+        self.early_stopping = early_stopping
+        self.max_batches = max_batches
+        self.top_k = top_k
+        self.strict = strict
+        self.history: list[Report] = []
+        self.n_failed = 0
+        self._last_step: int | None = None
+        self._stop = False
+
+    # -- training-loop API ------------------------------------------------------------------
+    def step(self, global_step: int) -> bool:
+        """Run a check when one is due; True when training should stop."""
+        if global_step % self.every_n_steps == 0 and global_step != self._last_step:
+            self.check(global_step)
+        return self._stop
+
+    @property
+    def should_stop(self) -> bool:
+        return self._stop
+
+    @property
+    def last_report(self) -> Report | None:
+        return self.history[-1] if self.history else None
+
+    def check(self, global_step: int) -> Report | None:
+        """Run one check now. Returns its report, or None when it failed (logged, skipped)."""
+        self._last_step = global_step
+        try:
+            report = self._check(int(global_step))
+        except Exception:
+            self.n_failed += 1
+            if self.strict:
+                raise
+            logger.exception(
+                "privmon: the privacy check at step %s failed and was skipped", global_step
+            )
+            return None
+        if self.history:  # keep arrays for the latest report only: memory flat over checks
+            self.history[-1] = self.history[-1].without_arrays()
+        self.history.append(report)
+        for sink in self.sinks:
+            try:
+                sink.write(report)
+            except Exception:
+                if self.strict:
+                    raise
+                logger.exception("privmon: sink %r failed at step %s", sink, global_step)
+        if self.early_stopping is not None and self.early_stopping.update(
+            global_step, report.scalars
+        ):
+            if not self._stop:
+                logger.warning("privmon: early stopping — %s", self.early_stopping.reason)
+            self._stop = True
+        return report
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+    # -- one check ----------------------------------------------------------------------------
+    def _modules(self) -> list[nn.Module]:
+        mods: list[nn.Module] = []
+        for q in self.queries:
+            mods.extend(getattr(q, "modules", ()))
+        mods.extend(self.modules)
+        return mods
+
+    def _device(self) -> torch.device:
+        for root in self._modules():
+            for t in list(root.parameters()) + list(root.buffers()):
+                return t.device
+        return torch.device("cpu")
+
+    def _collect(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Scores of every query on members and non-members, the training state untouched."""
+        device = self._device()
+        rng = _save_rng()
+        modes = {m: m.training for root in self._modules() for m in root.modules()}
+        try:
+            with torch.no_grad():
+                for root in self._modules():
+                    root.eval()
+                for q in self.queries:
+                    getattr(q, "prepare", lambda device: None)(device)
+                out = {}
+                scores: dict[str, list[list[torch.Tensor]]] = {
+                    q.name: [[], []] for q in self.queries
+                }
+                for side, data in enumerate((self.members, self.nonmembers)):
+                    for i, batch in enumerate(data):
+                        if self.max_batches is not None and i >= self.max_batches:
+                            break
+                        for q in self.queries:
+                            scores[q.name][side].append(q(batch).detach())
+                for name, (mem, non) in scores.items():
+                    if not mem or not non:
+                        raise ValueError(
+                            "members and nonmembers must each yield at least one batch"
+                        )
+                    out[name] = (torch.cat(mem), torch.cat(non))
+                return out
+        finally:
+            for q in self.queries:
+                getattr(q, "release", lambda: None)()
+            for m, training in modes.items():
+                m.training = training
+            _restore_rng(rng)
+
+    def _check(self, step: int) -> Report:
+        t0 = time.perf_counter()
+        scores = self._collect()
+        scalars: dict[str, float] = {}
+        results: dict[str, QueryResult] = {}
+        eps = None
+        ceilings: dict[str, float] = {}
+        if self.accountant is not None:
+            eps = float(epsilon_from_opacus(self.accountant, delta=self.delta))
+            if math.isfinite(eps):
+                ceilings["tanh"] = float(tanh_bound(eps, prior=self.prior))
+                ceilings["eps_delta"] = float(tanh_bound(eps, prior=self.prior, delta=self.delta))
+            scalars["privacy/epsilon"] = eps
+            for k, v in ceilings.items():
+                scalars[f"privacy/ceiling/{k}"] = v
+        messages: list[str] = []
+        violation = False
+        for q in self.queries:
+            mem, non = scores[q.name]
+            results[q.name] = self._analyse(q, mem, non, scalars)
+            for method, est in results[q.name].estimates.items():
+                tag = f"{q.name}/{method}"
+                if "eps_delta" in ceilings and est.lower > ceilings["eps_delta"] + 1e-12:
+                    violation = True
+                    msg = _violation_message(step, tag, est.lower, ceilings["eps_delta"], eps)
+                    messages.append(msg)
+                    logger.warning(msg)
+                    warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
+        if eps is not None:
+            scalars["privacy/dp_violation"] = float(violation)
+        return Report(
+            step=step,
+            scalars=scalars,
+            queries=results,
+            epsilon=eps,
+            dp_violation=violation,
+            messages=tuple(messages),
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _analyse(
+        self, q: Any, mem: torch.Tensor, non: torch.Tensor, scalars: dict[str, float]
+    ) -> QueryResult:
+        name = q.name
+        mem2 = mem.reshape(mem.shape[0], -1)
+        non2 = non.reshape(non.shape[0], -1)
+        d = mem2.shape[1]
+        estimates = {}
+        for method in self.methods:
+            if method == "kde" and getattr(q, "discrete", False):
+                continue
+            est = optimal_advantage(
+                mem2, non2, prior=self.prior, method=method, delta=self.interval_delta
+            )
+            estimates[method] = est
+            base = f"privacy/{name}/{method}"
+            for field in ("value", "lower", "plugin", "upper"):
+                scalars[f"{base}/{field}"] = getattr(est, field)
+            scalars[f"{base}/epsilon_lower_bound"] = float(
+                epsilon_lower_bound(est.lower, prior=self.prior)
+            )
+        n_dropped = next(iter(estimates.values())).n_dropped
+        if d == 1:
+            orient = getattr(q, "higher_is_member", None)
+            m1, n1 = mem2[:, 0], non2[:, 0]
+            summary = roc_summary(m1, n1)
+            if orient is False or (orient is None and summary["auc"] < 0.5):
+                summary = roc_summary(-m1, -n1)
+            for key, v in summary.items():
+                scalars[f"privacy/{name}/{key}"] = float(v)
+        risk = post_m = post_n = None
+        top: tuple[int, ...] = ()
+        if d <= 2:
+            r = individual_risk(
+                torch.cat([mem2, non2]),
+                mem2,
+                non2,
+                prior=self.prior,
+                method="histogram",
+                delta=self.interval_delta,
+            )
+            n_mem = mem2.shape[0]
+            risk, post_m, post_n = r.value[:n_mem], r.posterior[:n_mem], r.posterior[n_mem:]
+            finite = np.isfinite(risk)
+            if finite.any():
+                rf = risk[finite]
+                for qtl in QUANTILES:
+                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(
+                        np.quantile(rf, qtl)
+                    )
+                scalars[f"privacy/{name}/risk/max"] = float(rf.max())
+                for level in RISK_LEVELS:
+                    scalars[f"privacy/{name}/risk/n_above_{level}"] = float((rf > level).sum())
+            order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")
+            top = tuple(int(i) for i in order[: self.top_k])
+        scalars[f"privacy/{name}/n_dropped"] = float(n_dropped)
+        return QueryResult(
+            name=name,
+            estimates=estimates,
+            dim=d,
+            n_dropped=n_dropped,
+            member_risk=risk,
+            member_posterior=post_m,
+            nonmember_posterior=post_n,
+            top_records=top,
+        )
+
+    # -- persistence --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "history": [
+                {
+                    "step": r.step,
+                    "scalars": dict(r.scalars),
+                    "epsilon": r.epsilon,
+                    "dp_violation": r.dp_violation,
+                }
+                for r in self.history
+            ],
+            "last_step": self._last_step,
+            "stop": self._stop,
+            "n_failed": self.n_failed,
+            "early_stopping": None
+            if self.early_stopping is None
+            else self.early_stopping.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        es = state.get("early_stopping")
+        if (es is None) != (self.early_stopping is None):
+            raise ValueError("state_dict and monitor disagree on whether early stopping is set")
+        if es is not None:
+            self.early_stopping.load_state_dict(es)
+        self.history = [
+            Report(
+                step=int(h["step"]),
+                scalars=dict(h["scalars"]),
+                epsilon=h["epsilon"],
+                dp_violation=bool(h["dp_violation"]),
+            )
+            for h in state["history"]
+        ]
+        self._last_step = state["last_step"]
+        self._stop = bool(state["stop"])
+        self.n_failed = int(state["n_failed"])

@@ -375,6 +375,25 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
     )
 
 
+def _grid_too_coarse(m: torch.Tensor, h: torch.Tensor, bins: int, bandwidth) -> bool:
+    """True when a class's KDE bandwidth is below one grid cell (heavy-tailed or very
+    concentrated scores): the binned KDE would then act as a fine histogram and over-report, so
+    the exact KDE path is used instead (when both covariances are non-singular)."""
+    pooled = torch.cat([m, h])
+    width = (pooled.max(0).values - pooled.min(0).values) / bins
+    d = m.shape[1]
+    for x in (m, h):
+        if x.shape[0] < 2:
+            return False
+        cov = torch.cov(x.T).reshape(d, d)
+        if float(torch.linalg.det(cov)) <= 0:
+            return False
+        h_sd = bandwidth_factor(bandwidth, n=x.shape[0], d=d) * torch.sqrt(torch.diagonal(cov))
+        if bool((h_sd < width).any()):
+            return True
+    return False
+
+
 def optimal_advantage(
     member_scores: Any,
     nonmember_scores: Any,
@@ -399,6 +418,8 @@ def optimal_advantage(
         delta: 1 − confidence level of ``lower`` and ``upper``, in (0, 1).
         bins: cells per dimension (histogram default 100, MACE §9.1; KDE quadrature grid default
             2048 in 1-D, 256 per axis in 2-D; above 2 dimensions the histogram bins per axis).
+            When a class's KDE bandwidth is narrower than one grid cell (heavy-tailed scores),
+            the KDE method evaluates exact kernel sums instead of the grid (slower, O(N²)).
         bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number, scipy's
             gaussian_kde convention (full covariance).
         folds: cross-fitting folds (>= 4).
@@ -428,7 +449,7 @@ def optimal_advantage(
         )
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
-    if d <= 2:
+    if d <= 2 and not (method == "kde" and _grid_too_coarse(m, h, nbins, bandwidth)):
         state = BinnedScores(bins=nbins, folds=folds, margin=0.0, device=m.device)
         state.update(m, h)
         return advantage_from_state(

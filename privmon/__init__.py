@@ -1,10 +1,11 @@
 """privmon: membership-inference privacy monitoring for PyTorch training.
 
-The functional core (:mod:`privmon.estimators`) estimates how much a model's query outputs reveal
+:class:`PrivacyMonitor` audits a model every few steps while it trains. The functional core (:mod:`privmon.estimators`) estimates how much a model's query outputs reveal
 about membership (MACE's optimal advantage, individual risk, ROC figures); :mod:`privmon.bounds`
 relates those figures to a differential-privacy budget.
 """
 
+from privmon import queries
 from privmon.bounds import (
     epsilon_audit,
     epsilon_from_counts,
@@ -12,6 +13,7 @@ from privmon.bounds import (
     epsilon_lower_bound,
     tanh_bound,
 )
+from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor, PrivacyViolationWarning
 from privmon.estimators import (
     AdvantageEstimate,
     IndividualRisk,
@@ -31,6 +33,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AdvantageEstimate",
     "IndividualRisk",
+    "PrivacyEarlyStopping",
+    "PrivacyMonitor",
+    "PrivacyViolationWarning",
     "StreamingAdvantage",
     "accuracy_at_median",
     "auc",
@@ -40,6 +45,7 @@ __all__ = [
     "epsilon_lower_bound",
     "individual_risk",
     "optimal_advantage",
+    "queries",
     "roc_curve",
     "roc_summary",
     "tanh_bound",

@@ -95,7 +95,7 @@ def default_bins(method: str, d: int) -> int:
     """100 per dimension for histograms (MACE §9.1); a fine quadrature grid for the KDE."""
     if method == "histogram":
         return 100
-    return 2048 if d == 1 else 256
+    return 2048 if d == 1 else 128
 
 
 def mcdiarmid_halfwidth(prior: float, n1: float, n2: float, delta: float) -> float:
@@ -417,7 +417,7 @@ def optimal_advantage(
         method: "histogram" (W_N) or "kde" (U_N).
         delta: 1 − confidence level of ``lower`` and ``upper``, in (0, 1).
         bins: cells per dimension (histogram default 100, MACE §9.1; KDE quadrature grid default
-            2048 in 1-D, 256 per axis in 2-D; above 2 dimensions the histogram bins per axis).
+            2048 in 1-D, 128 per axis in 2-D; above 2 dimensions the histogram bins per axis).
             When a class's KDE bandwidth is narrower than one grid cell (heavy-tailed scores),
             the KDE method evaluates exact kernel sums instead of the grid (slower, O(N²)).
         bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number, scipy's

@@ -43,6 +43,8 @@ class IndividualRisk:
     ``value`` = |f_p| (point estimate), ``lower`` / ``upper`` its interval (level 1 − delta),
     ``signed`` = f_p, ``posterior`` = (1 + f_p)/2 = P(member | query output) (Song & Mittal's
     privacy risk score). Queries with NaN / inf scores get NaN and are counted in ``n_dropped``.
+    ``signed_lower`` / ``signed_upper`` bound f_p itself (the posterior interval is
+    (1 + signed_lower)/2 .. (1 + signed_upper)/2; MACE Lemma 7 needs it).
     """
 
     value: np.ndarray
@@ -54,6 +56,8 @@ class IndividualRisk:
     method: str
     delta: float
     n_dropped: int
+    signed_lower: np.ndarray | None = None
+    signed_upper: np.ndarray | None = None
 
 
 def _f(p_mass, q_mass, prior, none):
@@ -100,6 +104,8 @@ def risk_from_probabilities(
         method=method,
         delta=delta,
         n_dropped=n_dropped,
+        signed_lower=f_lo,
+        signed_upper=f_hi,
     )
 
 
@@ -140,7 +146,8 @@ def _mask(risk: IndividualRisk, finite: np.ndarray) -> IndividualRisk:
         return risk
     fields = {
         k: np.where(finite, getattr(risk, k), np.nan)
-        for k in ("value", "lower", "upper", "signed", "posterior")
+        for k in ("value", "lower", "upper", "signed", "posterior", "signed_lower", "signed_upper")
+        if getattr(risk, k) is not None
     }
     return IndividualRisk(
         **fields, prior=risk.prior, method=risk.method, delta=risk.delta, n_dropped=risk.n_dropped

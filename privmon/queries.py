@@ -1,0 +1,820 @@
+"""Queries: what a membership-inference attacker observes about one record.
+
+A query maps a batch of records to scores of shape ``(n,)`` (scalar query) or ``(n, d)`` (vector
+query), computed on the model's device. The monitor runs every query, once per check, as::
+
+    query.prepare(device)          # once, before any batch (e.g. draw generated samples)
+    query(batch) -> scores         # every member and non-member batch
+    query.release()                # once, after the check: per-check caches are dropped
+
+inside ``torch.no_grad()``, with every module in ``query.modules`` in eval mode, and with every RNG
+restored afterwards (so queries may draw random numbers from the global torch RNG). Queries never
+change module state: no ``.train()`` / ``.eval()`` calls, no parameter or buffer writes, and no hook
+left attached outside a call.
+
+Batch convention
+----------------
+A batch is one of
+
+* a tensor ``x`` (no labels);
+* a tuple or list ``(x, y, ...)``: the first element is the input, the second (if any) the label,
+  the rest is ignored;
+* a mapping with an input under the first present key of ``"x"``, ``"input"``, ``"inputs"``,
+  ``"input_ids"`` and a label under the first present key of ``"y"``, ``"label"``, ``"labels"``,
+  ``"target"`` (the label is optional).
+
+Anything else is adapted with ``transform``, which every query (except :class:`CallableQuery`,
+whose function sees the raw batch) accepts: ``transform(batch) -> (x, y)`` with ``y`` possibly
+``None``. Tensors and numpy arrays in ``x`` and ``y`` are moved to the model's device (the device
+of its first parameter, else of its first buffer, else the CPU). If ``x`` is itself a tuple /
+list it is unpacked as positional arguments, and if it is a mapping as keyword arguments, so
+``transform=lambda b: ({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]},
+b["labels"])`` calls ``model(input_ids=..., attention_mask=...)``.
+
+Classifier queries read the model's output as logits of shape ``(n, C)``; an output with a
+``logits`` attribute or key (Hugging Face) or a tuple (first element) is unwrapped. A single logit
+per record (shape ``(n,)`` or ``(n, 1)``, the ``BCEWithLogitsLoss`` convention) is read as a binary
+classifier's logit ``z`` for class 1 and expanded to the two-class logits ``[0, z]``. Labels are
+class indices (integer, bool, or floats holding whole numbers), shape ``(n,)`` or ``(n, 1)``.
+
+Score direction (``higher_is_member``): members tend to score higher for confidence, correctness,
+logit confidence and discriminator outputs, lower for loss, entropy, modified entropy and the
+distance to the nearest generated sample; ``None`` for vector queries and when unknown. The
+advantage estimators do not need it; direction-dependent figures such as the AUC can use it.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "CallableQuery",
+    "ConfidenceQuery",
+    "CorrectnessQuery",
+    "DiscriminatorQuery",
+    "EntropyQuery",
+    "HiddenLayerQuery",
+    "HybridQuery",
+    "LogitConfidenceQuery",
+    "LossQuery",
+    "ModifiedEntropyQuery",
+    "MultiDiscriminatorQuery",
+    "NearestGeneratedQuery",
+    "Query",
+]
+
+Batch = Any
+Transform = Callable[[Batch], tuple[Any, Any]]
+
+_X_KEYS = ("x", "input", "inputs", "input_ids")
+_Y_KEYS = ("y", "label", "labels", "target")
+
+# Modified entropy clips probabilities into [1e-30, 1 - 1e-30] inside its logs.
+_CLIP = 1e-30
+_LOG_LO = math.log(_CLIP)
+_LOG_HI = math.log1p(-_CLIP)
+
+
+# --- shared helpers -------------------------------------------------------------------------------
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _check_module(module: Any, arg: str) -> nn.Module:
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"{arg} must be a torch.nn.Module, got {type(module).__name__}")
+    return module
+
+
+def _check_transform(transform: Any) -> Transform | None:
+    if transform is not None and not callable(transform):
+        raise ValueError(
+            f"transform must be None or a callable batch -> (x, y), got {type(transform).__name__}"
+        )
+    return transform
+
+
+def _check_positive_int(value: Any, arg: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{arg} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _unique_modules(modules: Iterable[nn.Module]) -> tuple[nn.Module, ...]:
+    out: list[nn.Module] = []
+    for m in modules:
+        if not any(m is o for o in out):
+            out.append(m)
+    return tuple(out)
+
+
+def _module_device(modules: Iterable[nn.Module], fallback: Any = None) -> torch.device:
+    """Device of the first parameter, else the first buffer, of the first module that has one."""
+    for m in modules:
+        for t in m.parameters():
+            return t.device
+        for t in m.buffers():
+            return t.device
+    return torch.device(fallback) if fallback is not None else torch.device("cpu")
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, np.ndarray):
+        return torch.as_tensor(obj, device=device)
+    if isinstance(obj, Mapping):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj
+
+
+def _split_batch(
+    batch: Batch, device: torch.device, transform: Transform | None = None
+) -> tuple[Any, torch.Tensor | None]:
+    """Split a batch into (x, y or None) following the module's batch convention; move to device."""
+    if transform is not None:
+        out = transform(batch)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError(
+                "transform must return a pair (x, y), with y None when there is no label"
+            )
+        x, y = out
+    elif isinstance(batch, torch.Tensor):
+        x, y = batch, None
+    elif isinstance(batch, Mapping):
+        xk = next((k for k in _X_KEYS if k in batch), None)
+        if xk is None:
+            raise ValueError(
+                f"dict batch has none of the input keys {_X_KEYS} "
+                f"(keys: {sorted(map(str, batch))}); pass transform=lambda batch: (x, y)"
+            )
+        x = batch[xk]
+        yk = next((k for k in _Y_KEYS if k in batch), None)
+        y = batch[yk] if yk is not None else None
+    elif isinstance(batch, (tuple, list)):
+        if len(batch) == 0:
+            raise ValueError("batch is an empty tuple/list: expected (x, y, ...)")
+        x = batch[0]
+        y = batch[1] if len(batch) > 1 else None
+    else:
+        raise ValueError(
+            f"unsupported batch type {type(batch).__name__}: expected a tensor, a tuple/list "
+            "(x, y, ...) or a dict; pass transform=lambda batch: (x, y)"
+        )
+    x = _to_device(x, device)
+    if y is not None:
+        y = y.to(device) if isinstance(y, torch.Tensor) else torch.as_tensor(y, device=device)
+    return x, y
+
+
+def _forward(module: nn.Module, x: Any) -> Any:
+    """Call module on x: a tuple/list is unpacked as positional args, a mapping as keyword args."""
+    if isinstance(x, Mapping):
+        return module(**x)
+    if isinstance(x, (tuple, list)):
+        return module(*x)
+    return module(x)
+
+
+def _first_tensor(out: Any, what: str) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        if "logits" in out and isinstance(out["logits"], torch.Tensor):
+            return out["logits"]
+        out = list(out.values())
+    elif isinstance(getattr(out, "logits", None), torch.Tensor):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        for v in out:
+            if isinstance(v, torch.Tensor):
+                return v
+    raise ValueError(f"{what} returned {type(out).__name__}; expected a tensor")
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    """float64 stays float64; every other dtype (half, bfloat16, ints, bool) becomes float32."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float32)
+
+
+def _per_record(t: torch.Tensor, what: str) -> torch.Tensor:
+    """(n,) or (n, 1, ...) with one value per record -> (n,)."""
+    if t.ndim == 0:
+        raise ValueError(f"{what} returned a scalar; expected one value per record, shape (n,)")
+    if t[0].numel() != 1:
+        raise ValueError(
+            f"{what} returned shape {tuple(t.shape)}; expected one value per record, (n,) or (n, 1)"
+        )
+    return t.reshape(t.shape[0])
+
+
+def _logsumexp_excluding(z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Row-wise logsumexp of z (n, C) over all columns except idx (n,)."""
+    return z.scatter(1, idx[:, None], float("-inf")).logsumexp(dim=1)
+
+
+def _log1mexp(a: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(a)) for a <= 0, accurate on both sides of -log 2."""
+    a = a.clamp(max=0.0)
+    return torch.where(a > -math.log(2.0), torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+
+
+# --- base classes ---------------------------------------------------------------------------------
+
+
+class Query(abc.ABC):
+    """Base class: ``prepare(device)`` → ``__call__(batch)`` per batch → ``release()``.
+
+    Attributes:
+        name: short tag used in reports and TensorBoard.
+        modules: every module the query runs; the monitor saves and restores their train/eval modes
+            and puts them in eval mode during a check.
+        discrete: True when scores take few distinct values (histogram estimators only).
+        higher_is_member: True / False when members tend to score higher / lower, None if unknown
+            or for vector scores.
+        transform: optional ``batch -> (x, y)`` adapter (see the module docstring).
+    """
+
+    name: str
+    modules: tuple[nn.Module, ...] = ()
+    discrete: bool = False
+    higher_is_member: bool | None = None
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        modules: Iterable[nn.Module] = (),
+        transform: Transform | None = None,
+    ) -> None:
+        self.name = _check_name(name)
+        mods = (modules,) if isinstance(modules, nn.Module) else tuple(modules)
+        for m in mods:
+            _check_module(m, "modules")
+        self.modules = _unique_modules(mods)
+        self.transform = _check_transform(transform)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the query computes on: that of its first module's parameters (else CPU)."""
+        return _module_device(self.modules)
+
+    def prepare(self, device: Any = None) -> None:  # noqa: B027 - optional hook, default no-op
+        """Called once per check before any batch. Default: nothing."""
+
+    @abc.abstractmethod
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        """Scores of shape (n,) or (n, d) on the model's device."""
+
+    def release(self) -> None:  # noqa: B027 - optional hook, default no-op
+        """Called once per check after the last batch; drops per-check caches. Default: nothing."""
+
+    def _split(self, batch: Batch) -> tuple[Any, torch.Tensor | None]:
+        return _split_batch(batch, self.device, self.transform)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class _ClassifierQuery(Query):
+    """Shared path of the classifier queries: forward, logits (n, C), checked labels (n,)."""
+
+    def __init__(self, model: nn.Module, *, name: str, transform: Transform | None = None) -> None:
+        self.model = _check_module(model, "model")
+        super().__init__(name=name, modules=(model,), transform=transform)
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        x, y = self._split(batch)
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__} needs labels, but the batch has none: pass (x, y) tuples, "
+                f"a dict with one of the label keys {_Y_KEYS}, or transform=lambda batch: (x, y)"
+            )
+        logits = self._logits(_forward(self.model, x))
+        return self._score(logits, self._labels(y, logits))
+
+    @staticmethod
+    def _logits(out: Any) -> torch.Tensor:
+        z = _first_tensor(out, "model")
+        if not (z.is_floating_point()):
+            raise ValueError(f"model returned a {z.dtype} tensor; expected float logits")
+        z = _as_float(z)
+        if z.ndim == 1 or (z.ndim == 2 and z.shape[1] == 1):
+            z = z.reshape(-1, 1)
+            return torch.cat([torch.zeros_like(z), z], dim=1)  # binary logit z -> [0, z]
+        if z.ndim != 2:
+            raise ValueError(
+                f"model returned logits of shape {tuple(z.shape)}; expected (n, C) "
+                "(use transform / CallableQuery for other outputs)"
+            )
+        return z
+
+    @staticmethod
+    def _labels(y: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        n, c = logits.shape
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y.reshape(-1)
+        if y.ndim != 1 or y.shape[0] != n:
+            raise ValueError(
+                f"labels must be class indices of shape ({n},) matching the logits "
+                f"{tuple(logits.shape)}, got shape {tuple(y.shape)}"
+            )
+        if y.is_floating_point():
+            if not bool(torch.all(y == torch.round(y))):
+                raise ValueError("labels must be class indices, got non-integer float labels")
+        elif y.is_complex():
+            raise ValueError("labels must be class indices, got complex labels")
+        y = y.long()
+        if n and (int(y.min()) < 0 or int(y.max()) >= c):
+            raise ValueError(
+                f"labels must lie in [0, {c - 1}] for {c} classes, "
+                f"got range [{int(y.min())}, {int(y.max())}]"
+            )
+        return y
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+# --- classifier queries ---------------------------------------------------------------------------
+
+
+class LossQuery(_ClassifierQuery):
+    """Per-record cross-entropy loss ``-log p_y`` (``F.cross_entropy(..., reduction="none")``)."""
+
+    higher_is_member = False
+
+    def __init__(self, model: nn.Module, *, name: str = "loss", transform: Transform | None = None):
+        super().__init__(model, name=name, transform=transform)
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y, reduction="none")
+
+
+class ConfidenceQuery(_ClassifierQuery):
+    """Softmax probability of the true class, ``p_y`` (Song & Mittal's confidence metric)."""
+
+    higher_is_member = True
+
+    def __init__(
+        self, model: nn.Module, *, name: str = "confidence", transform: Transform | None = None
+    ):
+        super().__init__(model, name=name, transform=transform)
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(logits, dim=1).gather(1, y[:, None]).squeeze(1).exp()
+
+
+class CorrectnessQuery(_ClassifierQuery):
+    """1.0 when the arg-max class equals the label, else 0.0 (discrete)."""
+
+    discrete = True
+    higher_is_member = True
+
+    def __init__(
+        self, model: nn.Module, *, name: str = "correct", transform: Transform | None = None
+    ):
+        super().__init__(model, name=name, transform=transform)
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (logits.argmax(dim=1) == y).to(logits.dtype)
+
+
+class EntropyQuery(_ClassifierQuery):
+    """Prediction entropy ``-sum_i p_i log p_i`` (label-free, but labels are still required)."""
+
+    higher_is_member = False
+
+    def __init__(
+        self, model: nn.Module, *, name: str = "entropy", transform: Transform | None = None
+    ):
+        super().__init__(model, name=name, transform=transform)
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(logits, dim=1)
+        p = logp.exp()
+        return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=1)
+
+
+class ModifiedEntropyQuery(_ClassifierQuery):
+    """Song & Mittal's modified entropy (their eq. 8)::
+
+        Mentr = -(1 - p_y) log p_y - sum_{i != y} p_i log(1 - p_i)
+
+    Computed from the logits: ``log p_i`` by log-softmax and ``log(1 - p_i)`` by log1mexp, exactly
+    (``logsumexp_{j != k} z_j - logsumexp z``) for the arg-max class k, the only one that can round
+    to probability 1. Probabilities are clipped into [1e-30, 1 - 1e-30] inside the logs, so the
+    score is 0 for a perfectly confident correct prediction and finite (about 2 * 69.1 at most per
+    wrong confident class) for a confident wrong one; it is never NaN / inf for finite logits.
+    """
+
+    higher_is_member = False
+
+    def __init__(
+        self, model: nn.Module, *, name: str = "mentr", transform: Transform | None = None
+    ):
+        super().__init__(model, name=name, transform=transform)
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        lse = logits.logsumexp(dim=1)
+        logp = logits - lse[:, None]
+        p = logp.exp()
+        log1m = _log1mexp(logp)
+        k = logits.argmax(dim=1)
+        log1m_k = _logsumexp_excluding(logits, k) - lse
+        log1m = log1m.scatter(1, k[:, None], log1m_k[:, None])
+        yi = y[:, None]
+        true_term = -log1m.gather(1, yi).exp() * logp.gather(1, yi).clamp(_LOG_LO, _LOG_HI)
+        other = p * log1m.clamp(_LOG_LO, _LOG_HI)
+        other = other.scatter(1, yi, 0.0)
+        return (true_term.squeeze(1) - other.sum(dim=1)).to(logits.dtype)
+
+
+class LogitConfidenceQuery(_ClassifierQuery):
+    """Logit-scaled confidence ``log(p_y / (1 - p_y)) = z_y - logsumexp_{i != y} z_i``.
+
+    Computed by the identity on the right, so it stays finite (e.g. 100 for logits [50, -50]) where
+    ``p_y`` rounds to 1. The scaling used by LiRA-style attacks: roughly Gaussian per record.
+    """
+
+    higher_is_member = True
+
+    def __init__(
+        self, model: nn.Module, *, name: str = "logit_conf", transform: Transform | None = None
+    ):
+        super().__init__(model, name=name, transform=transform)
+
+    def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        zy = logits.gather(1, y[:, None]).squeeze(1)
+        return zy - _logsumexp_excluding(logits, y)
+
+
+class HiddenLayerQuery(Query):
+    """Activations of a submodule ``layer`` of ``model``, flattened to (n, d) (MACE App. G).
+
+    ``layer`` is a submodule or its qualified name (``model.get_submodule``). A forward hook is
+    attached to ``layer`` only for the duration of each call (removed in a ``finally``, so it is
+    never attached during training, even if the forward raises). The captured output is cloned
+    (an in-place op later in the forward, such as ``ReLU(inplace=True)``, cannot alter it); a tuple
+    output gives its first tensor; if the layer runs several times in one forward the last run wins.
+    Labels are not needed.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: nn.Module | str,
+        *,
+        name: str = "hidden",
+        transform: Transform | None = None,
+    ) -> None:
+        self.model = _check_module(model, "model")
+        if isinstance(layer, str):
+            try:
+                layer = model.get_submodule(layer)
+            except AttributeError:
+                raise ValueError(f"layer {layer!r} is not a submodule name of model") from None
+        _check_module(layer, "layer")
+        if not any(m is layer for m in model.modules()):
+            raise ValueError("layer must be a submodule of model")
+        self.layer = layer
+        super().__init__(name=name, modules=(model,), transform=transform)
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        x, _ = self._split(batch)
+        captured: list[torch.Tensor] = []
+
+        def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            captured[:] = [_first_tensor(output, "layer").detach().clone()]
+
+        handle = self.layer.register_forward_hook(hook)
+        try:
+            _forward(self.model, x)
+        finally:
+            handle.remove()
+        if not captured:
+            raise RuntimeError(f"{self.name}: the layer did not run during model's forward pass")
+        h = captured[0]
+        if h.ndim == 0:
+            raise ValueError(f"{self.name}: the layer returned a scalar; expected (n, ...)")
+        return _as_float(h.reshape(h.shape[0], -1))
+
+    def release(self) -> None:
+        """Nothing is cached between calls; the hook only lives inside a call."""
+
+
+# --- GAN queries ----------------------------------------------------------------------------------
+
+_OUTPUTS = ("logit", "prob")
+
+
+def _check_output(output: Any, eps: Any) -> tuple[str, float]:
+    if output not in _OUTPUTS:
+        raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
+    try:
+        e = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps must be a number in (0, 0.5), got {eps!r}") from None
+    if not 0.0 < e < 0.5:
+        raise ValueError(f"eps must be in (0, 0.5), got {eps!r}")
+    return output, e
+
+
+def _disc_logit(d: nn.Module, x: Any, output: str, eps: float) -> torch.Tensor:
+    s = _as_float(_per_record(_first_tensor(_forward(d, x), "discriminator"), "discriminator"))
+    if output == "prob":
+        s = torch.logit(s, eps=eps)  # clamps into [eps, 1 - eps] first
+    return s
+
+
+class DiscriminatorQuery(Query):
+    """Discriminator output D(x) as a logit (MACE eq. 20), shape (n,).
+
+    ``output="logit"`` (default) when the discriminator returns logits; ``output="prob"`` when it
+    ends in a sigmoid: the probability is clamped into [eps, 1 - eps] and mapped through
+    ``torch.logit``. The discriminator's output must hold one value per record, (n,) or (n, 1).
+    """
+
+    higher_is_member = True
+
+    def __init__(
+        self,
+        discriminator: nn.Module,
+        *,
+        name: str = "disc",
+        output: str = "logit",
+        eps: float = 1e-6,
+        transform: Transform | None = None,
+    ) -> None:
+        self.discriminator = _check_module(discriminator, "discriminator")
+        self.output, self.eps = _check_output(output, eps)
+        super().__init__(name=name, modules=(discriminator,), transform=transform)
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        x, _ = self._split(batch)
+        return _disc_logit(self.discriminator, x, self.output, self.eps)
+
+
+class MultiDiscriminatorQuery(Query):
+    """Several discriminators (privGAN): ``reduce="max"`` gives max_i D_i(x) (MACE eq. 22), shape
+    (n,); ``reduce="vector"`` gives (D_1(x), ..., D_k(x)) (eq. 23), shape (n, k). Outputs are logits
+    (``output`` / ``eps`` as in :class:`DiscriminatorQuery`; the max commutes with the logit). The
+    default name is ``"disc_max"`` or ``"disc_vector"``. All discriminators must share a device.
+    """
+
+    _REDUCE = ("max", "vector")
+
+    def __init__(
+        self,
+        discriminators: Sequence[nn.Module],
+        *,
+        reduce: str = "max",
+        name: str | None = None,
+        output: str = "logit",
+        eps: float = 1e-6,
+        transform: Transform | None = None,
+    ) -> None:
+        if isinstance(discriminators, nn.Module) and not isinstance(
+            discriminators, (nn.ModuleList, nn.Sequential)
+        ):
+            raise ValueError("discriminators must be a sequence of modules, got a single module")
+        try:
+            ds = tuple(discriminators)
+        except TypeError:
+            raise ValueError("discriminators must be a non-empty sequence of modules") from None
+        if not ds:
+            raise ValueError("discriminators must be a non-empty sequence of modules")
+        for d in ds:
+            _check_module(d, "discriminators")
+        if reduce not in self._REDUCE:
+            raise ValueError(f"reduce must be one of {self._REDUCE}, got {reduce!r}")
+        self.discriminators = ds
+        self.reduce = reduce
+        self.output, self.eps = _check_output(output, eps)
+        self.higher_is_member = True if reduce == "max" else None
+        super().__init__(
+            name=f"disc_{reduce}" if name is None else name, modules=ds, transform=transform
+        )
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        x, _ = self._split(batch)
+        s = torch.stack([_disc_logit(d, x, self.output, self.eps) for d in self.discriminators], 1)
+        return s.amax(dim=1) if self.reduce == "max" else s
+
+
+class NearestGeneratedQuery(Query):
+    """Distance to the nearest generated sample, min_j ||x - g_j||_2 (MACE eq. 19), shape (n,).
+
+    ``prepare()`` draws ``n_samples`` samples once per check and keeps them flattened to
+    (n_samples, d) on the generator's device: ``generator(z)`` with z ~ N(0, I) of shape
+    ``(chunk_size, *latent_dim)`` drawn from the global torch RNG on that device, ``chunk`` latents
+    per generator call; or, with ``sample_fn``, ``sample_fn(n_samples, device)`` called once (it
+    replaces latent sampling and the generator call; the generator, if given, is still listed in
+    ``modules``, and may be None). ``release()`` drops the samples. Inputs are flattened to (n, d)
+    and compared in chunks of ``chunk`` rows with ``torch.cdist`` (direct differences, not the
+    matrix-product shortcut, so near-duplicates give distances near 0), so memory is
+    O(chunk * n_samples). Deterministic given ``torch.manual_seed``.
+    """
+
+    higher_is_member = False
+
+    def __init__(
+        self,
+        generator: nn.Module | None,
+        *,
+        n_samples: int = 1000,
+        latent_dim: int | Sequence[int] | None = None,
+        sample_fn: Callable[[int, torch.device], torch.Tensor] | None = None,
+        chunk: int = 1024,
+        name: str = "nn_dist",
+        transform: Transform | None = None,
+    ) -> None:
+        if generator is not None:
+            _check_module(generator, "generator")
+        if sample_fn is not None and not callable(sample_fn):
+            raise ValueError("sample_fn must be None or a callable (n, device) -> samples")
+        if generator is None and sample_fn is None:
+            raise ValueError("generator may be None only when sample_fn is given")
+        if sample_fn is None:
+            if latent_dim is None:
+                raise ValueError("latent_dim is required unless sample_fn is given")
+            dims = (latent_dim,) if isinstance(latent_dim, (int, np.integer)) else latent_dim
+            try:
+                self.latent_shape = tuple(_check_positive_int(v, "latent_dim") for v in dims)
+            except TypeError:
+                raise ValueError(
+                    f"latent_dim must be an int or a tuple of ints, got {latent_dim!r}"
+                ) from None
+            if not self.latent_shape:
+                raise ValueError("latent_dim must not be empty")
+        else:
+            self.latent_shape = None
+        self.generator = generator
+        self.sample_fn = sample_fn
+        self.n_samples = _check_positive_int(n_samples, "n_samples")
+        self.chunk = _check_positive_int(chunk, "chunk")
+        self._samples: torch.Tensor | None = None
+        super().__init__(
+            name=name, modules=() if generator is None else (generator,), transform=transform
+        )
+
+    @property
+    def samples(self) -> torch.Tensor | None:
+        """The flattened samples drawn by the last ``prepare()`` (None after ``release()``)."""
+        return self._samples
+
+    @torch.no_grad()
+    def prepare(self, device: Any = None) -> None:
+        dev = _module_device(self.modules, fallback=device)
+        if self.sample_fn is not None:
+            g = _first_tensor(self.sample_fn(self.n_samples, dev), "sample_fn")
+            if g.ndim == 0 or g.shape[0] != self.n_samples:
+                raise ValueError(
+                    f"sample_fn returned shape {tuple(g.shape)}; expected {self.n_samples} samples"
+                )
+            g = g.to(dev).reshape(self.n_samples, -1)
+        else:
+            assert self.generator is not None and self.latent_shape is not None
+            parts = []
+            for i in range(0, self.n_samples, self.chunk):
+                m = min(self.chunk, self.n_samples - i)
+                z = torch.randn((m, *self.latent_shape), device=dev)
+                out = _first_tensor(self.generator(z), "generator")
+                parts.append(out.reshape(m, -1))
+            g = torch.cat(parts)
+        self._samples = _as_float(g)
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        g = self._samples
+        if g is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
+            )
+        x, _ = _split_batch(batch, g.device, self.transform)
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{self.name}: the input must be a tensor, got {type(x).__name__}")
+        x = x.reshape(x.shape[0], -1)
+        if x.shape[1] != g.shape[1]:
+            raise ValueError(
+                f"{self.name}: input has {x.shape[1]} values per record but generated samples have "
+                f"{g.shape[1]}; use transform to match the generator's output"
+            )
+        dtype = torch.promote_types(_as_float(x[:0]).dtype, g.dtype)
+        x, g = x.to(dtype), g.to(dtype)
+        out = torch.empty(x.shape[0], dtype=dtype, device=g.device)
+        for i in range(0, x.shape[0], self.chunk):
+            d = torch.cdist(x[i : i + self.chunk], g, compute_mode="donot_use_mm_for_euclid_dist")
+            out[i : i + self.chunk] = d.amin(dim=1)
+        return out
+
+    def release(self) -> None:
+        self._samples = None
+
+
+class HybridQuery(Query):
+    """(D(x), min_j ||x - g_j||) (MACE eq. 21): the columns of two queries side by side, (n, 2).
+
+    Any two queries work (vector ones contribute all their columns). ``modules`` is their union;
+    ``prepare`` / ``release`` are forwarded to both. Scores are promoted to a common dtype and
+    moved to the first query's output device.
+    """
+
+    def __init__(
+        self, discriminator_query: Query, nearest_query: Query, *, name: str = "hybrid"
+    ) -> None:
+        for q, arg in (
+            (discriminator_query, "discriminator_query"),
+            (nearest_query, "nearest_query"),
+        ):
+            if not isinstance(q, Query):
+                raise ValueError(f"{arg} must be a privmon Query, got {type(q).__name__}")
+        self.queries = (discriminator_query, nearest_query)
+        super().__init__(
+            name=name, modules=discriminator_query.modules + nearest_query.modules, transform=None
+        )
+
+    def prepare(self, device: Any = None) -> None:
+        for q in self.queries:
+            q.prepare(device)
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        cols = [q(batch) for q in self.queries]
+        dev = cols[0].device
+        dtype = torch.promote_types(cols[0].dtype, cols[1].dtype)
+        cols = [c.to(device=dev, dtype=dtype) for c in cols]
+        n = cols[0].shape[0]
+        if cols[1].shape[0] != n:
+            raise ValueError(
+                f"{self.name}: the two queries returned {n} and {cols[1].shape[0]} rows"
+            )
+        return torch.cat([c.reshape(n, -1) for c in cols], dim=1)
+
+    def release(self) -> None:
+        for q in self.queries:
+            q.release()
+
+
+# --- anything else --------------------------------------------------------------------------------
+
+
+class CallableQuery(Query):
+    """Wrap any callable ``fn(batch) -> scores`` (raw batch in; tensor, array or sequence out).
+
+    Scores become a float tensor of shape (n,) or (n, d) on the device of ``modules`` (or, without
+    modules, of the tensor ``fn`` returned; CPU for arrays). ``fn`` runs in whatever grad mode the
+    caller set (the monitor: no_grad), so a gradient-based query can use ``torch.enable_grad()``.
+    List every module ``fn`` runs in ``modules`` so the monitor protects its mode.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Batch], Any],
+        *,
+        name: str,
+        modules: nn.Module | Iterable[nn.Module] = (),
+        discrete: bool = False,
+        higher_is_member: bool | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+        if higher_is_member not in (None, True, False):
+            raise ValueError(
+                f"higher_is_member must be None, True or False, got {higher_is_member!r}"
+            )
+        self.fn = fn
+        self.discrete = bool(discrete)
+        self.higher_is_member = higher_is_member
+        super().__init__(name=name, modules=modules)
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        out = self.fn(batch)
+        t = out if isinstance(out, torch.Tensor) else torch.as_tensor(np.asarray(out))
+        if self.modules:
+            t = t.to(self.device)
+        if t.is_complex():
+            raise ValueError(f"{self.name}: fn returned complex scores")
+        t = _as_float(t.detach())
+        if t.ndim not in (1, 2):
+            raise ValueError(
+                f"{self.name}: fn returned shape {tuple(t.shape)}; expected (n,) or (n, d)"
+            )
+        return t

@@ -1,0 +1,313 @@
+"""PrivacyMonitor: a check never changes training, reports the right figures, survives failures."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import privmon
+from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
+from privmon.queries import CallableQuery, LossQuery
+
+
+def _data(seed=0, n=240, d=8):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    y = (x[:, 0] + 0.5 * torch.randn(n, generator=g) > 0).long()
+    return x, y
+
+
+def _batches(x, y, size=40):
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
+
+
+def _net(d=8):
+    return nn.Sequential(
+        nn.Linear(d, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2)
+    )
+
+
+def _noisy_query(model):
+    """A query that draws from every global RNG: the monitor must restore them all."""
+
+    def fn(batch):
+        x, y = batch
+        random.random()
+        np.random.rand()  # noqa: NPY002
+        noise = 1e-3 * torch.randn(len(x))
+        return F.cross_entropy(model(x), y, reduction="none") + noise
+
+    return CallableQuery(fn, name="noisy_loss", modules=model)
+
+
+def _train(monitor_on: bool, steps=30):
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)  # noqa: NPY002
+    x, y = _data()
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x[:120], y[:120]), batch_size=20, shuffle=True
+    )
+    mon = None
+    if monitor_on:
+        mon = PrivacyMonitor(
+            [_noisy_query(model), LossQuery(model)],
+            loader,  # a shuffling DataLoader: iterating it draws from the torch RNG
+            _batches(x[120:], y[120:]),
+            every_n_steps=5,
+            strict=True,
+        )
+    step = 0
+    while step < steps:
+        for xb, yb in loader:
+            step += 1
+            loss = F.cross_entropy(model(xb), yb) + 1e-3 * torch.randn(()).abs()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if mon is not None:
+                mon.step(step)
+            if step >= steps:
+                break
+    return model, opt, mon, (random.random(), np.random.rand(), torch.rand(1))  # noqa: NPY002
+
+
+def test_training_is_bit_identical_with_and_without_the_monitor():
+    m0, o0, _, rng0 = _train(False)
+    m1, o1, mon, rng1 = _train(True)
+    assert len(mon.history) == 6
+    for (k, a), (_, b) in zip(m0.state_dict().items(), m1.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k  # weights and BatchNorm statistics
+    for s0, s1 in zip(
+        o0.state_dict()["state"].values(), o1.state_dict()["state"].values(), strict=True
+    ):
+        assert torch.equal(s0["momentum_buffer"], s1["momentum_buffer"])
+    assert rng0[0] == rng1[0] and rng0[1] == rng1[1] and torch.equal(rng0[2], rng1[2])
+    assert m1.training  # mode restored
+
+
+def test_training_is_bit_identical_under_opacus():
+    opacus = pytest.importorskip("opacus")
+
+    def run(monitor_on):
+        torch.manual_seed(1)
+        x, y = _data(1)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x[:120], y[:120]), batch_size=20
+        )
+        engine = opacus.PrivacyEngine(accountant="rdp")
+        model, opt, loader = engine.make_private(
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
+        mon = None
+        if monitor_on:
+            mon = PrivacyMonitor(
+                [_noisy_query(model)],
+                _batches(x[:120], y[:120]),
+                _batches(x[120:], y[120:]),
+                every_n_steps=3,
+                accountant=engine,
+                strict=True,
+            )
+        step = 0
+        for _ in range(2):
+            for xb, yb in loader:
+                if len(xb) == 0:
+                    continue
+                step += 1
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                if mon is not None:
+                    mon.step(step)
+        return model, engine, mon
+
+    m0, e0, _ = run(False)
+    m1, e1, mon = run(True)
+    assert mon.history and all(r.epsilon is not None for r in mon.history)
+    for a, b in zip(m0.parameters(), m1.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert e0.accountant.history == e1.accountant.history
+    for a, b in zip(m0.parameters(), m1.parameters(), strict=True):
+        assert torch.equal(a.grad_sample, b.grad_sample)  # Opacus state untouched by checks
+    assert mon.history[-1].epsilon == pytest.approx(e1.get_epsilon(1e-5))
+
+
+def test_report_figures_equal_the_functional_estimators():
+    torch.manual_seed(0)
+    x, y = _data(2)
+    model = _net()
+    query = LossQuery(model)
+    mon = PrivacyMonitor(
+        query,
+        _batches(x[:120], y[:120]),
+        _batches(x[120:], y[120:]),
+        strict=True,
+        interval_delta=0.1,
+    )
+    rep = mon.check(7)
+    model.eval()
+    with torch.no_grad():
+        mem = F.cross_entropy(model(x[:120]), y[:120], reduction="none")
+        non = F.cross_entropy(model(x[120:]), y[120:], reduction="none")
+    for method in ("histogram", "kde"):
+        est = privmon.optimal_advantage(mem, non, method=method, delta=0.1)
+        assert rep.scalars[f"privacy/loss/{method}/value"] == pytest.approx(est.value)
+        assert rep.scalars[f"privacy/loss/{method}/lower"] == pytest.approx(est.lower)
+        assert rep.queries["loss"].estimates[method].plugin == pytest.approx(est.plugin)
+    # loss: members score lower, so the AUC is read with the sign flipped
+    assert rep.scalars["privacy/loss/auc"] == pytest.approx(privmon.auc(-mem, -non))
+    risk = privmon.individual_risk(mem, mem, non, delta=0.1).value
+    np.testing.assert_allclose(rep.queries["loss"].member_risk, risk)
+    assert rep.queries["loss"].top_records[0] == int(np.argmax(risk))
+    assert rep.scalars["privacy/loss/risk/max"] == pytest.approx(risk.max())
+    assert rep.step == 7 and rep.epsilon is None and not rep.dp_violation
+
+
+def test_a_failing_check_is_logged_and_skipped(caplog):
+    x, y = _data()
+    model = _net()
+
+    def broken(batch):
+        raise RuntimeError("query exploded")
+
+    mon = PrivacyMonitor(
+        CallableQuery(broken, name="bad", modules=model),
+        _batches(x[:120], y[:120]),
+        _batches(x[120:], y[120:]),
+        every_n_steps=1,
+    )
+    model.train()
+    with caplog.at_level(logging.ERROR, logger="privmon"):
+        assert mon.step(3) is False
+    assert mon.n_failed == 1 and mon.history == []
+    assert "step 3" in caplog.text and "query exploded" in caplog.text
+    assert model.training  # restored even though the query raised
+    strict = PrivacyMonitor(
+        CallableQuery(broken, name="bad", modules=model),
+        _batches(x[:120], y[:120]),
+        _batches(x[120:], y[120:]),
+        strict=True,
+    )
+    with pytest.raises(RuntimeError, match="query exploded"):
+        strict.check(1)
+
+
+def test_nan_scores_are_dropped_and_counted():
+    x, y = _data()
+
+    def fn(batch):
+        xb, _ = batch
+        s = xb[:, 0].clone()
+        s[:3] = float("nan")
+        return s
+
+    mon = PrivacyMonitor(
+        CallableQuery(fn, name="q"),
+        _batches(x[:120], y[:120]),
+        _batches(x[120:], y[120:]),
+        strict=True,
+    )
+    rep = mon.check(0)
+    assert rep.scalars["privacy/q/n_dropped"] == 3 * 6  # 3 per batch, 3 + 3 batches
+    assert np.isnan(rep.queries["q"].member_risk).sum() == 9
+
+
+def test_history_keeps_arrays_only_for_the_last_report():
+    x, y = _data()
+    model = _net()
+    mon = PrivacyMonitor(
+        LossQuery(model),
+        _batches(x[:120], y[:120]),
+        _batches(x[120:], y[120:]),
+        every_n_steps=1,
+        strict=True,
+        methods=("histogram",),
+    )
+    for s in range(1, 5):
+        mon.step(s)
+    assert [r.step for r in mon.history] == [1, 2, 3, 4]
+    assert all(r.queries["loss"].member_risk is None for r in mon.history[:-1])
+    assert mon.history[-1].queries["loss"].member_risk is not None
+    assert mon.step(4) is False and len(mon.history) == 4  # a step is checked once
+
+
+def test_early_stopping_and_state_round_trip(tmp_path):
+    x, y = _data()
+    model = _net()
+
+    def make():
+        return PrivacyMonitor(
+            LossQuery(model),
+            _batches(x[:120], y[:120]),
+            _batches(x[120:], y[120:]),
+            every_n_steps=2,
+            methods=("histogram",),
+            strict=True,
+            early_stopping=PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=1),
+        )
+
+    mon = make()
+    assert mon.step(2) is False  # first exceedance: patience 1
+    assert mon.step(4) is True
+    assert mon.early_stopping.stopped_step == 4
+    path = tmp_path / "monitor.pt"
+    torch.save(mon.state_dict(), path)
+    fresh = make()
+    fresh.load_state_dict(torch.load(path, weights_only=True))
+    assert fresh.should_stop and [r.step for r in fresh.history] == [2, 4]
+    assert fresh.history[-1].scalars == mon.history[-1].scalars
+    assert fresh.step(4) is True and len(fresh.history) == 2  # no duplicate step after resume
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"every_n_steps": 0}, "every_n_steps"),
+        ({"prior": 1.0}, "prior"),
+        ({"delta": 0.0}, "delta"),
+        ({"interval_delta": 2.0}, "interval_delta"),
+        ({"methods": ("hist",)}, "methods"),
+        ({"max_batches": 0}, "max_batches"),
+        ({"accountant": object()}, "accountant"),
+        ({"early_stopping": "yes"}, "early_stopping"),
+    ],
+)
+def test_bad_configuration_names_the_argument(kwargs, match):
+    x, y = _data()
+    with pytest.raises(ValueError, match=match):
+        PrivacyMonitor(LossQuery(_net()), _batches(x, y), _batches(x, y), **kwargs)
+
+
+def test_max_batches_limits_the_audit():
+    x, y = _data()
+    seen = []
+
+    def fn(batch):
+        seen.append(len(batch[0]))
+        return batch[0][:, 0]
+
+    mon = PrivacyMonitor(
+        CallableQuery(fn, name="q"),
+        _batches(x[:120], y[:120]),
+        _batches(x[120:], y[120:]),
+        max_batches=2,
+        strict=True,
+    )
+    rep = mon.check(0)
+    assert seen == [40, 40, 40, 40]
+    assert rep.queries["q"].estimates["histogram"].n_members == 80

@@ -1,8 +1,9 @@
 """privmon: membership-inference privacy monitoring for PyTorch training.
 
-:class:`PrivacyMonitor` audits a model every few steps while it trains. The functional core (:mod:`privmon.estimators`) estimates how much a model's query outputs reveal
-about membership (MACE's optimal advantage, individual risk, ROC figures); :mod:`privmon.bounds`
-relates those figures to a differential-privacy budget.
+:class:`PrivacyMonitor` audits a model every few steps while it trains. The functional core
+(:mod:`privmon.estimators`) estimates how much a model's query outputs reveal about membership
+(MACE's optimal advantage, individual risk, ROC figures); :mod:`privmon.bounds` relates those
+figures to a differential-privacy budget.
 """
 
 from privmon import queries

@@ -47,7 +47,8 @@ class Report:
     epsilon: float | None = None
     dp_violation: bool = False
     messages: tuple[str, ...] = ()
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole check
+    query_seconds: float = 0.0  # of which running the queries (forward passes)
 
     def without_arrays(self) -> Report:
         return dataclasses.replace(
@@ -61,6 +62,7 @@ class Report:
             "epsilon": self.epsilon,
             "dp_violation": self.dp_violation,
             "seconds": self.seconds,
+            "query_seconds": self.query_seconds,
             "scalars": self.scalars,
             "top_records": {k: list(q.top_records) for k, q in self.queries.items()},
             "messages": list(self.messages),

@@ -269,6 +269,8 @@ class PrivacyMonitor:
                             "members and nonmembers must each yield at least one batch"
                         )
                     out[name] = (torch.cat(mem), torch.cat(non))
+                if device.type == "cuda":  # so query_seconds counts the forward passes
+                    torch.cuda.synchronize(device)
                 return out
         finally:
             for q in self.queries:
@@ -280,6 +282,7 @@ class PrivacyMonitor:
     def _check(self, step: int) -> Report:
         t0 = time.perf_counter()
         scores = self._collect()
+        t_query = time.perf_counter() - t0
         scalars: dict[str, float] = {}
         results: dict[str, QueryResult] = {}
         eps = None
@@ -315,6 +318,7 @@ class PrivacyMonitor:
             dp_violation=violation,
             messages=tuple(messages),
             seconds=time.perf_counter() - t0,
+            query_seconds=t_query,
         )
 
     def _analyse(

@@ -110,7 +110,13 @@ def risk_from_probabilities(
 
 
 def _cp_interval(k, n, delta):
-    return clopper_pearson_lower(k, n, delta / 4), clopper_pearson_upper(k, n, delta / 4)
+    """Two-sided Clopper–Pearson interval at level 1 − δ/2 for counts k out of n. Many records
+    share a cell, so the beta quantiles are computed once per distinct count."""
+    k = np.asarray(k, dtype=np.float64)
+    uniq, inv = np.unique(k, return_inverse=True)
+    lo = clopper_pearson_lower(uniq, n, delta / 4)
+    hi = clopper_pearson_upper(uniq, n, delta / 4)
+    return lo[inv].reshape(k.shape), hi[inv].reshape(k.shape)
 
 
 def histogram_risk(

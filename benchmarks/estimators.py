@@ -42,6 +42,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -251,6 +252,7 @@ def table1(sizes, sizes_2d, *, threads, budget_s, min_reps, max_reps, log) -> li
             f"¹ scipy `gaussian_kde` evaluates every kernel at every grid point "
             f"(O(n · {KDE_GRID}), no binning): skipped above n = {fmt_n(SCIPY_KDE_MAX_N)}."
         )
+    notes += ["", cross_check(GOAL_N)]
     return lines + notes
 
 
@@ -365,6 +367,32 @@ def table2(reps: int, *, mus, priors, ns, methods, log) -> list[str]:
 
 
 # -- main ----------------------------------------------------------------------------------------
+def privmon_revision() -> str:
+    """Short git commit of the checkout and whether privmon/ differs from it (read-only git)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(privmon.__file__)))
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", "privmon"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            timeout=10,
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f" (git {rev}{', privmon/ modified' if dirty else ''})"
+
+
 def machine_lines(label: str) -> list[str]:
     model = platform.processor() or platform.machine()
     try:
@@ -383,7 +411,7 @@ def machine_lines(label: str) -> list[str]:
         f"Machine: {model}; os.cpu_count() = {os.cpu_count()} (usable: {usable}); "
         f"torch {torch.__version__}, torch.get_num_threads() = {torch.get_num_threads()}; "
         f"Python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
-        f"scikit-learn {sklearn.__version__}, privmon {privmon.__version__}. "
+        f"scikit-learn {sklearn.__version__}, privmon {privmon.__version__}{privmon_revision()}. "
         "OMP_NUM_THREADS="
         + os.environ.get("OMP_NUM_THREADS", "unset")
         + ", OMP_WAIT_POLICY="

@@ -18,9 +18,11 @@ from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor, PrivacyViola
 from privmon.estimators import (
     AdvantageEstimate,
     IndividualRisk,
+    Metric,
     StreamingAdvantage,
     accuracy_at_median,
     auc,
+    generalized_advantage,
     individual_risk,
     optimal_advantage,
     roc_curve,
@@ -34,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdvantageEstimate",
     "IndividualRisk",
+    "Metric",
     "PrivacyEarlyStopping",
     "PrivacyMonitor",
     "PrivacyViolationWarning",
@@ -44,6 +47,7 @@ __all__ = [
     "epsilon_from_counts",
     "epsilon_from_opacus",
     "epsilon_lower_bound",
+    "generalized_advantage",
     "individual_risk",
     "optimal_advantage",
     "queries",

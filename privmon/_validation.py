@@ -40,7 +40,7 @@ def as_scores(
             arr = np.asarray(scores, dtype=np.float64)
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be a numeric array of shape (n,) or (n, d)") from None
-        t = torch.from_numpy(arr)
+        t = torch.from_numpy(np.ascontiguousarray(arr))  # views with negative strides too
     if device is not None:
         t = t.to(device)
     if t.is_complex() or t.dtype == torch.bool:

@@ -91,6 +91,13 @@ def _progress(step: int, total: int, line: str, start: float) -> None:
     sys.stderr.flush()
 
 
+def _freeze(discriminator: nn.Module, frozen: bool) -> None:
+    for p in discriminator.parameters():
+        p.requires_grad_(not frozen)
+    if hasattr(discriminator, "disable_hooks"):  # an Opacus GradSampleModule
+        (discriminator.disable_hooks if frozen else discriminator.enable_hooks)()
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Train the GAN under the monitor; returns the summary also written to summary.json."""
     torch.manual_seed(config.seed)
@@ -148,14 +155,13 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             opt_d.zero_grad()
             bce(logits, labels).backward()
             opt_d.step()
-            # Generator: non-saturating loss; the discriminator's parameters are frozen meanwhile.
-            for p in discriminator.parameters():
-                p.requires_grad_(False)
+            # Generator: non-saturating loss; the discriminator's parameters are frozen meanwhile
+            # (and, under Opacus, its per-sample-gradient hooks are off).
+            _freeze(discriminator, True)
             opt_g.zero_grad()
             bce(discriminator(fake).squeeze(1), torch.ones(real.shape[0])).backward()
             opt_g.step()
-            for p in discriminator.parameters():
-                p.requires_grad_(True)
+            _freeze(discriminator, False)
             if monitor.step(step):
                 stopped_at = step
             if config.progress and (step % 25 == 0 or step == config.steps):

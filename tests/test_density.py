@@ -66,7 +66,7 @@ def test_chunking_does_not_change_the_result():
     pts = torch.from_numpy(make_data(2, 77, seed=9))
     a = GaussianKDE(data).log_density(pts)
     b = GaussianKDE(data, chunk=10).log_density(pts)
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-12)
 
 
 def test_float32_points_evaluated_in_data_dtype():
@@ -109,14 +109,12 @@ def test_sample_reproducible_and_uses_only_the_generator():
 
 def test_bandwidth_factor_formulas():
     assert bandwidth_factor("scott", n=1000, d=2) == pytest.approx(1000 ** (-1 / 6))
-    assert bandwidth_factor("silverman", n=1000, d=2) == pytest.approx(
-        (1000 * 4 / 4) ** (-1 / 6)
-    )
+    assert bandwidth_factor("silverman", n=1000, d=2) == pytest.approx((1000 * 4 / 4) ** (-1 / 6))
     assert bandwidth_factor("silverman", n=500, d=3) == pytest.approx((500 * 5 / 4) ** (-1 / 7))
     assert bandwidth_factor(0.7, n=10, d=5) == 0.7
     data = torch.from_numpy(make_data(2, 64, seed=13))
     kde = GaussianKDE(data, bandwidth=0.5)
-    torch.testing.assert_close(kde.covariance, torch.cov(data.T) * 0.25)
+    np.testing.assert_allclose(kde.covariance.numpy(), np.cov(data.numpy().T) * 0.25, rtol=1e-12)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "scot", "Scott"])
@@ -134,6 +132,21 @@ def test_degenerate_data_rejected():
         GaussianKDE(torch.zeros(5, dtype=torch.float64))
     with pytest.raises(ValueError, match="singular"):
         GaussianKDE(torch.ones(10, 2, dtype=torch.float64))
-    x = torch.randn(20, 1, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 1, dtype=torch.float64, generator=g)
     with pytest.raises(ValueError, match="singular"):
-        GaussianKDE(torch.cat([x, 2 * x], dim=1))  # collinear
+        GaussianKDE(torch.cat([x, 2 * x], dim=1))  # collinear: Cholesky happens to fail here
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: collinear data are rejected only when Cholesky happens to fail in rounding; "
+    "about half the time (seed 1 here) a ~1e-17 pivot passes and log densities are absurd "
+    "(+16 on the data line, -5.6e12 at 0.01 off it). scipy raises for these inputs.",
+)
+def test_collinear_data_always_rejected():
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(20, 1, dtype=torch.float64, generator=g)
+        with pytest.raises(ValueError, match="singular"):
+            GaussianKDE(torch.cat([x, 2 * x], dim=1))

@@ -68,7 +68,10 @@ class PrivacyEarlyStopping:
     ) -> None:
         if not isinstance(metric, str) or not metric:
             raise ValueError(f"metric must be a non-empty string, got {metric!r}")
-        threshold = float(threshold)
+        try:
+            threshold = float(threshold)
+        except (TypeError, ValueError):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}") from None
         if not math.isfinite(threshold):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}")
         if use not in USES:
@@ -130,6 +133,9 @@ class PrivacyEarlyStopping:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the counters. ``metric``, ``threshold`` and ``use`` must match (another figure
+        or budget would make the saved wait meaningless); ``patience`` and ``min_checks`` are
+        this callback's own, so a resumed run may change them."""
         for key in ("metric", "threshold", "use"):
             if state[key] != getattr(self, key):
                 raise ValueError(

@@ -210,19 +210,28 @@ class PrivacyMonitor:
             self.history[-1] = self.history[-1].without_arrays()
         self.history.append(report)
         for sink in self.sinks:
-            try:
-                sink.write(report)
-            except Exception:
-                if self.strict:
-                    raise
-                logger.exception("privmon: sink %r failed at step %s", sink, global_step)
-        if self.early_stopping is not None and self.early_stopping.update(
-            global_step, report.scalars
+            self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
+        if self.early_stopping is not None and self._guarded(
+            self.early_stopping.update,
+            global_step,
+            report.scalars,
+            what="early stopping",
+            step=global_step,
         ):
             if not self._stop:
                 logger.warning("privmon: early stopping — %s", self.early_stopping.reason)
             self._stop = True
         return report
+
+    def _guarded(self, fn: Any, *args: Any, what: str, step: int) -> Any:
+        """Run a sink or the stopping rule; a failure is logged (re-raised when strict)."""
+        try:
+            return fn(*args)
+        except Exception:
+            if self.strict:
+                raise
+            logger.exception("privmon: %s failed at step %s", what, step)
+            return None
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -289,7 +298,7 @@ class PrivacyMonitor:
         ceilings: dict[str, float] = {}
         if self.accountant is not None:
             eps = float(epsilon_from_opacus(self.accountant, delta=self.delta))
-            if math.isfinite(eps):
+            if not math.isnan(eps):  # ε = inf gives the trivial ceiling 1
                 ceilings["tanh"] = float(tanh_bound(eps, prior=self.prior))
                 ceilings["eps_delta"] = float(tanh_bound(eps, prior=self.prior, delta=self.delta))
             scalars["privacy/epsilon"] = eps

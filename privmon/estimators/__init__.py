@@ -8,6 +8,7 @@ from privmon.estimators.advantage import (
     optimal_advantage,
 )
 from privmon.estimators.density import GaussianKDE
+from privmon.estimators.generalized import GeneralizedEstimate, Metric, generalized_advantage
 from privmon.estimators.risk import IndividualRisk, individual_risk
 from privmon.estimators.roc import (
     accuracy_at_median,
@@ -23,11 +24,14 @@ __all__ = [
     "AdvantageEstimate",
     "BinnedScores",
     "GaussianKDE",
+    "GeneralizedEstimate",
     "IndividualRisk",
+    "Metric",
     "StreamingAdvantage",
     "accuracy_at_median",
     "advantage_from_state",
     "auc",
+    "generalized_advantage",
     "individual_risk",
     "optimal_advantage",
     "roc_curve",

@@ -40,7 +40,16 @@ class GaussianKDE:
     points times n kernel terms; the log-sum-exp keeps far-away points finite (no log 0).
     """
 
-    def __init__(self, data: torch.Tensor, *, bandwidth: str | float = "scott", chunk: int = 2048):
+    def __init__(
+        self,
+        data: torch.Tensor,
+        *,
+        bandwidth: str | float = "scott",
+        chunk: int = 2048,
+        ridge: torch.Tensor | float = 0.0,
+    ):
+        """``ridge``: variance added to the kernel covariance's diagonal (0 = scipy's KDE).
+        A positive ridge lets degenerate data (point masses, collinear scores) have a KDE."""
         if data.ndim != 2 or data.shape[0] < 2:
             raise ValueError("data must have shape (n, d) with n >= 2 for a KDE")
         self.data = data
@@ -48,14 +57,17 @@ class GaussianKDE:
         self.n, self.d = n, d
         self.factor = bandwidth_factor(bandwidth, n=n, d=d)
         cov = torch.cov(data.T).reshape(d, d)
-        self.covariance = cov * self.factor**2
-        try:
-            chol = torch.linalg.cholesky(self.covariance)
-        except RuntimeError:
+        ridge_t = torch.as_tensor(ridge, dtype=data.dtype, device=data.device)
+        self.covariance = cov * self.factor**2 + torch.diag_embed(ridge_t.expand(d))
+        evals = torch.linalg.eigvalsh(self.covariance)
+        # Rounding can leave a ~1e-17 pivot on collinear data, which Cholesky accepts: check
+        # the conditioning instead (scipy rejects these inputs too).
+        if not bool(evals[0] > 1e-12 * evals[-1].clamp_min(torch.finfo(data.dtype).tiny)):
             raise ValueError(
                 "the data covariance is singular (constant or collinear scores); "
                 "a Gaussian KDE needs a non-singular covariance"
-            ) from None
+            )
+        chol = torch.linalg.cholesky(self.covariance)
         self._chol = chol
         # Whitened data: the kernel becomes isotropic, so distances are plain squared norms.
         self._white = torch.linalg.solve_triangular(chol, data.T, upper=False).T

@@ -28,7 +28,7 @@ import torch
 from scipy.stats import norm
 
 from privmon._validation import as_scores, check_open_unit, to_numpy
-from privmon.estimators.advantage import Method, check_method, default_bins
+from privmon.estimators.advantage import Method, check_bins, check_method, default_bins
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 from privmon.estimators.streaming import BinnedScores
@@ -199,6 +199,7 @@ def individual_risk(
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     check_method(method)
+    check_bins(bins)
     bandwidth_factor(bandwidth, n=2, d=1)
     m, dm = as_scores(member_scores, name="member_scores")
     h, dh = as_scores(nonmember_scores, name="nonmember_scores", device=m.device)

@@ -193,10 +193,19 @@ class BinnedScores:
 
     def merge_(self, other: BinnedScores) -> BinnedScores:
         """Add another state's counts in place (same grid): all_reduce(SUM) across ranks."""
-        if not other.initialized:
-            return self
-        if not self.initialized:
+        if not other.initialized or not self.initialized:
+            # A state that saw only NaN batches has no grid yet but still counts its records.
+            kept = {
+                name: getattr(self, name).cpu() for name in ("n_seen", "n_dropped", "n_overflow")
+            }
+            if not other.initialized:
+                for name, value in kept.items():
+                    value += getattr(other, name).cpu()
+                    setattr(self, name, value.to(getattr(self, name).device))
+                return self
             self.load_state_dict(other.state_dict())
+            for name, value in kept.items():
+                getattr(self, name).add_(value.to(getattr(self, name).device))
             return self
         if (
             self.bins != other.bins

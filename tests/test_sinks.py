@@ -1,0 +1,206 @@
+"""Tests for the sinks: JSON lines (one valid line per report, NaN/inf as null, only indices and
+scores, never raw records) and the TensorBoard sink's writer handling. Real files, real monitor."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import struct
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing import event_accumulator
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from privmon import PrivacyMonitor
+from privmon.queries import LossQuery
+from privmon.report import QueryResult, Report
+from privmon.sinks import JsonlSink, TensorBoardSink
+
+RAW = 12345.678  # a value no score can take: it must never reach a file
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _reject_constant(name):
+    raise AssertionError(f"non-standard JSON constant {name} written")
+
+
+def _read_jsonl(path):
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line, parse_constant=_reject_constant) for line in lines]
+
+
+def _accumulator(logdir):
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={k: 0 for k in event_accumulator.DEFAULT_SIZE_GUIDANCE}
+    )
+    acc.Reload()
+    return acc
+
+
+def _report(step, scalars, top=(3, 1, 2), epsilon=None):
+    q = QueryResult(name="loss", estimates={}, dim=1, n_dropped=0, top_records=tuple(top))
+    return Report(
+        step=step,
+        scalars=scalars,
+        queries={"loss": q},
+        epsilon=epsilon,
+        dp_violation=False,
+        messages=("a message",),
+        seconds=0.25,
+    )
+
+
+# --- JsonlSink -----------------------------------------------------------------------------------
+
+
+def test_jsonl_one_valid_line_per_report_nonfinite_as_null(tmp_path):
+    path = tmp_path / "nested" / "dir" / "checks.jsonl"  # parent directories are created
+    sink = JsonlSink(path)
+    sink.write(
+        _report(
+            5,
+            {
+                "privacy/a": 0.25,
+                "privacy/nan": float("nan"),
+                "privacy/inf": float("inf"),
+                "privacy/ninf": float("-inf"),
+                "privacy/np": np.float64("nan"),
+            },
+            epsilon=float("inf"),
+        )
+    )
+    sink.write(_report(10, {"privacy/a": 0.5}, top=(), epsilon=1.5))
+    sink.close()
+    lines = _read_jsonl(path)
+    assert len(lines) == 2
+    first, second = lines
+    assert first["step"] == 5 and second["step"] == 10
+    assert first["scalars"] == {
+        "privacy/a": 0.25,
+        "privacy/nan": None,
+        "privacy/inf": None,
+        "privacy/ninf": None,
+        "privacy/np": None,
+    }
+    assert first["epsilon"] is None and second["epsilon"] == 1.5
+    assert first["dp_violation"] is False
+    assert first["seconds"] == 0.25
+    assert first["top_records"] == {"loss": [3, 1, 2]}
+    assert second["top_records"] == {"loss": []}
+    assert first["messages"] == ["a message"]
+    assert second["scalars"] == {"privacy/a": 0.5}
+    # Nothing but what Report.to_json holds (NaN / inf as null).
+    assert set(first) == set(_report(5, {}).to_json())
+    # A second sink on the same file appends.
+    again = JsonlSink(str(path))
+    again.write(_report(15, {"privacy/a": 0.75}))
+    again.close()
+    assert [line["step"] for line in _read_jsonl(path)] == [5, 10, 15]
+
+
+def _classifier_with_raw_marker():
+    """Records whose first feature is the marker RAW; the model ignores that feature."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 5, generator=g)
+    x[:, 0] = RAW
+    y = (x[:, 1] > 0).long()
+    model = nn.Linear(5, 2)
+    with torch.no_grad():
+        model.weight[:, 0] = 0.0
+    return model, x, y
+
+
+def test_monitor_sinks_write_scores_and_indices_never_raw_records(tmp_path):
+    torch.manual_seed(0)
+    model, x, y = _classifier_with_raw_marker()
+    members = [(x[i : i + 20], y[i : i + 20]) for i in range(0, 60, 20)]
+    nonmembers = [(x[i : i + 20], y[i : i + 20]) for i in range(60, 120, 20)]
+    jsonl = tmp_path / "checks.jsonl"
+    monitor = PrivacyMonitor(
+        LossQuery(model),
+        members,
+        nonmembers,
+        methods=("histogram", "kde"),
+        every_n_steps=1,
+        writer=tmp_path / "tb",
+        sinks=[JsonlSink(jsonl)],
+        top_k=5,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    top = []
+    for step in (1, 2):
+        for xb, yb in members:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        monitor.step(step)
+        top.append(monitor.last_report.queries["loss"].top_records)
+    monitor.close()
+
+    lines = _read_jsonl(jsonl)
+    assert [line["step"] for line in lines] == [1, 2]
+    for line, report, t in zip(lines, monitor.history, top, strict=True):
+        expected = {k: (v if math.isfinite(v) else None) for k, v in report.scalars.items()}
+        assert line["scalars"] == expected
+        assert line["top_records"] == {"loss": list(t)}
+        assert len(t) == 5 and all(0 <= i < 60 for i in t)
+        assert line["step"] == report.step and line["epsilon"] is None
+        assert line["dp_violation"] is False
+        assert set(line) == set(report.to_json())
+
+    # The marker appears nowhere: neither as text nor as float32 / float64 bytes.
+    files = [jsonl, *sorted((tmp_path / "tb").iterdir())]
+    assert len(files) >= 2
+    needles = [b"12345.678", b"12345.67", struct.pack("<f", RAW), struct.pack("<d", RAW)]
+    for f in files:
+        blob = f.read_bytes()
+        for needle in needles:
+            assert needle not in blob, f"{needle!r} found in {f.name}"
+
+
+# --- TensorBoardSink -----------------------------------------------------------------------------
+
+
+def test_tensorboard_sink_accepts_a_summarywriter_and_leaves_it_open(tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    sink = TensorBoardSink(writer)
+    assert sink.writer is writer
+    sink.write(_report(3, {"privacy/x/histogram/value": 0.125}))
+    sink.close()  # the sink does not own the writer: flushes, does not close
+    writer.add_scalar("user/tag", 2.5, 4)  # still usable by its owner
+    writer.close()
+    acc = _accumulator(tmp_path)
+    assert [(e.step, e.value) for e in acc.Scalars("privacy/x/histogram/value")] == [(3, 0.125)]
+    assert [(e.step, e.value) for e in acc.Scalars("user/tag")] == [(4, 2.5)]
+
+
+@pytest.mark.parametrize("as_path", [str, pathlib.Path])
+def test_tensorboard_sink_accepts_a_path_and_owns_its_writer(tmp_path, as_path):
+    logdir = tmp_path / "logs"
+    sink = TensorBoardSink(as_path(logdir))
+    assert isinstance(sink.writer, SummaryWriter)
+    sink.write(_report(7, {"privacy/a": 0.5, "privacy/b": float("nan")}))
+    sink.write(_report(8, {"privacy/a": 0.75, "privacy/b": 1.0}))
+    sink.close()
+    acc = _accumulator(logdir)
+    assert [(e.step, e.value) for e in acc.Scalars("privacy/a")] == [(7, 0.5), (8, 0.75)]
+    b = acc.Scalars("privacy/b")
+    assert [e.step for e in b] == [7, 8]
+    assert math.isnan(b[0].value) and b[1].value == 1.0
+
+
+@pytest.mark.parametrize("bad", [None, 42, object(), ["runs"], {"log_dir": "runs"}])
+def test_tensorboard_sink_rejects_other_objects(bad):
+    with pytest.raises(ValueError, match="writer"):
+        TensorBoardSink(bad)

@@ -1,0 +1,378 @@
+"""TensorBoard output of a real PrivacyMonitor: event files read back with TensorBoard's own
+EventAccumulator (scalars, member-risk histograms, PR curves, the custom-scalar layout), a run with
+a real Opacus accountant, and a real ``tensorboard`` server queried over HTTP."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+from sklearn.datasets import load_breast_cancer
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.util import tensor_util
+from torch import nn
+
+import privmon
+from privmon import PrivacyMonitor
+from privmon.queries import LossQuery
+
+CHECK_STEPS = [2, 4, 6]
+N_MEM = N_NON = 100
+DELTA = 1e-5
+SIGMA, RATE = 1.0, 0.01
+CORE_TAGS = [
+    "privacy/loss/histogram/value",
+    "privacy/loss/histogram/lower",
+    "privacy/loss/histogram/plugin",
+    "privacy/loss/histogram/upper",
+    "privacy/loss/kde/value",
+    "privacy/loss/kde/lower",
+    "privacy/loss/kde/plugin",
+    "privacy/loss/kde/upper",
+    "privacy/loss/auc",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Keep:
+    """A sink that keeps every report as handed over (with its per-record arrays)."""
+
+    def __init__(self):
+        self.reports = []
+
+    def write(self, report):
+        self.reports.append(report)
+
+    def close(self):
+        pass
+
+
+def _run(logdir, accountant=None):
+    """Train a small classifier on the breast-cancer data for 6 steps, a check every 2."""
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    x, y = torch.from_numpy(x), torch.from_numpy(y).long()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2))
+    members = [(x[i : i + 50], y[i : i + 50]) for i in range(0, N_MEM, 50)]
+    nonmembers = [(x[i : i + 50], y[i : i + 50]) for i in range(300, 300 + N_NON, 50)]
+    keep = Keep()
+    monitor = PrivacyMonitor(
+        LossQuery(model),
+        members,
+        nonmembers,
+        methods=("histogram", "kde"),
+        writer=str(logdir),
+        sinks=[keep],
+        every_n_steps=2,
+        accountant=accountant,
+        delta=DELTA,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    epsilons = []  # ε at each check, from an independent accountant stepped alongside
+    shadow = RDPAccountant()
+    for _ in range(3):
+        shadow.step(noise_multiplier=SIGMA, sample_rate=RATE)
+    for step in range(1, 7):
+        for xb, yb in members:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        if accountant is not None:
+            accountant.step(noise_multiplier=SIGMA, sample_rate=RATE)
+            shadow.step(noise_multiplier=SIGMA, sample_rate=RATE)
+        if step in CHECK_STEPS:
+            epsilons.append(shadow.get_epsilon(DELTA))
+        monitor.step(step)
+    monitor.close()
+    return monitor, keep.reports, epsilons
+
+
+def _accumulator(logdir):
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={k: 0 for k in event_accumulator.DEFAULT_SIZE_GUIDANCE}
+    )
+    acc.Reload()
+    return acc
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tb")
+
+
+@pytest.fixture(scope="module")
+def plain(root):
+    monitor, reports, _ = _run(root / "plain")
+    return monitor, reports, _accumulator(root / "plain")
+
+
+@pytest.fixture(scope="module")
+def dp(root):
+    accountant = RDPAccountant()
+    for _ in range(3):
+        accountant.step(noise_multiplier=SIGMA, sample_rate=RATE)
+    monitor, reports, epsilons = _run(root / "dp", accountant=accountant)
+    return monitor, reports, _accumulator(root / "dp"), epsilons, accountant
+
+
+def _f32(v):
+    return np.float32(v)
+
+
+def _same32(a, b):
+    a, b = _f32(a), _f32(b)
+    return (np.isnan(a) and np.isnan(b)) or a == b
+
+
+def _layout(acc):
+    events = acc.Tensors("custom_scalars__config__")
+    assert len(events) == 1  # written once, at the first check
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(events[0].tensor_proto.string_val[0])
+    return {
+        (cat.title, chart.title): list(chart.multiline.tag)
+        for cat in layout.category
+        for chart in cat.chart
+    }
+
+
+# --- event files ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run", ["plain", "dp"])
+def test_scalars_one_event_per_check_equal_to_history(run, request):
+    monitor, _, acc = request.getfixturevalue(run)[:3]
+    assert [r.step for r in monitor.history] == CHECK_STEPS
+    written = set(acc.Tags()["scalars"])
+    assert set(CORE_TAGS) <= written
+    # Every scalar of every report, and nothing else, is in the event file.
+    assert written == set(monitor.history[0].scalars)
+    for tag in written:
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == CHECK_STEPS, tag
+        for e, report in zip(events, monitor.history, strict=True):
+            assert _same32(e.value, report.scalars[tag]), (tag, e.value, report.scalars[tag])
+    for report in monitor.history:
+        s = report.scalars
+        for method in ("histogram", "kde"):
+            b = f"privacy/loss/{method}"
+            assert 0.0 <= s[f"{b}/lower"] <= s[f"{b}/value"] <= s[f"{b}/upper"] <= 1.0
+            assert 0.0 <= s[f"{b}/plugin"] <= s[f"{b}/upper"]
+        assert 0.0 <= s["privacy/loss/auc"] <= 1.0
+
+
+def test_member_risk_histogram_matches_the_reports(plain):
+    _, reports, acc = plain
+    assert "privacy/loss/member_risk" in acc.Tags()["histograms"]
+    events = acc.Histograms("privacy/loss/member_risk")
+    assert [e.step for e in events] == CHECK_STEPS
+    for e, report in zip(events, reports, strict=True):
+        risk = report.queries["loss"].member_risk
+        assert risk.shape == (N_MEM,)
+        risk = risk[np.isfinite(risk)]
+        h = e.histogram_value
+        assert h.num == len(risk)
+        assert h.min == pytest.approx(risk.min(), abs=1e-12)
+        assert h.max == pytest.approx(risk.max(), abs=1e-12)
+        assert h.sum == pytest.approx(risk.sum(), rel=1e-9)
+        assert h.sum_squares == pytest.approx((risk**2).sum(), rel=1e-9)
+        assert sum(h.bucket) == len(risk)
+
+
+def test_membership_pr_curve(plain):
+    _, reports, acc = plain
+    tag = "privacy/loss/membership_pr"
+    assert tag in acc.Tags()["tensors"]
+    assert list(acc.PluginTagToContent("pr_curves")) == [tag]
+    events = acc.Tensors(tag)
+    assert [e.step for e in events] == CHECK_STEPS
+    for e, report in zip(events, reports, strict=True):
+        tp, fp, tn, fn, precision, recall = tensor_util.make_ndarray(e.tensor_proto)
+        post_m = report.queries["loss"].member_posterior
+        post_n = report.queries["loss"].nonmember_posterior
+        assert np.all((post_m >= 0) & (post_m <= 1)) and np.all((post_n >= 0) & (post_n <= 1))
+        # The lowest threshold takes everyone: members are the positives.
+        assert (tp[0], fp[0], tn[0], fn[0]) == (N_MEM, N_NON, 0, 0)
+        assert precision[0] == pytest.approx(N_MEM / (N_MEM + N_NON))
+        assert recall[0] == 1.0
+        np.testing.assert_array_equal(tp + fn, N_MEM)
+        np.testing.assert_array_equal(fp + tn, N_NON)
+        assert np.all(np.diff(tp) <= 0) and np.all(np.diff(fp) <= 0)
+        # sum_j TP_j = sum over members of (1 + their bucket): the member posteriors are the
+        # predictions (127 thresholds: bucket of p = floor(floor(126 p) * 127 / 126)).
+        buckets = np.minimum(np.floor(np.floor(post_m * 126) * 127 / 126), 126)
+        assert tp.sum() == pytest.approx((buckets + 1).sum())
+        buckets_n = np.minimum(np.floor(np.floor(post_n * 126) * 127 / 126), 126)
+        assert fp.sum() == pytest.approx((buckets_n + 1).sum())
+
+
+def test_custom_scalar_layout_without_accountant(plain):
+    charts = _layout(plain[2])
+    assert charts == {
+        ("privacy", "loss histogram: advantage vs DP ceiling"): [
+            "privacy/loss/histogram/value",
+            "privacy/loss/histogram/lower",
+            "privacy/loss/histogram/upper",
+        ],
+        ("privacy", "loss kde: advantage vs DP ceiling"): [
+            "privacy/loss/kde/value",
+            "privacy/loss/kde/lower",
+            "privacy/loss/kde/upper",
+        ],
+    }
+
+
+def test_accountant_epsilon_ceilings_and_layout(dp):
+    monitor, _, acc, epsilons, accountant = dp
+    # The monitor only reads the accountant: 3 + 6 steps, as the training loop made.
+    assert accountant.history == [(SIGMA, RATE, 9)]
+    assert epsilons[0] < epsilons[1] < epsilons[2]
+    for report, eps in zip(monitor.history, epsilons, strict=True):
+        s = report.scalars
+        assert report.epsilon == pytest.approx(eps, rel=1e-12)
+        assert s["privacy/epsilon"] == pytest.approx(eps, rel=1e-12)
+        assert s["privacy/ceiling/tanh"] == pytest.approx(privmon.tanh_bound(eps), rel=1e-12)
+        assert s["privacy/ceiling/tanh"] == pytest.approx(math.tanh(eps / 2), rel=1e-12)
+        eps_delta = (math.exp(eps) - 1 + 2 * DELTA) / (math.exp(eps) + 1)
+        assert s["privacy/ceiling/eps_delta"] == pytest.approx(
+            privmon.tanh_bound(eps, delta=DELTA), rel=1e-12
+        )
+        assert s["privacy/ceiling/eps_delta"] == pytest.approx(eps_delta, rel=1e-12)
+        violated = any(
+            s[f"privacy/loss/{m}/lower"] > s["privacy/ceiling/eps_delta"]
+            for m in ("histogram", "kde")
+        )
+        assert s["privacy/dp_violation"] == float(violated) == float(report.dp_violation)
+    for tag in ("privacy/epsilon", "privacy/ceiling/tanh", "privacy/ceiling/eps_delta"):
+        assert [e.step for e in acc.Scalars(tag)] == CHECK_STEPS
+    assert [e.value for e in acc.Scalars("privacy/epsilon")] == [_f32(e) for e in epsilons]
+
+    charts = _layout(acc)
+    ceilings = ["privacy/ceiling/tanh", "privacy/ceiling/eps_delta"]
+    for method in ("histogram", "kde"):
+        b = f"privacy/loss/{method}"
+        assert charts[("privacy", f"loss {method}: advantage vs DP ceiling")] == [
+            f"{b}/value",
+            f"{b}/lower",
+            f"{b}/upper",
+            *ceilings,
+        ]
+    assert charts[("privacy", "epsilon: accountant vs measured lower bounds")] == [
+        "privacy/epsilon",
+        "privacy/loss/histogram/epsilon_lower_bound",
+        "privacy/loss/kde/epsilon_lower_bound",
+    ]
+
+
+# --- a real TensorBoard server -------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port, path, **params):
+    url = f"http://127.0.0.1:{port}{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)
+
+
+@pytest.fixture(scope="module")
+def server(root, plain, dp, tmp_path_factory):
+    if importlib.util.find_spec("tensorboard.main") is None:
+        pytest.skip("tensorboard's executable module is not installed")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("tb_server") / "server.log"
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(root)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--port", str(port), "--host", "127.0.0.1"], stdout=out, stderr=out
+        )
+    proc.log = log
+    try:
+        yield port, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def _wait_for_tags(port, proc, runs, tags, timeout=60.0):
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"tensorboard exited with {proc.returncode}: {proc.log.read_text()}")
+        try:
+            last = _get(port, "/data/plugin/scalars/tags")
+            if all(set(tags) <= set(last.get(run, {})) for run in runs):
+                return last
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"tensorboard never listed {tags} for {runs}; last answer: {last}")
+
+
+def _series(port, tag, run, timeout=30.0):
+    """One scalar series, polled until every check is loaded (the server loads in background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        series = _get(port, "/data/plugin/scalars/scalars", tag=tag, run=run)
+        if len(series) >= len(CHECK_STEPS) or time.monotonic() > deadline:
+            return series
+        time.sleep(0.5)
+
+
+def test_real_tensorboard_server_serves_our_scalars(server, plain, dp):
+    port, proc = server
+    want = [*CORE_TAGS, "privacy/loss/risk/max"]
+    listed = _wait_for_tags(port, proc, ["plain", "dp"], want)
+    assert "privacy/epsilon" in listed["dp"] and "privacy/epsilon" not in listed["plain"]
+
+    for run, fixture in (("plain", plain), ("dp", dp)):
+        history = fixture[0].history
+        for tag in ("privacy/loss/histogram/value", "privacy/loss/kde/lower", "privacy/loss/auc"):
+            series = _series(port, tag, run)
+            assert [step for _, step, _ in series] == CHECK_STEPS
+            for (_, _, value), report in zip(series, history, strict=True):
+                assert _same32(value, report.scalars[tag])
+    eps = _series(port, "privacy/epsilon", "dp")
+    assert [_f32(v) for _, _, v in eps] == [_f32(e) for e in dp[3]]
+
+    layout = _get(port, "/data/plugin/custom_scalars/layout")
+    charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
+    assert charts["loss histogram: advantage vs DP ceiling"][:3] == [
+        "privacy/loss/histogram/value",
+        "privacy/loss/histogram/lower",
+        "privacy/loss/histogram/upper",
+    ]
+    pr_tags = _get(port, "/data/plugin/pr_curves/tags")
+    assert "privacy/loss/membership_pr" in pr_tags["plain"]
+    assert "privacy/loss/membership_pr" in pr_tags["dp"]

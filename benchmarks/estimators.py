@@ -18,7 +18,7 @@ forked from a forkserver that has already imported torch / numpy / scipy / sklea
 2. the data are generated, then ``ru_maxrss`` (KiB on Linux) is read,
 3. one call is made and ``ru_maxrss`` read again: the difference is the call's extra peak RSS,
 4. the call is repeated (at least 3 times, more while under ~1.5 s in all) and the median
-   ``time.perf_counter`` duration is reported; call 3 served as the warm-up.
+   ``time.perf_counter`` duration is reported (the call of step 3 is the warm-up).
 
 Why a forkserver rather than 'spawn' / ``subprocess``: on Linux ``ru_maxrss`` survives
 ``execve``, so a child started by fork+exec from a parent that has already peaked high (e.g.
@@ -457,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (10 if args.quick else 50)
     if args.threads:
         torch.set_num_threads(args.threads)
+    busy = os.getloadavg()[0]
+    if busy > 0.5 * (os.cpu_count() or 1) and torch.get_num_threads() > 1:
+        if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+            log(
+                f"warning: load average {busy:.1f} on {os.cpu_count()} cores with "
+                f"{torch.get_num_threads()} spinning OpenMP threads: timings will be inflated; "
+                "rerun with OMP_WAIT_POLICY=PASSIVE or --threads 1 (see the module docstring)"
+            )
     t_start = time.perf_counter()
     out = machine_lines("at start (1, 5, 15 min)")
     if args.table in ("1", "both"):

@@ -133,6 +133,7 @@ COVERAGE_CASES = [
     (0.5, 0.5, "histogram", 0.05),
     (1.0, 0.5, "histogram", 0.3),
     (2.0, 0.3, "histogram", 0.3),
+    (1.0, 0.7, "histogram", 0.3),  # p > 1/2: the certificate's ties go to "member"
     (1.0, 0.5, "kde", 0.3),
 ]
 
@@ -321,6 +322,7 @@ def test_plugin_equals_in_sample_mean_of_individual_risk():
         (2, "histogram", 5000, 0.03),
         (2, "kde", 5000, 0.03),
         (3, "kde", 1500, 0.06),
+        (3, "histogram", 1500, 0.06),
     ],
 )
 def test_multidimensional_shift_near_truth(d, method, n, tol):
@@ -346,22 +348,14 @@ def test_3d_histogram_value_conservative_and_plugin_biased():
     assert est.plugin > 0.9  # 10^6 cells for 6000 records: nearly every record alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG?: d>=3 histogram value over-smooths (plain histogram, Scott bins from the pooled "
-    "sd): 0.32 vs truth 0.383 at 5k+5k while d<=2 gives 0.37-0.38",
-)
+# regression: the d>=3 histogram rule once over-smoothed (0.32 vs 0.383 here)
 def test_3d_histogram_value_close_to_truth():
     t = truth(1.0, 0.5)
     m, h = gaussian_pair(np.random.default_rng(1), 1.0, 5000, 5000, d=3)
     assert abs(optimal_advantage(m, h).value - t) <= 0.03
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG?: d>=3 histogram value is 0 for two perfectly separated point masses (10+10): "
-    "the Scott rule gives one bin per axis, while the d<=2 path gives 1.0",
-)
+# regression: the d>=3 histogram rule once gave 0 here (one Scott bin per axis)
 def test_3d_histogram_value_separated_point_masses():
     m = np.tile([1.0, 0.5, -1.0], (10, 1))
     h = np.zeros((10, 3))
@@ -458,6 +452,31 @@ def test_w_n_invariant_under_increasing_affine_map(seed, n, mu, scale, shift, pr
     b = optimal_advantage(scale * m + shift, scale * h + shift, prior=prior)
     assert b.plugin == pytest.approx(a.plugin, abs=1e-12)
     assert b.value == pytest.approx(a.value, abs=1e-9)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    ("d", "scale"),
+    [
+        (2, 1e-3),
+        (2, 1e-7),
+        (2, 1e7),
+        (3, 1e-3),
+        (3, 1e3),
+        (3, 1e-7),
+        (3, 1e7),
+    ],
+)
+def test_invariant_to_rescaling_one_axis(method, d, scale):
+    """Grids are per axis and the KDE covariance is full: units of one axis do not matter."""
+    m, h = gaussian_pair(np.random.default_rng(42), 1.0, 400, 400, d=d)
+    a = optimal_advantage(m, h, method=method, n_samples=2048)
+    axis = np.ones(d)
+    axis[1] = scale
+    b = optimal_advantage(m * axis, h * axis, method=method, n_samples=2048)
+    assert b.value == pytest.approx(a.value, abs=1e-9)
+    assert b.lower == pytest.approx(a.lower, abs=1e-9)
+    assert b.plugin == pytest.approx(a.plugin, abs=1e-6)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -569,11 +588,7 @@ def test_numpy_torch_and_float32_inputs_agree(method):
     assert optimal_advantage(g, torch.from_numpy(h), method=method) == ref
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: numpy views with negative strides (m[::-1]) are rejected: as_scores calls "
-    "torch.from_numpy without a copy; the error message does not name the argument",
-)
+# regression: torch.from_numpy rejected negative strides
 def test_reversed_numpy_view_accepted():
     m, h = gaussian_pair(np.random.default_rng(55), 0.5, 200, 200)
     assert optimal_advantage(m[::-1], h) == optimal_advantage(m[::-1].copy(), h)

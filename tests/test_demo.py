@@ -150,14 +150,6 @@ def test_budget_stops_at_the_second_check(tmp_path):
     assert f"early stopping: {summary['stop_reason']}" in format_summary(summary)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: run_demo(dp=True) crashes at the first generator step with Opacus 1.6: "
-    "'IndexError: pop from empty list' in GradSampleModule.capture_backprops_hook — the "
-    "discriminator's params are frozen (no activations captured) but its backward hooks still "
-    "fire on discriminator(fake).backward(); wrap that step in discriminator.disable_hooks() / "
-    "enable_hooks()",
-)
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Opacus: secure RNG off, full backward hook
 def test_dp_demo_reports_epsilon_and_ceilings(tmp_path):
     summary = run_demo(

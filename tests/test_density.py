@@ -138,15 +138,32 @@ def test_degenerate_data_rejected():
         GaussianKDE(torch.cat([x, 2 * x], dim=1))  # collinear: Cholesky happens to fail here
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: collinear data are rejected only when Cholesky happens to fail in rounding; "
-    "about half the time (seed 1 here) a ~1e-17 pivot passes and log densities are absurd "
-    "(+16 on the data line, -5.6e12 at 0.01 off it). scipy raises for these inputs.",
-)
+# regression: a ~1e-17 Cholesky pivot let collinear data through about half the time
 def test_collinear_data_always_rejected():
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(20, 1, dtype=torch.float64, generator=g)
         with pytest.raises(ValueError, match="singular"):
             GaussianKDE(torch.cat([x, 2 * x], dim=1))
+
+
+def test_axes_on_very_different_scales_accepted():
+    rng = np.random.default_rng(16)
+    data = np.c_[rng.normal(0, 1, 300), rng.normal(0, 1e-7, 300)]
+    kde = GaussianKDE(torch.from_numpy(data))
+    ref = gaussian_kde(data.T).logpdf(data[:20].T)
+    np.testing.assert_allclose(kde.log_density(torch.from_numpy(data[:20])).numpy(), ref, atol=1e-8)
+
+
+def test_ridge_added_to_kernel_covariance():
+    data = make_data(2, 80, seed=17)
+    plain = GaussianKDE(torch.from_numpy(data))
+    ridged = GaussianKDE(torch.from_numpy(data), ridge=0.01)
+    np.testing.assert_allclose(
+        ridged.covariance.numpy(), plain.covariance.numpy() + 0.01 * np.eye(2), rtol=1e-12
+    )
+    # a point mass has a KDE once a ridge is given: an isotropic Gaussian of variance ridge
+    point = GaussianKDE(torch.zeros(5, 2, dtype=torch.float64), ridge=0.25)
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.5]], dtype=torch.float64)
+    expected = -np.log(2 * np.pi * 0.25) - np.array([0.0, 1.25]) / (2 * 0.25)
+    np.testing.assert_allclose(point.log_density(x).numpy(), expected, rtol=1e-12)

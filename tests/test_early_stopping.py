@@ -230,11 +230,6 @@ def test_bad_constructor_arguments_raise_valueerror_naming_them(args, kwargs, na
         PrivacyEarlyStopping(*args, **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PrivacyEarlyStopping(threshold=None / 'abc') calls float() unguarded: None "
-    "raises TypeError and 'abc' a ValueError that does not name 'threshold'",
-)
 @pytest.mark.parametrize("threshold", [None, "abc"])
 def test_non_numeric_threshold_raises_valueerror_naming_it(threshold):
     with pytest.raises(ValueError, match="threshold"):

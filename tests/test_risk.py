@@ -379,19 +379,13 @@ def test_bad_configuration(kwargs, name):
         individual_risk([0.0], GM, GH, **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: individual_risk does not validate bins: 2.5 gives a TypeError"
-)
+# regression: bins was not validated (TypeError in 1-D)
 def test_bad_bins_float_raises_value_error():
     with pytest.raises(ValueError, match="bins"):
         individual_risk([0.0], GM, GH, bins=2.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: individual_risk does not validate bins above 2 dimensions: bins=0 is accepted "
-    "(division by zero span/0, every query 'no evidence')",
-)
+# regression: bins <= 0 was accepted above 2 dimensions
 @pytest.mark.parametrize("bins", [0, -2])
 def test_bad_bins_3d_raises_value_error(bins):
     x = np.random.default_rng(0).normal(size=(30, 3))

@@ -132,7 +132,7 @@ def _finish(*, plugin, tp, fp, n1, n2, cert, prior, delta, method, n_dropped) ->
         value=float(min(max(value, floor), 1.0)),
         lower=float(min(max(cert, floor), 1.0)),
         upper=float(min(plugin + halfwidth, 1.0)),
-        plugin=float(plugin),
+        plugin=float(max(plugin, floor)),  # W_N >= |2p - 1| exactly; only rounding can undercut
         halfwidth=float(halfwidth),
         prior=prior,
         method=method,
@@ -471,8 +471,11 @@ class StreamingAdvantage:
 
     ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device;
     ``compute()`` returns the same :class:`AdvantageEstimate` the functional form gives for the
-    same records in the same order (when the grid is the same: pass ``low`` / ``high``, or let the
-    first batch fix it, see :class:`~privmon.estimators.streaming.BinnedScores`). State tensors
+    same records in the same order when the grid is the same (pass ``low`` / ``high``, or let the
+    first batch fix it, see :class:`~privmon.estimators.streaming.BinnedScores`) — with one
+    exception: when a class's KDE bandwidth is narrower than a grid cell, the functional KDE
+    switches to exact kernel sums, which a stream cannot (it keeps no records); the stream then
+    stays on the grid. Choose a finer grid (``bins``) for very concentrated scores. State tensors
     reduce by sum across ranks (``state.reducible``); ``state_dict`` is persistent.
     """
 

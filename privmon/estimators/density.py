@@ -59,10 +59,13 @@ class GaussianKDE:
         cov = torch.cov(data.T).reshape(d, d)
         ridge_t = torch.as_tensor(ridge, dtype=data.dtype, device=data.device)
         self.covariance = cov * self.factor**2 + torch.diag_embed(ridge_t.expand(d))
-        evals = torch.linalg.eigvalsh(self.covariance)
-        # Rounding can leave a ~1e-17 pivot on collinear data, which Cholesky accepts: check
-        # the conditioning instead (scipy rejects these inputs too).
-        if not bool(evals[0] > 1e-12 * evals[-1].clamp_min(torch.finfo(data.dtype).tiny)):
+        # Rounding can leave a ~1e-17 pivot on collinear data, which Cholesky accepts: check the
+        # conditioning of the correlation matrix instead (unit-free, so axes on very different
+        # scales pass; scipy rejects the collinear inputs too).
+        var = torch.diagonal(self.covariance)
+        scale = torch.sqrt(var.clamp_min(torch.finfo(data.dtype).tiny))
+        corr = self.covariance / (scale[:, None] * scale[None, :])
+        if not bool((var > 0).all()) or not bool(torch.linalg.eigvalsh(corr)[0] > 1e-10):
             raise ValueError(
                 "the data covariance is singular (constant or collinear scores); "
                 "a Gaussian KDE needs a non-singular covariance"

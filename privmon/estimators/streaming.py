@@ -145,7 +145,7 @@ class BinnedScores:
         for cls, (scores, name) in enumerate(
             ((member_scores, "member_scores"), (nonmember_scores, "nonmember_scores"))
         ):
-            if scores is None:
+            if scores is None or len(scores) == 0:  # e.g. an empty shard of a rank
                 continue
             dev = self.low.device if self.low is not None else self.device
             try:

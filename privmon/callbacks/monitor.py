@@ -25,9 +25,15 @@ from torch import nn
 from privmon._validation import check_open_unit
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
-from privmon.estimators.advantage import METHODS, optimal_advantage
-from privmon.estimators.risk import individual_risk
+from privmon.estimators.advantage import (
+    METHODS,
+    advantage_from_state,
+    default_bins,
+    optimal_advantage,
+)
+from privmon.estimators.risk import histogram_risk
 from privmon.estimators.roc import roc_summary
+from privmon.estimators.streaming import BinnedScores
 from privmon.report import QueryResult, Report
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -337,13 +343,24 @@ class PrivacyMonitor:
         mem2 = mem.reshape(mem.shape[0], -1)
         non2 = non.reshape(non.shape[0], -1)
         d = mem2.shape[1]
+        # 1-2 dimensions: one histogram state serves the W_N estimate and the per-record risk
+        # (the same grid and counts optimal_advantage would build).
+        grid = None
+        if d <= 2:
+            grid = BinnedScores(bins=default_bins("histogram", d), margin=0.0, device=mem2.device)
+            grid.update(mem2, non2)
         estimates = {}
         for method in self.methods:
             if method == "kde" and getattr(q, "discrete", False):
                 continue
-            est = optimal_advantage(
-                mem2, non2, prior=self.prior, method=method, delta=self.interval_delta
-            )
+            if method == "histogram" and grid is not None:
+                est = advantage_from_state(
+                    grid, prior=self.prior, method=method, delta=self.interval_delta
+                )
+            else:
+                est = optimal_advantage(
+                    mem2, non2, prior=self.prior, method=method, delta=self.interval_delta
+                )
             estimates[method] = est
             base = f"privacy/{name}/{method}"
             for field in ("value", "lower", "plugin", "upper"):
@@ -362,14 +379,9 @@ class PrivacyMonitor:
                 scalars[f"privacy/{name}/{key}"] = float(v)
         risk = post_m = post_n = None
         top: tuple[int, ...] = ()
-        if d <= 2:
-            r = individual_risk(
-                torch.cat([mem2, non2]),
-                mem2,
-                non2,
-                prior=self.prior,
-                method="histogram",
-                delta=self.interval_delta,
+        if grid is not None:
+            r = histogram_risk(
+                grid, torch.cat([mem2, non2]), prior=self.prior, delta=self.interval_delta
             )
             n_mem = mem2.shape[0]
             risk, post_m, post_n = r.value[:n_mem], r.posterior[:n_mem], r.posterior[n_mem:]

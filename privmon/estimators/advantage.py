@@ -178,7 +178,7 @@ def _gaussian_kernels(cov: torch.Tensor, width: torch.Tensor, bins: tuple[int, .
     ]
     lattice = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, d)
     prec = torch.linalg.inv(cov)
-    logk = -0.5 * torch.einsum("ki,rij,kj->rk", lattice, prec, lattice)
+    logk = -0.5 * (torch.matmul(lattice, prec) * lattice).sum(-1)  # (R, lattice points)
     k = torch.exp(logk - logk.amax(dim=1, keepdim=True))
     k = k / k.sum(dim=1, keepdim=True)
     return k.reshape(cov.shape[0], *[2 * h + 1 for h in half])
@@ -237,36 +237,33 @@ def advantage_from_state(
     check_method(method)
     if not state.initialized:
         raise ValueError("the state holds no scores yet")
-    total = state.class_counts()
-    n1, n2 = float(total[0].sum()), float(total[1].sum())
+    k = state.folds
+    # Selections: all folds (the plug-in), the complement of each fold (cross-fitting), then
+    # folds 2.. (the certificate's rule) — counts and moments of all in one matrix product each.
+    weights = torch.ones(k + 2, k, dtype=torch.float64, device=state.counts.device)
+    weights[1 : k + 1].fill_diagonal_(0.0)
+    weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
+    counts, ns, _, covs = state.pooled(weights)
+    total = counts[:, 0]
+    n1, n2 = float(ns[0, 0]), float(ns[1, 0])
     if n1 == 0 or n2 == 0:
         which = "member" if n1 == 0 else "non-member"
         raise ValueError(f"the state holds no {which} scores")
-    k = state.folds
-    # Training sets: the complement of each fold (cross-fitting), then folds 2.. (certificate).
-    train = [[j for j in range(k) if j != i] for i in range(k)] + [list(range(2, k))]
-    rows, ns, covs = [], [], []
-    for sel in train:
-        cnt, _, cov = state.moments(sel)
-        rows.append(state.class_counts(sel))
-        ns.append(cnt)
-        covs.append(cov)
     if method == "kde":  # U_N needs the full-data KDE on the extended grid
-        cnt, _, cov = state.moments()
-        plug_rows = _smooth(state, total, cnt, cov, method, bandwidth, extend=True)
+        plug_rows = _smooth(state, total, ns[:, 0], covs[:, 0], method, bandwidth, extend=True)
         plugin = float((prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum())
     else:
         plugin = float((prior * total[0] / n1 - (1 - prior) * total[1] / n2).abs().sum())
-    counts = torch.stack(rows, 1).reshape(2 * len(train), -1)  # (class, train set) rows
+    t = k + 1  # training selections
     mass = _smooth(
         state,
-        counts,
-        torch.stack(ns, 1).reshape(-1),
-        torch.stack(covs, 1).flatten(0, 1),
+        counts[:, 1:].reshape(2 * t, -1),
+        ns[:, 1:].reshape(-1),
+        covs[:, 1:].flatten(0, 1),
         method,
         bandwidth,
         extend=False,
-    ).reshape(2, len(train), -1)
+    ).reshape(2, t, -1)
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
     tol = 1e-9 * float(mass.amax())
     held = state.counts  # (2, K, cells)

@@ -4,7 +4,7 @@ the individual-risk intervals (MACE Lemma 5) and the epsilon audit."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import beta
+from scipy.special import betaincinv
 
 __all__ = ["clopper_pearson_lower", "clopper_pearson_upper"]
 
@@ -17,7 +17,8 @@ def clopper_pearson_lower(successes, trials, alpha: float) -> np.ndarray:
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = beta.ppf(alpha, k, n - k + 1)
+        # beta.ppf(alpha, k, n - k + 1), without scipy.stats' per-call argument handling
+        out = betaincinv(k, n - k + 1, alpha)
     return np.where(k <= 0, 0.0, np.nan_to_num(out, nan=0.0))
 
 
@@ -29,5 +30,5 @@ def clopper_pearson_upper(successes, trials, alpha: float) -> np.ndarray:
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = beta.ppf(1.0 - alpha, k + 1, n - k)
+        out = betaincinv(k + 1, n - k, 1.0 - alpha)
     return np.where(k >= n, 1.0, np.nan_to_num(out, nan=1.0))

@@ -269,20 +269,35 @@ class BinnedScores:
                 )
 
     # -- derived quantities -----------------------------------------------------------------
+    def fold_weights(self, folds: Sequence[int] | None = None) -> torch.Tensor:
+        """A (1, folds) 0/1 row selecting ``folds`` (all when None), for :meth:`pooled`."""
+        w = torch.zeros(1, self.folds, dtype=torch.float64, device=self.counts.device)
+        w[0, slice(None) if folds is None else list(folds)] = 1.0
+        return w
+
+    def pooled(self, weights: torch.Tensor):
+        """Counts and moments of several fold selections at once.
+
+        ``weights`` (T, folds) holds one 0/1 row per selection. Returns per class and selection:
+        cell counts (2, T, cells), record counts (2, T), means (2, T, d) and unbiased covariances
+        (2, T, d, d) — one matrix product each, however many selections.
+        """
+        counts = torch.matmul(weights, self.counts)
+        d = self.sum1.shape[-1]
+        n = torch.matmul(weights, self.counts.sum(dim=2, keepdim=True)).squeeze(-1)
+        s1 = torch.matmul(weights, self.sum1)
+        s2 = torch.matmul(weights, self.sum2.flatten(2)).unflatten(2, (d, d))
+        nn = n.clamp_min(1)[..., None]
+        mean = s1 / nn
+        outer = mean.unsqueeze(-1) * mean.unsqueeze(-2)
+        cov = (s2 - nn[..., None] * outer) / (nn - 1).clamp_min(1)[..., None]
+        return counts, n, mean, cov
+
     def class_counts(self, folds: Sequence[int] | None = None) -> torch.Tensor:
         """Counts per class summed over ``folds`` (all when None): shape (2, cells)."""
-        c = self.counts if folds is None else self.counts[:, list(folds)]
-        return c.sum(dim=1)
+        return self.pooled(self.fold_weights(folds))[0][:, 0]
 
     def moments(self, folds: Sequence[int] | None = None):
         """(n, mean, unbiased covariance) per class over ``folds``: shapes (2,), (2,d), (2,d,d)."""
-        sel = slice(None) if folds is None else list(folds)
-        cnt = self.counts[:, sel].sum(dim=(1, 2))
-        s1 = self.sum1[:, sel].sum(dim=1)
-        s2 = self.sum2[:, sel].sum(dim=1)
-        n = cnt.clamp_min(1)[:, None]
-        mean = s1 / n
-        cov = (s2 - n[..., None] * mean.unsqueeze(2) * mean.unsqueeze(1)) / (n - 1).clamp_min(1)[
-            ..., None
-        ]
-        return cnt, mean, cov
+        _, n, mean, cov = self.pooled(self.fold_weights(folds))
+        return n[:, 0], mean[:, 0], cov[:, 0]

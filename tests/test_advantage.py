@@ -212,9 +212,15 @@ def test_plugin_w_n_equals_numpy_histogram(prior, bins):
     rng = np.random.default_rng(11)
     m, h = rng.normal(0.6, 1.2, 700), rng.standard_t(4, 450)
     nb = 100 if bins is None else bins
-    edges = np.linspace(min(m.min(), h.min()), max(m.max(), h.max()), nb + 1)
-    a, _ = np.histogram(m, edges)  # last bin closed on the right, as in privmon
-    b, _ = np.histogram(h, edges)
+    pooled = np.concatenate([m, h])
+    # the data range, cut to [Q1 - 5 IQR, Q3 + 5 IQR]; the t(4) tail records beyond the cut
+    # are counted in the edge bins
+    q1, q3 = np.quantile(pooled, [0.25, 0.75])
+    lo, hi = max(pooled.min(), q1 - 5 * (q3 - q1)), min(pooled.max(), q3 + 5 * (q3 - q1))
+    assert hi < pooled.max()  # the cut binds here
+    edges = np.linspace(lo, hi, nb + 1)
+    a, _ = np.histogram(np.clip(m, lo, hi), edges)  # last bin closed on the right, as in privmon
+    b, _ = np.histogram(np.clip(h, lo, hi), edges)
     assert a.sum() == 700 and b.sum() == 450
     w_n = np.abs(prior * a / 700 - (1 - prior) * b / 450).sum()
     est = optimal_advantage(m, h, prior=prior, bins=bins)

@@ -9,7 +9,7 @@ import torch
 
 from privmon import StreamingAdvantage, optimal_advantage
 from privmon.estimators.advantage import advantage_from_state
-from privmon.estimators.streaming import MAX_CELLS, BinnedScores, fold_of
+from privmon.estimators.streaming import MAX_CELLS, BinnedScores, fold_of, robust_range
 
 METHODS = ("histogram", "kde")
 
@@ -46,8 +46,9 @@ def stream(est, m, h, sizes=(1, 7, 100, 13, 500, 2, 999)):
 
 
 def range_of(m, h):
-    pooled = np.concatenate([m, h])
-    return pooled.min(axis=0), pooled.max(axis=0)
+    """The grid the functional form uses: the pooled range, cut at 5 IQRs beyond the quartiles."""
+    lo, hi = robust_range(torch.as_tensor(np.concatenate([m, h])).reshape(len(m) + len(h), -1))
+    return lo.numpy(), hi.numpy()
 
 
 STATE_FIELDS = ("counts", "sum1", "sum2", "n_seen", "n_dropped", "n_overflow")

@@ -201,6 +201,21 @@ def _ash_kernels(sigma: torch.Tensor, n: torch.Tensor, width: torch.Tensor):
     return out / out.reshape(r, -1).sum(dim=1).reshape([r] + [1] * d)
 
 
+def _iqr_from_counts(counts: torch.Tensor, bins: tuple[int, ...], width: torch.Tensor):
+    """Interquartile range per row and axis from cell counts (R, cells), to one cell's width."""
+    grid = counts.reshape(counts.shape[0], *bins)
+    out = []
+    for axis in range(len(bins)):
+        other = [a for a in range(1, len(bins) + 1) if a != axis + 1]
+        marginal = grid.sum(dim=other) if other else grid
+        cum = marginal.cumsum(dim=1)
+        total = cum[:, -1:].clamp_min(1)
+        q1 = torch.searchsorted(cum, 0.25 * total)
+        q3 = torch.searchsorted(cum, 0.75 * total)
+        out.append((q3 - q1).squeeze(1).to(counts.dtype) * width[axis])
+    return torch.stack(out, dim=1)
+
+
 def _smooth(
     state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, bandwidth, extend: bool
 ):
@@ -208,6 +223,14 @@ def _smooth(
     bins, width = state.bins, state.width
     d = len(bins)
     ridge = torch.diag_embed((width / 4) ** 2).expand_as(covs)
+    if not extend:
+        # The rule's smoothing uses a robust scale (Silverman): min(σ, IQR/1.349) per axis, so a
+        # few far-out scores do not blur the bulk where the records are.
+        sd = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0))
+        iqr = _iqr_from_counts(counts, bins, width)
+        robust = torch.where(iqr > 0, torch.minimum(sd, iqr / 1.349), sd)
+        scale = torch.where(sd > 0, robust / sd.clamp_min(1e-300), torch.ones_like(sd))
+        covs = covs * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     if method == "kde":
         factors = torch.tensor(
             [bandwidth_factor(bandwidth, n=max(float(n), 2.0), d=d) for n in ns],
@@ -317,8 +340,8 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
 
     def predict(train_m, train_h, test, tie):
         """Rule on test points learned from the training records; (len(test),) in {0, tie, 1}."""
-        kp = GaussianKDE(train_m, bandwidth=bandwidth, ridge=ridge)
-        kq = GaussianKDE(train_h, bandwidth=bandwidth, ridge=ridge)
+        kp = GaussianKDE(train_m, bandwidth=bandwidth, ridge=ridge, robust=True)
+        kq = GaussianKDE(train_h, bandwidth=bandwidth, ridge=ridge, robust=True)
         diff = kp.log_density(test) + math.log(prior) - kq.log_density(test) - math.log(1 - prior)
         return _rule(diff, tie, 1e-12)
 

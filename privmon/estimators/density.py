@@ -47,9 +47,12 @@ class GaussianKDE:
         bandwidth: str | float = "scott",
         chunk: int = 2048,
         ridge: torch.Tensor | float = 0.0,
+        robust: bool = False,
     ):
         """``ridge``: variance added to the kernel covariance's diagonal (0 = scipy's KDE).
-        A positive ridge lets degenerate data (point masses, collinear scores) have a KDE."""
+        A positive ridge lets degenerate data (point masses, collinear scores) have a KDE.
+        ``robust``: scale each axis by min(σ, IQR/1.349)/σ (Silverman), so a few far-out points
+        do not widen the kernel for the bulk (not scipy's convention)."""
         if data.ndim != 2 or data.shape[0] < 2:
             raise ValueError("data must have shape (n, d) with n >= 2 for a KDE")
         self.data = data
@@ -57,6 +60,15 @@ class GaussianKDE:
         self.n, self.d = n, d
         self.factor = bandwidth_factor(bandwidth, n=n, d=d)
         cov = torch.cov(data.T).reshape(d, d)
+        if robust:
+            sd = torch.sqrt(torch.diagonal(cov))
+            q = torch.quantile(
+                data, torch.tensor([0.25, 0.75], dtype=data.dtype, device=data.device), dim=0
+            )
+            iqr = q[1] - q[0]
+            rob = torch.where(iqr > 0, torch.minimum(sd, iqr / 1.349), sd)
+            scale = torch.where(sd > 0, rob / sd.clamp_min(1e-300), torch.ones_like(sd))
+            cov = cov * scale[:, None] * scale[None, :]
         ridge_t = torch.as_tensor(ridge, dtype=data.dtype, device=data.device)
         self.covariance = cov * self.factor**2 + torch.diag_embed(ridge_t.expand(d))
         # Rounding can leave a ~1e-17 pivot on collinear data, which Cholesky accepts: check the

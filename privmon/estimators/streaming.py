@@ -9,10 +9,12 @@ and of the first two moments, so the state is a handful of tensors that
 * round-trip through ``state_dict`` / ``load_state_dict``.
 
 **Bin edges.** Pass ``low`` / ``high`` to fix them. Otherwise they are fixed by the first batch:
-its pooled range widened by ``margin`` times its width on each side. Records that fall outside
+its pooled range (cut to [Q1 − 5·IQR, Q3 + 5·IQR], see :func:`robust_range`) widened by
+``margin`` times its width on each side. Records that fall outside
 later land in the edge bins (overflow bins) and are counted in ``n_overflow``; a large count means
 the grid was fixed on an unrepresentative first batch. The functional API passes the full data
-as one batch with ``margin=0``, so its grid spans exactly the data range (MACE §9.1).
+as one batch with ``margin=0``, so its grid spans the data range (MACE §9.1) unless the tails
+are far heavier than a Gaussian's.
 
 **Folds.** Record ``i`` of a class (counted from the first update) goes to fold
 ``hash(i) mod folds`` (a multiplicative hash, so sorted streams are still spread evenly). The fold
@@ -34,6 +36,26 @@ __all__ = ["BinnedScores"]
 
 _HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 MAX_CELLS = 1 << 22
+
+
+TAIL_IQRS = 5.0
+
+
+def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension [min, max], cut to [Q1 − 5·IQR, Q3 + 5·IQR] where the IQR is positive.
+
+    Heavy-tailed scores (per-record losses: most near 0, a few wrong records far out) would
+    otherwise squeeze almost every record into one of the equal-width bins; the few records
+    beyond the cut go to the edge bins. For Gaussian scores the cut lies 7σ out and never binds.
+    """
+    lo, hi = x.min(dim=0).values, x.max(dim=0).values
+    sample = x if x.shape[0] <= 1 << 22 else x[:: x.shape[0] // (1 << 22) + 1]
+    q = torch.quantile(sample, torch.tensor([0.25, 0.75], dtype=x.dtype, device=x.device), dim=0)
+    iqr = q[1] - q[0]
+    ok = iqr > 0
+    lo = torch.where(ok, torch.maximum(lo, q[0] - TAIL_IQRS * iqr), lo)
+    hi = torch.where(ok, torch.minimum(hi, q[1] + TAIL_IQRS * iqr), hi)
+    return lo, hi
 
 
 def fold_of(index: torch.Tensor, folds: int) -> torch.Tensor:
@@ -166,7 +188,7 @@ class BinnedScores:
             raise ValueError("member_scores and nonmember_scores must have the same dimension d")
         if not self.initialized:
             pooled = torch.cat([b[1] for b in batches])
-            lo, hi = pooled.min(dim=0).values, pooled.max(dim=0).values
+            lo, hi = robust_range(pooled)
             span = hi - lo
             lo, hi = lo - self.margin * span, hi + self.margin * span
             flat = span <= 0

@@ -1,0 +1,113 @@
+"""The example scripts run end to end and print figures that make sense.
+
+Each example runs as a user would run it (a subprocess, tiny settings, a temporary log
+directory); the assertions read the numbers it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sklearn")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+NUM = r"-?\d+\.\d+"
+
+
+def run_example(name: str, *args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def event_files(logdir: Path) -> list[Path]:
+    return [p for p in logdir.rglob("events.out.tfevents*") if p.stat().st_size > 0]
+
+
+def table_rows(out: str) -> list[dict[str, float | None]]:
+    """The per-check table of dp_classifier: step, ε, tanh, (ε,δ), adv, lower, AUC, adv(logit)."""
+    keys = ("eps", "tanh", "eps_delta", "adv", "lower", "auc", "adv_logit")
+    rows = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 8 and fields[0].isdigit():
+            vals = [None if f == "-" else float(f) for f in fields[1:]]
+            rows.append({"step": int(fields[0]), **dict(zip(keys, vals, strict=True))})
+    return rows
+
+
+def test_dp_classifier_stays_under_its_ceiling(tmp_path):
+    target = 1.0
+    out = run_example(
+        "dp_classifier.py",
+        *("--epsilon", str(target), "--epochs", "4", "--every", "5"),
+        *("--budget", "0.1", "--logdir", str(tmp_path)),
+    )
+    rows = table_rows(out)
+    assert len(rows) >= 2, out
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    for r in rows:
+        assert r["eps"] is not None and 0 < r["eps"] <= target + 0.02, r
+        assert 0 < r["tanh"] <= r["eps_delta"] + 1e-3 <= 1 + 1e-3, r
+        # The certified lower bound never exceeds what (ε, δ)-DP allows.
+        assert 0 <= r["lower"] <= r["eps_delta"], r
+        assert 0 <= r["adv"] <= 1 and 0 <= r["auc"] <= 1 and 0 <= r["adv_logit"] <= 1, r
+    eps = [r["eps"] for r in rows]
+    assert eps == sorted(eps), "ε spent must grow with the steps"
+    final = float(re.search(rf"final ε = ({NUM})", out).group(1))
+    assert final == pytest.approx(eps[-1], abs=1e-3) and final <= target + 0.02
+    assert "early stopping did not fire" in out
+    assert "DP VIOLATION" not in out
+    assert event_files(tmp_path)
+
+
+def test_dp_classifier_without_dp_stops_early(tmp_path):
+    epochs = 60
+    out = run_example(
+        "dp_classifier.py",
+        *("--no-dp", "--epochs", str(epochs), "--every", "25"),
+        *("--budget", "0.02", "--logdir", str(tmp_path)),
+    )
+    rows = table_rows(out)
+    assert rows, out
+    assert all(r["eps"] is None and r["eps_delta"] is None for r in rows)
+    m = re.search(r"early stopping fired at step (\d+), epoch (\d+) of (\d+)", out)
+    assert m, out
+    step, epoch = int(m.group(1)), int(m.group(2))
+    assert epoch < epochs
+    # It stopped at the first check over the budget: the last row, and only that one.
+    assert rows[-1]["step"] == step
+    assert rows[-1]["lower"] >= 0.02  # printed to 3 decimals
+    assert all(r["lower"] <= 0.02 for r in rows[:-1])
+    assert event_files(tmp_path)
+
+
+def test_gan_digits(tmp_path):
+    out = run_example("gan_digits.py", "--steps", "120", "--every", "50", "--logdir", str(tmp_path))
+    assert re.search(r"after 120 steps \(3 checks\)", out), out
+    figures = {}
+    for line in out.splitlines():
+        m = re.match(rf"^(\w+/\w+)\s+({NUM})\s+({NUM})(?:\s+({NUM}))?\s*$", line)
+        if m:
+            figures[m.group(1)] = [float(v) for v in m.groups()[1:] if v is not None]
+    assert {"disc/histogram", "nn_dist/histogram", "hybrid/histogram"} <= set(figures), out
+    for values in figures.values():
+        assert all(0.0 <= v <= 1.0 for v in values), figures
+    assert f"tensorboard --logdir {tmp_path}" in out
+    assert event_files(tmp_path)

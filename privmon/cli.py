@@ -15,6 +15,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="privmon", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -23,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=_positive_int, default=3000, help="training steps")
     demo.add_argument("--every", type=_positive_int, default=100, help="steps between checks")
     demo.add_argument("--dp", action="store_true", help="train the discriminator with Opacus")
+    demo.add_argument(
+        "--epsilon",
+        type=float,
+        default=3.0,
+        help="with --dp: the ε budget Opacus spends over the run (default 3)",
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--budget",
@@ -44,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 every_n_steps=args.every,
                 budget=args.budget,
+                target_epsilon=args.epsilon,
                 progress=not args.quiet,
             )
         )

@@ -45,7 +45,7 @@ class DemoConfig:
     n_reference: int = 400
     batch_size: int = 64
     budget: float | None = None
-    noise_multiplier: float = 1.0
+    target_epsilon: float = 3.0
     max_grad_norm: float = 1.0
     delta: float = 1e-5
     progress: bool = True
@@ -115,11 +115,14 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         from opacus import PrivacyEngine
 
         engine = PrivacyEngine(accountant="rdp")
-        discriminator, opt_d, loader = engine.make_private(
+        # Opacus picks the noise that spends exactly target_epsilon over the planned steps.
+        discriminator, opt_d, loader = engine.make_private_with_epsilon(
             module=discriminator,
             optimizer=opt_d,
             data_loader=loader,
-            noise_multiplier=config.noise_multiplier,
+            target_epsilon=config.target_epsilon,
+            target_delta=config.delta,
+            epochs=math.ceil(config.steps / len(loader)),
             max_grad_norm=config.max_grad_norm,
         )
     disc_q = DiscriminatorQuery(discriminator)

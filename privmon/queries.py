@@ -46,7 +46,6 @@ advantage estimators do not need it; direction-dependent figures such as the AUC
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -54,6 +53,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from privmon.attacks.metric import _logsumexp_excluding, modified_entropy_from_logits
 
 __all__ = [
     "CallableQuery",
@@ -76,12 +77,6 @@ Transform = Callable[[Batch], tuple[Any, Any]]
 
 _X_KEYS = ("x", "input", "inputs", "input_ids")
 _Y_KEYS = ("y", "label", "labels", "target")
-
-# Modified entropy clips probabilities into [1e-30, 1 - 1e-30] inside its logs.
-_CLIP = 1e-30
-_LOG_LO = math.log(_CLIP)
-_LOG_HI = math.log1p(-_CLIP)
-
 
 # --- shared helpers -------------------------------------------------------------------------------
 
@@ -220,17 +215,6 @@ def _per_record(t: torch.Tensor, what: str) -> torch.Tensor:
             f"{what} returned shape {tuple(t.shape)}; expected one value per record, (n,) or (n, 1)"
         )
     return t.reshape(t.shape[0])
-
-
-def _logsumexp_excluding(z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Row-wise logsumexp of z (n, C) over all columns except idx (n,)."""
-    return z.scatter(1, idx[:, None], float("-inf")).logsumexp(dim=1)
-
-
-def _log1mexp(a: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(a)) for a <= 0, accurate on both sides of -log 2."""
-    a = a.clamp(max=0.0)
-    return torch.where(a > -math.log(2.0), torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
 
 
 # --- base classes ---------------------------------------------------------------------------------
@@ -431,18 +415,7 @@ class ModifiedEntropyQuery(_ClassifierQuery):
         super().__init__(model, name=name, transform=transform)
 
     def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        lse = logits.logsumexp(dim=1)
-        logp = logits - lse[:, None]
-        p = logp.exp()
-        log1m = _log1mexp(logp)
-        k = logits.argmax(dim=1)
-        log1m_k = _logsumexp_excluding(logits, k) - lse
-        log1m = log1m.scatter(1, k[:, None], log1m_k[:, None])
-        yi = y[:, None]
-        true_term = -log1m.gather(1, yi).exp() * logp.gather(1, yi).clamp(_LOG_LO, _LOG_HI)
-        other = p * log1m.clamp(_LOG_LO, _LOG_HI)
-        other = other.scatter(1, yi, 0.0)
-        return (true_term.squeeze(1) - other.sum(dim=1)).to(logits.dtype)
+        return modified_entropy_from_logits(logits, y)
 
 
 class LogitConfidenceQuery(_ClassifierQuery):

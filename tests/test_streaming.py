@@ -152,7 +152,8 @@ def test_grid_fixed_by_first_batch_with_margin():
 def test_flat_first_batch_gets_a_unit_wide_grid():
     s = BinnedScores(bins=4)
     s.update(np.full(3, 2.0), np.full(2, 2.0))
-    assert float(s.low) == 1.5 and float(s.high) == 2.5
+    # [x - 0.5, x + 0.5], then widened by the default margin 0.1 of its width on each side
+    assert float(s.low) == pytest.approx(1.4) and float(s.high) == pytest.approx(2.6)
     assert s.class_counts()[:, 2].tolist() == [3, 2]
 
 

@@ -33,7 +33,7 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.risk import histogram_risk
 from privmon.estimators.roc import roc_summary
-from privmon.estimators.streaming import BinnedScores
+from privmon.estimators.streaming import BinnedScores, robust_range
 from privmon.report import QueryResult, Report
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -345,9 +345,15 @@ class PrivacyMonitor:
         d = mem2.shape[1]
         # 1-2 dimensions: one histogram state serves the W_N estimate and the per-record risk
         # (the same grid and counts optimal_advantage would build).
-        grid = None
+        grid = lo = hi = None
         if d <= 2:
-            grid = BinnedScores(bins=default_bins("histogram", d), margin=0.0, device=mem2.device)
+            pooled = torch.cat([mem2, non2]).double()
+            pooled = pooled[torch.isfinite(pooled).all(dim=1)]
+            if pooled.shape[0] > 0:  # else the estimators raise their own clear error
+                lo, hi = robust_range(pooled)  # one grid range for both estimators
+            grid = BinnedScores(
+                bins=default_bins("histogram", d), margin=0.0, low=lo, high=hi, device=mem2.device
+            )
             grid.update(mem2, non2)
         estimates = {}
         for method in self.methods:
@@ -359,7 +365,13 @@ class PrivacyMonitor:
                 )
             else:
                 est = optimal_advantage(
-                    mem2, non2, prior=self.prior, method=method, delta=self.interval_delta
+                    mem2,
+                    non2,
+                    prior=self.prior,
+                    method=method,
+                    delta=self.interval_delta,
+                    low=lo,
+                    high=hi,
                 )
             estimates[method] = est
             base = f"privacy/{name}/{method}"

@@ -423,6 +423,8 @@ def optimal_advantage(
     folds: int = 4,
     n_samples: int = 16384,
     seed: int = 0,
+    low: Any = None,
+    high: Any = None,
 ) -> AdvantageEstimate:
     """Estimate the optimal membership advantage of a query (MACE eq. 7, Thm 2-3).
 
@@ -442,6 +444,9 @@ def optimal_advantage(
         folds: cross-fitting folds (>= 4).
         n_samples: importance samples for U_N above 2 dimensions; ``seed`` seeds them (a local
             generator: the global RNG is never touched).
+        low, high: the grid's range per dimension in 1-2 dimensions (records outside land in
+            the edge bins). Default: the pooled data range cut at 5 IQRs beyond the quartiles
+            (:func:`~privmon.estimators.streaming.robust_range`). Ignored above 2 dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
@@ -466,7 +471,9 @@ def optimal_advantage(
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
     if d <= 2 and not (method == "kde" and _grid_too_coarse(m, h, nbins, bandwidth)):
-        state = BinnedScores(bins=nbins, folds=folds, margin=0.0, device=m.device)
+        state = BinnedScores(
+            bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
+        )
         state.update(m, h)
         return advantage_from_state(
             state, prior=prior, method=method, delta=delta, bandwidth=bandwidth, n_dropped=dm + dh

@@ -42,7 +42,8 @@ TAIL_IQRS = 5.0
 
 
 def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-dimension [min, max], cut to [Q1 − 5·IQR, Q3 + 5·IQR] where the IQR is positive.
+    """Per-dimension [min, max], cut to [Q1 − 5·IQR, Q3 + 5·IQR] where the IQR is positive
+    (and widened to [x − 0.5, x + 0.5] for a constant score x).
 
     Heavy-tailed scores (per-record losses: most near 0, a few wrong records far out) would
     otherwise squeeze almost every record into one of the equal-width bins; the few records
@@ -55,7 +56,8 @@ def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ok = iqr > 0
     lo = torch.where(ok, torch.maximum(lo, q[0] - TAIL_IQRS * iqr), lo)
     hi = torch.where(ok, torch.minimum(hi, q[1] + TAIL_IQRS * iqr), hi)
-    return lo, hi
+    flat = hi <= lo  # a constant score: one unit-wide range around it
+    return torch.where(flat, lo - 0.5, lo), torch.where(flat, hi + 0.5, hi)
 
 
 def fold_of(index: torch.Tensor, folds: int) -> torch.Tensor:
@@ -190,10 +192,7 @@ class BinnedScores:
             pooled = torch.cat([b[1] for b in batches])
             lo, hi = robust_range(pooled)
             span = hi - lo
-            lo, hi = lo - self.margin * span, hi + self.margin * span
-            flat = span <= 0
-            lo, hi = torch.where(flat, lo - 0.5, lo), torch.where(flat, hi + 0.5, hi)
-            self._allocate(lo, hi)
+            self._allocate(lo - self.margin * span, hi + self.margin * span)
         for cls, x, dropped in batches:
             self._add(cls, x, dropped)
 

@@ -1,0 +1,907 @@
+"""Per-record membership risk in the *specific* setup, its *average* counterpart, and the
+comparison between the two.
+
+Source: Krčo, Guépin, Meeus, de Montjoye, "Lost in the Averages: A New Specific Setup to Evaluate
+Membership Inference Attacks Against Machine Learning Models" (``papers/specific-setup-mia-
+evaluation.txt``; section numbers below refer to it).
+
+Why. The usual (*average*, §3.2) evaluation trains each evaluation model on a dataset resampled
+from a larger pool, with the target record in half of them. Its per-record risk is the risk
+averaged over datasets, and the risk of a record depends strongly on the dataset it sits in
+(outliers of one sample are often not outliers of another). The *specific* setup (§3.3) keeps the
+released model's training set ``D`` fixed and uses the training randomness (seed / weight
+initialisation) as the only source of randomness: half of the evaluation models are trained on
+``D``, the other half on ``D`` with the target swapped for a reference record. On the paper's
+datasets 67-100 % of the records that are high-risk in the specific setup are classified low-risk
+by the average one (Tables 1-2, the *miss rate* of §3.4).
+
+What this module computes.
+
+* :func:`specific` (§3.3, App. C Algorithm 1). ``dataset`` is fixed. For model ``k`` a seeded
+  balanced mask decides for every target whether it is *in* (its own record at its index) or
+  *out* (a reference record swapped in at its index); the model is trained on the resulting set
+  with a training seed derived from ``(seed, k)``, then every target's **original** record is
+  scored. All targets share the same models, so the cost is ``n_models`` trainings in total, not
+  ``2 * n_models`` per target. Consequence: in one model about half the targets are swapped at
+  once, so keep the targets a small fraction of the dataset (the paper audits one target at a
+  time; sharing models trades a slightly perturbed ``D`` for a cost independent of the number of
+  targets).
+* :func:`average` (§3.2, App. C Algorithm 2). Same mask and training seeds, but model ``k``'s
+  training set is drawn afresh from ``pool``: ``dataset_size`` records, the *in* targets plus
+  non-target records sampled without replacement.
+* Per target, the attack's performance over the models (§3.1 "privacy risk"): members are the
+  models trained with the target, non-members those trained without it; the risk is the ROC AUC
+  (:func:`privmon.estimators.roc.auc`) and the TPR at FPR 0.1
+  (:func:`privmon.estimators.roc.tpr_at_fpr`). The attack is a score threshold, by default the
+  loss attack (negative cross-entropy, higher = member).
+* :func:`compare` (§3.4): miss rate, RMSE and Pearson correlation between the per-target risks of
+  the two setups, plus the §6 Theorem 1 reference value ``sqrt(var_avg / var_spec)``.
+
+Randomness. Everything derives from ``seed`` through ``numpy.random.SeedSequence`` (one stream
+for the mask, one per model for the reference draw / dataset sampling, one per model for the
+training seed), so a result reproduces from its seed. The global RNGs (``random``, numpy's
+legacy global, torch CPU and CUDA) are saved before each ``train_fn`` / ``score_fn`` call,
+seeded with that model's training seed for the call (so a ``train_fn`` that never seeds anything
+is still reproducible) and restored afterwards: the caller's global RNG state is left untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from torch import nn
+
+from privmon.estimators.roc import auc as _auc
+from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
+
+__all__ = ["AuditResult", "SetupComparison", "average", "compare", "specific"]
+
+TrainFn = Callable[[torch.Tensor, Any, int], Any]
+ScoreFn = Callable[[Any, torch.Tensor, Any], Any]
+
+_METRICS = ("auc", "tpr")
+# §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
+_DEFAULT_THRESHOLD = {"auc": 0.8, "tpr": 0.6}
+
+# SeedSequence spawn keys of the independent streams (the same in both setups, so the specific
+# and average audits run with one seed share their mask and their training seeds).
+_TAG_MASK, _TAG_TRAIN, _TAG_DATA = 0, 1, 2
+
+
+# --- results --------------------------------------------------------------------------------------
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, repr=False)
+class AuditResult:
+    """Per-target membership risk over a set of evaluation models (one setup).
+
+    Attributes:
+        setup: ``"specific"`` (§3.3) or ``"average"`` (§3.2).
+        targets: the audited records, as indices into the dataset (specific) or pool (average),
+            shape ``(n_targets,)``.
+        mask: ``mask[k, j]`` is True when target ``j`` was in model ``k``'s training set,
+            shape ``(n_models, n_targets)``. Balanced per target: each target is in
+            ``n_models // 2`` or ``n_models // 2 + 1`` models.
+        scores: ``scores[k, j]`` is the membership score of target ``j``'s original record under
+            model ``k`` (higher = member), float64, shape ``(n_models, n_targets)``.
+        auc: per-target ROC AUC of the scores, members = models with the target in, non-members =
+            the others; NaN when one side has no finite score. Shape ``(n_targets,)``.
+        tpr: per-target TPR at FPR ``fpr`` (largest TPR over the thresholds whose FPR <= fpr).
+        fpr: the false-positive rate of ``tpr`` (the paper's 0.1).
+        seed: the seed the audit was run with.
+        model_seeds: the training seed passed to ``train_fn`` for each model, ``(n_models,)``.
+        replacement: specific setup only: ``replacement[k, j]`` is the index into ``reference``
+            of the record swapped in for target ``j`` in model ``k`` (-1 where the target is
+            in); None for the average setup.
+        n_nonfinite: how many scores were NaN / infinite (dropped from the per-target metrics).
+    """
+
+    setup: str
+    targets: np.ndarray
+    mask: np.ndarray
+    scores: np.ndarray
+    auc: np.ndarray
+    tpr: np.ndarray
+    fpr: float
+    seed: int
+    model_seeds: np.ndarray
+    replacement: np.ndarray | None = None
+    n_nonfinite: int = 0
+    elapsed_s: float = field(default=0.0, compare=False)
+
+    @property
+    def n_models(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def n_targets(self) -> int:
+        return int(self.mask.shape[1])
+
+    def risk(self, metric: str = "auc") -> np.ndarray:
+        """The per-target risk under ``metric``: ``"auc"`` or ``"tpr"`` (TPR at ``fpr``)."""
+        return self.auc if _check_metric(metric) == "auc" else self.tpr
+
+    def ranking(self, metric: str = "auc") -> np.ndarray:
+        """Positions (0 .. n_targets-1) sorted from the riskiest target down; NaN risks last.
+
+        Ties keep target order (stable sort), so the ranking is deterministic."""
+        r = self.risk(metric)
+        key = np.where(np.isnan(r), -np.inf, r)
+        return np.argsort(-key, kind="stable")
+
+    def table(self, top: int | None = 10, metric: str = "auc") -> str:
+        """A text table of the ``top`` riskiest targets (all when None), sorted by ``metric``."""
+        order = self.ranking(metric)
+        if top is not None:
+            order = order[: max(int(top), 0)]
+        n_in = self.mask.sum(axis=0)
+        tpr_head = f"TPR@{self.fpr:g}"
+        lines = [f"{'rank':>4} {'target':>7} {'AUC':>6} {tpr_head:>9} {'in':>4} {'out':>4}"]
+        for rank, j in enumerate(order, start=1):
+            lines.append(
+                f"{rank:>4} {int(self.targets[j]):>7} {self.auc[j]:>6.3f} {self.tpr[j]:>9.3f} "
+                f"{int(n_in[j]):>4} {self.n_models - int(n_in[j]):>4}"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"AuditResult(setup={self.setup!r}, n_models={self.n_models}, "
+            f"n_targets={self.n_targets}, seed={self.seed}, "
+            f"mean_auc={np.nanmean(self.auc) if self.n_targets else float('nan'):.4f}, "
+            f"mean_tpr@{self.fpr:g}={np.nanmean(self.tpr) if self.n_targets else float('nan'):.4f})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class SetupComparison:
+    """The §3.4 comparison of the per-target risks of the specific and the average setup.
+
+    Attributes:
+        metric: ``"auc"``, ``"tpr"``, or ``"custom"`` when plain arrays were compared.
+        threshold: T; a record is high-risk in a setup when its risk is >= T.
+        miss_rate: (number of records high-risk in the specific setup and low-risk in the
+            average one) / (number of records high-risk in the specific setup); NaN when no
+            record is high-risk in the specific setup.
+        n_high_risk, n_missed: the denominator and the numerator of ``miss_rate``.
+        rmse: sqrt(mean_x (R_avg(x) - R_spec(x))^2).
+        pearson: Pearson correlation of R_avg and R_spec (NaN if either is constant).
+        std_ratio: sqrt(var(R_avg) / var(R_spec)), the Pearson correlation that §6 Theorem 1
+            predicts when the average risk is the mean of the specific risks (compare with
+            ``pearson``, as in Table 3).
+        mean_specific, mean_average: the mean risks (equal in expectation under that hypothesis).
+        high_risk, missed: boolean masks over the compared records.
+        n_compared: records compared (those with a finite risk in both setups).
+        n_dropped: records left out because a risk was NaN / infinite.
+    """
+
+    metric: str
+    threshold: float
+    miss_rate: float
+    n_high_risk: int
+    n_missed: int
+    rmse: float
+    pearson: float
+    std_ratio: float
+    mean_specific: float
+    mean_average: float
+    high_risk: np.ndarray
+    missed: np.ndarray
+    n_compared: int
+    n_dropped: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"SetupComparison(metric={self.metric!r}, threshold={self.threshold:g}, "
+            f"miss_rate={self.miss_rate:.4f} ({self.n_missed}/{self.n_high_risk}), "
+            f"rmse={self.rmse:.4f}, pearson={self.pearson:.4f}, std_ratio={self.std_ratio:.4f}, "
+            f"n_compared={self.n_compared})"
+        )
+
+    def summary(self) -> str:
+        """A few human-readable lines with every figure."""
+        mr = "n/a (no high-risk record)" if math.isnan(self.miss_rate) else f"{self.miss_rate:.3f}"
+        return "\n".join(
+            [
+                f"metric {self.metric}, high-risk when risk >= {self.threshold:g}",
+                f"  high-risk in the specific setup: {self.n_high_risk} of {self.n_compared}",
+                f"  missed by the average setup:     {self.n_missed}   miss rate {mr}",
+                f"  RMSE(average, specific):         {self.rmse:.4f}",
+                f"  Pearson correlation:             {self.pearson:.4f}"
+                f"   (Theorem 1 predicts sqrt(var ratio) = {self.std_ratio:.4f})",
+                f"  mean risk specific / average:    {self.mean_specific:.4f} / "
+                f"{self.mean_average:.4f}",
+            ]
+        )
+
+
+# --- argument checks ------------------------------------------------------------------------------
+
+
+def _check_metric(metric: Any) -> str:
+    if metric not in _METRICS:
+        raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
+    return metric
+
+
+def _check_int(value: Any, *, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_fpr(fpr: Any) -> float:
+    try:
+        v = float(fpr)
+    except (TypeError, ValueError):
+        raise ValueError(f"fpr must be a number in the open interval (0, 1), got {fpr!r}") from None
+    if not 0.0 < v < 1.0:
+        raise ValueError(f"fpr must be in the open interval (0, 1), got {fpr!r}")
+    return v
+
+
+def _check_callable(fn: Any, *, name: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+
+
+def _as_tensor(a: Any, *, name: str) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        return a.detach()
+    try:
+        return torch.as_tensor(np.asarray(a))
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{name} must hold numeric arrays / tensors") from None
+
+
+def _is_array(a: Any) -> bool:
+    return isinstance(a, torch.Tensor | np.ndarray)
+
+
+def _as_xy(data: Any, *, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Read a set of records as ``(x, y)`` tensors (``y`` None for unlabelled records).
+
+    Accepted: a pair ``(x, y)`` of arrays / tensors with the same first dimension (always read
+    as features and labels); a ``TensorDataset``; a single array / tensor (unlabelled); a
+    sequence / map-style dataset of ``(x_i, y_i)`` records (stacked).
+    """
+    if data is None:
+        raise ValueError(f"{name} is required")
+    tensors = getattr(data, "tensors", None)  # torch.utils.data.TensorDataset
+    if isinstance(tensors, tuple) and tensors and all(_is_array(t) for t in tensors):
+        data = tensors if len(tensors) > 1 else tensors[0]
+    if _is_array(data):
+        x = _as_tensor(data, name=name)
+        if x.ndim == 0:
+            raise ValueError(f"{name} must have one row per record, got a scalar")
+        return x, None
+    if isinstance(data, tuple | list) and len(data) == 2 and all(_is_array(t) for t in data):
+        x, y = (_as_tensor(t, name=name) for t in data)
+        if x.ndim == 0 or y.ndim == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"{name} = (x, y) needs x and y with the same number of rows, got shapes "
+                f"{tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        return x, y
+    try:
+        n = len(data)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be a pair (x, y) of arrays / tensors, a TensorDataset, or a sequence "
+            f"of (x, y) records, got {type(data).__name__}"
+        ) from None
+    if n == 0:
+        raise ValueError(f"{name} is empty")
+    records = [data[i] for i in range(n)]
+    labelled = isinstance(records[0], tuple | list)
+    try:
+        if labelled:
+            x = torch.stack([_as_tensor(r[0], name=name) for r in records])
+            y = torch.stack([_as_tensor(r[1], name=name) for r in records])
+            return x, y
+        return torch.stack([_as_tensor(r, name=name) for r in records]), None
+    except (RuntimeError, IndexError, TypeError):
+        raise ValueError(
+            f"{name}: could not stack its records into tensors; pass a pair (x, y) of arrays"
+        ) from None
+
+
+def _check_targets(targets: Any, n: int, *, what: str) -> np.ndarray:
+    try:
+        t = np.asarray(targets)
+    except (TypeError, ValueError):
+        raise ValueError(f"targets must be a sequence of integer indices into {what}") from None
+    if t.ndim == 0:
+        t = t.reshape(1)
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(
+            f"targets must be a non-empty 1-D sequence of indices, got shape {t.shape}"
+        )
+    if t.dtype == bool or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"targets must be integer indices into {what}, got dtype {t.dtype}")
+    t = t.astype(np.int64)
+    bad = (t < 0) | (t >= n)
+    if bad.any():
+        raise ValueError(
+            f"targets must be indices in [0, {n - 1}] ({what} has {n} records), "
+            f"got out-of-range values {t[bad][:5].tolist()}"
+        )
+    if np.unique(t).size != t.size:
+        raise ValueError("targets must not repeat an index")
+    return t
+
+
+def _check_seed(seed: Any) -> int:
+    return _check_int(seed, name="seed", minimum=0)
+
+
+# --- randomness -----------------------------------------------------------------------------------
+
+
+def _stream(seed: int, *key: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
+
+
+def _model_seeds(seed: int, n_models: int) -> np.ndarray:
+    """Training seed of model k, derived from (seed, k): a 31-bit integer, valid everywhere."""
+    return np.array(
+        [
+            int(np.random.SeedSequence(seed, spawn_key=(_TAG_TRAIN, k)).generate_state(1)[0] >> 1)
+            for k in range(n_models)
+        ],
+        dtype=np.int64,
+    )
+
+
+def _balanced_mask(seed: int, n_models: int, n_targets: int) -> np.ndarray:
+    """(n_models, n_targets) in/out mask; each column a random arrangement of a balanced vector.
+
+    Every entry is marginally Bernoulli(0.5) (the extra model of an odd ``n_models`` goes to
+    "in" or "out" with probability 1/2 per target); each target is in exactly n_models // 2
+    or n_models // 2 + 1 models, so both member and non-member sides are never empty.
+    """
+    rng = _stream(seed, _TAG_MASK)
+    half = n_models // 2
+    mask = np.zeros((n_models, n_targets), dtype=bool)
+    extra = rng.random(n_targets) < 0.5 if n_models % 2 else np.zeros(n_targets, dtype=bool)
+    for j in range(n_targets):
+        col = np.zeros(n_models, dtype=bool)
+        col[: half + int(extra[j])] = True
+        mask[:, j] = rng.permutation(col)
+    return mask
+
+
+@contextmanager
+def _seeded_global_rng(seed: int) -> Iterator[None]:
+    """Seed python / numpy / torch (CPU and CUDA) global RNGs with ``seed``, restore on exit."""
+    py_state = random.getstate()
+    np_state = np.random.get_state()  # noqa: NPY002 - the legacy global is what we guard
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        random.seed(seed)
+        np.random.seed(seed)  # noqa: NPY002
+        torch.manual_seed(seed)  # also seeds every CUDA device
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)  # noqa: NPY002
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """One-line text progress bar on stderr (no tqdm): ``label [####----] k/n  3.1s  eta 4.0s``."""
+
+    def __init__(self, total: int, label: str, enabled: bool, stream: TextIO | None = None):
+        self.total, self.label, self.enabled = total, label, bool(enabled)
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.perf_counter()
+        if self.enabled:
+            self.update(0)
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = int(width * done / self.total) if self.total else width
+        elapsed = time.perf_counter() - self.start
+        eta = f"  eta {elapsed / done * (self.total - done):.1f}s" if 0 < done < self.total else ""
+        bar = "#" * filled + "-" * (width - filled)
+        self.stream.write(
+            f"\r{self.label} [{bar}] {done}/{self.total} models  {elapsed:.1f}s{eta}   "
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --- scoring --------------------------------------------------------------------------------------
+
+
+def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    """Loss attack: the negative per-record cross-entropy of a classifier (higher = member).
+
+    ``model`` must be an ``nn.Module`` returning logits ``(n, C)`` (or one logit per record for
+    a binary classifier, read as ``[0, z]`` as in :mod:`privmon.queries`). It is run in eval mode
+    under ``torch.no_grad()`` and its train / eval modes are restored afterwards.
+    """
+    from privmon.queries import LossQuery
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "the default score_fn needs train_fn to return a torch.nn.Module classifier, got "
+            f"{type(model).__name__}; pass score_fn=lambda model, x, y: scores"
+        )
+    if y is None:
+        raise ValueError("the default score_fn (loss attack) needs labels: pass dataset = (x, y)")
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            loss = LossQuery(model)((x, y))
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    return -loss
+
+
+def _scores_row(out: Any, n_targets: int) -> np.ndarray:
+    if isinstance(out, torch.Tensor):
+        arr = out.detach().to("cpu", torch.float64).numpy()
+    else:
+        try:
+            arr = np.asarray(out, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"score_fn must return {n_targets} numeric scores, got {type(out).__name__}"
+            ) from None
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.shape != (n_targets,):
+        raise ValueError(
+            f"score_fn must return one score per target, shape ({n_targets},), "
+            f"got shape {arr.shape}"
+        )
+    return arr
+
+
+def _per_target_metrics(
+    scores: np.ndarray, mask: np.ndarray, fpr: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    n_targets = scores.shape[1]
+    aucs = np.full(n_targets, np.nan)
+    tprs = np.full(n_targets, np.nan)
+    finite = np.isfinite(scores)
+    for j in range(n_targets):
+        s, m, f = scores[:, j], mask[:, j], finite[:, j]
+        members, nonmembers = s[m & f], s[~m & f]
+        if members.size == 0 or nonmembers.size == 0:
+            continue
+        aucs[j] = _auc(members, nonmembers)
+        tprs[j] = _tpr_at_fpr(members, nonmembers, fpr=fpr)[fpr]
+    return aucs, tprs, int((~finite).sum())
+
+
+# --- shared driver --------------------------------------------------------------------------------
+
+
+def _run(
+    setup: str,
+    build: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]],
+    train_fn: TrainFn,
+    score_fn: ScoreFn,
+    target_x: torch.Tensor,
+    target_y: torch.Tensor | None,
+    mask: np.ndarray,
+    model_seeds: np.ndarray,
+    progress: bool,
+) -> np.ndarray:
+    n_models, n_targets = mask.shape
+    scores = np.empty((n_models, n_targets), dtype=np.float64)
+    bar = _Progress(n_models, f"privmon {setup} audit", progress)
+    try:
+        for k in range(n_models):
+            x_k, y_k = build(k)
+            s = int(model_seeds[k])
+            with _seeded_global_rng(s):
+                model = train_fn(x_k, y_k, s)
+                out = score_fn(
+                    model, target_x.clone(), None if target_y is None else target_y.clone()
+                )
+            scores[k] = _scores_row(out, n_targets)
+            del model, out
+            bar.update(k + 1)
+    finally:
+        bar.close()
+    return scores
+
+
+def _finish(
+    setup: str,
+    targets: np.ndarray,
+    mask: np.ndarray,
+    scores: np.ndarray,
+    fpr: float,
+    seed: int,
+    model_seeds: np.ndarray,
+    replacement: np.ndarray | None,
+    start: float,
+) -> AuditResult:
+    aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
+    return AuditResult(
+        setup=setup,
+        targets=_frozen(targets),
+        mask=_frozen(mask),
+        scores=_frozen(scores),
+        auc=_frozen(aucs),
+        tpr=_frozen(tprs),
+        fpr=fpr,
+        seed=seed,
+        model_seeds=_frozen(model_seeds),
+        replacement=None if replacement is None else _frozen(replacement),
+        n_nonfinite=n_bad,
+        elapsed_s=time.perf_counter() - start,
+    )
+
+
+def _common_checks(
+    train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any
+) -> tuple[ScoreFn, int, int, float]:
+    _check_callable(train_fn, name="train_fn")
+    if score_fn is None:
+        score_fn = default_score
+    _check_callable(score_fn, name="score_fn")
+    return (
+        score_fn,
+        _check_int(n_models, name="n_models", minimum=2),
+        _check_seed(seed),
+        _check_fpr(fpr),
+    )
+
+
+# --- public API -----------------------------------------------------------------------------------
+
+
+def specific(
+    train_fn: TrainFn,
+    dataset: Any,
+    targets: Sequence[int] | np.ndarray,
+    *,
+    n_models: int,
+    seed: int,
+    reference: Any = None,
+    score_fn: ScoreFn | None = None,
+    progress: bool = False,
+    fpr: float = 0.1,
+    reference_draw: str = "per_model",
+) -> AuditResult:
+    """Per-record membership risk of a model trained on *this* dataset (specific setup, §3.3).
+
+    The training set is fixed; only the training seed varies. For model ``k = 0 .. n_models-1``:
+
+    1. the mask row ``k`` says, for each target, *in* or *out* (seeded, balanced per target,
+       marginally Bernoulli(0.5); see :attr:`AuditResult.mask`);
+    2. the training set is ``dataset`` with every *out* target's row replaced, at the same
+       index, by a reference record (§3.3: "D with x swapped out for a reference record x'");
+       the *in* targets keep their own record; non-target records never change;
+    3. ``model = train_fn(x, y, model_seed)`` with ``model_seed`` derived from ``(seed, k)``
+       (the global RNGs are also seeded with it during the call, then restored);
+    4. ``score_fn(model, x_targets, y_targets)`` scores the targets' **original** records.
+
+    Per target, the risk is the AUC / TPR at ``fpr`` of its scores, the models with the target
+    in being the members and the others the non-members (App. C, Algorithm 1, with the loss
+    attack in place of a trained meta-classifier unless ``score_fn`` says otherwise). The paper
+    found ~100-200 evaluation models per setup give a stable AUC (App. B); a few dozen give a
+    coarse screening.
+
+    Args:
+        train_fn: ``train_fn(x, y, seed) -> model``: trains a fresh model on the given set
+            (``y`` is None for an unlabelled dataset). It receives copies; it may seed and use
+            the global RNGs freely.
+        dataset: the fixed training set ``D``: a pair ``(x, y)`` of arrays / tensors with one row
+            per record, a ``TensorDataset``, a single array (unlabelled), or a sequence of
+            ``(x_i, y_i)`` records.
+        targets: indices into ``dataset`` of the records to audit (distinct).
+        n_models: number of evaluation models (>= 2), shared by all targets: the cost is
+            ``n_models`` trainings whatever the number of targets.
+        seed: non-negative integer; the mask, the reference draws and the training seeds derive
+            from it, so the result reproduces from it.
+        reference: the replacement records, same format and feature shape as ``dataset`` and
+            disjoint from it (e.g. held-out records of the same distribution); at least
+            ``len(targets)`` records. Required.
+        score_fn: ``score_fn(model, x, y) -> scores`` of shape ``(len(targets),)``, higher =
+            more likely a member. Default: :func:`default_score` (negative cross-entropy).
+        progress: print a progress bar on stderr.
+        fpr: the low false-positive rate of the TPR figure (the paper's 0.1).
+        reference_draw: ``"per_model"`` (default): for each model, the reference records swapped
+            in are drawn at random, without replacement within a model (the paper samples the
+            reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by
+            ``reference`` record ``j``.
+
+    Returns:
+        An :class:`AuditResult` with ``setup="specific"``.
+
+    Raises:
+        ValueError / TypeError naming the argument: ``n_models < 2``, a negative or non-integer
+        ``seed``, targets out of range or repeated, ``reference`` missing, smaller than
+        ``len(targets)`` or of another feature shape, a non-callable ``train_fn`` /
+        ``score_fn``, a ``score_fn`` returning the wrong shape.
+    """
+    start = time.perf_counter()
+    score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr)
+    if reference_draw not in ("per_model", "fixed"):
+        raise ValueError(f"reference_draw must be 'per_model' or 'fixed', got {reference_draw!r}")
+    x, y = _as_xy(dataset, name="dataset")
+    t = _check_targets(targets, x.shape[0], what="dataset")
+    if reference is None:
+        raise ValueError(
+            "reference is required: records (same format as dataset) swapped in for a target "
+            f"when it is out; at least len(targets) = {t.size} of them"
+        )
+    rx, ry = _as_xy(reference, name="reference")
+    if rx.shape[0] < t.size:
+        raise ValueError(
+            f"reference must hold at least len(targets) = {t.size} records, got {rx.shape[0]}"
+        )
+    if rx.shape[1:] != x.shape[1:]:
+        raise ValueError(
+            f"reference records must have the dataset's feature shape {tuple(x.shape[1:])}, "
+            f"got {tuple(rx.shape[1:])}"
+        )
+    if (y is None) != (ry is None) or (y is not None and ry.shape[1:] != y.shape[1:]):
+        raise ValueError("reference must be labelled like dataset (both (x, y) or both unlabelled)")
+    rx = rx.to(device=x.device, dtype=x.dtype)
+    if y is not None:
+        ry = ry.to(device=y.device, dtype=y.dtype)
+
+    mask = _balanced_mask(seed, n_models, t.size)
+    model_seeds = _model_seeds(seed, n_models)
+    n_ref = rx.shape[0]
+    replacement = np.full((n_models, t.size), -1, dtype=np.int64)
+    for k in range(n_models):
+        if reference_draw == "fixed":
+            chosen = np.arange(t.size)
+        else:
+            chosen = _stream(seed, _TAG_DATA, k).choice(n_ref, size=t.size, replace=False)
+        replacement[k] = np.where(mask[k], -1, chosen)
+
+    t_torch = torch.as_tensor(t, device=x.device)
+
+    def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = ~mask[k]
+        pos = torch.as_tensor(t[out], device=x.device)
+        src = torch.as_tensor(replacement[k][out], device=x.device)
+        x_k = x.clone()
+        x_k[pos] = rx[src]
+        y_k = None
+        if y is not None:
+            y_k = y.clone()
+            y_k[pos] = ry[src]
+        return x_k, y_k
+
+    scores = _run(
+        "specific",
+        build,
+        train_fn,
+        score_fn,
+        x[t_torch],
+        None if y is None else y[t_torch],
+        mask,
+        model_seeds,
+        progress,
+    )
+    return _finish("specific", t, mask, scores, fpr, seed, model_seeds, replacement, start)
+
+
+def average(
+    train_fn: TrainFn,
+    pool: Any,
+    targets: Sequence[int] | np.ndarray,
+    *,
+    n_models: int,
+    seed: int,
+    dataset_size: int | None = None,
+    score_fn: ScoreFn | None = None,
+    progress: bool = False,
+    fpr: float = 0.1,
+) -> AuditResult:
+    """Per-record membership risk averaged over datasets (the usual *average* setup, §3.2).
+
+    The counterpart of :func:`specific` in which the dataset varies too (App. C, Algorithm 2).
+    For model ``k``: the same balanced in/out mask as :func:`specific` with the same ``seed``
+    (and the same training seeds), and a training set of ``dataset_size`` records drawn afresh
+    from ``pool``: the *in* targets plus ``dataset_size - n_in`` non-target records sampled
+    without replacement, in random order. Per-target AUC / TPR at ``fpr`` as in :func:`specific`.
+
+    To compare the two setups with :func:`compare`, audit the same records in the same order
+    (``targets`` here index ``pool``, there ``dataset``) and use ``dataset_size = len(dataset)``.
+
+    Args:
+        pool: the evaluation pool (same formats as ``dataset`` in :func:`specific`); the paper's
+            pool contains the target dataset (§3.1).
+        targets: indices into ``pool`` of the records to audit.
+        dataset_size: records per training set; default ``len(pool) // 2``. Must lie in
+            ``[len(targets), len(pool) - len(targets)]`` so that every draw is possible.
+        Others: as in :func:`specific`.
+
+    Returns:
+        An :class:`AuditResult` with ``setup="average"`` (``replacement`` is None).
+    """
+    start = time.perf_counter()
+    score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr)
+    x, y = _as_xy(pool, name="pool")
+    n = x.shape[0]
+    t = _check_targets(targets, n, what="pool")
+    if dataset_size is None:
+        dataset_size = n // 2
+    size = _check_int(dataset_size, name="dataset_size", minimum=1)
+    if not t.size <= size <= n - t.size:
+        raise ValueError(
+            f"dataset_size must lie in [len(targets), len(pool) - len(targets)] = "
+            f"[{t.size}, {n - t.size}], got {size}"
+        )
+    mask = _balanced_mask(seed, n_models, t.size)
+    model_seeds = _model_seeds(seed, n_models)
+    others = np.setdiff1d(np.arange(n), t)
+    t_torch = torch.as_tensor(t, device=x.device)
+
+    def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rng = _stream(seed, _TAG_DATA, k)
+        members = t[mask[k]]
+        drawn = rng.choice(others, size=size - members.size, replace=False)
+        idx = torch.as_tensor(rng.permutation(np.concatenate([members, drawn])), device=x.device)
+        return x[idx].clone(), None if y is None else y[idx].clone()
+
+    scores = _run(
+        "average",
+        build,
+        train_fn,
+        score_fn,
+        x[t_torch],
+        None if y is None else y[t_torch],
+        mask,
+        model_seeds,
+        progress,
+    )
+    return _finish("average", t, mask, scores, fpr, seed, model_seeds, None, start)
+
+
+def _risk_array(r: Any, metric: str, *, name: str) -> np.ndarray:
+    if isinstance(r, AuditResult):
+        return np.asarray(r.risk(metric), dtype=np.float64)
+    try:
+        arr = np.asarray(r.detach().cpu() if isinstance(r, torch.Tensor) else r, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an AuditResult or an array of per-record risks") from None
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array of risks, got shape {arr.shape}")
+    return arr
+
+
+def compare(
+    specific_result: AuditResult | Any,
+    average_result: AuditResult | Any,
+    *,
+    threshold: float | None = None,
+    metric: str = "auc",
+) -> SetupComparison:
+    """Compare the per-record risks of the specific and the average setup (§3.4).
+
+    With R_spec(x) and R_avg(x) the risks of record x in the two setups (both under ``metric``),
+    and a record high-risk in a setup when its risk is >= T (``threshold``), low-risk otherwise:
+
+    * miss rate = |{x : R_spec(x) >= T and R_avg(x) < T}| / |{x : R_spec(x) >= T}|, the
+      fraction of the records high-risk in the specific setup that the average setup classifies
+      as low-risk (NaN when no record is high-risk in the specific setup);
+    * RMSE = sqrt((1/N) * sum_x (R_avg(x) - R_spec(x))^2);
+    * Pearson = sum_x (R_avg(x) - mean_avg)(R_spec(x) - mean_spec) /
+      sqrt(sum_x (R_avg(x) - mean_avg)^2 * sum_x (R_spec(x) - mean_spec)^2), NaN when either
+      risk is constant;
+    * and, from §6 Theorem 1, ``std_ratio = sqrt(var(R_avg) / var(R_spec))``: if the average
+      risk is the mean of the specific risks over datasets, the expected Pearson correlation
+      equals it (Table 3 compares the two).
+
+    The measures are specific to the metric and are not comparable across metrics (§3.4). Our
+    copy of the paper lost the comparison sign of "high-risk"; a risk equal to T counts as
+    high-risk, in both setups alike.
+
+    Args:
+        specific_result, average_result: :class:`AuditResult` of :func:`specific` and of
+            :func:`average` over the same records in the same order, or 1-D arrays of
+            per-record risks.
+        threshold: T. Default: 0.8 for ``"auc"``, 0.6 for ``"tpr"`` (the paper's, §4.1).
+        metric: ``"auc"`` or ``"tpr"`` (TPR at the results' ``fpr``); ignored for arrays.
+
+    Records whose risk is NaN / infinite in either setup are left out (``n_dropped``).
+    """
+    metric = _check_metric(metric)
+    both = isinstance(specific_result, AuditResult) and isinstance(average_result, AuditResult)
+    any_result = isinstance(specific_result, AuditResult) or isinstance(average_result, AuditResult)
+    if isinstance(specific_result, AuditResult) and specific_result.setup != "specific":
+        raise ValueError(
+            f"specific_result comes from the {specific_result.setup!r} setup; pass "
+            "compare(specific_result, average_result)"
+        )
+    if isinstance(average_result, AuditResult) and average_result.setup != "average":
+        raise ValueError(
+            f"average_result comes from the {average_result.setup!r} setup; pass "
+            "compare(specific_result, average_result)"
+        )
+    if both and specific_result.fpr != average_result.fpr and metric == "tpr":
+        raise ValueError(
+            f"the results use different fpr ({specific_result.fpr} vs {average_result.fpr}); "
+            "their TPRs are not comparable"
+        )
+    spec = _risk_array(specific_result, metric, name="specific_result")
+    avg = _risk_array(average_result, metric, name="average_result")
+    if spec.shape != avg.shape:
+        raise ValueError(
+            f"specific_result and average_result must cover the same records: got {spec.size} "
+            f"and {avg.size} risks"
+        )
+    if threshold is None:
+        threshold = _DEFAULT_THRESHOLD[metric]
+    try:
+        thr = float(threshold)
+    except (TypeError, ValueError):
+        raise ValueError(f"threshold must be a number, got {threshold!r}") from None
+    if not math.isfinite(thr):
+        raise ValueError(f"threshold must be finite, got {threshold!r}")
+
+    ok = np.isfinite(spec) & np.isfinite(avg)
+    n_dropped = int((~ok).sum())
+    spec, avg = spec[ok], avg[ok]
+    if spec.size == 0:
+        raise ValueError("no record has a finite risk in both setups")
+    high = spec >= thr
+    missed = high & (avg < thr)
+    n_high, n_missed = int(high.sum()), int(missed.sum())
+    miss_rate = n_missed / n_high if n_high else math.nan
+    rmse = float(np.sqrt(np.mean((avg - spec) ** 2)))
+    da, ds = avg - avg.mean(), spec - spec.mean()
+    saa, sss = float(np.sum(da * da)), float(np.sum(ds * ds))
+    pearson = float(np.sum(da * ds) / math.sqrt(saa * sss)) if saa > 0 and sss > 0 else math.nan
+    if pearson == pearson:  # clip rounding excursions beyond [-1, 1]
+        pearson = min(1.0, max(-1.0, pearson))
+    std_ratio = math.sqrt(saa / sss) if sss > 0 else math.nan
+    return SetupComparison(
+        metric=metric if any_result else "custom",
+        threshold=thr,
+        miss_rate=float(miss_rate),
+        n_high_risk=n_high,
+        n_missed=n_missed,
+        rmse=rmse,
+        pearson=pearson,
+        std_ratio=std_ratio,
+        mean_specific=float(spec.mean()),
+        mean_average=float(avg.mean()),
+        high_risk=_frozen(high),
+        missed=_frozen(missed),
+        n_compared=int(spec.size),
+        n_dropped=n_dropped,
+    )

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="train a small GAN on the digits under the monitor")
     demo.add_argument("--logdir", default="runs/privmon-demo", help="TensorBoard log directory")
     demo.add_argument("--steps", type=_positive_int, default=3000, help="training steps")
-    demo.add_argument("--every", type=_positive_int, default=100, help="steps between checks")
+    demo.add_argument("--every", type=_positive_int, default=50, help="steps between checks")
     demo.add_argument("--dp", action="store_true", help="train the discriminator with Opacus")
     demo.add_argument(
         "--epsilon",

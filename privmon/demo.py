@@ -39,7 +39,7 @@ class DemoConfig:
     steps: int = 3000
     dp: bool = False
     seed: int = 0
-    every_n_steps: int = 100
+    every_n_steps: int = 50
     n_members: int = 200
     n_nonmembers: int = 400
     n_reference: int = 400

@@ -14,6 +14,13 @@ import torch
 
 __all__ = ["GaussianKDE", "bandwidth_factor"]
 
+# Points per block times data points for method="matmul": ~1 MiB of float64 on a CPU (fits L2,
+# measured fastest for n = 10^4, d = 8), larger on an accelerator.
+_BLOCK_ELEMENTS_CPU = 1 << 17
+_BLOCK_ELEMENTS_DEVICE = 1 << 24
+# Kernel sums below this are recomputed with a max-shifted log-sum-exp (see _log_density_matmul).
+_TINY_KERNEL_SUM = 1e-250
+
 
 def bandwidth_factor(bandwidth: str | float, *, n: float, d: int) -> float:
     """scipy's bandwidth factor: Scott ``n**(-1/(d+4))``, Silverman ``(n(d+2)/4)**(-1/(d+4))``."""
@@ -89,15 +96,65 @@ class GaussianKDE:
         log_det = 2.0 * torch.log(torch.diagonal(chol)).sum()
         self._log_norm = -0.5 * (d * math.log(2 * math.pi) + log_det) - math.log(n)
         self.chunk = chunk
+        self._aug_t: torch.Tensor | None = None  # built on the first matmul evaluation
 
-    def log_density(self, points: torch.Tensor) -> torch.Tensor:
-        """log p̂(x) for points of shape (m, d); shape (m,)."""
+    def log_density(self, points: torch.Tensor, *, method: str = "cdist") -> torch.Tensor:
+        """log p̂(x) for points of shape (m, d); shape (m,).
+
+        ``method="cdist"`` (default): chunked ``torch.cdist`` and ``torch.logsumexp``.
+        ``method="matmul"``: the same values (to ~1e-12) several times faster; see
+        :meth:`_log_density_matmul`.
+        """
+        if method == "matmul":
+            return self._log_density_matmul(points)
+        if method != "cdist":
+            raise ValueError(f"method must be 'cdist' or 'matmul', got {method!r}")
         w = torch.linalg.solve_triangular(self._chol, points.to(self.data).T, upper=False).T
         out = torch.empty(points.shape[0], dtype=self.data.dtype, device=self.data.device)
         for s in range(0, points.shape[0], self.chunk):
             d2 = torch.cdist(w[s : s + self.chunk], self._white).square_()
             out[s : s + self.chunk] = torch.logsumexp(d2.mul_(-0.5), dim=1)
         return out + self._log_norm
+
+    def _log_density_matmul(self, points: torch.Tensor) -> torch.Tensor:
+        """log p̂(x) with one matrix product per block of points and no log-sum-exp pass.
+
+        In whitened, centred coordinates the kernel exponent is
+        ``-|x - y|^2 / 2 = [x, -|x|^2/2, 1] . [y, 1, -|y|^2/2]``, an inner product in d + 2
+        dimensions, so one ``torch.mm`` per block gives every exponent, ``exp_`` runs in place on
+        a cache-sized buffer and a row sum gives the kernel sum S(x). The exponents are <= 0 (up
+        to rounding), so nothing overflows; where S(x) < 1e-250 (a point so far from the data that
+        terms underflow or turn subnormal) the row is recomputed with the max-shifted
+        log-sum-exp of :meth:`log_density`, so far-away points keep full precision and are never
+        ``-inf``. Above 1e-250, terms lost to underflow are < 1e-58 of S(x). Rounding of the
+        expansion is ~1e-16 times the centred squared norms, the same as ``torch.cdist``'s own
+        matrix-product path.
+        """
+        if self._aug_t is None:
+            self._center = self._white.mean(dim=0)
+            y = self._white - self._center
+            self._aug_t = torch.cat(
+                [y, torch.ones_like(y[:, :1]), -0.5 * y.square().sum(dim=1, keepdim=True)], dim=1
+            ).T.contiguous()
+        pts = points.to(self.data)
+        x = torch.linalg.solve_triangular(self._chol, pts.T, upper=False).T - self._center
+        xa = torch.cat(
+            [x, -0.5 * x.square().sum(dim=1, keepdim=True), torch.ones_like(x[:, :1])], dim=1
+        )
+        m = x.shape[0]
+        budget = _BLOCK_ELEMENTS_CPU if self.data.device.type == "cpu" else _BLOCK_ELEMENTS_DEVICE
+        rows = max(1, min(m, budget // self.n))
+        buf = torch.empty(rows, self.n, dtype=self.data.dtype, device=self.data.device)
+        sums = torch.empty(m, dtype=self.data.dtype, device=self.data.device)
+        for s in range(0, m, rows):
+            b = buf[: min(rows, m - s)]
+            torch.mm(xa[s : s + rows], self._aug_t, out=b)
+            torch.sum(b.exp_(), dim=1, out=sums[s : s + rows])
+        far = sums < _TINY_KERNEL_SUM
+        out = sums.log_().add_(self._log_norm)
+        if bool(far.any()):
+            out[far] = self.log_density(pts[far])
+        return out
 
     def density(self, points: torch.Tensor) -> torch.Tensor:
         return self.log_density(points).exp()

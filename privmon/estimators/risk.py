@@ -119,17 +119,8 @@ def _cp_interval(k, n, delta):
     return lo[inv].reshape(k.shape), hi[inv].reshape(k.shape)
 
 
-def histogram_risk(
-    state: BinnedScores, queries: torch.Tensor, *, prior: float, delta: float, n_dropped: int = 0
-) -> IndividualRisk:
-    """Lemma 5 from a state's cell counts; queries outside the grid (or NaN) carry no evidence."""
-    cell, inside = state.cell_index(torch.nan_to_num(queries))
-    finite = torch.isfinite(queries).all(dim=1)
-    total = state.class_counts()
-    n1, n2 = float(total[0].sum()), float(total[1].sum())
-    k1 = torch.where(inside, total[0][cell], 0.0)
-    k2 = torch.where(inside, total[1][cell], 0.0)
-    k1, k2 = to_numpy(k1), to_numpy(k2)
+def _lemma5(k1, k2, n1, n2, finite, *, prior, delta, n_dropped) -> IndividualRisk:
+    """Lemma 5 from the member / non-member counts of each query's cell."""
     p_lo, p_hi = _cp_interval(k1, n1, delta)
     q_lo, q_hi = _cp_interval(k2, n2, delta)
     out = risk_from_probabilities(
@@ -144,7 +135,29 @@ def histogram_risk(
         delta=delta,
         n_dropped=n_dropped,
     )
-    return _mask(out, to_numpy(finite))
+    return _mask(out, finite)
+
+
+def histogram_risk(
+    state: BinnedScores, queries: torch.Tensor, *, prior: float, delta: float, n_dropped: int = 0
+) -> IndividualRisk:
+    """Lemma 5 from a state's cell counts; queries outside the grid (or NaN) carry no evidence."""
+    cell, inside = state.cell_index(torch.nan_to_num(queries))
+    finite = torch.isfinite(queries).all(dim=1)
+    total = state.class_counts()
+    n1, n2 = float(total[0].sum()), float(total[1].sum())
+    k1 = torch.where(inside, total[0][cell], 0.0)
+    k2 = torch.where(inside, total[1][cell], 0.0)
+    return _lemma5(
+        to_numpy(k1),
+        to_numpy(k2),
+        n1,
+        n2,
+        to_numpy(finite),
+        prior=prior,
+        delta=delta,
+        n_dropped=n_dropped,
+    )
 
 
 def _mask(risk: IndividualRisk, finite: np.ndarray) -> IndividualRisk:
@@ -260,18 +273,4 @@ def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> Individ
     q_inv, q_in = inv[n1 + n2 :], inside[n1 + n2 :]
     k1 = to_numpy(torch.where(q_in, c1[q_inv], 0.0))
     k2 = to_numpy(torch.where(q_in, c2[q_inv], 0.0))
-    p_lo, p_hi = _cp_interval(k1, n1, delta)
-    q_lo, q_hi = _cp_interval(k2, n2, delta)
-    out = risk_from_probabilities(
-        k1 / n1,
-        p_lo,
-        p_hi,
-        k2 / n2,
-        q_lo,
-        q_hi,
-        prior=prior,
-        method="histogram",
-        delta=delta,
-        n_dropped=n_dropped,
-    )
-    return _mask(out, to_numpy(finite))
+    return _lemma5(k1, k2, n1, n2, to_numpy(finite), prior=prior, delta=delta, n_dropped=n_dropped)

@@ -26,7 +26,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-import privmon.audit.specific as audit
+from privmon.audit.specific import average, compare, specific
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--models", type=int, default=64, help="evaluation models per setup")
@@ -67,7 +67,7 @@ def train(xs: torch.Tensor, ys: torch.Tensor, seed: int) -> nn.Module:
 
 
 start = time.perf_counter()
-spec = audit.specific(
+spec = specific(
     train,
     (x[train_idx], y[train_idx]),
     target_pos,
@@ -76,7 +76,7 @@ spec = audit.specific(
     reference=(x[rest_idx], y[rest_idx]),
     progress=args.progress,
 )
-avg = audit.average(
+avg = average(
     train,
     (x, y),
     train_idx[target_pos],  # the same records, as indices into the pool
@@ -112,7 +112,7 @@ for rank, j in enumerate(spec.ranking("auc")[: args.top], start=1):
 print()
 print("specific vs average setup (§3.4)")
 for metric, threshold in (("auc", t_auc), ("tpr", t_tpr)):
-    c = audit.compare(spec, avg, metric=metric, threshold=threshold)
+    c = compare(spec, avg, metric=metric, threshold=threshold)
     rate = "n/a" if c.n_high_risk == 0 else f"{c.miss_rate:.3f}"
     print(
         f"{metric:>4}: miss rate {rate} ({c.n_missed}/{c.n_high_risk} high-risk records missed), "

@@ -6,7 +6,7 @@
 figures to a differential-privacy budget.
 """
 
-from privmon import queries
+from privmon import audit, queries
 from privmon.bounds import (
     epsilon_audit,
     epsilon_from_counts,
@@ -43,6 +43,7 @@ __all__ = [
     "StreamingAdvantage",
     "accuracy_at_median",
     "auc",
+    "audit",
     "epsilon_audit",
     "epsilon_from_counts",
     "epsilon_from_opacus",

@@ -63,7 +63,7 @@ from torch import nn
 from privmon.estimators.roc import auc as _auc
 from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
 
-__all__ = ["AuditResult", "SetupComparison", "average", "compare", "specific"]
+__all__ = ["AuditResult", "SetupComparison", "average", "compare", "default_score", "specific"]
 
 TrainFn = Callable[[torch.Tensor, Any, int], Any]
 ScoreFn = Callable[[Any, torch.Tensor, Any], Any]
@@ -86,7 +86,20 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
-@dataclass(frozen=True, repr=False)
+def _fields_equal(a: Any, b: Any, names: Sequence[str]) -> bool:
+    for name in names:
+        u, v = getattr(a, name), getattr(b, name)
+        if isinstance(u, np.ndarray) or isinstance(v, np.ndarray):
+            if not (isinstance(u, np.ndarray) and isinstance(v, np.ndarray)):
+                return False
+            if u.shape != v.shape or not np.array_equal(u, v, equal_nan=u.dtype.kind == "f"):
+                return False
+        elif not (u == v or (isinstance(u, float) and math.isnan(u) and math.isnan(v))):
+            return False
+    return True
+
+
+@dataclass(frozen=True, repr=False, eq=False)
 class AuditResult:
     """Per-target membership risk over a set of evaluation models (one setup).
 
@@ -123,6 +136,15 @@ class AuditResult:
     replacement: np.ndarray | None = None
     n_nonfinite: int = 0
     elapsed_s: float = field(default=0.0, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field but ``elapsed_s`` is equal (arrays elementwise, NaN == NaN)."""
+        if not isinstance(other, AuditResult):
+            return NotImplemented
+        names = [f for f in self.__dataclass_fields__ if f != "elapsed_s"]
+        return _fields_equal(self, other, names)
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def n_models(self) -> int:
@@ -168,7 +190,7 @@ class AuditResult:
         )
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False, eq=False)
 class SetupComparison:
     """The §3.4 comparison of the per-target risks of the specific and the average setup.
 
@@ -204,6 +226,13 @@ class SetupComparison:
     missed: np.ndarray
     n_compared: int
     n_dropped: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SetupComparison):
+            return NotImplemented
+        return _fields_equal(self, other, list(self.__dataclass_fields__))
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (
@@ -278,21 +307,29 @@ def _is_array(a: Any) -> bool:
 def _as_xy(data: Any, *, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Read a set of records as ``(x, y)`` tensors (``y`` None for unlabelled records).
 
-    Accepted: a pair ``(x, y)`` of arrays / tensors with the same first dimension (always read
-    as features and labels); a ``TensorDataset``; a single array / tensor (unlabelled); a
-    sequence / map-style dataset of ``(x_i, y_i)`` records (stacked).
+    Accepted: a tuple ``(x, y)`` (or a list of two arrays / tensors) with the same first
+    dimension, always read as features and labels; a ``TensorDataset``; a single array / tensor
+    (unlabelled); a list or map-style dataset of ``(x_i, y_i)`` records (stacked).
     """
     if data is None:
         raise ValueError(f"{name} is required")
     tensors = getattr(data, "tensors", None)  # torch.utils.data.TensorDataset
     if isinstance(tensors, tuple) and tensors and all(_is_array(t) for t in tensors):
+        if len(tensors) > 2:
+            raise ValueError(
+                f"{name} is a TensorDataset of {len(tensors)} tensors; pass the pair (x, y)"
+            )
         data = tensors if len(tensors) > 1 else tensors[0]
     if _is_array(data):
         x = _as_tensor(data, name=name)
         if x.ndim == 0:
             raise ValueError(f"{name} must have one row per record, got a scalar")
         return x, None
-    if isinstance(data, tuple | list) and len(data) == 2 and all(_is_array(t) for t in data):
+    if (
+        isinstance(data, tuple | list)
+        and len(data) == 2
+        and (isinstance(data, tuple) or all(_is_array(t) for t in data))
+    ):
         x, y = (_as_tensor(t, name=name) for t in data)
         if x.ndim == 0 or y.ndim == 0 or x.shape[0] != y.shape[0]:
             raise ValueError(
@@ -324,6 +361,8 @@ def _as_xy(data: Any, *, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _check_targets(targets: Any, n: int, *, what: str) -> np.ndarray:
+    if isinstance(targets, torch.Tensor):
+        targets = targets.detach().cpu().numpy()
     try:
         t = np.asarray(targets)
     except (TypeError, ValueError):
@@ -623,9 +662,9 @@ def specific(
         train_fn: ``train_fn(x, y, seed) -> model``: trains a fresh model on the given set
             (``y`` is None for an unlabelled dataset). It receives copies; it may seed and use
             the global RNGs freely.
-        dataset: the fixed training set ``D``: a pair ``(x, y)`` of arrays / tensors with one row
-            per record, a ``TensorDataset``, a single array (unlabelled), or a sequence of
-            ``(x_i, y_i)`` records.
+        dataset: the fixed training set ``D``: a tuple ``(x, y)`` of arrays / tensors with one
+            row per record (always read as features and labels), a ``TensorDataset``, a single
+            array (unlabelled), or a list / map-style dataset of ``(x_i, y_i)`` records.
         targets: indices into ``dataset`` of the records to audit (distinct).
         n_models: number of evaluation models (>= 2), shared by all targets: the cost is
             ``n_models`` trainings whatever the number of targets.
@@ -885,10 +924,13 @@ def compare(
     rmse = float(np.sqrt(np.mean((avg - spec) ** 2)))
     da, ds = avg - avg.mean(), spec - spec.mean()
     saa, sss = float(np.sum(da * da)), float(np.sum(ds * ds))
-    pearson = float(np.sum(da * ds) / math.sqrt(saa * sss)) if saa > 0 and sss > 0 else math.nan
-    if pearson == pearson:  # clip rounding excursions beyond [-1, 1]
-        pearson = min(1.0, max(-1.0, pearson))
-    std_ratio = math.sqrt(saa / sss) if sss > 0 else math.nan
+    # A constant array has an undefined correlation (tested exactly, as scipy does: its float
+    # mean need not equal its value, which would leave a spurious tiny variance).
+    avg_const, spec_const = bool(np.all(avg == avg[0])), bool(np.all(spec == spec[0]))
+    pearson = math.nan
+    if not (avg_const or spec_const):
+        pearson = min(1.0, max(-1.0, float(np.sum(da * ds) / math.sqrt(saa * sss))))
+    std_ratio = math.nan if spec_const else (0.0 if avg_const else math.sqrt(saa / sss))
     return SetupComparison(
         metric=metric if any_result else "custom",
         threshold=thr,

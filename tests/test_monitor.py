@@ -311,3 +311,49 @@ def test_max_batches_limits_the_audit():
     rep = mon.check(0)
     assert seen == [40, 40, 40, 40]
     assert rep.queries["q"].estimates["histogram"].n_members == 80
+
+
+def test_per_record_risk_is_tracked_across_checks(tmp_path):
+    x, y = _data()
+
+    def fn(batch):
+        xb, _ = batch
+        return xb[:, 0]
+
+    members, nonmembers = _batches(x[:120], y[:120]), _batches(x[120:], y[120:])
+    mon = PrivacyMonitor(
+        CallableQuery(fn, name="q"),
+        members,
+        nonmembers,
+        every_n_steps=1,
+        methods=("histogram",),
+        strict=True,
+    )
+    risks = []
+    for s in (1, 2, 3):
+        rep = mon.check(s)
+        risks.append(rep.queries["q"].member_risk)
+    stacked = np.vstack(risks)  # the query is deterministic: every check measures the same risk
+    assert np.array_equal(stacked[0], stacked[2])
+    top = mon.top_records(5)
+    expected = np.argsort(-stacked.max(axis=0), kind="stable")[:5]
+    assert [i for i, _ in top] == expected.tolist()
+    assert [r for _, r in top] == pytest.approx(stacked.max(axis=0)[expected].tolist())
+    assert mon.top_records(3, by="last") == mon.top_records(3, by="mean")[:3]
+    path = mon.export_records(tmp_path / "risk.csv")
+    rows = (tmp_path / "risk.csv").read_text().splitlines()
+    assert rows[0] == "query,index,last_risk,max_risk,max_step,mean_risk,checks"
+    assert len(rows) == 121 and path.endswith("risk.csv")
+    first = rows[1].split(",")
+    assert first[:2] == ["q", "0"] and int(first[-1]) == 3 and int(first[4]) == 1
+    assert float(first[3]) == pytest.approx(stacked[0, 0], rel=1e-5)
+    # raw scores (x[:, 0]) never reach the CSV: only indices and risks
+    assert f"{float(x[0, 0]):.6g}" not in rows[1]
+    # the tracks survive a checkpoint
+    path = tmp_path / "m.pt"
+    torch.save(mon.state_dict(), path)
+    fresh = PrivacyMonitor(CallableQuery(fn, name="q"), members, nonmembers, strict=True)
+    fresh.load_state_dict(torch.load(path, weights_only=True))
+    assert fresh.top_records(5) == top
+    with pytest.raises(ValueError, match="by"):
+        mon.top_records(3, by="median")

@@ -25,6 +25,7 @@ from torch import nn
 from privmon._validation import check_open_unit
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.records import RecordTracker
 from privmon.estimators.advantage import (
     METHODS,
     advantage_from_state,
@@ -50,6 +51,20 @@ class PrivacyViolationWarning(UserWarning):
 
 class Sink(Protocol):
     def write(self, report: Report) -> None: ...
+    def top_records(
+        self, k: int = 10, *, query: str | None = None, by: str = "max"
+    ) -> list[tuple[int, float]]:
+        """The k most exposed member records across checks: (index, risk), highest first.
+
+        ``by``: "max" (highest risk any check measured), "last" or "mean". ``query`` may be
+        omitted when one query is monitored. Indices refer to the members' iteration order.
+        """
+        return self.records.top(k, query=query, by=by)
+
+    def export_records(self, path: Any, *, query: str | None = None) -> str:
+        """CSV of every member record's index and risks (never the record itself)."""
+        return self.records.to_csv(path, query=query)
+
     def close(self) -> None: ...
 
 
@@ -180,6 +195,7 @@ class PrivacyMonitor:
         self.top_k = top_k
         self.strict = strict
         self.history: list[Report] = []
+        self.records = RecordTracker()
         self.n_failed = 0
         self._last_step: int | None = None
         self._stop = False
@@ -238,6 +254,20 @@ class PrivacyMonitor:
                 raise
             logger.exception("privmon: %s failed at step %s", what, step)
             return None
+
+    def top_records(
+        self, k: int = 10, *, query: str | None = None, by: str = "max"
+    ) -> list[tuple[int, float]]:
+        """The k most exposed member records across checks: (index, risk), highest first.
+
+        ``by``: "max" (highest risk any check measured), "last" or "mean". ``query`` may be
+        omitted when one query is monitored. Indices refer to the members' iteration order.
+        """
+        return self.records.top(k, query=query, by=by)
+
+    def export_records(self, path: Any, *, query: str | None = None) -> str:
+        """CSV of every member record's index and risks (never the record itself)."""
+        return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -315,6 +345,8 @@ class PrivacyMonitor:
         for q in self.queries:
             mem, non = scores[q.name]
             results[q.name] = self._analyse(q, mem, non, scalars)
+            if results[q.name].member_risk is not None:
+                self.records.update(q.name, step, results[q.name].member_risk)
             for method, est in results[q.name].estimates.items():
                 tag = f"{q.name}/{method}"
                 if "eps_delta" in ceilings and est.lower > ceilings["eps_delta"] + 1e-12:
@@ -439,6 +471,7 @@ class PrivacyMonitor:
             "early_stopping": None
             if self.early_stopping is None
             else self.early_stopping.state_dict(),
+            "records": self.records.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -459,3 +492,4 @@ class PrivacyMonitor:
         self._last_step = state["last_step"]
         self._stop = bool(state["stop"])
         self.n_failed = int(state["n_failed"])
+        self.records.load_state_dict(state.get("records", {}))

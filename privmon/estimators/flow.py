@@ -29,13 +29,17 @@ Hyperparameters (DOMIAS Table 3 -> defaults here, chosen for a CPU):
 setting         DOMIAS     here        why
 ==============  =========  ==========  ==============================================
 flows           5          5           same
-n-layer         3          2           1.6x faster per step; tabular fits barely change
-hidden-dim      32         16          per coordinate (width ``dim * hidden``); 3-4x
-                                       cheaper, the log-Jacobian costs ``n d hidden^2``
+n-layer         3          2           tanh layers per flow (``layers``)
+hidden-dim      32         16          per coordinate (width ``dim * hidden``)
 learning rate   0.01       0.01        same (Adam, AMSGrad as in the BNAF code)
-batch size      50         128         fewer, larger steps use a CPU better
+batch size      50         128         fewer, larger steps suit a CPU
 epochs          50         50          same, with early stopping (below)
 ==============  =========  ==========  ==============================================
+
+Measured on one CPU thread, 10,000 rows x 8 columns (DOMIAS's California Housing size): the
+paper's setting takes ~6.5 s per epoch (~5 min per fit), the defaults ~1.1 s (~1 min), with the
+same validation likelihood after the first epochs. Pass ``hidden=32, layers=3, batch_size=50``
+for the paper's exact setting.
 
 Training: Adam (``amsgrad=True``), gradient norm clipped to 0.1 (BNAF's ``clip_norm``), learning
 rate halved after ``patience // 2`` epochs without a validation improvement (floor ``lr / 20``;
@@ -56,6 +60,7 @@ clip, far beneath any density of interest); NaN inputs give NaN.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Any
 
@@ -112,7 +117,8 @@ class _MaskedLinear(nn.Module):
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The masked, normalized matrix (dim*b, dim*a) and its log diagonal blocks (dim, b, a)."""
-        v = torch.exp(self.weight) * self.mask_d + self.weight * self.mask_o
+        # exp only where it is kept (exp(0) elsewhere), so large off-diagonal W cannot give inf*0
+        v = torch.exp(self.weight * self.mask_d) * self.mask_d + self.weight * self.mask_o
         sq = v.square().sum(-1, keepdim=True)
         w = torch.exp(self.log_scale) * v * torch.rsqrt(sq)
         logw = self.log_scale + self.weight - 0.5 * torch.log(sq)  # valid on the diagonal blocks
@@ -129,7 +135,7 @@ class _BNAFBlock(nn.Module):
         self.dim = dim
         self.linears = nn.ModuleList(
             _MaskedLinear(dim, a, b, dtype=dtype, device=device)
-            for a, b in zip(sizes[:-1], sizes[1:])
+            for a, b in itertools.pairwise(sizes)
         )
         self.gate = nn.Parameter(torch.zeros(1, dtype=dtype, device=device))
 
@@ -149,8 +155,11 @@ class _BNAFBlock(nn.Module):
             if with_logdet:
                 if g is None:  # input blocks have size 1: the log-Jacobian starts as logw
                     g = logw[..., 0].unsqueeze(0)  # (1, dim, b)
-                else:  # chain rule on the diagonal blocks, in log space
-                    g = torch.logsumexp(logw.unsqueeze(0) + g.unsqueeze(2), dim=-1)
+                else:  # chain rule on the diagonal blocks: log(W_ii exp(g_i)), stabilized
+                    m = g.amax(-1, keepdim=True)  # (n, dim, 1)
+                    e = torch.exp(g - m).transpose(0, 1)  # (dim, n, a)
+                    prod = torch.bmm(e, torch.exp(logw).transpose(1, 2)).transpose(0, 1)
+                    g = m + torch.log(prod.clamp_min(torch.finfo(prod.dtype).tiny))
             if k < last:
                 if with_logdet:
                     g = g + _log_dtanh(h).view(n, self.dim, -1)
@@ -216,16 +225,17 @@ class FlowDensity(nn.Module):
             )
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-        self.dim, self.hidden, self.layers, self.flows = int(dim), int(hidden), int(layers), flows
+        self.dim, self.hidden, self.layers = int(dim), int(hidden), int(layers)
+        self.flows = int(flows)
         self.blocks = nn.ModuleList(
             _BNAFBlock(self.dim, self.hidden, self.layers, dtype=dtype, device=device)
-            for _ in range(flows)
+            for _ in range(self.flows)
         )
         self.register_buffer("mean", torch.zeros(self.dim, dtype=torch.float64, device=device))
         self.register_buffer("std", torch.ones(self.dim, dtype=torch.float64, device=device))
         self.history: dict[str, Any] = {}
-        # log p(x) costs ~ n * dim * hidden^2 floats per layer: bound the chunk's memory (~64 MB)
-        self.chunk = max(256, 2**24 // (self.dim * self.hidden * self.hidden))
+        # log p(x) holds a few (n, dim * hidden) tensors per layer: bound a chunk's memory
+        self.chunk = max(1024, 2**22 // (self.dim * self.hidden))
 
     @property
     def config(self) -> dict[str, int]:
@@ -380,7 +390,8 @@ def fit_flow(
     scaled for a CPU). ``hidden`` is per input coordinate (hidden width ``d * hidden``);
     ``layers`` is the number of tanh layers per flow. ``patience`` epochs without a validation
     improvement stop training; the best epoch's parameters are kept, and ``flow.history`` records
-    the per-epoch losses (mean negative log-likelihood of the standardized data, in nats).
+    the per-epoch losses (mean negative log-likelihood of the standardized data, in nats), the
+    best epoch, and ``val_index``: the rows held out for validation.
     """
     x = _as_data(data, device)
     n, d = x.shape
@@ -407,7 +418,7 @@ def fit_flow(
     z_val, z_train = z[perm[:n_val]], z[perm[n_val:]]
     n_train = z_train.shape[0]
 
-    opt = torch.optim.Adam(flow.parameters(), lr=lr, amsgrad=True)
+    opt = torch.optim.Adam(flow.parameters(), lr=lr, amsgrad=True, foreach=True)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
         opt, mode="min", factor=0.5, patience=max(1, patience // 2), min_lr=lr / 20
     )
@@ -456,5 +467,6 @@ def fit_flow(
         "epochs_run": len(val_hist),
         "n_train": n_train,
         "n_val": n_val,
+        "val_index": perm[:n_val].cpu(),
     }
     return flow

@@ -1,0 +1,131 @@
+"""Per-record risk of the fixed member audit set, kept across checks in O(members) memory."""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["RecordTracker"]
+
+FIELDS = ("last", "max", "max_step", "sum", "count")
+ORDERS = ("max", "last", "mean")
+
+
+class RecordTracker:
+    """For every member record of every query: its latest risk |f_p|, its highest risk and the
+    step it was reached, and its mean over the checks where it was finite.
+
+    Records are identified by their position in the order the member iterable yields (keep the
+    audit loader unshuffled). If the number of members changes, that query's track restarts.
+    Only indices and risks are kept, never records.
+    """
+
+    def __init__(self) -> None:
+        self._tracks: dict[str, dict[str, np.ndarray]] = {}
+
+    def update(self, query: str, step: int, risk: np.ndarray) -> None:
+        risk = np.asarray(risk, dtype=np.float64)
+        t = self._tracks.get(query)
+        if t is None or t["last"].shape != risk.shape:
+            n = risk.shape[0]
+            t = self._tracks[query] = {
+                "last": np.full(n, np.nan),
+                "max": np.full(n, -np.inf),
+                "max_step": np.full(n, -1.0),
+                "sum": np.zeros(n),
+                "count": np.zeros(n),
+            }
+        finite = np.isfinite(risk)
+        t["last"] = risk.copy()
+        higher = finite & (risk > t["max"])
+        t["max"][higher] = risk[higher]
+        t["max_step"][higher] = step
+        t["sum"][finite] += risk[finite]
+        t["count"][finite] += 1
+
+    @property
+    def queries(self) -> list[str]:
+        return list(self._tracks)
+
+    def _pick(self, query: str | None) -> tuple[str, dict[str, np.ndarray]]:
+        if not self._tracks:
+            raise ValueError("no per-record risk tracked yet: run a check first")
+        if query is None:
+            if len(self._tracks) > 1:
+                raise ValueError(f"query must name one of {self.queries}")
+            query = next(iter(self._tracks))
+        if query not in self._tracks:
+            raise ValueError(f"query must be one of {self.queries}, got {query!r}")
+        return query, self._tracks[query]
+
+    def _column(self, t: dict[str, np.ndarray], by: str) -> np.ndarray:
+        if by == "max":
+            return np.where(np.isfinite(t["max"]), t["max"], np.nan)
+        if by == "last":
+            return t["last"]
+        if by == "mean":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(t["count"] > 0, t["sum"] / t["count"], np.nan)
+        raise ValueError(f"by must be one of {ORDERS}, got {by!r}")
+
+    def top(
+        self, k: int = 10, *, query: str | None = None, by: str = "max"
+    ) -> list[tuple[int, float]]:
+        """The k most exposed member indices with their risk, highest first (ties: lower index)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+        _, t = self._pick(query)
+        col = self._column(t, by)
+        order = np.argsort(-np.nan_to_num(col, nan=-np.inf), kind="stable")[:k]
+        return [(int(i), float(col[i])) for i in order]
+
+    def to_csv(self, path: str | os.PathLike[str], *, query: str | None = None) -> str:
+        """Write index, last, max, step of max, mean and checks per member record (no records)."""
+        names = self.queries if query is None else [self._pick(query)[0]]
+        if not names:
+            raise ValueError("no per-record risk tracked yet: run a check first")
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(
+                ["query", "index", "last_risk", "max_risk", "max_step", "mean_risk", "checks"]
+            )
+            for name in names:
+                t = self._tracks[name]
+                mx, mean = self._column(t, "max"), self._column(t, "mean")
+                for i in range(t["last"].shape[0]):
+                    w.writerow(
+                        [
+                            name,
+                            i,
+                            _fmt(t["last"][i]),
+                            _fmt(mx[i]),
+                            int(t["max_step"][i]),
+                            _fmt(mean[i]),
+                            int(t["count"][i]),
+                        ]
+                    )
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            q: {k: torch.from_numpy(v.copy()) for k, v in t.items()}
+            for q, t in self._tracks.items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        tracks = {}
+        for q, t in state.items():
+            if set(t) != set(FIELDS):
+                raise ValueError(f"record track {q!r} must hold {FIELDS}, got {sorted(t)}")
+            tracks[q] = {k: torch.as_tensor(v).double().numpy().copy() for k, v in t.items()}
+        self._tracks = tracks
+
+
+def _fmt(v: float) -> str:
+    return "" if not np.isfinite(v) else f"{v:.6g}"

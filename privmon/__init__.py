@@ -6,7 +6,8 @@
 figures to a differential-privacy budget.
 """
 
-from privmon import audit, queries
+from privmon import attacks, audit, queries
+from privmon.attacks import domias_scores
 from privmon.bounds import (
     epsilon_audit,
     epsilon_from_counts,
@@ -42,8 +43,10 @@ __all__ = [
     "PrivacyViolationWarning",
     "StreamingAdvantage",
     "accuracy_at_median",
+    "attacks",
     "auc",
     "audit",
+    "domias_scores",
     "epsilon_audit",
     "epsilon_from_counts",
     "epsilon_from_opacus",

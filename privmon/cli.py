@@ -1,4 +1,4 @@
-"""Command line: ``privmon demo``."""
+"""Command line: ``privmon demo``, ``privmon report``."""
 
 from __future__ import annotations
 
@@ -45,7 +45,16 @@ def main(argv: list[str] | None = None) -> int:
         "stays above this for two checks",
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    from privmon.html_report import add_report_arguments
+
+    add_report_arguments(
+        sub.add_parser("report", help="write a self-contained HTML privacy report of a run")
+    )
     args = parser.parse_args(argv)
+    if args.command == "report":
+        from privmon.html_report import run_report
+
+        return run_report(args)
     if args.command == "demo":
         from privmon.demo import DemoConfig, format_summary, run_demo
 

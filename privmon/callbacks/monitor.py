@@ -51,20 +51,6 @@ class PrivacyViolationWarning(UserWarning):
 
 class Sink(Protocol):
     def write(self, report: Report) -> None: ...
-    def top_records(
-        self, k: int = 10, *, query: str | None = None, by: str = "max"
-    ) -> list[tuple[int, float]]:
-        """The k most exposed member records across checks: (index, risk), highest first.
-
-        ``by``: "max" (highest risk any check measured), "last" or "mean". ``query`` may be
-        omitted when one query is monitored. Indices refer to the members' iteration order.
-        """
-        return self.records.top(k, query=query, by=by)
-
-    def export_records(self, path: Any, *, query: str | None = None) -> str:
-        """CSV of every member record's index and risks (never the record itself)."""
-        return self.records.to_csv(path, query=query)
-
     def close(self) -> None: ...
 
 

@@ -1,0 +1,283 @@
+"""Benchmark DOMIAS and its baselines: privmon (torch, vectorized) against the published code.
+
+Run from the repository root::
+
+    python benchmarks/domias.py            # the speed case of issue 4 (about a minute)
+    python benchmarks/domias.py --quick    # smaller sets, a few seconds
+    python benchmarks/domias.py --threads 2
+
+It prints the machine and its load average, then one markdown table (progress goes to stderr).
+
+**Data.** d = 8 features, a correlated Gaussian population. As in the published DOMIAS code's
+toy pipeline, the "generator" is a Gaussian KDE fitted to the members and the synthetic set is
+drawn from it; the reference set is drawn from the population; the test set is the members and
+as many non-members. Full run: 2,000 test records (1,000 members), 10,000 synthetic and 10,000
+reference records (the speed case of issue 4: the paper's Sec. 5.1 sizes).
+
+**What is compared.** Each row runs privmon's function and a reference implementation on the
+same data, in the same process:
+
+- DOMIAS-KDE vs ``scipy.stats.gaussian_kde(...).logpdf`` for p_G and p_R (and, in its own row,
+  ``gaussian_kde.__call__``, the linear-space path of the paper's code, ``p_G / (p_R + 1e-30)``);
+- Eq. 1 vs ``gaussian_kde(syn).logpdf`` and a per-record numpy loop (log-sum-exp of the kernels);
+- GAN-Leaks, GAN-Leaks CAL and MC vs the published per-record loops (``d(x, X_G)`` per record,
+  squared Euclidean distances);
+- LOGAN-D1 vs the published training loop (``torch.nn.Linear`` MLP, two softmax outputs, batches
+  of 256 drawn with ``np.random.choice``) for the same number of gradient steps. Both do the same
+  minibatch work, so no large speedup is expected there; different random draws give different
+  classifiers, so only their AUCs are comparable.
+
+**Timing.** Each function is called once to warm up (not counted), then timed ``--repeats``
+times (default 3) with ``time.perf_counter``; the table shows the median. The references and
+privmon run with one torch thread (scipy and the loops are single-threaded), and privmon again,
+in a second column, with ``--threads`` (default: torch's default). On a shared machine, torch's
+OpenMP threads spin while waiting; with other processes on the cores, multi-threaded runs can be
+much slower than one thread (``OMP_WAIT_POLICY=PASSIVE``, set before the run, avoids it). The
+first line shows the load average before and after the run.
+
+Agreement columns: the largest absolute difference of the scores (in the published code's
+units: log densities, or the log of GAN-Leaks' ``exp(-d)`` scores; MC fractions) and the
+Spearman rank correlation with the reference implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import scipy
+import torch
+from scipy.special import logsumexp
+from scipy.stats import gaussian_kde, spearmanr
+
+from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
+from privmon.attacks.domias import domias_scores
+from privmon.estimators.roc import auc
+
+D = 8
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def make_data(n_mem: int, n_syn: int, n_ref: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    mix = np.eye(D) + 0.3 * rng.normal(size=(D, D))
+    draw = lambda n: rng.normal(size=(n, D)) @ mix.T  # noqa: E731
+    mem, non, ref = draw(n_mem), draw(n_mem), draw(n_ref)
+    syn = gaussian_kde(mem.T).resample(n_syn, seed=rng).T  # an overfitted "generator"
+    test = np.r_[mem, non]
+    return test, syn, ref, n_mem
+
+
+# --- reference implementations (the published code's definitions, per record) -----------------
+
+
+def d(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.sum((x - y) ** 2, axis=1)
+
+
+def loop_gan_leaks(test, syn):
+    return np.array([np.exp(-np.min(d(x, syn))) for x in test])
+
+
+def loop_gan_leaks_cal(test, syn, ref):
+    return np.array([np.exp(-np.min(d(x, syn)) + np.min(d(x, ref))) for x in test])
+
+
+def loop_mc(test, syn):
+    distances = np.zeros((test.shape[0], syn.shape[0]))
+    for i, x in enumerate(test):
+        distances[i] = d(x, syn)
+    eps = np.median(np.min(distances, 1))
+    scores = np.zeros(test.shape[0])
+    for i in range(test.shape[0]):
+        scores[i] = np.sum(distances[i] < eps)
+    return scores / syn.shape[0]
+
+
+def loop_eq1(test, syn):
+    kde = gaussian_kde(syn.T)
+    prec = np.linalg.inv(kde.covariance)
+    norm = -0.5 * np.linalg.slogdet(2 * np.pi * kde.covariance)[1] - np.log(len(syn))
+    out = np.empty(len(test))
+    for i, x in enumerate(test):
+        diff = syn - x
+        out[i] = logsumexp(-0.5 * np.einsum("ij,jk,ik->i", diff, prec, diff)) + norm
+    return out
+
+
+def scipy_domias_logpdf(test, syn, ref):
+    return gaussian_kde(syn.T).logpdf(test.T) - gaussian_kde(ref.T).logpdf(test.T)
+
+
+def scipy_domias_pdf(test, syn, ref):  # the paper's code: linear space, + 1e-30
+    return gaussian_kde(syn.T)(test.T) / (gaussian_kde(ref.T)(test.T) + 1e-30)
+
+
+def published_logan_d1(test, syn, ref, steps: int, seed: int = 0):
+    """The published LOGAN_D1 loop (CPU), for ``steps`` batches of 256."""
+    torch.manual_seed(seed)
+    rs = np.random.RandomState(seed)
+    num = min(len(syn), len(ref))
+
+    class Net(torch.nn.Module):
+        def __init__(self, input_dim, hidden_dim=256, out_dim=2):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(input_dim, hidden_dim)
+            self.fc2 = torch.nn.Linear(hidden_dim, hidden_dim)
+            self.fc3 = torch.nn.Linear(hidden_dim, out_dim)
+
+        def forward(self, x):
+            x = torch.relu(self.fc1(x))
+            x = torch.relu(self.fc2(x))
+            return self.fc3(x)
+
+    clf = Net(test.shape[1])
+    opt = torch.optim.Adam(clf.parameters(), lr=1e-3)
+    loss_func = torch.nn.CrossEntropyLoss()
+    all_x = torch.as_tensor(np.vstack([syn[:num], ref[:num]])).float()
+    all_y = torch.as_tensor(np.concatenate([np.ones(num), np.zeros(num)])).long()
+    for _ in range(steps):
+        idx = rs.choice(num, 256)  # (the published code draws from the first num rows only)
+        loss = loss_func(clf(all_x[idx]), all_y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        return clf(torch.as_tensor(test).float())[:, 1].numpy()
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], np.ndarray], repeats: int, threads: int | None = None):
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        out = fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(previous)
+    return statistics.median(times), np.asarray(out, dtype=np.float64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sets (a few seconds)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    n_mem, n_syn, n_ref = (250, 2_500, 2_500) if args.quick else (1_000, 10_000, 10_000)
+    load0 = os.getloadavg()
+    test, syn, ref, n_mem = make_data(n_mem, n_syn, n_ref)
+    epochs = 2 if args.quick else 5
+    steps = epochs * -(-2 * min(n_syn, n_ref) // 256)  # the same number of batches as ours
+
+    rows = [
+        # name, privmon call, reference name, reference call, agreement transform (ref -> ours)
+        (
+            "DOMIAS-KDE",
+            lambda: domias_scores(test, syn, ref),
+            "scipy gaussian_kde.logpdf",
+            lambda: scipy_domias_logpdf(test, syn, ref),
+            lambda r: r,
+        ),
+        (
+            "DOMIAS-KDE",
+            lambda: domias_scores(test, syn, ref),
+            "scipy gaussian_kde() (paper's code)",
+            lambda: scipy_domias_pdf(test, syn, ref),
+            lambda r: np.log(r),
+        ),
+        (
+            "Eq. 1",
+            lambda: eq1(test, syn),
+            "per-record numpy loop",
+            lambda: loop_eq1(test, syn),
+            None,
+        ),
+        (
+            "Eq. 1",
+            lambda: eq1(test, syn),
+            "scipy gaussian_kde.logpdf",
+            lambda: gaussian_kde(syn.T).logpdf(test.T),
+            None,
+        ),
+        (
+            "GAN-Leaks",
+            lambda: gan_leaks(test, syn),
+            "published per-record loop",
+            lambda: loop_gan_leaks(test, syn),
+            lambda r: np.log(r),
+        ),
+        (
+            "GAN-Leaks CAL",
+            lambda: gan_leaks_cal(test, syn, ref),
+            "published per-record loop",
+            lambda: loop_gan_leaks_cal(test, syn, ref),
+            lambda r: np.log(r),
+        ),
+        (
+            "MC",
+            lambda: monte_carlo(test, syn),
+            "published per-record loop",
+            lambda: loop_mc(test, syn),
+            None,
+        ),
+        (
+            f"LOGAN-D1 ({epochs} epochs)",
+            lambda: logan_d1(test, syn, ref, epochs=epochs),
+            f"published training loop ({steps} steps)",
+            lambda: published_logan_d1(test, syn, ref, steps),
+            "auc",
+        ),
+    ]
+    t_threads = args.threads
+    header = (
+        f"| attack | reference | reference s | privmon s (1 thread) | speedup | "
+        f"privmon s ({t_threads} threads) | speedup | max abs diff | Spearman | AUC |"
+    )
+    lines = [header, "|" + "---|" * 10]
+    for name, ours, ref_name, theirs, transform in rows:
+        log(f"{name} vs {ref_name} ...")
+        t_ref, r = timed(theirs, args.repeats, threads=1)
+        t_1, o = timed(ours, args.repeats, threads=1)
+        t_n, _ = timed(ours, args.repeats, threads=t_threads)
+        a = auc(o[:n_mem], o[n_mem:])
+        if transform == "auc":
+            diff, rho = "—", f"AUC ref {auc(r[:n_mem], r[n_mem:]):.3f}"
+        else:
+            rr = r if transform is None else transform(r)
+            diff, rho = f"{np.max(np.abs(o - rr)):.1e}", f"{spearmanr(o, r).statistic:.6f}"
+        lines.append(
+            f"| {name} | {ref_name} | {t_ref:.3f} | {t_1:.4f} | {t_ref / t_1:.1f}× | "
+            f"{t_n:.4f} | {t_ref / t_n:.1f}× | {diff} | {rho} | {a:.3f} |"
+        )
+    load1 = os.getloadavg()
+    print(
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
+        f"scipy {scipy.__version__}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}"
+        f"; load average before {load0[0]:.2f} / after {load1[0]:.2f} (1 min). "
+        f"d = {D}, {len(test)} test, {n_syn} synthetic, {n_ref} reference records; "
+        f"median of {args.repeats} runs after a warm-up."
+    )
+    print()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""PyTorch-Ignite adapter: run a :class:`~privmon.PrivacyMonitor` from an Ignite ``Engine``.
+
+```python
+from privmon.integrations.ignite import attach
+
+handle = attach(trainer, monitor)  # after every iteration
+trainer.run(loader, max_epochs=10)
+```
+
+The handler is thin: on ``event`` it calls ``monitor.step(engine.state.iteration)`` — the
+iteration counter runs across epochs, like a global step — and calls ``engine.terminate()`` when the
+monitor says stop (Ignite finishes the current iteration's handlers, fires ``TERMINATE`` and
+``COMPLETED``, and leaves ``engine.state.iteration`` at the stopping step).
+
+To resume, put the monitor into Ignite's checkpoint dictionary: it has ``state_dict`` /
+``load_state_dict``, e.g. ``Checkpoint({"model": model, "trainer": trainer, "privmon": monitor},
+...)`` and ``Checkpoint.load_objects``. Sinks are not closed by the handler: call
+``monitor.close()`` when done.
+
+``import privmon`` never imports ``ignite``: only calling :func:`attach` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from privmon.callbacks.monitor import PrivacyMonitor
+
+__all__ = ["attach"]
+
+
+def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None) -> Any:
+    """Step ``monitor`` on ``event`` of ``engine`` (default ``Events.ITERATION_COMPLETED``).
+
+    ``event`` may carry an Ignite filter (``Events.ITERATION_COMPLETED(every=50)``); the monitor's
+    own ``every_n_steps`` still decides which iterations are checked. Returns the
+    ``RemovableEventHandle`` of the handler (``handle.remove()`` detaches it).
+    """
+    try:
+        from ignite.engine import Events
+    except ImportError as err:
+        raise ImportError(
+            "privmon.integrations.ignite needs PyTorch-Ignite: pip install 'privmon[ignite]'"
+        ) from err
+    if not callable(getattr(monitor, "step", None)):
+        raise ValueError(f"monitor must be a privmon.PrivacyMonitor, got {monitor!r}")
+    if not callable(getattr(engine, "add_event_handler", None)):
+        raise ValueError(f"engine must be an ignite.engine.Engine, got {engine!r}")
+    if event is None:
+        event = Events.ITERATION_COMPLETED
+
+    def _privacy_check(engine: Any) -> None:
+        if monitor.step(int(engine.state.iteration)):
+            engine.terminate()
+
+    return engine.add_event_handler(event, _privacy_check)

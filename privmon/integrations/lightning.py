@@ -1,0 +1,91 @@
+"""PyTorch Lightning adapter: run a :class:`~privmon.PrivacyMonitor` from a Lightning ``Trainer``.
+
+```python
+from privmon.integrations.lightning import PrivacyMonitorCallback
+
+trainer = lightning.pytorch.Trainer(callbacks=[PrivacyMonitorCallback(monitor)], ...)
+trainer.fit(module)
+```
+
+The callback is thin: after every training batch it calls ``monitor.step(trainer.global_step)``
+(the monitor decides whether a check is due, and it protects modes, BatchNorm statistics and RNGs),
+and when the monitor says stop it sets ``trainer.should_stop = True`` — Lightning's own mechanism,
+so ``min_epochs`` / ``min_steps`` still apply and validation still runs at the end as with
+Lightning's ``EarlyStopping``. ``trainer.global_step`` counts optimizer steps, so with gradient
+accumulation a check runs once per optimizer step, not once per batch.
+
+The monitor's state (history of scalars, early-stopping counters, last checked step) travels in
+Lightning checkpoints through the callback's ``state_dict`` / ``load_state_dict``: resuming with
+``trainer.fit(module, ckpt_path=...)`` and a fresh monitor continues the history without checking
+a step twice. Sinks are not closed by the callback: call ``monitor.close()`` when done.
+
+Lightning is imported from ``lightning.pytorch`` (the ``lightning`` package), or from the standalone
+``pytorch_lightning`` package when that is the only one installed. ``import privmon`` never imports
+either: only importing this module does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package
+    try:
+        from pytorch_lightning.callbacks import Callback
+    except ImportError as err:
+        raise ImportError(
+            "privmon.integrations.lightning needs PyTorch Lightning: "
+            "pip install 'privmon[lightning]' (or pip install lightning)"
+        ) from err
+
+from privmon.callbacks.monitor import PrivacyMonitor
+
+__all__ = ["PrivacyMonitorCallback"]
+
+
+class PrivacyMonitorCallback(Callback):
+    """Lightning callback that runs ``monitor`` after every training batch.
+
+    Args:
+        monitor: the :class:`~privmon.PrivacyMonitor` to step.
+
+    Under a distributed strategy every rank steps its own monitor (the monitor decides what each
+    rank queries and writes); the stop decision of a due check is combined across ranks with the
+    strategy's ``reduce_boolean_decision`` (any rank stops all), as Lightning's ``EarlyStopping``
+    does, so that no rank waits for another that has left the loop.
+    """
+
+    def __init__(self, monitor: PrivacyMonitor) -> None:
+        if not callable(getattr(monitor, "step", None)) or not callable(
+            getattr(monitor, "state_dict", None)
+        ):
+            raise ValueError(
+                f"monitor must be a privmon.PrivacyMonitor (with step and state_dict), "
+                f"got {monitor!r}"
+            )
+        self.monitor = monitor
+
+    @property
+    def state_key(self) -> str:
+        # Distinct monitors (different queries) keep distinct entries in the checkpoint.
+        names = tuple(getattr(q, "name", "?") for q in getattr(self.monitor, "queries", ()))
+        return self._generate_state_key(queries=names)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = int(trainer.global_step)
+        if step == 0:  # no optimizer step yet (gradient accumulation): nothing trained to audit
+            return
+        stop = bool(self.monitor.step(step))
+        if step % self.monitor.every_n_steps == 0:  # the same steps on every rank
+            stop = bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
+        if stop:
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"monitor": self.monitor.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.monitor.load_state_dict(state_dict["monitor"])

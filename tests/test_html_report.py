@@ -1,0 +1,281 @@
+"""The HTML privacy report: real monitor runs (JSON lines + TensorBoard) rendered into one
+self-contained page whose verdict matches the data — a leaking run, a clean run, a DP run whose
+ceiling is exceeded — plus the reading rules (TensorBoard-only, JSONL-only, resumed runs) and the
+verdict's rules on hand-made check lines."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from opacus.accountants import RDPAccountant
+from sklearn.datasets import load_digits
+from torch import nn
+
+from privmon import PrivacyMonitor, epsilon_lower_bound, tanh_bound
+from privmon.html_report import main_report, read_checks, verdict, write_report
+from privmon.queries import LossQuery
+from privmon.sinks.jsonl import JsonlSink
+
+PNG = b"\x89PNG\r\n\x1a\n"
+STEPS, EVERY = 200, 50
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def mpl():
+    return pytest.importorskip("matplotlib")
+
+
+def _run(logdir, *, leak, accountant=None, jsonl=True, writer=True):
+    """A wide MLP on 200 digits. leak=True trains on the audited members (it memorises them);
+    leak=False trains on other records, so members and non-members are both unseen."""
+    x, y = load_digits(return_X_y=True)
+    perm = np.random.default_rng(0).permutation(len(x))
+    x = torch.from_numpy((x[perm] / 16.0).astype(np.float32))
+    y = torch.from_numpy(y[perm]).long()
+    members, nonmembers, other = (
+        (x[:200], y[:200]),
+        (x[200:400], y[200:400]),
+        (x[400:600], y[400:600]),
+    )
+    train = members if leak else other
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    monitor = PrivacyMonitor(
+        LossQuery(model),
+        [members],
+        [nonmembers],
+        every_n_steps=EVERY,
+        writer=str(logdir) if writer else None,
+        sinks=[JsonlSink(logdir / "checks.jsonl")] if jsonl else [],
+        accountant=accountant,
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(1, STEPS + 1):
+        opt.zero_grad()
+        F.cross_entropy(model(train[0]), train[1]).backward()
+        opt.step()
+        if accountant is not None:
+            accountant.step(noise_multiplier=5.0, sample_rate=0.01)
+        monitor.step(step)
+    monitor.close()
+    return monitor
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    out = {}
+    for name, kw in {
+        "leak": {"leak": True},
+        "clean": {"leak": False},
+        "jsonl_only": {"leak": True, "writer": False},
+        "tb_only": {"leak": True, "jsonl": False},
+    }.items():
+        out[name] = (root / name, _run(root / name, **kw))
+    with pytest.warns(UserWarning, match="exceeds the ceiling"):  # PrivacyViolationWarning
+        with warnings.catch_warnings():  # Opacus: a tiny ε is reached at its largest RDP order
+            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+            out["dp"] = (root / "dp", _run(root / "dp", leak=True, accountant=RDPAccountant()))
+    return out
+
+
+def _pngs(page):
+    blobs = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    return [base64.b64decode(b, validate=True) for b in blobs]
+
+
+def _certified(monitor):
+    """(lower, step) of the largest certified lower bound over checks and methods."""
+    best = None
+    for r in monitor.history:
+        for m in ("histogram", "kde"):
+            lower = r.scalars[f"privacy/loss/{m}/lower"]
+            if r.scalars[f"privacy/loss/{m}/epsilon_lower_bound"] > 0 and (
+                best is None or lower > best[0]
+            ):
+                best = (lower, r.step)
+    return best
+
+
+def test_leaking_run_report(mpl, runs):
+    logdir, monitor = runs["leak"]
+    path = write_report(logdir)
+    assert path == str(logdir / "privacy_report.html")
+    page = open(path, encoding="utf-8").read()
+    images = _pngs(page)
+    # advantage, ROC, per-record risk
+    assert len(images) >= 3
+    assert all(img.startswith(PNG) and len(img) > 1000 for img in images)
+    # Self-contained: no external resources.
+    assert not re.search(r"""(src|href)=["']https?:""", page)
+    lower, step = _certified(monitor)
+    assert lower > 0.05  # the MLP memorised its 200 members
+    assert f"Leakage detected: certified advantage ≥ {lower:.3f} at step {step}." in page
+    assert "No measurable membership leakage" not in page
+    # The most exposed records of the last check, and the ROC rebuilt from the PR curve.
+    top = monitor.history[-1].queries["loss"].top_records
+    assert len(top) == 10
+    for rank, i in enumerate(top, 1):
+        assert f"<td>{rank}</td><td>{i}</td>" in page
+    assert "from the monitor&#x27;s membership PR curve" in page
+    assert f"steps {EVERY}–{STEPS}" in page
+
+
+def test_clean_run_report(mpl, runs, tmp_path):
+    logdir, monitor = runs["clean"]
+    assert all(
+        r.scalars[f"privacy/loss/{m}/epsilon_lower_bound"] == 0.0
+        for r in monitor.history
+        for m in ("histogram", "kde")
+    )
+    out = tmp_path / "sub" / "clean.html"
+    assert write_report(logdir, out=out) == str(out)
+    page = out.read_text(encoding="utf-8")
+    assert len(_pngs(page)) >= 2 and all(p.startswith(PNG) for p in _pngs(page))
+    assert "No measurable membership leakage." in page
+    assert "Leakage detected" not in page and "DP violation" not in page
+    assert "not a proof of privacy" in page
+
+
+def test_dp_violation_report(mpl, runs):
+    logdir, monitor = runs["dp"]
+    assert all(r.dp_violation for r in monitor.history)
+    page = open(write_report(logdir), encoding="utf-8").read()
+    first = monitor.history[0]
+    assert "DP violation: at step 50 the certified lower bound" in page
+    assert f"exceeds the ceiling {first.scalars['privacy/ceiling/eps_delta']:.3f}" in page
+    assert "exchangeable" in page  # the caveat every ceiling statement carries
+    assert len(_pngs(page)) >= 4  # + ε: accountant vs measured lower bounds
+
+
+def test_tensorboard_only_gives_the_same_verdict(mpl, runs):
+    logdir, monitor = runs["tb_only"]
+    assert not (logdir / "checks.jsonl").exists()
+    checks = read_checks(logdir)
+    assert checks.kind == "tensorboard"
+    assert checks.steps == [r.step for r in monitor.history]
+    assert "loss" in checks.roc  # ROC from the PR curve
+    page = open(write_report(logdir), encoding="utf-8").read()
+    lower, step = _certified(monitor)
+    # Event files hold float32 scalars.
+    assert re.search(
+        rf"Leakage detected: certified advantage ≥ (\d\.\d{{3}}) at step {step}\.", page
+    )
+    got = float(re.search(r"certified advantage ≥ (\d\.\d{3})", page).group(1))
+    assert got == pytest.approx(lower, abs=1.5e-3)
+    assert "not recorded there" in page  # top records exist only in the JSON lines
+
+
+def test_jsonl_only_shows_operating_points(mpl, runs):
+    logdir, _ = runs["jsonl_only"]
+    checks = read_checks(logdir / "checks.jsonl")  # the file itself is accepted too
+    assert checks.kind == "jsonl" and checks.roc == {}
+    page = open(write_report(logdir), encoding="utf-8").read()
+    assert "Only scalars were recorded" in page
+    assert "Leakage detected" in page
+
+
+def test_cli_entry_point(mpl, runs, tmp_path, capsys):
+    logdir, _ = runs["clean"]
+    out = tmp_path / "r.html"
+    assert main_report([str(logdir), "--out", str(out), "--title", "Run A"]) == 0
+    text = capsys.readouterr().out
+    assert "No measurable membership leakage." in text and str(out) in text
+    assert "<title>Run A</title>" in out.read_text(encoding="utf-8")
+    assert main_report([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main_report([str(tmp_path / "empty")]) == 2
+
+
+# --- the verdict's rules on hand-made check lines ------------------------------------------------
+def _line(step, lower, value=None, prior=0.5, **extra):
+    s = {
+        "privacy/q/histogram/value": value if value is not None else lower,
+        "privacy/q/histogram/lower": lower,
+        "privacy/q/histogram/epsilon_lower_bound": float(epsilon_lower_bound(lower, prior=prior)),
+    }
+    s.update(extra)
+    return {"step": step, "scalars": s, "top_records": {"q": [3, 1]}, "dp_violation": False}
+
+
+def _write(tmp_path, lines):
+    with open(tmp_path / "checks.jsonl", "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    return read_checks(tmp_path)
+
+
+def test_verdict_tiers(tmp_path):
+    v = verdict(_write(tmp_path, [_line(10, 0.0, 0.02), _line(20, 0.0, 0.01)]))
+    assert v.level == "none" and v.headline == "No measurable membership leakage."
+    # One certificate at an earlier check only: possible leakage.
+    v = verdict(_write(tmp_path, [_line(10, 0.12), _line(20, 0.0), _line(30, 0.0)]))
+    assert v.level == "possible"
+    assert v.headline.startswith("Possible leakage: a certified advantage ≥ 0.120 at step 10")
+    # A certificate at the last check: leakage detected, the largest certificate is quoted.
+    v = verdict(_write(tmp_path, [_line(10, 0.0), _line(20, 0.3), _line(30, 0.2)]))
+    assert v.level == "leakage"
+    assert v.headline == "Leakage detected: certified advantage ≥ 0.300 at step 20."
+
+
+def test_verdict_reads_the_floor_from_the_epsilon_bound(tmp_path):
+    # Prior 0.2: the floor |2p − 1| = 0.6 needs no leakage; the verdict must not call it leakage.
+    v = verdict(_write(tmp_path, [_line(10, 0.6, prior=0.2), _line(20, 0.6, prior=0.2)]))
+    assert v.level == "none"
+    v = verdict(_write(tmp_path, [_line(10, 0.6, prior=0.2), _line(20, 0.7, prior=0.2)]))
+    assert v.level == "leakage"
+    assert "trivial floor at this run's prior is 0.600" in v.details[0]
+
+
+def test_verdict_dp_violation_and_resumed_lines(tmp_path):
+    ceiling = float(tanh_bound(0.5, delta=1e-5))
+    lines = [
+        _line(10, 0.05, **{"privacy/epsilon": 0.5, "privacy/ceiling/eps_delta": ceiling}),
+        _line(20, 0.4, **{"privacy/epsilon": 0.5, "privacy/ceiling/eps_delta": ceiling}),
+        # A run resumed from the step-10 checkpoint re-wrote step 20: the later line wins.
+        _line(20, 0.1, **{"privacy/epsilon": 0.5, "privacy/ceiling/eps_delta": ceiling}),
+    ]
+    for line in lines:
+        line["epsilon"] = 0.5
+    checks = _write(tmp_path, lines)
+    assert checks.steps == [10, 20]
+    assert checks.records[1]["scalars"]["privacy/q/histogram/lower"] == 0.1
+    assert verdict(checks).level == "leakage"  # 0.1 < ceiling 0.245
+    lines[2]["scalars"]["privacy/q/histogram/lower"] = 0.3
+    lines[2]["dp_violation"] = True
+    v = verdict(_write(tmp_path, lines))
+    assert v.level == "violation"
+    assert v.headline == (
+        f"DP violation: at step 20 the certified lower bound on the membership advantage "
+        f"(q/histogram: 0.300) exceeds the ceiling {ceiling:.3f} that (ε = 0.5, δ)-DP allows."
+    )
+    assert any("exchangeable" in d for d in v.details)
+
+
+def test_nan_scalars_and_empty_runs(tmp_path, mpl):
+    line = _line(10, 0.0)
+    line["scalars"]["privacy/q/histogram/value"] = None  # the sink writes NaN as null
+    checks = _write(tmp_path, [line])
+    assert math.isnan(checks.records[0]["scalars"]["privacy/q/histogram/value"])
+    assert verdict(checks).level == "none"
+    assert "No measurable" in open(write_report(tmp_path), encoding="utf-8").read()
+    (tmp_path / "checks.jsonl").write_text("")
+    assert verdict(read_checks(tmp_path)).level == "empty"
+    assert "No checks recorded" in open(write_report(tmp_path), encoding="utf-8").read()

@@ -1,0 +1,432 @@
+"""The framework adapters, run with the real frameworks: PyTorch Lightning, Hugging Face
+transformers (a real ``Trainer`` on a tiny torch model, nothing downloaded) and PyTorch-Ignite.
+
+Each framework test checks that checks ran at the expected steps (``monitor.history``), that the
+privacy tags are in the event files (read back with TensorBoard's EventAccumulator), that an
+early-stopping budget that must trip stops training before ``max_steps`` (the framework's own final
+step), and — for Lightning, transformers and Ignite checkpoints — that a resumed run continues the
+monitor's history and early-stopping counters with no step checked twice.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_breast_cancer
+from tensorboard.backend.event_processing import event_accumulator
+from torch import nn
+
+from privmon import PrivacyEarlyStopping, PrivacyMonitor
+from privmon.queries import LossQuery
+
+EVERY = 5
+MAX_STEPS = 30
+BATCH = 10
+N_TRAIN = 100  # 10 batches per epoch
+TAGS = ("privacy/loss/histogram/value", "privacy/loss/histogram/lower", "privacy/loss/auc")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add overhead
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    return torch.from_numpy(x), torch.from_numpy(y).long()
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def _audit(x, y, as_dict=False):
+    """Audit sets: 100 training records (members), 100 never trained on (non-members)."""
+
+    def batches(lo, hi):
+        out = []
+        for i in range(lo, hi, 50):
+            xb, yb = x[i : min(i + 50, hi)], y[i : min(i + 50, hi)]
+            out.append({"x": xb, "labels": yb} if as_dict else (xb, yb))
+        return out
+
+    return batches(0, N_TRAIN), batches(300, 400)
+
+
+def _budget(patience):
+    """A budget that must trip: the upper figure (plug-in + McDiarmid half-width) is > 0."""
+    return PrivacyEarlyStopping("loss/histogram", 0.0, use="upper", patience=patience)
+
+
+def _monitor(model, data, logdir=None, patience=None, as_dict=False):
+    members, nonmembers = _audit(*data, as_dict=as_dict)
+    return PrivacyMonitor(
+        LossQuery(model),
+        members,
+        nonmembers,
+        every_n_steps=EVERY,
+        methods=("histogram",),
+        writer=None if logdir is None else str(logdir),
+        early_stopping=None if patience is None else _budget(patience),
+        strict=True,
+    )
+
+
+def _event_steps(logdir, tag):
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={event_accumulator.SCALARS: 0}
+    )
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def _assert_event_files(logdir, steps):
+    for tag in TAGS:
+        assert _event_steps(logdir, tag) == steps, tag
+
+
+def _steps(monitor):
+    return [r.step for r in monitor.history]
+
+
+def _expected(last):
+    return list(range(EVERY, last + 1, EVERY))
+
+
+def test_import_privmon_needs_no_framework():
+    code = (
+        "import sys, privmon, privmon.integrations; "
+        "mods = ('lightning', 'pytorch_lightning', 'transformers', 'ignite', 'matplotlib'); "
+        "print([m for m in mods if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Lightning
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pl():
+    return pytest.importorskip("lightning.pytorch")
+
+
+def _lit(pl):
+    class LitMLP(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = _mlp()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            # The checks leave the module in the mode Lightning put it in.
+            assert self.training and self.net[0].training
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return LitMLP()
+
+
+def _trainer(pl, callbacks, max_steps=MAX_STEPS, **kw):
+    return pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=kw.pop("enable_checkpointing", False),
+        **kw,
+    )
+
+
+def _loader(data):
+    x, y = data
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BATCH, shuffle=True
+    )
+
+
+def test_lightning_checks_and_event_files(pl, data, tmp_path):
+    from privmon.integrations.lightning import PrivacyMonitorCallback
+
+    pl.seed_everything(0, verbose=False)
+    lit = _lit(pl)
+    monitor = _monitor(lit, data, logdir=tmp_path / "tb")
+    trainer = _trainer(pl, [PrivacyMonitorCallback(monitor)])
+    trainer.fit(lit, _loader(data))
+    monitor.close()
+    assert trainer.global_step == MAX_STEPS
+    assert _steps(monitor) == _expected(MAX_STEPS)
+    _assert_event_files(tmp_path / "tb", _expected(MAX_STEPS))
+    assert lit.training  # the last check left the module in train mode
+
+
+def test_lightning_early_stopping_stops_the_trainer(pl, data):
+    from privmon.integrations.lightning import PrivacyMonitorCallback
+
+    pl.seed_everything(0, verbose=False)
+    lit = _lit(pl)
+    monitor = _monitor(lit, data, patience=1)  # trips at the second check
+    trainer = _trainer(pl, [PrivacyMonitorCallback(monitor)])
+    trainer.fit(lit, _loader(data))
+    assert trainer.should_stop
+    assert trainer.global_step == 2 * EVERY < MAX_STEPS
+    assert _steps(monitor) == [EVERY, 2 * EVERY]
+    assert monitor.early_stopping.stopped_step == 2 * EVERY
+
+
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
+def test_lightning_resume_from_checkpoint_continues_the_history(pl, data, tmp_path):
+    from privmon.integrations.lightning import PrivacyMonitorCallback
+
+    # Run 1: 15 steps, a checkpoint every 10 (ModelCheckpoint runs after the monitor's hook, so
+    # the step-10 checkpoint holds the step-10 check). patience=3 would stop at the 4th check.
+    pl.seed_everything(0, verbose=False)
+    lit = _lit(pl)
+    first = _monitor(lit, data, patience=3)
+    ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=10, save_top_k=-1
+    )
+    _trainer(
+        pl, [PrivacyMonitorCallback(first), ckpt], max_steps=15, enable_checkpointing=True
+    ).fit(lit, _loader(data))
+    assert _steps(first) == [5, 10, 15] and not first.should_stop
+    path = tmp_path / "ckpt" / "step=10.ckpt"
+    assert path.is_file()
+    saved = torch.load(path, weights_only=False)["callbacks"]
+    assert [h["step"] for h in next(iter(saved.values()))["monitor"]["history"]] == [5, 10]
+
+    # Run 2: a new module, monitor and Trainer resumed from the step-10 checkpoint.
+    lit2 = _lit(pl)
+    second = _monitor(lit2, data, patience=3)
+    trainer = _trainer(pl, [PrivacyMonitorCallback(second)], max_steps=MAX_STEPS)
+    trainer.fit(lit2, _loader(data), ckpt_path=str(path))
+    steps = _steps(second)
+    assert steps == [5, 10, 15, 20]  # restored 5, 10; then 15, 20 — no step twice
+    assert len(set(steps)) == len(steps)
+    for a, b in zip(first.history[:2], second.history[:2], strict=True):
+        assert a.scalars == b.scalars
+    # The early-stopping wait came back too: 2 checks above budget before the checkpoint, so the
+    # 4th check (step 20) trips patience=3 — a fresh counter would have run to max_steps.
+    assert trainer.global_step == 20
+    assert second.early_stopping.stopped_step == 20
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face transformers
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf():
+    pytest.importorskip("accelerate")  # the Trainer needs it with PyTorch
+    return pytest.importorskip("transformers")
+
+
+class TinyClassifier(nn.Module):
+    """A transformers-style model without pretrained weights: returns {"loss", "logits"}."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, x, labels=None):
+        logits = self.net(x)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits, labels)
+        return out
+
+
+class DictDataset(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def _hf_trainer(hf, model, data, callbacks, output_dir, max_steps=MAX_STEPS, save_steps=None):
+    args = hf.TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=0.05,
+        lr_scheduler_type="constant",
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no" if save_steps is None else "steps",
+        save_steps=save_steps or 500,
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+        seed=0,
+    )
+    x, y = data
+    return hf.Trainer(
+        model=model,
+        args=args,
+        train_dataset=DictDataset(x[:N_TRAIN], y[:N_TRAIN]),
+        callbacks=callbacks,
+    )
+
+
+def _mode_probe(hf):
+    class ModeProbe(hf.TrainerCallback):
+        """Runs after the monitor's callback: the model must still be in train mode."""
+
+        def __init__(self):
+            self.modes = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.modes.append(model.training)
+
+    return ModeProbe()
+
+
+def test_transformers_checks_and_event_files(hf, data, tmp_path):
+    from privmon.integrations.transformers import PrivacyMonitorCallback
+
+    model = TinyClassifier()
+    monitor = _monitor(model, data, logdir=tmp_path / "tb", as_dict=True)
+    probe = _mode_probe(hf)
+    trainer = _hf_trainer(hf, model, data, [PrivacyMonitorCallback(monitor), probe], tmp_path)
+    trainer.train()
+    monitor.close()
+    assert trainer.state.global_step == MAX_STEPS
+    assert _steps(monitor) == _expected(MAX_STEPS)
+    _assert_event_files(tmp_path / "tb", _expected(MAX_STEPS))
+    assert probe.modes == [True] * MAX_STEPS
+
+
+def test_transformers_early_stopping_stops_the_trainer(hf, data, tmp_path):
+    from privmon.integrations.transformers import PrivacyMonitorCallback
+
+    model = TinyClassifier()
+    monitor = _monitor(model, data, patience=1, as_dict=True)
+    trainer = _hf_trainer(hf, model, data, [PrivacyMonitorCallback(monitor)], tmp_path)
+    trainer.train()
+    assert trainer.state.global_step == 2 * EVERY < MAX_STEPS
+    assert _steps(monitor) == [EVERY, 2 * EVERY]
+
+
+def test_transformers_resume_from_checkpoint(hf, data, tmp_path):
+    from privmon.integrations.transformers import STATE_FILE, PrivacyMonitorCallback
+
+    model = TinyClassifier()
+    first = _monitor(model, data, patience=3, as_dict=True)
+    cb = PrivacyMonitorCallback(first)
+    _hf_trainer(hf, model, data, [cb], tmp_path, max_steps=15, save_steps=10).train()
+    assert _steps(first) == [5, 10, 15]
+    folder = tmp_path / "checkpoint-10"
+    assert (folder / STATE_FILE).is_file()
+
+    model2 = TinyClassifier()
+    second = _monitor(model2, data, patience=3, as_dict=True)
+    trainer = _hf_trainer(hf, model2, data, [PrivacyMonitorCallback(second)], tmp_path)
+    trainer.train(resume_from_checkpoint=str(folder))
+    assert _steps(second) == [5, 10, 15, 20]  # restored, then continued; no step twice
+    for a, b in zip(first.history[:2], second.history[:2], strict=True):
+        assert a.scalars == b.scalars
+    assert trainer.state.global_step == 20  # the restored wait trips patience=3 at step 20
+
+
+# --------------------------------------------------------------------------------------------------
+# PyTorch-Ignite
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ignite():
+    return pytest.importorskip("ignite.engine")
+
+
+def _engine(ignite, model):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def update(engine, batch):
+        assert model.training  # the checks leave the model in train mode
+        x, y = batch
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return ignite.Engine(update), opt
+
+
+def test_ignite_checks_event_files_and_handle(ignite, data, tmp_path):
+    from privmon.integrations.ignite import attach
+
+    torch.manual_seed(0)
+    model = _mlp().train()
+    monitor = _monitor(model, data, logdir=tmp_path / "tb")
+    engine, _ = _engine(ignite, model)
+    handle = attach(engine, monitor)
+    engine.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    monitor.close()
+    assert engine.state.iteration == MAX_STEPS
+    assert _steps(monitor) == _expected(MAX_STEPS)
+    _assert_event_files(tmp_path / "tb", _expected(MAX_STEPS))
+    fn = handle.handler()
+    assert engine.has_event_handler(fn, ignite.Events.ITERATION_COMPLETED)
+    handle.remove()
+    assert not engine.has_event_handler(fn, ignite.Events.ITERATION_COMPLETED)
+
+
+def test_ignite_early_stopping_terminates(ignite, data):
+    from privmon.integrations.ignite import attach
+
+    torch.manual_seed(0)
+    model = _mlp().train()
+    monitor = _monitor(model, data, patience=1)
+    engine, _ = _engine(ignite, model)
+    attach(engine, monitor, event=ignite.Events.ITERATION_COMPLETED)
+    engine.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    assert engine.state.iteration == 2 * EVERY < MAX_STEPS
+    assert _steps(monitor) == [EVERY, 2 * EVERY]
+
+
+def test_ignite_checkpoint_carries_the_monitor(ignite, data, tmp_path):
+    from ignite.handlers import Checkpoint, DiskSaver
+
+    from privmon.integrations.ignite import attach
+
+    torch.manual_seed(0)
+    model = _mlp().train()
+    first = _monitor(model, data, patience=3)
+    engine, opt = _engine(ignite, model)
+    attach(engine, first)
+    to_save = {"model": model, "optimizer": opt, "trainer": engine, "privmon": first}
+    saver = Checkpoint(to_save, DiskSaver(tmp_path, require_empty=False), n_saved=None)
+    engine.add_event_handler(ignite.Events.ITERATION_COMPLETED(every=10), saver)
+    engine.run(_loader(data), max_epochs=1)  # 10 iterations: checks at 5, 10; one checkpoint
+    assert _steps(first) == [5, 10]
+    (path,) = sorted(tmp_path.glob("checkpoint_*.pt"))
+
+    model2 = _mlp().train()
+    second = _monitor(model2, data, patience=3)
+    engine2, opt2 = _engine(ignite, model2)
+    attach(engine2, second)
+    to_load = {"model": model2, "optimizer": opt2, "trainer": engine2, "privmon": second}
+    Checkpoint.load_objects(to_load, torch.load(path, weights_only=False))
+    engine2.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    assert _steps(second) == [5, 10, 15, 20]  # the restored wait trips patience=3 at 20
+    assert engine2.state.iteration == 20

@@ -7,7 +7,7 @@ figures to a differential-privacy budget.
 """
 
 from privmon import attacks, audit, queries
-from privmon.attacks import domias_scores
+from privmon.attacks import MetricAttack, PrivacyRiskScore, domias_scores
 from privmon.bounds import (
     epsilon_audit,
     epsilon_from_counts,
@@ -38,8 +38,10 @@ __all__ = [
     "AdvantageEstimate",
     "IndividualRisk",
     "Metric",
+    "MetricAttack",
     "PrivacyEarlyStopping",
     "PrivacyMonitor",
+    "PrivacyRiskScore",
     "PrivacyViolationWarning",
     "StreamingAdvantage",
     "accuracy_at_median",

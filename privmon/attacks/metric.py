@@ -17,10 +17,11 @@ confidence, low entropy and low modified entropy: correctness / confidence are o
 "higher is member", entropy / mentr "lower is member" (:data:`HIGHER_IS_MEMBER`).
 
 **Modified entropy** clips probabilities into [1e-30, 1 − 1e-30] inside its logs, so it is 0 for
-a perfectly confident correct prediction and finite (at most about 2·69.08 per confidently wrong
-class) for a confident wrong one, never NaN. ``log(1 − p_k)`` of the arg-max class k, the only one
-whose probability can round to 1, is computed as ``log Σ_{j≠k} p_j``, so near-certain predictions
-keep their precision. :class:`privmon.queries.ModifiedEntropyQuery` uses the same code
+a perfectly confident correct prediction and finite for a confident wrong one (at most
+2·69.08 ≈ 138.2, reached by a one-hot wrong prediction), never NaN. ``log(1 − p_k)`` of the
+arg-max class k, the only one whose probability can round to 1, is computed as
+``log Σ_{j≠k} p_j``, so near-certain predictions keep their precision.
+:class:`privmon.queries.ModifiedEntropyQuery` uses the same code
 (:func:`modified_entropy_from_logits`).
 
 **Thresholds** are fitted on records whose membership is known (a shadow model's training / test
@@ -207,10 +208,12 @@ def as_labels(
     return y
 
 
-def _prepare(probs: Any, labels: Any, *, name: str, device=None, n_classes: int | None = None):
+def prepare_inputs(
+    probs: Any, labels: Any, *, name: str, device=None, n_classes: int | None = None
+):
     p = as_probs(probs, name=f"{name}probs", device=device)
     if n_classes is not None and p.shape[1] != n_classes:
-        raise ValueError(f"{name}probs has {p.shape[1]} classes, the fitted attack {n_classes}")
+        raise ValueError(f"{name}probs has {p.shape[1]} classes, but the fit saw {n_classes}")
     y = as_labels(labels, n=p.shape[0], n_classes=p.shape[1], name=f"{name}labels", device=p.device)
     return p, y
 
@@ -240,7 +243,7 @@ def metric_values(probs: Any, labels: Any, metric: MetricName = "mentr") -> np.n
     ``probs``: softmax outputs (n, C), numpy or torch on any device; ``labels``: class indices (n,).
     """
     check_metric(metric)
-    p, y = _prepare(probs, labels, name="")
+    p, y = prepare_inputs(probs, labels, name="")
     return to_numpy(metric_tensor(metric, p, y))
 
 
@@ -351,8 +354,9 @@ class MetricAttack:
     After ``fit``: ``threshold_`` (class-independent, in metric units), ``thresholds_`` (n_classes,)
     the threshold each label uses, ``class_fitted_`` (n_classes,) bool, whether that class has its
     own threshold. A record is called a member when its metric is ``>= threshold`` for
-    correctness / confidence and ``<= threshold`` for entropy / mentr; ±inf thresholds call
-    nobody / everybody a member.
+    correctness / confidence and ``<= threshold`` for entropy / mentr, so a threshold of +inf
+    (correctness / confidence) or −inf (entropy / mentr) calls nobody a member, the opposite
+    infinity everybody.
     """
 
     def __init__(
@@ -391,8 +395,10 @@ class MetricAttack:
         self, member_probs: Any, member_labels: Any, nonmember_probs: Any, nonmember_labels: Any
     ) -> MetricAttack:
         """Fit the thresholds on known members / non-members. Returns ``self``."""
-        pm, ym = _prepare(member_probs, member_labels, name="member_")
-        ph, yh = _prepare(nonmember_probs, nonmember_labels, name="nonmember_", device=pm.device)
+        pm, ym = prepare_inputs(member_probs, member_labels, name="member_")
+        ph, yh = prepare_inputs(
+            nonmember_probs, nonmember_labels, name="nonmember_", device=pm.device
+        )
         if ph.shape[1] != pm.shape[1]:
             raise ValueError(
                 f"member_probs has {pm.shape[1]} classes but nonmember_probs {ph.shape[1]}"
@@ -436,7 +442,9 @@ class MetricAttack:
 
     def _predict_t(self, probs: Any, labels: Any, name: str = "") -> torch.Tensor:
         tau = self._check_fitted()
-        p, y = _prepare(probs, labels, name=name, device=tau.device, n_classes=self.n_classes_)
+        p, y = prepare_inputs(
+            probs, labels, name=name, device=tau.device, n_classes=self.n_classes_
+        )
         return self._oriented(p, y) >= tau[y]  # NaN compares False: non-member
 
     def predict(self, probs: Any, labels: Any) -> np.ndarray:
@@ -454,7 +462,9 @@ class MetricAttack:
             (member_probs, member_labels, "member_"),
             (nonmember_probs, nonmember_labels, "nonmember_"),
         ):
-            p, y = _prepare(probs, labels, name=name, device=tau.device, n_classes=self.n_classes_)
+            p, y = prepare_inputs(
+                probs, labels, name=name, device=tau.device, n_classes=self.n_classes_
+            )
             s = self._oriented(p, y)
             finite = torch.isfinite(s)
             n = int(finite.sum())

@@ -1,0 +1,310 @@
+"""Song & Mittal's privacy risk score (§4.1, eq. 12-15) and its calibration check (§4.2.1).
+
+The privacy risk score of a labelled record z = (x, y) is the posterior probability that it is a
+member given what the model outputs on it,
+
+    r(z) = p·P(m(z) | member, y) / (p·P(m(z) | member, y) + (1 − p)·P(m(z) | non-member, y)),
+
+with the model output reduced to one metric value m(z) (eq. 15; modified entropy by default, any
+metric of :mod:`privmon.attacks.metric` works) and, when ``class_conditional``, the member /
+non-member distributions of m measured separately for each label y (eq. 14). This is exactly
+MACE's individual risk: r = (1 + f_p) / 2, so the score is computed by
+:func:`privmon.individual_risk` (histogram method, MACE Lemma 5), and :meth:`PrivacyRiskScore.risk`
+returns its intervals too.
+
+**Fitting.** ``fit`` takes records of known membership: a shadow model's training / test data
+(the paper's setting), or the audited model's own member / non-member reference records. Score
+*other* records with ``score``; scoring the fitting records themselves counts each one in its
+own estimate and overstates the calibration.
+
+**Cells.** The metric is binned on quantiles of the fitting records of the group (the class, or
+all classes for the pooled estimate): it is mapped through their empirical CDF, a monotone map,
+and :func:`privmon.individual_risk` bins the result on its equal-width grid, so every cell holds
+about the same number of fitting records. Metric values beyond the fitted range fall in the edge
+cells. With ``bins=None`` a group of n fitting records gets ``clip(n // 200, 2, 100)`` cells:
+about 200 records per cell, where the posterior's sampling noise (about 0.5/sqrt(200) = 0.035)
+stays well below the 0.05 calibration goal; finer cells make the score sharper but noisier, and
+a noisy score is over-confident on new records.
+
+**Fallback rule.** With ``class_conditional=True``, a class gets its own estimate only when the
+fitting data hold at least ``min_class_records`` members *and* ``min_class_records``
+non-members of it (default 100); every other class, and any label absent at fit time, gets the
+pooled (class-independent) estimate. With ``method="kde"`` a class whose members or
+non-members show fewer than two distinct values (no KDE exists) is pooled too.
+``class_fitted_`` says which classes have their own.
+
+The score depends on the fitting records only through their sorted values per group, so it does
+not depend on their order. Non-finite probability rows are dropped at fit time (``n_dropped_``)
+and score NaN.
+
+**Calibration.** :func:`calibration` bins scores of records *not* used for fitting and compares
+each bin's observed member fraction with the scores: a calibrated score tracks the diagonal.
+The observed fraction also depends on the share of members among the records checked; it is
+comparable with the score when that share equals the prior.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from privmon._validation import check_open_unit, to_numpy
+from privmon.attacks.metric import (
+    HIGHER_IS_MEMBER,
+    MetricName,
+    check_metric,
+    check_min_records,
+    metric_tensor,
+    prepare_inputs,
+)
+from privmon.estimators.advantage import check_method
+from privmon.estimators.risk import IndividualRisk, individual_risk
+
+__all__ = ["Calibration", "PrivacyRiskScore", "calibration"]
+
+RECORDS_PER_CELL = 200
+MAX_CELLS = 100
+_FIELDS = ("value", "lower", "upper", "signed", "posterior", "signed_lower", "signed_upper")
+
+
+class _Group:
+    """One fitted estimate: the sorted fitting values (the empirical CDF) and their CDF values."""
+
+    def __init__(self, m: torch.Tensor, h: torch.Tensor, bins: int | None) -> None:
+        self.ref = torch.sort(torch.cat([m, h])).values
+        self.n = self.ref.shape[0]
+        self.u_min = float(self._cdf(self.ref[:1])[0])
+        self.u_m = torch.sort(self._cdf(m)).values
+        self.u_h = torch.sort(self._cdf(h)).values
+        self.bins = bins if bins is not None else _auto_bins(self.n)
+
+    @property
+    def kde_ok(self) -> bool:
+        """A Gaussian KDE needs two distinct values on each side."""
+        return all(u.shape[0] >= 2 and bool(u[0] < u[-1]) for u in (self.u_m, self.u_h))
+
+    def _cdf(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self.ref, x.contiguous(), right=True).double() / self.n
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Empirical CDF of x, clipped into the fitted range; NaN stays NaN."""
+        u = self._cdf(torch.nan_to_num(x)).clamp(self.u_min, 1.0)
+        return torch.where(torch.isfinite(x), u, float("nan"))
+
+
+def _auto_bins(n: int) -> int:
+    return int(min(max(n // RECORDS_PER_CELL, 2), MAX_CELLS))
+
+
+class PrivacyRiskScore:
+    """Privacy risk score r(z) = P(member | metric, label) (Song & Mittal §4.1, eq. 13-15).
+
+    Args:
+        prior: P(member) in (0, 1); the paper's eq. 13 is prior 0.5.
+        metric: "mentr" (eq. 15, default), "entropy", "confidence" or "correctness".
+        class_conditional: per-label distributions (eq. 14), with the fallback rule of the module
+            docstring; False uses the pooled estimate for every record.
+        method: "histogram" (default; MACE Lemma 5 intervals) or "kde" (Gaussian KDE on the
+            quantile scale, Lemma 6/11 intervals; O(n·m) time).
+        bins: cells per estimate (histogram), or None for about 200 fitting records per cell.
+        min_class_records: fitting members and non-members a class needs for its own estimate.
+        delta: 1 − level of the intervals returned by :meth:`risk`.
+
+    Inputs are softmax outputs (n, C) and class indices (n,), numpy or torch on any device.
+    """
+
+    def __init__(
+        self,
+        prior: float = 0.5,
+        metric: MetricName = "mentr",
+        class_conditional: bool = True,
+        *,
+        method: str = "histogram",
+        bins: int | None = None,
+        min_class_records: int = 100,
+        delta: float = 0.05,
+    ) -> None:
+        self.prior = check_open_unit(prior, name="prior")
+        self.metric = check_metric(metric)
+        if not isinstance(class_conditional, (bool, np.bool_)):
+            raise ValueError(f"class_conditional must be True or False, got {class_conditional!r}")
+        self.class_conditional = bool(class_conditional)
+        self.method = check_method(method)
+        if bins is not None and (
+            isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1
+        ):
+            raise ValueError(f"bins must be a positive integer or None, got {bins!r}")
+        self.bins = None if bins is None else int(bins)
+        self.min_class_records = check_min_records(min_class_records)
+        self.delta = check_open_unit(delta, name="delta")
+        self._pooled: _Group | None = None
+        self._groups: dict[int, _Group] = {}
+        self._device: torch.device | None = None
+        self.n_classes_: int | None = None
+        self.class_fitted_: np.ndarray | None = None
+        self.n_dropped_: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"PrivacyRiskScore(prior={self.prior}, metric={self.metric!r}, "
+            f"class_conditional={self.class_conditional}, method={self.method!r})"
+        )
+
+    def fit(
+        self, member_probs: Any, member_labels: Any, nonmember_probs: Any, nonmember_labels: Any
+    ) -> PrivacyRiskScore:
+        """Measure the member / non-member metric distributions. Returns ``self``."""
+        pm, ym = prepare_inputs(member_probs, member_labels, name="member_")
+        ph, yh = prepare_inputs(
+            nonmember_probs, nonmember_labels, name="nonmember_", device=pm.device
+        )
+        if ph.shape[1] != pm.shape[1]:
+            raise ValueError(
+                f"member_probs has {pm.shape[1]} classes but nonmember_probs {ph.shape[1]}"
+            )
+        vm, vh = metric_tensor(self.metric, pm, ym), metric_tensor(self.metric, ph, yh)
+        fm, fh = torch.isfinite(vm), torch.isfinite(vh)
+        if not bool(fm.any()) or not bool(fh.any()):
+            raise ValueError("fit needs at least one member and one non-member with finite probs")
+        self.n_dropped_ = int((~fm).sum() + (~fh).sum())
+        vm, ym, vh, yh = vm[fm], ym[fm], vh[fh], yh[fh]
+        c = pm.shape[1]
+        kde = self.method == "kde"
+        pooled = _Group(vm, vh, self.bins)
+        if kde and not pooled.kde_ok:
+            raise ValueError(
+                "method='kde' needs at least two distinct metric values among the members and "
+                "among the non-members; use method='histogram'"
+            )
+        groups = {}
+        if self.class_conditional:
+            k1 = torch.bincount(ym, minlength=c)
+            k0 = torch.bincount(yh, minlength=c)
+            ok = (k1 >= self.min_class_records) & (k0 >= self.min_class_records)
+            for cls in torch.nonzero(ok).flatten().tolist():
+                g = _Group(vm[ym == cls], vh[yh == cls], self.bins)
+                if not kde or g.kde_ok:
+                    groups[cls] = g
+        self._pooled, self._groups = pooled, groups
+        self.class_fitted_ = np.zeros(c, dtype=bool)
+        self.class_fitted_[list(self._groups)] = True
+        self.n_classes_ = c
+        self._device = pm.device
+        return self
+
+    def risk(self, probs: Any, labels: Any) -> IndividualRisk:
+        """The full individual-risk estimate per record, in input order: ``posterior`` is the
+        privacy risk score, ``signed`` = 2·posterior − 1 = f_p, ``value`` = |f_p|, with the
+        Lemma 5 (histogram) or Lemma 6/11 (KDE) intervals at level 1 − delta."""
+        if self._pooled is None:
+            raise RuntimeError("PrivacyRiskScore is not fitted: call fit(...) first")
+        p, y = prepare_inputs(
+            probs, labels, name="", device=self._device, n_classes=self.n_classes_
+        )
+        v = metric_tensor(self.metric, p, y)
+        n = v.shape[0]
+        out = {k: np.full(n, np.nan) for k in _FIELDS}
+        rest = torch.ones(n, dtype=torch.bool, device=v.device)
+        parts = [(g, y == cls) for cls, g in self._groups.items()]
+        for _, sel in parts:
+            rest &= ~sel
+        parts.append((self._pooled, rest))
+        n_dropped = 0
+        for g, sel in parts:
+            if not bool(sel.any()):
+                continue
+            r = individual_risk(
+                g.transform(v[sel]),
+                g.u_m,
+                g.u_h,
+                prior=self.prior,
+                method=self.method,
+                delta=self.delta,
+                bins=g.bins if self.method == "histogram" else None,
+            )
+            idx = to_numpy(torch.nonzero(sel).flatten())
+            for k in _FIELDS:
+                out[k][idx] = getattr(r, k)
+            n_dropped += r.n_dropped
+        return IndividualRisk(
+            **out,
+            prior=self.prior,
+            method=self.method,
+            delta=self.delta,
+            n_dropped=n_dropped,
+        )
+
+    def score(self, probs: Any, labels: Any) -> np.ndarray:
+        """Privacy risk score of each record, in [0, 1] (NaN where its probs are not finite)."""
+        return self.risk(probs, labels).posterior
+
+    @property
+    def higher_is_member(self) -> bool:
+        """Direction of the underlying metric (the score itself is always higher = member)."""
+        return HIGHER_IS_MEMBER[self.metric]
+
+
+class Calibration(NamedTuple):
+    """Reliability curve of a membership score (Song & Mittal §4.2.1, Fig. 3).
+
+    ``centers`` (bins,) bin centers on [0, 1]; ``observed`` (bins,) the member fraction of the
+    records whose score falls in the bin (NaN when empty); ``counts`` (bins,) records per bin;
+    ``rmse`` the root mean square gap between each record's bin member fraction and the bin's
+    mean score, i.e. sqrt(Σ_b counts_b·(observed_b − mean score_b)² / Σ_b counts_b).
+    """
+
+    centers: np.ndarray
+    observed: np.ndarray
+    counts: np.ndarray
+    rmse: float
+
+
+def calibration(scores: Any, is_member: Any, *, bins: int = 10) -> Calibration:
+    """Binned reliability curve of membership probabilities and its RMSE (§4.2.1).
+
+    ``scores``: predicted P(member) in [0, 1], shape (n,), e.g. :meth:`PrivacyRiskScore.score` of
+    records the score was *not* fitted on; ``is_member``: their true membership (bool or 0/1);
+    ``bins``: equal-width bins on [0, 1] (a score of exactly 1 goes to the last). Records with a
+    NaN score are left out. The RMSE compares each bin's member fraction with the mean score of
+    its records (not the bin center, which would add up to half a bin width of error to a
+    perfectly calibrated score) and weights bins by their record counts, so sparsely populated
+    bins do not dominate. The member fraction is comparable with the score when the share of
+    members among the records equals the score's prior.
+    """
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise ValueError(f"bins must be a positive integer, got {bins!r}")
+    s = to_numpy(scores).astype(np.float64) if isinstance(scores, torch.Tensor) else None
+    if s is None:
+        try:
+            s = np.asarray(scores, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError("scores must be a numeric array of shape (n,)") from None
+    m = to_numpy(is_member) if isinstance(is_member, torch.Tensor) else np.asarray(is_member)
+    s, m = s.reshape(-1) if s.ndim == 2 and s.shape[1] == 1 else s, m.reshape(-1)
+    if s.ndim != 1 or s.shape != m.shape:
+        raise ValueError(
+            f"scores and is_member must have the same shape (n,), got {s.shape} and {m.shape}"
+        )
+    if m.dtype != np.bool_:
+        if not np.isin(m, (0, 1)).all():
+            raise ValueError("is_member must hold booleans or 0 / 1")
+        m = m.astype(bool)
+    keep = ~np.isnan(s)
+    s, m = s[keep], m[keep]
+    if s.size == 0:
+        raise ValueError("scores has no non-NaN values")
+    if s.min() < 0 or s.max() > 1:
+        raise ValueError(f"scores must lie in [0, 1], got range [{s.min():.4g}, {s.max():.4g}]")
+    b = np.minimum((s * bins).astype(np.int64), bins - 1)
+    counts = np.bincount(b, minlength=bins)
+    members = np.bincount(b, weights=m.astype(np.float64), minlength=bins)
+    sums = np.bincount(b, weights=s, minlength=bins)
+    full = counts > 0
+    observed = np.full(bins, np.nan)
+    observed[full] = members[full] / counts[full]
+    mean = sums[full] / counts[full]
+    rmse = float(np.sqrt(np.sum(counts[full] * (observed[full] - mean) ** 2) / counts.sum()))
+    centers = (np.arange(bins) + 0.5) / bins
+    return Calibration(centers=centers, observed=observed, counts=counts, rmse=rmse)

@@ -24,6 +24,7 @@ from torch import nn
 
 from privmon._validation import check_open_unit
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
+from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.records import RecordTracker
 from privmon.estimators.advantage import (
@@ -217,17 +218,25 @@ class PrivacyMonitor:
         if self.history:  # keep arrays for the latest report only: memory flat over checks
             self.history[-1] = self.history[-1].without_arrays()
         self.history.append(report)
-        for sink in self.sinks:
-            self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
-        if self.early_stopping is not None and self._guarded(
-            self.early_stopping.update,
-            global_step,
-            report.scalars,
-            what="early stopping",
-            step=global_step,
-        ):
+        rank, world = rank_and_world()
+        if rank == 0:  # every rank holds the same report; one writes it
+            for sink in self.sinks:
+                self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
+        stop = self.early_stopping is not None and bool(
+            self._guarded(
+                self.early_stopping.update,
+                global_step,
+                report.scalars,
+                what="early stopping",
+                step=global_step,
+            )
+        )
+        if world > 1:  # all ranks stop together when any says stop
+            stop = any_rank(stop)
+        if stop:
             if not self._stop:
-                logger.warning("privmon: early stopping — %s", self.early_stopping.reason)
+                reason = getattr(self.early_stopping, "reason", None) or "another rank said stop"
+                logger.warning("privmon: early stopping at step %s — %s", global_step, reason)
             self._stop = True
         return report
 
@@ -310,9 +319,27 @@ class PrivacyMonitor:
                 m.training = training
             _restore_rng(rng)
 
+    def _gathered_scores(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """This process's scores; under torch.distributed every rank's, in rank order.
+
+        Ranks first agree that every one of them collected its shard, so one rank's failure
+        makes all of them skip the check instead of leaving the others waiting in a collective.
+        """
+        _, world = rank_and_world()
+        if world == 1:
+            return self._collect()
+        local, error = None, None
+        try:
+            local = self._collect()
+        except Exception as err:
+            error = err
+        if any_rank(error is not None):
+            raise error or RuntimeError("privmon: the check failed on another rank")
+        return {name: (gather_rows(m), gather_rows(n)) for name, (m, n) in local.items()}
+
     def _check(self, step: int) -> Report:
         t0 = time.perf_counter()
-        scores = self._collect()
+        scores = self._gathered_scores()
         t_query = time.perf_counter() - t0
         scalars: dict[str, float] = {}
         results: dict[str, QueryResult] = {}

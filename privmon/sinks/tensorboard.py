@@ -19,16 +19,23 @@ class TensorBoardSink:
 
     def __init__(self, writer: Any) -> None:
         if isinstance(writer, (str, os.PathLike)):
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(log_dir=os.fspath(writer))
-            self._owned = True
+            self._logdir: str | None = os.fspath(writer)
+            writer = None  # opened at the first report: ranks that never write leave no file
         elif callable(getattr(writer, "add_scalar", None)):
-            self._owned = False
+            self._logdir = None
         else:
             raise ValueError("writer must be a SummaryWriter or a log directory path")
-        self.writer = writer
+        self._owned = self._logdir is not None
+        self._writer = writer
         self._layout_written = False
+
+    @property
+    def writer(self) -> Any:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=self._logdir)
+        return self._writer
 
     def _layout(self, report: Report) -> None:
         charts: dict[str, list[Any]] = {}
@@ -69,7 +76,9 @@ class TensorBoardSink:
         w.flush()
 
     def close(self) -> None:
+        if self._writer is None:
+            return
         if self._owned:
-            self.writer.close()
+            self._writer.close()
         else:
-            self.writer.flush()
+            self._writer.flush()

@@ -208,6 +208,20 @@ def as_labels(
     return y
 
 
+def prepare_pair(
+    member_probs: Any, member_labels: Any, nonmember_probs: Any, nonmember_labels: Any
+):
+    """Checked member and non-member (probs, labels), on the member probs' device, with the
+    same number of classes."""
+    pm, ym = prepare_inputs(member_probs, member_labels, name="member_")
+    ph, yh = prepare_inputs(nonmember_probs, nonmember_labels, name="nonmember_", device=pm.device)
+    if ph.shape[1] != pm.shape[1]:
+        raise ValueError(
+            f"member_probs has {pm.shape[1]} classes but nonmember_probs {ph.shape[1]}"
+        )
+    return pm, ym, ph, yh
+
+
 def prepare_inputs(
     probs: Any, labels: Any, *, name: str, device=None, n_classes: int | None = None
 ):
@@ -395,14 +409,9 @@ class MetricAttack:
         self, member_probs: Any, member_labels: Any, nonmember_probs: Any, nonmember_labels: Any
     ) -> MetricAttack:
         """Fit the thresholds on known members / non-members. Returns ``self``."""
-        pm, ym = prepare_inputs(member_probs, member_labels, name="member_")
-        ph, yh = prepare_inputs(
-            nonmember_probs, nonmember_labels, name="nonmember_", device=pm.device
+        pm, ym, ph, yh = prepare_pair(
+            member_probs, member_labels, nonmember_probs, nonmember_labels
         )
-        if ph.shape[1] != pm.shape[1]:
-            raise ValueError(
-                f"member_probs has {pm.shape[1]} classes but nonmember_probs {ph.shape[1]}"
-            )
         c = pm.shape[1]
         s = torch.cat([self._oriented(pm, ym), self._oriented(ph, yh)])
         y = torch.cat([ym, yh])

@@ -57,7 +57,7 @@ from privmon.attacks.metric import (
     check_metric,
     check_min_records,
     metric_tensor,
-    prepare_inputs,
+    prepare_pair,
 )
 from privmon.estimators.advantage import check_method
 from privmon.estimators.risk import IndividualRisk, individual_risk
@@ -156,14 +156,9 @@ class PrivacyRiskScore:
         self, member_probs: Any, member_labels: Any, nonmember_probs: Any, nonmember_labels: Any
     ) -> PrivacyRiskScore:
         """Measure the member / non-member metric distributions. Returns ``self``."""
-        pm, ym = prepare_inputs(member_probs, member_labels, name="member_")
-        ph, yh = prepare_inputs(
-            nonmember_probs, nonmember_labels, name="nonmember_", device=pm.device
+        pm, ym, ph, yh = prepare_pair(
+            member_probs, member_labels, nonmember_probs, nonmember_labels
         )
-        if ph.shape[1] != pm.shape[1]:
-            raise ValueError(
-                f"member_probs has {pm.shape[1]} classes but nonmember_probs {ph.shape[1]}"
-            )
         vm, vh = metric_tensor(self.metric, pm, ym), metric_tensor(self.metric, ph, yh)
         fm, fh = torch.isfinite(vm), torch.isfinite(vh)
         if not bool(fm.any()) or not bool(fh.any()):

@@ -57,6 +57,7 @@ from privmon.attacks.metric import (
     check_metric,
     check_min_records,
     metric_tensor,
+    prepare_inputs,
     prepare_pair,
 )
 from privmon.estimators.advantage import check_method

@@ -5,8 +5,10 @@ Run from the repository root::
     python benchmarks/domias.py            # the speed case of issue 4 (about a minute)
     python benchmarks/domias.py --quick    # smaller sets, a few seconds
     python benchmarks/domias.py --threads 2
+    python benchmarks/domias.py --section monitor   # only the monitor table (about 20 s)
 
-It prints the machine and its load average, then one markdown table (progress goes to stderr).
+It prints the machine and its load average, then the attack table and the monitor table
+(``--section attacks|monitor|all``; progress goes to stderr).
 
 **Data.** d = 8 features, a correlated Gaussian population. As in the published DOMIAS code's
 toy pipeline, the "generator" is a Gaussian KDE fitted to the members and the synthetic set is
@@ -38,6 +40,30 @@ first line shows the load average before and after the run.
 Agreement columns: the largest absolute difference of the scores (in the published code's
 units: log densities, or the log of GAN-Leaks' ``exp(-d)`` scores; MC fractions) and the
 Spearman rank correlation with the reference implementation.
+
+**Monitor section: the per-check cost of DOMIAS**
+(:class:`privmon.attacks.generator.GeneratorQuery`). The digits-sized setting of
+``privmon demo``: the demo's MLP GAN trained for ``--gan-steps`` steps (default 1,000, not
+timed) on 200 digits; the audit set is those 200 members and 400
+non-members in batches of 256 (as the demo passes them); 1,000 synthetic records per check; a
+reference set of 400 records (and, in a second block, all 1,197 remaining digits); PCA to 10
+dimensions. One check is what the monitor runs: ``prepare`` (sample the generator, embed, fit
+p_G), the three audit batches, ``release``. Rows:
+
+- ``domias_scores`` from scratch: sample, then :func:`privmon.domias_scores` on the 600 audit
+  records with ``embed="pca"`` (PCA fit, p_R and p_G fitted, both evaluated) — what a monitor
+  without state would do;
+- ``GeneratorQuery(cache=False)``: PCA axes and p_R fitted once at construction, ``log p_R``
+  of every audit record evaluated again at every check;
+- ``GeneratorQuery`` (default, cached): ``log p_R`` of each audit record and its embedding
+  cached by batch content after the first check.
+
+Every variant draws the same synthetic set per check (the global torch RNG is seeded with the
+check's index), so their scores agree (``max |Δ|`` column, against the first row). Times are the
+median over ``--checks`` checks (default 30) after one warm-up check, with one torch thread;
+``log p_R evals`` counts audit records whose reference density was evaluated per check (steady
+state). The last row of each block is a whole ``PrivacyMonitor.check`` with the cached query
+(both estimators, ROC figures and per-record risk included).
 """
 
 from __future__ import annotations
@@ -58,6 +84,7 @@ from scipy.stats import gaussian_kde, spearmanr
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
+from privmon.attacks.generator import GeneratorQuery
 from privmon.estimators.roc import auc
 
 D = 8
@@ -174,12 +201,162 @@ def timed(fn: Callable[[], np.ndarray], repeats: int, threads: int | None = None
     return statistics.median(times), np.asarray(out, dtype=np.float64)
 
 
+# --- monitor section: per-check cost of GeneratorQuery(attack="domias") ---------------------------
+
+
+def _train_demo_gan(members: torch.Tensor, steps: int, seed: int = 0) -> torch.nn.Module:
+    """The demo's GAN training loop (privmon.demo.run_demo without the monitor)."""
+    from privmon.demo import LATENT, make_gan
+
+    torch.manual_seed(seed)
+    generator, discriminator = make_gan(members.shape[1])
+    opt_g = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = torch.nn.BCEWithLogitsLoss()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(members), batch_size=64, shuffle=True, drop_last=True
+    )
+    step = 0
+    while step < steps:
+        for (real,) in loader:
+            step += 1
+            fake = generator(torch.randn(real.shape[0], LATENT))
+            logits = discriminator(torch.cat([real, fake.detach()])).squeeze(1)
+            labels = torch.cat([torch.ones(real.shape[0]), torch.zeros(real.shape[0])])
+            opt_d.zero_grad()
+            bce(logits, labels).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(discriminator(fake).squeeze(1), torch.ones(real.shape[0])).backward()
+            opt_g.step()
+            if step >= steps:
+                break
+    return generator
+
+
+def monitor_table(n_checks: int, gan_steps: int) -> list[str]:
+    from privmon.callbacks import PrivacyMonitor
+    from privmon.demo import LATENT, digits_splits
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        members, nonmembers, rest = digits_splits(0, 200, 400, 1197)
+        log(f"monitor section: training the demo GAN for {gan_steps} steps ...")
+        generator = _train_demo_gan(members, gan_steps)
+        audit = [members] + [nonmembers[i : i + 256] for i in range(0, len(nonmembers), 256)]
+        test = torch.cat(audit)
+        lines = [
+            "| reference | per check | ms / check | vs from scratch | log p_R evals / check "
+            "| max abs Δ score |",
+            "|---:|---|---:|---:|---:|---:|",
+        ]
+        for n_ref in (400, 1197):
+            reference = rest[:n_ref]
+            log(f"monitor section: {n_ref} reference records ...")
+
+            def scratch(i, reference=reference):
+                torch.manual_seed(i)
+                with torch.no_grad():
+                    syn = generator(torch.randn(1000, LATENT))
+                return torch.as_tensor(domias_scores(test, syn, reference, embed="pca"))
+
+            def query_check(q, i):
+                torch.manual_seed(i)
+                q.prepare()
+                try:
+                    return torch.cat([q(b) for b in audit])
+                finally:
+                    q.release()
+
+            kw = {"n_samples": 1000, "latent_dim": LATENT, "embed": "pca", "name": "domias"}
+            plain = GeneratorQuery(generator, reference, cache=False, **kw)
+            cached = GeneratorQuery(generator, reference, **kw)
+            monitored = GeneratorQuery(generator, reference, **kw)
+            monitor = PrivacyMonitor(monitored, [audit[0]], audit[1:], strict=True)
+            variants = [
+                ("`domias_scores` from scratch", scratch, None),
+                ("`GeneratorQuery(cache=False)`", lambda i, q=plain: query_check(q, i), plain),
+                (
+                    "`GeneratorQuery` (cached, default)",
+                    lambda i, q=cached: query_check(q, i),
+                    cached,
+                ),
+            ]
+            base_ms = None
+            base_scores = {}
+            for label, fn, q in variants:
+                fn(-1)  # warm-up (fills the cache)
+                evals0 = q.n_reference_evaluations if q is not None else None
+                times, diffs = [], []
+                for i in range(n_checks):
+                    t = time.perf_counter()
+                    out = fn(i)
+                    times.append(time.perf_counter() - t)
+                    if base_ms is None:
+                        base_scores[i] = out
+                    else:
+                        diffs.append(float((out - base_scores[i]).abs().max()))
+                ms = 1e3 * statistics.median(times)
+                if q is None:
+                    evals = f"{len(test)}"
+                else:
+                    evals = f"{(q.n_reference_evaluations - evals0) / n_checks:.0f}"
+                diff = "—" if base_ms is None else f"{max(diffs):.1e}"
+                speed = "1.0×" if base_ms is None else f"{base_ms / ms:.2f}×"
+                lines.append(f"| {n_ref} | {label} | {ms:.2f} | {speed} | {evals} | {diff} |")
+                if base_ms is None:
+                    base_ms = ms
+            monitor.check(0)  # warm-up
+            evals0 = monitored.n_reference_evaluations
+            times = []
+            for i in range(1, n_checks + 1):
+                t = time.perf_counter()
+                monitor.check(i)
+                times.append(time.perf_counter() - t)
+            lines.append(
+                f"| {n_ref} | whole `PrivacyMonitor.check` (cached query, histogram + kde) | "
+                f"{1e3 * statistics.median(times):.2f} | — | "
+                f"{(monitored.n_reference_evaluations - evals0) / n_checks:.0f} | — |"
+            )
+        return lines
+    finally:
+        torch.set_num_threads(previous)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sets (a few seconds)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument(
+        "--section",
+        choices=("all", "attacks", "monitor"),
+        default="all",
+        help="which table(s) to run: the attack comparison, the monitor's per-check cost, or both",
+    )
+    ap.add_argument("--checks", type=int, default=30, help="monitor section: timed checks")
+    ap.add_argument(
+        "--gan-steps", type=int, default=1000, help="monitor section: GAN training steps"
+    )
     args = ap.parse_args()
+    if args.section in ("all", "attacks"):
+        attack_table(args)
+    if args.section in ("all", "monitor"):
+        load0 = os.getloadavg()
+        lines = monitor_table(args.checks, args.gan_steps)
+        load1 = os.getloadavg()
+        print()
+        print(
+            f"Monitor section (digits, 200 members + 400 non-members audit, 1000 synthetic, "
+            f"PCA to 10 dims, demo GAN after {args.gan_steps} steps, 1 torch thread, median of "
+            f"{args.checks} checks): load average before {load0[0]:.2f} / after {load1[0]:.2f}."
+        )
+        print()
+        print("\n".join(lines))
+
+
+def attack_table(args: argparse.Namespace) -> None:
     n_mem, n_syn, n_ref = (250, 2_500, 2_500) if args.quick else (1_000, 10_000, 10_000)
     load0 = os.getloadavg()
     test, syn, ref, n_mem = make_data(n_mem, n_syn, n_ref)

@@ -4,7 +4,9 @@ Members are a small training split (MACE §9.1 trains on a small subset so the G
 non-members and the reference set are disjoint held-out splits of the same shuffled pool, so
 members and non-members are exchangeable. Every few dozen steps a check measures three queries —
 the discriminator's logit (MACE eq. 20), the distance to the nearest generated sample (eq. 19)
-and both together (eq. 21) — and writes TensorBoard event files and ``summary.json``.
+and both together (eq. 21) — plus the black-box DOMIAS attack on 1,000 generated records
+(``log p_G(x) - log p_R(x)``, KDEs in the top 10 principal axes of the reference split; DOMIAS
+Eq. 2, App. B.3), and writes TensorBoard event files and ``summary.json``.
 With ``dp=True`` the discriminator is trained with Opacus (DP-SGD) and ε, both ceilings and the
 measured advantage are shown together.
 """
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
 from privmon.sinks import JsonlSink
@@ -101,7 +104,7 @@ def _freeze(discriminator: nn.Module, frozen: bool) -> None:
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Train the GAN under the monitor; returns the summary also written to summary.json."""
     torch.manual_seed(config.seed)
-    members, nonmembers, _reference = digits_splits(
+    members, nonmembers, reference = digits_splits(
         config.seed, config.n_members, config.n_nonmembers, config.n_reference
     )
     generator, discriminator = make_gan(members.shape[1])
@@ -127,7 +130,18 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         )
     disc_q = DiscriminatorQuery(discriminator)
     near_q = NearestGeneratedQuery(generator, n_samples=1000, latent_dim=LATENT)
-    queries = [disc_q, near_q, HybridQuery(disc_q, near_q)]
+    # DOMIAS: p_G a KDE of the generated records, p_R of the reference split, both in the
+    # reference split's top 10 principal axes (fitted once; p_R of each audit record is cached).
+    domias_q = GeneratorQuery(
+        generator,
+        reference,
+        attack="domias",
+        n_samples=1000,
+        latent_dim=LATENT,
+        embed="pca",
+        name="domias",
+    )
+    queries = [disc_q, near_q, HybridQuery(disc_q, near_q), domias_q]
     os.makedirs(config.logdir, exist_ok=True)
     stopping = None
     if config.budget is not None:

@@ -21,7 +21,7 @@ import privmon
 from privmon.cli import main
 from privmon.demo import DemoConfig, format_summary, run_demo
 
-QUERIES = ("disc", "nn_dist", "hybrid")
+QUERIES = ("disc", "nn_dist", "hybrid", "domias")
 METHODS = ("histogram", "kde")
 KEYS = [f"{q}/{m}" for q in QUERIES for m in METHODS]
 FIELDS = ("value", "lower", "plugin", "upper")
@@ -126,7 +126,7 @@ def test_event_files_hold_the_same_scalars(demo):
             assert [e.step for e in got] == [50, 100, 150]
             want = [np.float32(c["scalars"][tag]) for c in checks]
             assert [np.float32(e.value) for e in got] == want, tag
-    for q in ("disc", "nn_dist"):  # 1-d queries: risk histogram and PR curve
+    for q in ("disc", "nn_dist", "domias"):  # 1-d queries: risk histogram and PR curve
         assert f"privacy/{q}/member_risk" in acc.Tags()["histograms"]
         assert f"privacy/{q}/membership_pr" in acc.Tags()["tensors"]
 
@@ -197,7 +197,7 @@ def test_console_entry_point(tmp_path):
     assert (summary["steps"], summary["checks"]) == (60, 2)
     out = proc.stdout.splitlines()
     assert out[0].split() == ["query/method", "value", "lower", "plugin", "AUC", "peak", "(step)"]
-    rows = {line.split()[0]: line.split() for line in out[1:7]}
+    rows = {line.split()[0]: line.split() for line in out[1 : 1 + len(KEYS)]}
     assert list(rows) == KEYS
     for key, cells in rows.items():
         f = summary["final"][key]

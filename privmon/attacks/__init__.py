@@ -1,8 +1,10 @@
 """Attack scores: DOMIAS (density ratio against synthetic data) and its baselines; Song & Mittal's
-metric attacks with class-dependent thresholds and the privacy risk score."""
+metric attacks with class-dependent thresholds and the privacy risk score; a generator query that
+runs DOMIAS in the monitor; subgroup risk."""
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
+from privmon.attacks.generator import GeneratorQuery
 from privmon.attacks.metric import (
     MetricAttack,
     confidence,
@@ -12,9 +14,11 @@ from privmon.attacks.metric import (
     modified_entropy,
 )
 from privmon.attacks.risk_score import Calibration, PrivacyRiskScore, calibration
+from privmon.attacks.subgroups import subgroup_risk
 
 __all__ = [
     "Calibration",
+    "GeneratorQuery",
     "MetricAttack",
     "PrivacyRiskScore",
     "calibration",
@@ -29,4 +33,5 @@ __all__ = [
     "metric_values",
     "modified_entropy",
     "monte_carlo",
+    "subgroup_risk",
 ]

@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,15 @@ def _freeze(discriminator: nn.Module, frozen: bool) -> None:
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Train the GAN under the monitor; returns the summary also written to summary.json."""
+    with warnings.catch_warnings():
+        # Opacus' advisories (secure RNG off, full backward hooks on a frozen input) are
+        # expected in a demo; the user's own warning filters are left as they were.
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        return _run(config)
+
+
+def _run(config: DemoConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     members, nonmembers, reference = digits_splits(
         config.seed, config.n_members, config.n_nonmembers, config.n_reference
@@ -111,7 +121,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     opt_g = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
     loader = DataLoader(
-        TensorDataset(members), batch_size=config.batch_size, shuffle=True, drop_last=True
+        TensorDataset(members),
+        batch_size=config.batch_size,
+        shuffle=True,
+        drop_last=not config.dp,  # Opacus replaces the loader with Poisson sampling
     )
     engine = None
     if config.dp:

@@ -54,8 +54,20 @@ METHODS = ("histogram", "kde")
 CERTIFY_FOLDS = (0, 1)
 
 
+class Estimate:
+    """Shared behaviour of the estimate records: ``float(est)`` is ``est.value``."""
+
+    value: float
+
+    def __float__(self) -> float:
+        return self.value
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class AdvantageEstimate:
+class AdvantageEstimate(Estimate):
     """One estimate of the optimal membership advantage (accuracy metric, MACE eq. 7).
 
     ``value`` debiased point estimate; ``lower`` certified lower bound (level 1 − delta);
@@ -77,12 +89,6 @@ class AdvantageEstimate:
     n_nonmembers: int
     n_dropped: int
     floor: float
-
-    def __float__(self) -> float:
-        return self.value
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def check_method(method: str) -> str:

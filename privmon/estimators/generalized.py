@@ -20,14 +20,14 @@ score), Lemma 7's per-record intervals combined as in App. D, and a certified lo
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from privmon._validation import as_scores, check_open_unit
-from privmon.estimators.advantage import Method, check_method
+from privmon.estimators.advantage import Estimate, Method, check_method
 from privmon.estimators.density import bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 from privmon.estimators.risk import individual_risk
@@ -225,7 +225,7 @@ WA = Metric.wa()
 
 
 @dataclass(frozen=True)
-class GeneralizedEstimate:
+class GeneralizedEstimate(Estimate):
     """Optimal membership advantage under a generalized metric (MACE Def. 3, Algorithm 2).
 
     ``value``: ℓ of the learned Bayes rule sgn(η̂ − t) measured on the held-out part 3 (from its
@@ -252,12 +252,6 @@ class GeneralizedEstimate:
     n_members: int
     n_nonmembers: int
     n_dropped: int
-
-    def __float__(self) -> float:
-        return self.value
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -158,15 +158,15 @@ def test_dp_demo_reports_epsilon_and_ceilings(tmp_path):
     )
     eps = summary["epsilon"]
     assert eps is not None and math.isfinite(eps) and eps > 0
-    # Independent RDP accounting: Poisson rate 1 / len(loader) = 1 / (200 // 64), one step per
-    # discriminator update, with the noise Opacus chose to spend target_epsilon = 3 over the
-    # planned epochs (ceil(20 / 3) = 7 epochs of 3 steps).
+    # Independent RDP accounting: Poisson rate 1 / len(loader) = 1 / ceil(200 / 64), one step
+    # per discriminator update, with the noise Opacus chose to spend target_epsilon = 3 over the
+    # planned epochs (ceil(20 / 4) = 5 epochs of 4 steps).
     sigma = get_noise_multiplier(
-        target_epsilon=3.0, target_delta=1e-5, sample_rate=1 / 3, epochs=7, accountant="rdp"
+        target_epsilon=3.0, target_delta=1e-5, sample_rate=1 / 4, epochs=5, accountant="rdp"
     )
     shadow = RDPAccountant()
     for _ in range(summary["steps"]):
-        shadow.step(noise_multiplier=sigma, sample_rate=1 / 3)
+        shadow.step(noise_multiplier=sigma, sample_rate=1 / 4)
     assert eps == pytest.approx(shadow.get_epsilon(1e-5), rel=1e-9)
     assert eps <= 3.0
     assert summary["ceilings"]["tanh"] == pytest.approx(privmon.tanh_bound(eps), rel=1e-12)

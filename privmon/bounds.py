@@ -99,13 +99,13 @@ def _lp_ceiling(eps: NDArray[np.float64], prior: float, delta: float) -> NDArray
 
 
 @overload
-def tanh_bound(epsilon: float, *, prior: float = ..., delta: float = ...) -> float: ...
+def tanh_bound(epsilon: float, prior: float = ..., delta: float = ...) -> float: ...
 @overload
 def tanh_bound(
-    epsilon: NDArray[Any], *, prior: float = ..., delta: float = ...
+    epsilon: NDArray[Any], prior: float = ..., delta: float = ...
 ) -> NDArray[np.float64]: ...
 def tanh_bound(
-    epsilon: ArrayLike, *, prior: float = 0.5, delta: float = 0.0
+    epsilon: ArrayLike, prior: float = 0.5, delta: float = 0.0
 ) -> float | NDArray[np.float64]:
     r"""Ceiling on membership advantage (and per-record risk) allowed by (ε, δ)-DP.
 
@@ -173,10 +173,10 @@ def tanh_bound(
 
 
 @overload
-def epsilon_lower_bound(advantage: float, *, prior: float = ...) -> float: ...
+def epsilon_lower_bound(advantage: float, prior: float = ...) -> float: ...
 @overload
-def epsilon_lower_bound(advantage: NDArray[Any], *, prior: float = ...) -> NDArray[np.float64]: ...
-def epsilon_lower_bound(advantage: ArrayLike, *, prior: float = 0.5) -> float | NDArray[np.float64]:
+def epsilon_lower_bound(advantage: NDArray[Any], prior: float = ...) -> NDArray[np.float64]: ...
+def epsilon_lower_bound(advantage: ArrayLike, prior: float = 0.5) -> float | NDArray[np.float64]:
     r"""Smallest ε consistent with an observed advantage: the inverse of eq. (14) (MACE Thm 4).
 
     Solving tanh((ε + |λ|)/2) = Adv for ε gives

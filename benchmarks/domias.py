@@ -206,13 +206,12 @@ def timed(fn: Callable[[], np.ndarray], repeats: int, threads: int | None = None
 
 def _train_demo_gan(members: torch.Tensor, steps: int, seed: int = 0) -> torch.nn.Module:
     """The demo's GAN training loop (privmon.demo.run_demo without the monitor)."""
-    from privmon.demo import LATENT, make_gan
+    from privmon.demo import gan_step, make_gan
 
     torch.manual_seed(seed)
     generator, discriminator = make_gan(members.shape[1])
     opt_g = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    bce = torch.nn.BCEWithLogitsLoss()
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(members), batch_size=64, shuffle=True, drop_last=True
     )
@@ -220,15 +219,7 @@ def _train_demo_gan(members: torch.Tensor, steps: int, seed: int = 0) -> torch.n
     while step < steps:
         for (real,) in loader:
             step += 1
-            fake = generator(torch.randn(real.shape[0], LATENT))
-            logits = discriminator(torch.cat([real, fake.detach()])).squeeze(1)
-            labels = torch.cat([torch.ones(real.shape[0]), torch.zeros(real.shape[0])])
-            opt_d.zero_grad()
-            bce(logits, labels).backward()
-            opt_d.step()
-            opt_g.zero_grad()
-            bce(discriminator(fake).squeeze(1), torch.ones(real.shape[0])).backward()
-            opt_g.step()
+            gan_step(generator, discriminator, opt_g, opt_d, real)
             if step >= steps:
                 break
     return generator

@@ -32,7 +32,7 @@ from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
 from privmon.sinks import JsonlSink
 
-__all__ = ["DemoConfig", "digits_splits", "make_gan", "run_demo"]
+__all__ = ["DemoConfig", "digits_splits", "gan_step", "make_gan", "run_demo"]
 
 LATENT = 16
 
@@ -93,6 +93,31 @@ def _progress(step: int, total: int, line: str, start: float) -> None:
     rate = step / max(time.perf_counter() - start, 1e-9)
     sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{total} {rate:5.0f} it/s {line}")
     sys.stderr.flush()
+
+
+def gan_step(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    opt_g: torch.optim.Optimizer,
+    opt_d: torch.optim.Optimizer,
+    real: torch.Tensor,
+) -> None:
+    """One step of the demo GAN on a batch of real records."""
+    bce = nn.BCEWithLogitsLoss()
+    fake = generator(torch.randn(real.shape[0], LATENT))
+    # Discriminator: one batch of real and fake records (one per-sample-gradient pass).
+    logits = discriminator(torch.cat([real, fake.detach()])).squeeze(1)
+    labels = torch.cat([torch.ones(real.shape[0]), torch.zeros(real.shape[0])])
+    opt_d.zero_grad()
+    bce(logits, labels).backward()
+    opt_d.step()
+    # Generator: non-saturating loss; the discriminator's parameters are frozen meanwhile
+    # (and, under Opacus, its per-sample-gradient hooks are off).
+    _freeze(discriminator, True)
+    opt_g.zero_grad()
+    bce(discriminator(fake).squeeze(1), torch.ones(real.shape[0])).backward()
+    opt_g.step()
+    _freeze(discriminator, False)
 
 
 def _freeze(discriminator: nn.Module, frozen: bool) -> None:
@@ -170,7 +195,6 @@ def _run(config: DemoConfig) -> dict[str, Any]:
         delta=config.delta,
         early_stopping=stopping,
     )
-    bce = nn.BCEWithLogitsLoss()
     start = time.perf_counter()
     step, stopped_at = 0, None
     while step < config.steps and stopped_at is None:
@@ -178,20 +202,7 @@ def _run(config: DemoConfig) -> dict[str, Any]:
             if real.shape[0] == 0:  # Poisson sampling (DP) can draw an empty batch
                 continue
             step += 1
-            fake = generator(torch.randn(real.shape[0], LATENT))
-            # Discriminator: one batch of real and fake records (one per-sample-gradient pass).
-            logits = discriminator(torch.cat([real, fake.detach()])).squeeze(1)
-            labels = torch.cat([torch.ones(real.shape[0]), torch.zeros(real.shape[0])])
-            opt_d.zero_grad()
-            bce(logits, labels).backward()
-            opt_d.step()
-            # Generator: non-saturating loss; the discriminator's parameters are frozen meanwhile
-            # (and, under Opacus, its per-sample-gradient hooks are off).
-            _freeze(discriminator, True)
-            opt_g.zero_grad()
-            bce(discriminator(fake).squeeze(1), torch.ones(real.shape[0])).backward()
-            opt_g.step()
-            _freeze(discriminator, False)
+            gan_step(generator, discriminator, opt_g, opt_d, real)
             if monitor.step(step):
                 stopped_at = step
             if config.progress and (step % 25 == 0 or step == config.steps):

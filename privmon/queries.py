@@ -593,6 +593,23 @@ class MultiDiscriminatorQuery(Query):
         return s.amax(dim=1) if self.reduce == "max" else s
 
 
+def _flat_records(
+    batch: Batch, device: torch.device, transform: Any, dim: int, name: str, against: str
+) -> torch.Tensor:
+    """A batch's inputs as (n, dim) rows on ``device``, checked against the rows they are
+    compared with; ``against`` names them with their verb ("generated samples have")."""
+    x, _ = _split_batch(batch, device, transform)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: the input must be a tensor, got {type(x).__name__}")
+    x = x.reshape(x.shape[0], -1) if x.ndim else x.reshape(1, -1)
+    if x.shape[1] != dim:
+        raise ValueError(
+            f"{name}: input has {x.shape[1]} values per record but {against} {dim}; "
+            "use transform to match the generator's output"
+        )
+    return x
+
+
 class NearestGeneratedQuery(Query):
     """Distance to the nearest generated sample, min_j ||x - g_j||_2 (MACE eq. 19), shape (n,).
 
@@ -682,15 +699,9 @@ class NearestGeneratedQuery(Query):
             raise RuntimeError(
                 f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
             )
-        x, _ = _split_batch(batch, g.device, self.transform)
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{self.name}: the input must be a tensor, got {type(x).__name__}")
-        x = x.reshape(x.shape[0], -1)
-        if x.shape[1] != g.shape[1]:
-            raise ValueError(
-                f"{self.name}: input has {x.shape[1]} values per record but generated samples have "
-                f"{g.shape[1]}; use transform to match the generator's output"
-            )
+        x = _flat_records(
+            batch, g.device, self.transform, g.shape[1], self.name, "generated samples have"
+        )
         dtype = torch.promote_types(_as_float(x[:0]).dtype, g.dtype)
         x, g = x.to(dtype), g.to(dtype)
         out = torch.empty(x.shape[0], dtype=dtype, device=g.device)

@@ -75,7 +75,13 @@ from privmon._validation import as_scores
 from privmon.attacks.baselines import _median, _SquaredDistances
 from privmon.attacks.domias import _apply_encoder, _kde, _pca_axes, _records
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
-from privmon.queries import Batch, NearestGeneratedQuery, Query, Transform, _split_batch
+from privmon.queries import (
+    Batch,
+    NearestGeneratedQuery,
+    Query,
+    Transform,
+    _flat_records,
+)
 
 __all__ = ["ATTACKS", "GeneratorQuery"]
 
@@ -359,15 +365,7 @@ class GeneratorQuery(Query):
             raise RuntimeError(
                 f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
             )
-        x, _ = _split_batch(batch, syn.device, self.transform)
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{self.name}: the input must be a tensor, got {type(x).__name__}")
-        x = x.reshape(x.shape[0], -1) if x.ndim else x.reshape(1, -1)
-        if x.shape[1] != self.dim:
-            raise ValueError(
-                f"{self.name}: input has {x.shape[1]} values per record but reference has "
-                f"{self.dim}; use transform to match the generator's output"
-            )
+        x = _flat_records(batch, syn.device, self.transform, self.dim, self.name, "reference has")
         if x.shape[0] == 0:
             return torch.empty(0, dtype=torch.float64, device=syn.device)
         e, r = self._lookup(x)

@@ -31,6 +31,7 @@ from privmon.estimators.advantage import (
     METHODS,
     advantage_from_state,
     default_bins,
+    kde_grid_too_coarse,
     optimal_advantage,
 )
 from privmon.estimators.risk import histogram_risk
@@ -357,7 +358,8 @@ class PrivacyMonitor:
         violation = False
         for q in self.queries:
             mem, non = scores[q.name]
-            results[q.name] = self._analyse(q, mem, non, scalars)
+            with torch.inference_mode():  # no autograd bookkeeping on ~hundreds of small ops
+                results[q.name] = self._analyse(q, mem, non, scalars)
             if results[q.name].member_risk is not None:
                 self.records.update(q.name, step, results[q.name].member_risk)
             for method, est in results[q.name].estimates.items():
@@ -388,18 +390,27 @@ class PrivacyMonitor:
         mem2 = mem.reshape(mem.shape[0], -1)
         non2 = non.reshape(non.shape[0], -1)
         d = mem2.shape[1]
-        # 1-2 dimensions: one histogram state serves the W_N estimate and the per-record risk
-        # (the same grid and counts optimal_advantage would build).
-        grid = lo = hi = None
+        # 1-2 dimensions: one binning pass serves the W_N estimate, the per-record risk and, in
+        # 1-D, the KDE (the same grids and counts optimal_advantage would build: the histogram's
+        # 100 bins are sums of 20 cells of the KDE's 2000-cell grid).
+        grid = fine = lo = hi = None
         if d <= 2:
-            pooled = torch.cat([mem2, non2]).double()
-            pooled = pooled[torch.isfinite(pooled).all(dim=1)]
+            mf = mem2[torch.isfinite(mem2).all(dim=1)].double()
+            nf = non2[torch.isfinite(non2).all(dim=1)].double()
+            pooled = torch.cat([mf, nf])
             if pooled.shape[0] > 0:  # else the estimators raise their own clear error
-                lo, hi = robust_range(pooled)  # one grid range for both estimators
-            grid = BinnedScores(
-                bins=default_bins("histogram", d), margin=0.0, low=lo, high=hi, device=mem2.device
+                lo, hi = robust_range(pooled)  # one grid range for every estimator
+            hist_bins = default_bins("histogram", d)
+            shared = d == 1 and "kde" in self.methods and not getattr(q, "discrete", False)
+            fine = BinnedScores(
+                bins=default_bins("kde", d) if shared else hist_bins,
+                margin=0.0,
+                low=lo,
+                high=hi,
+                device=mem2.device,
             )
-            grid.update(mem2, non2)
+            fine.update(mem2, non2)
+            grid = fine.coarsen(fine.bins[0] // hist_bins) if shared else fine
         estimates = {}
         for method in self.methods:
             if method == "kde" and getattr(q, "discrete", False):
@@ -407,6 +418,14 @@ class PrivacyMonitor:
             if method == "histogram" and grid is not None:
                 est = advantage_from_state(
                     grid, prior=self.prior, method=method, delta=self.interval_delta
+                )
+            elif (
+                method == "kde"
+                and fine is not grid
+                and not kde_grid_too_coarse(mf, nf, fine.bins[0], "scott")
+            ):
+                est = advantage_from_state(
+                    fine, prior=self.prior, method=method, delta=self.interval_delta
                 )
             else:
                 est = optimal_advantage(
@@ -427,11 +446,9 @@ class PrivacyMonitor:
             )
         n_dropped = next(iter(estimates.values())).n_dropped
         if d == 1:
-            orient = getattr(q, "higher_is_member", None)
-            m1, n1 = mem2[:, 0], non2[:, 0]
-            summary = roc_summary(m1, n1)
-            if orient is False or (orient is None and summary["auc"] < 0.5):
-                summary = roc_summary(-m1, -n1)
+            summary = roc_summary(
+                mem2[:, 0], non2[:, 0], higher_is_member=getattr(q, "higher_is_member", None)
+            )
             for key, v in summary.items():
                 scalars[f"privacy/{name}/{key}"] = float(v)
         risk = post_m = post_n = None
@@ -445,10 +462,8 @@ class PrivacyMonitor:
             finite = np.isfinite(risk)
             if finite.any():
                 rf = risk[finite]
-                for qtl in QUANTILES:
-                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(
-                        np.quantile(rf, qtl)
-                    )
+                for qtl, v in zip(QUANTILES, np.quantile(rf, QUANTILES), strict=True):
+                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(v)
                 scalars[f"privacy/{name}/risk/max"] = float(rf.max())
                 for level in RISK_LEVELS:
                     scalars[f"privacy/{name}/risk/n_above_{level}"] = float((rf > level).sum())

@@ -103,10 +103,11 @@ def check_bins(bins: int | None) -> None:
 
 
 def default_bins(method: str, d: int) -> int:
-    """100 per dimension for histograms (MACE §9.1); a fine quadrature grid for the KDE."""
+    """100 per dimension for histograms (MACE §9.1); a fine quadrature grid for the KDE (in
+    1-D 20 × 100 cells, so one binning pass can serve both, see ``BinnedScores.coarsen``)."""
     if method == "histogram":
         return 100
-    return 2048 if d == 1 else 128
+    return 2000 if d == 1 else 128
 
 
 def mcdiarmid_halfwidth(prior: float, n1: float, n2: float, delta: float) -> float:
@@ -151,41 +152,73 @@ def _finish(*, plugin, tp, fp, n1, n2, cert, prior, delta, method, n_dropped) ->
 
 
 # -- grid path (1-2 dimensions, streaming) -------------------------------------------------------
-def _convolve(grid: torch.Tensor, kernels: torch.Tensor, bins: tuple[int, ...], extend: bool):
-    """Convolve rows of grid counts (R, cells) with per-row kernels (R, *k) by FFT.
-
-    ``extend`` keeps the full support (grid + kernel tails, for quadrature); otherwise the result
-    is cropped to the grid. Returns (R, cells_out).
-    """
+def _convolve(grid: torch.Tensor, kernels: torch.Tensor, bins: tuple[int, ...], extended: int):
+    """Convolve rows of grid counts (R, cells) with per-row kernels (R, *k) by FFT, all rows in
+    one transform. The first ``extended`` rows keep the full support (grid + kernel tails, for
+    quadrature) and come back as (extended, cells_out); the rest are cropped to the grid and
+    come back as (R − extended, cells)."""
     r, d = grid.shape[0], len(bins)
     ksize = kernels.shape[1:]
     full = tuple(b + k - 1 for b, k in zip(bins, ksize, strict=True))
+    size = tuple(_fft_size(n) for n in full)  # zero-padded past `full`: still linear
     dims = tuple(range(1, d + 1))
-    f = torch.fft.rfftn(grid.reshape(r, *bins), s=full, dim=dims)
-    f *= torch.fft.rfftn(kernels, s=full, dim=dims)
-    out = torch.fft.irfftn(f, s=full, dim=dims)
-    if not extend:
-        for axis, (b, k) in enumerate(zip(bins, ksize, strict=True), start=1):
-            out = out.narrow(axis, (k - 1) // 2, b)
-    return out.reshape(r, -1)
+    f = torch.fft.rfftn(grid.reshape(r, *bins), s=size, dim=dims)
+    f *= torch.fft.rfftn(kernels, s=size, dim=dims)
+    out = torch.fft.irfftn(f, s=size, dim=dims)
+    ext, crop = out[:extended], out[extended:]
+    for axis, (b, k, n) in enumerate(zip(bins, ksize, full, strict=True), start=1):
+        ext = ext.narrow(axis, 0, n)
+        crop = crop.narrow(axis, (k - 1) // 2, b)
+    return ext.flatten(1), crop.flatten(1)
+
+
+def _fft_size(n: int) -> int:
+    """The smallest 2^a·3^b·5^c >= n: FFT lengths with a large prime factor (2684 = 4·11·61)
+    run several times slower."""
+    best = 1 << max(n - 1, 0).bit_length()
+    p3 = 1
+    while p3 < best:
+        p35 = p3
+        while p35 < best:
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 5
+        p3 *= 3
+    return best
+
+
+def _inverse(cov: torch.Tensor) -> torch.Tensor:
+    """Inverse of a batch of (d, d) matrices; closed form in 1-2 dimensions (the grid path),
+    where a LAPACK call per check costs more than the arithmetic."""
+    d = cov.shape[-1]
+    if d == 1:
+        return 1.0 / cov
+    if d == 2:
+        a, b, c, e = cov[..., 0, 0], cov[..., 0, 1], cov[..., 1, 0], cov[..., 1, 1]
+        adj = torch.stack([torch.stack([e, -b], -1), torch.stack([-c, a], -1)], -2)
+        return adj / (a * e - b * c)[..., None, None]
+    return torch.linalg.inv(cov)
 
 
 def _gaussian_kernels(cov: torch.Tensor, width: torch.Tensor, bins: tuple[int, ...]):
-    """Gaussian kernels with covariances (R, d, d) on the grid lattice, each summing to 1."""
+    """Gaussian kernels with covariances (R, d, d) on the grid lattice, each cut at 4 of its own
+    standard deviations per axis (so a row's kernel does not depend on the other rows') and
+    summing to 1. The lattice spans the widest row's cut."""
     d = width.numel()
-    sd = torch.sqrt(torch.diagonal(cov, dim1=1, dim2=2).amax(dim=0))
-    half = [
-        int(min(math.ceil(4 * float(s) / float(w)), 4 * b))
-        for s, w, b in zip(sd, width, bins, strict=True)
-    ]
-    axes = [
-        torch.arange(-h, h + 1, device=cov.device, dtype=cov.dtype) * w
-        for h, w in zip(half, width, strict=True)
-    ]
-    lattice = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, d)
-    prec = torch.linalg.inv(cov)
+    sd = torch.sqrt(torch.diagonal(cov, dim1=1, dim2=2))  # (R, d)
+    cut = torch.minimum(
+        torch.ceil(4 * sd / width), 4 * torch.tensor(bins, dtype=sd.dtype, device=sd.device)
+    )  # (R, d) lattice steps
+    half = [int(h) for h in cut.amax(dim=0).tolist()]
+    steps = [torch.arange(-h, h + 1, device=cov.device, dtype=cov.dtype) for h in half]
+    lattice = torch.stack(torch.meshgrid(*steps, indexing="ij"), dim=-1).reshape(-1, d)
+    inside = (lattice.abs().unsqueeze(0) <= cut.unsqueeze(1)).all(dim=-1)  # (R, points)
+    lattice = lattice * width
+    prec = _inverse(cov)
     logk = -0.5 * (torch.matmul(lattice, prec) * lattice).sum(-1)  # (R, lattice points)
-    k = torch.exp(logk - logk.amax(dim=1, keepdim=True))
+    k = torch.exp(logk - logk.amax(dim=1, keepdim=True)) * inside
     k = k / k.sum(dim=1, keepdim=True)
     return k.reshape(cov.shape[0], *[2 * h + 1 for h in half])
 
@@ -222,21 +255,23 @@ def _iqr_from_counts(counts: torch.Tensor, bins: tuple[int, ...], width: torch.T
     return torch.stack(out, dim=1)
 
 
-def _smooth(
-    state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, bandwidth, extend: bool
-):
-    """Smoothed probability masses per cell for rows of counts (R, cells)."""
+def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, bandwidth, extended):
+    """Smoothed probability masses per cell for rows of counts (R, cells), in one FFT pass.
+
+    The first ``extended`` rows are U_N's KDEs, on the extended grid; the others are the rule's
+    densities, cropped to the grid, with a robust scale. Returns (extended rows, cropped rows).
+    """
     bins, width = state.bins, state.width
     d = len(bins)
     ridge = torch.diag_embed((width / 4) ** 2).expand_as(covs)
-    if not extend:
-        # The rule's smoothing uses a robust scale (Silverman): min(σ, IQR/1.349) per axis, so a
-        # few far-out scores do not blur the bulk where the records are.
-        sd = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0))
-        iqr = _iqr_from_counts(counts, bins, width)
-        robust = torch.where(iqr > 0, torch.minimum(sd, iqr / 1.349), sd)
-        scale = torch.where(sd > 0, robust / sd.clamp_min(1e-300), torch.ones_like(sd))
-        covs = covs * scale.unsqueeze(-1) * scale.unsqueeze(-2)
+    # The rule's smoothing uses a robust scale (Silverman): min(σ, IQR/1.349) per axis, so a
+    # few far-out scores do not blur the bulk where the records are.
+    sd = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0))
+    iqr = _iqr_from_counts(counts, bins, width)
+    robust = torch.where(iqr > 0, torch.minimum(sd, iqr / 1.349), sd)
+    scale = torch.where(sd > 0, robust / sd.clamp_min(1e-300), torch.ones_like(sd))
+    scale[:extended] = 1.0
+    covs = covs * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     if method == "kde":
         factors = torch.tensor(
             [bandwidth_factor(bandwidth, n=max(float(n), 2.0), d=d) for n in ns],
@@ -247,8 +282,9 @@ def _smooth(
     else:
         sigma = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0)) + width / 4
         kernels = _ash_kernels(sigma, ns, width)
-    mass = _convolve(counts, kernels, bins, extend).clamp_min(0)
-    return mass / ns.clamp_min(1)[:, None]
+    ext, crop = _convolve(counts, kernels, bins, extended)
+    per_record = 1.0 / ns.clamp_min(1)[:, None]
+    return ext.clamp_min(0) * per_record[:extended], crop.clamp_min(0) * per_record[extended:]
 
 
 def advantage_from_state(
@@ -278,21 +314,21 @@ def advantage_from_state(
     if n1 == 0 or n2 == 0:
         which = "member" if n1 == 0 else "non-member"
         raise ValueError(f"the state holds no {which} scores")
-    if method == "kde":  # U_N needs the full-data KDE on the extended grid
-        plug_rows = _smooth(state, total, ns[:, 0], covs[:, 0], method, bandwidth, extend=True)
+    t = k + 1  # training selections
+    rows = counts[:, 1:].reshape(2 * t, -1)
+    row_ns = ns[:, 1:].reshape(-1)
+    row_covs = covs[:, 1:].flatten(0, 1)
+    if method == "kde":  # U_N needs the full-data KDEs on the extended grid: two more rows
+        rows = torch.cat([total, rows])
+        row_ns = torch.cat([ns[:, 0], row_ns])
+        row_covs = torch.cat([covs[:, 0], row_covs])
+    extended = 2 if method == "kde" else 0
+    plug_rows, mass = _smooth(state, rows, row_ns, row_covs, method, bandwidth, extended)
+    mass = mass.reshape(2, t, -1)
+    if method == "kde":
         plugin = float((prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum())
     else:
         plugin = float((prior * total[0] / n1 - (1 - prior) * total[1] / n2).abs().sum())
-    t = k + 1  # training selections
-    mass = _smooth(
-        state,
-        counts[:, 1:].reshape(2 * t, -1),
-        ns[:, 1:].reshape(-1),
-        covs[:, 1:].flatten(0, 1),
-        method,
-        bandwidth,
-        extend=False,
-    ).reshape(2, t, -1)
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
     tol = 1e-9 * float(mass.amax())
     held = state.counts  # (2, K, cells)
@@ -300,7 +336,7 @@ def advantage_from_state(
     tp = float((rule * held[0]).sum())
     fp = float((rule * held[1]).sum())
     cert_rule = _rule(diff[k], float(prior > 0.5), tol)
-    cert = state.class_counts(CERTIFY_FOLDS)
+    cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
     cert_adv = _certify(
         float(cert_rule @ cert[0]),
         float(cert[0].sum()),
@@ -398,7 +434,7 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
     )
 
 
-def _grid_too_coarse(m: torch.Tensor, h: torch.Tensor, bins: int, bandwidth) -> bool:
+def kde_grid_too_coarse(m: torch.Tensor, h: torch.Tensor, bins: int, bandwidth) -> bool:
     """True when a class's KDE bandwidth is below one grid cell (heavy-tailed or very
     concentrated scores): the binned KDE would then act as a fine histogram and over-report, so
     the exact KDE path is used instead (when both covariances are non-singular)."""
@@ -442,7 +478,7 @@ def optimal_advantage(
         method: "histogram" (W_N) or "kde" (U_N).
         delta: 1 − confidence level of ``lower`` and ``upper``, in (0, 1).
         bins: cells per dimension (histogram default 100, MACE §9.1; KDE quadrature grid default
-            2048 in 1-D, 128 per axis in 2-D; above 2 dimensions the histogram bins per axis).
+            2000 in 1-D, 128 per axis in 2-D; above 2 dimensions the histogram bins per axis).
             When a class's KDE bandwidth is narrower than one grid cell (heavy-tailed scores),
             the KDE method evaluates exact kernel sums instead of the grid (slower, O(N²)).
         bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number, scipy's
@@ -476,7 +512,7 @@ def optimal_advantage(
         )
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
-    if d <= 2 and not (method == "kde" and _grid_too_coarse(m, h, nbins, bandwidth)):
+    if d <= 2 and not (method == "kde" and kde_grid_too_coarse(m, h, nbins, bandwidth)):
         state = BinnedScores(
             bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
         )

@@ -19,7 +19,7 @@ def clopper_pearson_lower(successes, trials, alpha: float) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         # beta.ppf(alpha, k, n - k + 1), without scipy.stats' per-call argument handling
         out = betaincinv(k, n - k + 1, alpha)
-    return np.where(k <= 0, 0.0, np.nan_to_num(out, nan=0.0))
+    return np.where((k <= 0) | np.isnan(out), 0.0, out)
 
 
 def clopper_pearson_upper(successes, trials, alpha: float) -> np.ndarray:
@@ -31,4 +31,4 @@ def clopper_pearson_upper(successes, trials, alpha: float) -> np.ndarray:
     n = np.asarray(trials, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = betaincinv(k + 1, n - k, 1.0 - alpha)
-    return np.where(k >= n, 1.0, np.nan_to_num(out, nan=1.0))
+    return np.where((k >= n) | np.isnan(out), 1.0, out)

@@ -119,11 +119,13 @@ def _cp_interval(k, n, delta):
     return lo[inv].reshape(k.shape), hi[inv].reshape(k.shape)
 
 
-def _lemma5(k1, k2, n1, n2, finite, *, prior, delta, n_dropped) -> IndividualRisk:
-    """Lemma 5 from the member / non-member counts of each query's cell."""
+def _lemma5(k1, k2, n1, n2, cell, finite, *, prior, delta, n_dropped) -> IndividualRisk:
+    """Lemma 5 per cell from the cells' member / non-member counts ``k1``, ``k2`` (numpy); each
+    query takes the figures of its cell ``cell`` (numpy indices). Computed once per cell, not
+    once per query: many queries share a cell."""
     p_lo, p_hi = _cp_interval(k1, n1, delta)
     q_lo, q_hi = _cp_interval(k2, n2, delta)
-    out = risk_from_probabilities(
+    per_cell = risk_from_probabilities(
         k1 / n1,
         p_lo,
         p_hi,
@@ -135,6 +137,8 @@ def _lemma5(k1, k2, n1, n2, finite, *, prior, delta, n_dropped) -> IndividualRis
         delta=delta,
         n_dropped=n_dropped,
     )
+    fields = {k: getattr(per_cell, k)[cell] for k in _ARRAY_FIELDS}
+    out = IndividualRisk(**fields, prior=prior, method="histogram", delta=delta, n_dropped=n_dropped)
     return _mask(out, finite)
 
 
@@ -145,14 +149,14 @@ def histogram_risk(
     cell, inside = state.cell_index(torch.nan_to_num(queries))
     finite = torch.isfinite(queries).all(dim=1)
     total = state.class_counts()
-    n1, n2 = float(total[0].sum()), float(total[1].sum())
-    k1 = torch.where(inside, total[0][cell], 0.0)
-    k2 = torch.where(inside, total[1][cell], 0.0)
+    n_cells = total.shape[1]
+    counts = to_numpy(torch.cat([total, total.new_zeros(2, 1)], dim=1))  # last: outside, empty
     return _lemma5(
-        to_numpy(k1),
-        to_numpy(k2),
-        n1,
-        n2,
+        counts[0],
+        counts[1],
+        float(counts[0].sum()),
+        float(counts[1].sum()),
+        to_numpy(torch.where(inside, cell, n_cells)),
         to_numpy(finite),
         prior=prior,
         delta=delta,
@@ -160,12 +164,15 @@ def histogram_risk(
     )
 
 
+_ARRAY_FIELDS = ("value", "lower", "upper", "signed", "posterior", "signed_lower", "signed_upper")
+
+
 def _mask(risk: IndividualRisk, finite: np.ndarray) -> IndividualRisk:
     if finite.all():
         return risk
     fields = {
         k: np.where(finite, getattr(risk, k), np.nan)
-        for k in ("value", "lower", "upper", "signed", "posterior", "signed_lower", "signed_upper")
+        for k in _ARRAY_FIELDS
         if getattr(risk, k) is not None
     }
     return IndividualRisk(
@@ -270,7 +277,15 @@ def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> Individ
     n1, n2 = m.shape[0], h.shape[0]
     c1 = torch.bincount(inv[:n1], minlength=u).to(x.dtype)
     c2 = torch.bincount(inv[n1 : n1 + n2], minlength=u).to(x.dtype)
-    q_inv, q_in = inv[n1 + n2 :], inside[n1 + n2 :]
-    k1 = to_numpy(torch.where(q_in, c1[q_inv], 0.0))
-    k2 = to_numpy(torch.where(q_in, c2[q_inv], 0.0))
-    return _lemma5(k1, k2, n1, n2, to_numpy(finite), prior=prior, delta=delta, n_dropped=n_dropped)
+    zero = c1.new_zeros(1)  # an extra empty cell for queries outside the grid
+    return _lemma5(
+        to_numpy(torch.cat([c1, zero])),
+        to_numpy(torch.cat([c2, zero])),
+        n1,
+        n2,
+        to_numpy(torch.where(inside[n1 + n2 :], inv[n1 + n2 :], u)),
+        to_numpy(finite),
+        prior=prior,
+        delta=delta,
+        n_dropped=n_dropped,
+    )

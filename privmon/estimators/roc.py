@@ -104,6 +104,23 @@ def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
     return _Ranked(values, tp, fp, median, n1, n0, d1, d0)
 
 
+def _negated(r: _Ranked) -> _Ranked:
+    """The ranking of the negated scores, without sorting again: distinct scores reverse, and
+    the members with −score >= −v are those not strictly above v."""
+    tp0 = torch.cat([r.tp.new_zeros(1), r.tp[:-1]])  # members strictly above each distinct score
+    fp0 = torch.cat([r.fp.new_zeros(1), r.fp[:-1]])
+    return _Ranked(
+        values=-r.values.flip(0),
+        tp=(r.n1 - tp0).flip(0),
+        fp=(r.n0 - fp0).flip(0),
+        median=-r.median,
+        n1=r.n1,
+        n0=r.n0,
+        n_dropped_member=r.n_dropped_member,
+        n_dropped_nonmember=r.n_dropped_nonmember,
+    )
+
+
 # --- metrics read off a _Ranked (shared by the public functions and roc_summary) -----------------
 
 
@@ -291,16 +308,27 @@ def roc_summary(
     nonmember_scores: Any,
     *,
     fpr: float | Sequence[float] = _DEFAULT_FPR,
+    higher_is_member: bool | None = True,
 ) -> dict[str, float]:
     """AUC, TPR at each target FPR and accuracy at the median from a single sort.
+
+    ``higher_is_member``: True reads the scores as given; False reads their negation (for
+    scores such as a loss, low on members); None picks whichever orientation has AUC >= 0.5 (the
+    one an attacker would pick; the given one on a tie). Either way the scores are sorted once.
 
     Returns ``{"auc": ..., "tpr@fpr=0.1": ..., "tpr@fpr=0.01": ..., "tpr@fpr=0.001": ...,
     "accuracy_at_median": ...}`` (one ``tpr@fpr=<repr(target)>`` key per target). The values
     are identical to those of :func:`auc`, :func:`tpr_at_fpr` and :func:`accuracy_at_median`.
     """
     targets = _check_fpr(fpr)
+    if higher_is_member not in (True, False, None):
+        raise ValueError(f"higher_is_member must be True, False or None, got {higher_is_member!r}")
     r = _rank(member_scores, nonmember_scores)
-    out = {"auc": _auc_from(r)}
+    area = _auc_from(r)
+    if higher_is_member is False or (higher_is_member is None and area < 0.5):
+        r = _negated(r)
+        area = _auc_from(r)
+    out = {"auc": area}
     for target, value in zip(targets, _tpr_at_fpr_from(r, targets), strict=True):
         out[_fpr_key(target)] = value
     out["accuracy_at_median"] = _accuracy_at_median_from(r)

@@ -41,6 +41,17 @@ MAX_CELLS = 1 << 22
 TAIL_IQRS = 5.0
 
 
+def _quantile(x: torch.Tensor, q: float) -> torch.Tensor:
+    """torch.quantile(x, q, dim=0) (linear interpolation) from one or two order statistics:
+    selection instead of a full sort."""
+    pos = q * (x.shape[0] - 1)
+    below = math.floor(pos)
+    low = torch.kthvalue(x, below + 1, dim=0).values
+    if pos == below:
+        return low
+    return torch.lerp(low, torch.kthvalue(x, below + 2, dim=0).values, pos - below)
+
+
 def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-dimension [min, max], cut to [Q1 − 5·IQR, Q3 + 5·IQR] where the IQR is positive
     (and widened to [x − 0.5, x + 0.5] for a constant score x).
@@ -51,11 +62,11 @@ def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     lo, hi = x.min(dim=0).values, x.max(dim=0).values
     sample = x if x.shape[0] <= 1 << 22 else x[:: x.shape[0] // (1 << 22) + 1]
-    q = torch.quantile(sample, torch.tensor([0.25, 0.75], dtype=x.dtype, device=x.device), dim=0)
-    iqr = q[1] - q[0]
+    q1, q3 = _quantile(sample, 0.25), _quantile(sample, 0.75)
+    iqr = q3 - q1
     ok = iqr > 0
-    lo = torch.where(ok, torch.maximum(lo, q[0] - TAIL_IQRS * iqr), lo)
-    hi = torch.where(ok, torch.minimum(hi, q[1] + TAIL_IQRS * iqr), hi)
+    lo = torch.where(ok, torch.maximum(lo, q1 - TAIL_IQRS * iqr), lo)
+    hi = torch.where(ok, torch.minimum(hi, q3 + TAIL_IQRS * iqr), hi)
     flat = hi <= lo  # a constant score: one unit-wide range around it
     return torch.where(flat, lo - 0.5, lo), torch.where(flat, hi + 0.5, hi)
 
@@ -139,6 +150,9 @@ class BinnedScores:
         dev = self.device or lo.device
         self.bins = tuple(int(b) for b in bins)
         self.low, self.high = lo.to(dev), hi.to(dev)
+        self._width = (self.high - self.low) / torch.tensor(
+            self.bins, dtype=torch.float64, device=dev
+        )
         self.counts = torch.zeros(2, self.folds, cells, dtype=torch.float64, device=dev)
         self.sum1 = torch.zeros(2, self.folds, d, dtype=torch.float64, device=dev)
         self.sum2 = torch.zeros(2, self.folds, d, d, dtype=torch.float64, device=dev)
@@ -147,19 +161,19 @@ class BinnedScores:
 
     @property
     def width(self) -> torch.Tensor:
-        return (self.high - self.low) / torch.tensor(
-            self.bins, dtype=torch.float64, device=self.low.device
-        )
+        """Cell width per dimension (computed once per grid: read on every update)."""
+        return self._width
 
     def cell_index(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat cell index of each row of x (clamped into the edge bins) and an in-range mask."""
-        bins = torch.tensor(self.bins, device=x.device)
         raw = torch.floor((x - self.low) / self.width).to(torch.int64)
         inside = ((x >= self.low) & (x <= self.high)).all(dim=1)
+        if len(self.bins) == 1:
+            return raw[:, 0].clamp(0, self.bins[0] - 1), inside
+        bins = torch.tensor(self.bins, device=x.device)
         idx = torch.minimum(raw.clamp_min(0), bins - 1)
         strides = torch.ones_like(bins)
-        if len(self.bins) > 1:
-            strides[:-1] = torch.flip(torch.cumprod(torch.flip(bins[1:], [0]), 0), [0])
+        strides[:-1] = torch.flip(torch.cumprod(torch.flip(bins[1:], [0]), 0), [0])
         return (idx * strides).sum(dim=1), inside
 
     # -- updates ----------------------------------------------------------------------------
@@ -290,6 +304,35 @@ class BinnedScores:
                 )
 
     # -- derived quantities -----------------------------------------------------------------
+    def coarsen(self, factor: int | Sequence[int]) -> BinnedScores:
+        """A new state on a grid ``factor`` times coarser per dimension (each new cell the sum
+        of ``factor`` adjacent cells; moments, folds and counters unchanged), so one binning
+        pass can serve a fine KDE grid and the 100-bin histogram at once. The bins of every
+        dimension must be multiples of its factor."""
+        if not self.initialized:
+            raise ValueError("the state holds no scores yet")
+        d = len(self.bins)
+        factors = (factor,) * d if isinstance(factor, int) else tuple(factor)
+        if len(factors) != d or any(
+            isinstance(f, bool) or not isinstance(f, int) or f < 1 or b % f
+            for f, b in zip(factors, self.bins, strict=True)
+        ):
+            raise ValueError(
+                f"factor must be a positive integer (or one per dimension) dividing the bins "
+                f"{self.bins}, got {factor!r}"
+            )
+        coarse_bins = tuple(b // f for b, f in zip(self.bins, factors, strict=True))
+        out = BinnedScores(
+            bins=coarse_bins, folds=self.folds, margin=self.margin, device=self.low.device
+        )
+        out._allocate(self.low.clone(), self.high.clone())
+        split = [s for b, f in zip(coarse_bins, factors, strict=True) for s in (b, f)]
+        grid = self.counts.reshape(2, self.folds, *split)
+        out.counts = grid.sum(dim=tuple(range(3, 3 + 2 * d, 2))).reshape(2, self.folds, -1)
+        for name in ("sum1", "sum2", "n_seen", "n_dropped", "n_overflow"):
+            setattr(out, name, getattr(self, name).clone())
+        return out
+
     def fold_weights(self, folds: Sequence[int] | None = None) -> torch.Tensor:
         """A (1, folds) 0/1 row selecting ``folds`` (all when None), for :meth:`pooled`."""
         w = torch.zeros(1, self.folds, dtype=torch.float64, device=self.counts.device)

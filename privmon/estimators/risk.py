@@ -138,7 +138,9 @@ def _lemma5(k1, k2, n1, n2, cell, finite, *, prior, delta, n_dropped) -> Individ
         n_dropped=n_dropped,
     )
     fields = {k: getattr(per_cell, k)[cell] for k in _ARRAY_FIELDS}
-    out = IndividualRisk(**fields, prior=prior, method="histogram", delta=delta, n_dropped=n_dropped)
+    out = IndividualRisk(
+        **fields, prior=prior, method="histogram", delta=delta, n_dropped=n_dropped
+    )
     return _mask(out, finite)
 
 

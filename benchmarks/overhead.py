@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--n", type=int, default=2000, help="audit records per side")
     args = parser.parse_args()
-    checks = 5 if args.quick else 20
+    checks = 5 if args.quick else 40
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
         f"{args.n} + {args.n} audit records, LossQuery, median of {checks} checks\n"

@@ -616,3 +616,33 @@ def test_result_type_and_float():
     assert d["floor"] == pytest.approx(0.2)
     with pytest.raises(AttributeError):
         est.value = 0.0  # frozen
+
+
+def test_fft_length_is_the_smallest_5_smooth_number_not_below_n():
+    from privmon.estimators.advantage import _fft_size
+
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in range(1, 3000):
+        m = _fft_size(n)
+        assert m >= n and smooth(m) and not any(smooth(k) for k in range(n, m))
+
+
+def test_each_kernel_is_cut_at_its_own_width():
+    # rows smoothed together give the same kernels as rows smoothed alone (the U_N plug-in must
+    # not depend on the cross-fitting rows it shares an FFT with)
+    from privmon.estimators.advantage import _gaussian_kernels
+
+    width = torch.tensor([0.01], dtype=torch.float64)
+    narrow = torch.tensor([[[0.02**2]]], dtype=torch.float64)
+    wide = torch.tensor([[[0.3**2]]], dtype=torch.float64)
+    alone = _gaussian_kernels(narrow, width, (2000,))[0]
+    together = _gaussian_kernels(torch.cat([narrow, wide]), width, (2000,))[0]
+    pad = (together.numel() - alone.numel()) // 2
+    assert alone.numel() == 2 * 8 + 1  # 4 sd = 8 cells each side
+    torch.testing.assert_close(together[pad:-pad], alone, rtol=0, atol=0)
+    assert float(together[:pad].abs().sum() + together[-pad:].abs().sum()) == 0.0

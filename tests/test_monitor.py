@@ -13,6 +13,7 @@ from torch import nn
 
 import privmon
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
+from privmon.estimators.streaming import BinnedScores
 from privmon.queries import CallableQuery, LossQuery
 
 
@@ -176,6 +177,37 @@ def test_report_figures_equal_the_functional_estimators():
     assert rep.queries["loss"].top_records[0] == int(np.argmax(risk))
     assert rep.scalars["privacy/loss/risk/max"] == pytest.approx(risk.max())
     assert rep.step == 7 and rep.epsilon is None and not rep.dp_violation
+
+
+@pytest.mark.parametrize("shape", ["gaussian", "memorised"])
+def test_shared_binning_pass_equals_the_functional_estimators(shape):
+    # 1-D: the monitor bins once on the KDE's 2000-cell grid and sums cells for the histogram.
+    # Gaussian scores keep the KDE on the grid; member losses squeezed near 0 beside spread-out
+    # non-member losses give a member bandwidth below one cell: the exact KDE path.
+    rng = np.random.default_rng(3)
+    mem = rng.normal(0.3, 1.0, 1500)
+    non = rng.normal(0.0, 1.0, 1300)
+    if shape == "memorised":
+        mem, non = np.abs(0.001 * mem), rng.exponential(3.0, 1300)
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s", higher_is_member=True)
+    mon = PrivacyMonitor(
+        query, np.array_split(mem, 3), np.array_split(non, 2), strict=True, interval_delta=0.1
+    )
+    rep = mon.check(1)
+    pooled = torch.as_tensor(np.concatenate([mem, non]))[:, None]
+    grid = BinnedScores(bins=2000, margin=0.0)
+    grid.update(torch.as_tensor(mem)[:, None], torch.as_tensor(non)[:, None])
+    assert PrivacyMonitor._too_coarse(grid, pooled) == (shape == "memorised")
+    for method in ("histogram", "kde"):
+        est = privmon.optimal_advantage(mem, non, method=method, delta=0.1)
+        got = rep.queries["s"].estimates[method]
+        for field in ("value", "lower", "plugin", "upper"):
+            assert getattr(got, field) == pytest.approx(getattr(est, field), abs=1e-12)
+    risk = privmon.individual_risk(mem, mem, non, delta=0.1).value
+    np.testing.assert_allclose(rep.queries["s"].member_risk, risk)
+    for q in (50, 90, 99):
+        assert rep.scalars[f"privacy/s/risk/q{q}"] == pytest.approx(np.quantile(risk, q / 100))
+    assert rep.scalars["privacy/s/auc"] == pytest.approx(privmon.auc(mem, non))
 
 
 def test_a_failing_check_is_logged_and_skipped(caplog):

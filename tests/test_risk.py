@@ -411,3 +411,19 @@ def test_bad_scores(q, m, h, name):
 def test_all_nan_queries_give_all_nan():
     r = individual_risk([np.nan, np.inf], GM, GH)
     assert np.all(np.isnan(r.value)) and r.n_dropped == 2
+
+
+def test_memoised_clopper_pearson_bounds_equal_direct_ones():
+    from privmon.estimators import risk as risk_mod
+    from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
+
+    rng = np.random.default_rng(0)
+    for n, delta in ((500, 0.05), (500, 0.1), (73, 0.05), (500, 0.05)):
+        k = rng.integers(0, n + 1, 300).astype(np.float64)
+        lo, hi = risk_mod._cp_interval(k, n, delta)
+        np.testing.assert_array_equal(lo, clopper_pearson_lower(k, n, delta / 4))
+        np.testing.assert_array_equal(hi, clopper_pearson_upper(k, n, delta / 4))
+    assert (500, 0.05) in risk_mod._CP_TABLES and len(risk_mod._CP_TABLES) <= 8
+    # counts above the table size, or non-integer ones, take the direct path
+    lo, _ = risk_mod._cp_interval(np.array([2.5, 3.0]), 10, 0.05)
+    np.testing.assert_array_equal(lo, clopper_pearson_lower(np.array([2.5, 3.0]), 10, 0.0125))

@@ -212,16 +212,42 @@ def test_roc_summary_equals_individual_functions():
 
 
 def test_summary_sorts_once(monkeypatch):
+    import privmon.estimators.roc as roc
+
     calls = []
-    real_sort = torch.sort
+    real = roc._descending_order
 
-    def counting_sort(*args, **kwargs):
+    def counting(x):
         calls.append(1)
-        return real_sort(*args, **kwargs)
+        return real(x)
 
-    monkeypatch.setattr(torch, "sort", counting_sort)
+    monkeypatch.setattr(roc, "_descending_order", counting)
     roc_summary([1.0, 2.0, 3.0], [0.5, 2.0])
-    assert len(calls) == 1
+    # reading the scores the other way round re-uses the same sort
+    roc_summary([1.0, 2.0, 3.0], [0.5, 2.0, 7.0], higher_is_member=None)
+    assert len(calls) == 2
+
+
+def test_descending_order_numpy_path_equals_torch_sort():
+    import privmon.estimators.roc as roc
+
+    x = torch.from_numpy(np.round(np.random.default_rng(0).normal(size=2000), 1))
+    order = roc._descending_order(x)
+    torch.testing.assert_close(x[order], torch.sort(x, descending=True).values, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_orientation_equals_negating_the_scores(seed):
+    rng = np.random.default_rng(seed)
+    m = np.round(rng.normal(-0.3, 1.0, 301), 1)  # ties, and members lower: AUC < 0.5
+    n = np.round(rng.normal(0.0, 1.0, 250), 1)
+    flipped = roc_summary(-m, -n)
+    assert roc_summary(m, n, higher_is_member=False) == flipped
+    assert roc_summary(m, n, higher_is_member=None) == flipped
+    assert roc_summary(-m, -n, higher_is_member=None) == flipped  # already >= 0.5: kept
+    assert roc_summary(m, n, higher_is_member=True) == roc_summary(m, n)
+    with pytest.raises(ValueError, match="higher_is_member"):
+        roc_summary(m, n, higher_is_member="yes")
 
 
 # --- inputs: torch / numpy, shapes, NaN, errors ---------------------------------------------------

@@ -498,3 +498,47 @@ def test_compute_without_both_classes_raises():
     est2.update(None, np.arange(5.0))
     with pytest.raises(ValueError, match="member"):
         est2.compute()
+
+
+# --- coarsening, order statistics ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_coarsened_state_equals_binning_on_the_coarse_grid(d):
+    m, h = data(11, d=d)
+    # dyadic edges: the fine and the coarse cell of every score agree exactly in floating point
+    lo, hi = [-8.0] * d, [8.0] * d
+    fine = BinnedScores(bins=[40, 20][:d], low=lo, high=hi)
+    fine.update(m, h)
+    coarse = BinnedScores(bins=[8, 5][:d], low=lo, high=hi)
+    coarse.update(m, h)
+    got = fine.coarsen([5, 4][:d])
+    assert got.bins == coarse.bins
+    for name in ("counts", "sum1", "sum2", "n_seen", "n_dropped", "n_overflow"):
+        assert torch.equal(getattr(got, name), getattr(coarse, name)), name
+    assert torch.equal(got.width, coarse.width)
+    assert fine.counts.sum() == got.counts.sum()  # the fine state is left as it was
+
+
+def test_coarsen_rejects_factors_that_do_not_divide_the_bins():
+    state = BinnedScores(bins=100, low=0.0, high=1.0)
+    with pytest.raises(ValueError, match="factor must be a positive integer"):
+        state.coarsen(3)
+    with pytest.raises(ValueError, match="factor"):
+        state.coarsen(0)
+    with pytest.raises(ValueError, match="no scores yet"):
+        BinnedScores(bins=100).coarsen(2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 101, 4000])
+def test_robust_range_order_statistics_equal_torch(n):
+    from privmon.estimators.streaming import _quantiles
+
+    x = torch.from_numpy(np.random.default_rng(n).standard_t(2, size=(n, 2)))
+    (q1, q3), (lo, hi) = _quantiles(x, (0.25, 0.75), extra=(0, n - 1))
+    assert torch.equal(q1, torch.quantile(x, 0.25, dim=0))
+    assert torch.equal(q3, torch.quantile(x, 0.75, dim=0))
+    assert torch.equal(lo, x.min(dim=0).values) and torch.equal(hi, x.max(dim=0).values)
+    x_np = x.numpy().copy()
+    robust_range(x)
+    np.testing.assert_array_equal(x.numpy(), x_np)  # the caller's scores are not reordered

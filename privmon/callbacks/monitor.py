@@ -383,6 +383,13 @@ class PrivacyMonitor:
             query_seconds=t_query,
         )
 
+    @staticmethod
+    def _too_coarse(state: BinnedScores, pooled: torch.Tensor) -> bool:
+        """optimal_advantage's test for its exact KDE path, from the state's moments."""
+        ns, _, covs = state.moments()
+        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / state.bins[0]
+        return kde_grid_too_coarse(ns, covs, width, "scott")
+
     def _analyse(
         self, q: Any, mem: torch.Tensor, non: torch.Tensor, scalars: dict[str, float]
     ) -> QueryResult:
@@ -395,9 +402,8 @@ class PrivacyMonitor:
         # 100 bins are sums of 20 cells of the KDE's 2000-cell grid).
         grid = fine = lo = hi = None
         if d <= 2:
-            mf = mem2[torch.isfinite(mem2).all(dim=1)].double()
-            nf = non2[torch.isfinite(non2).all(dim=1)].double()
-            pooled = torch.cat([mf, nf])
+            pooled = torch.cat([mem2, non2]).double()
+            pooled = pooled[torch.isfinite(pooled).all(dim=1)]
             if pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)
@@ -419,11 +425,7 @@ class PrivacyMonitor:
                 est = advantage_from_state(
                     grid, prior=self.prior, method=method, delta=self.interval_delta
                 )
-            elif (
-                method == "kde"
-                and fine is not grid
-                and not kde_grid_too_coarse(mf, nf, fine.bins[0], "scott")
-            ):
+            elif method == "kde" and fine is not grid and not self._too_coarse(fine, pooled):
                 est = advantage_from_state(
                     fine, prior=self.prior, method=method, delta=self.interval_delta
                 )
@@ -462,9 +464,14 @@ class PrivacyMonitor:
             finite = np.isfinite(risk)
             if finite.any():
                 rf = risk[finite]
-                for qtl, v in zip(QUANTILES, np.quantile(rf, QUANTILES), strict=True):
-                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(v)
-                scalars[f"privacy/{name}/risk/max"] = float(rf.max())
+                rs = np.sort(rf)
+                for qtl in QUANTILES:  # numpy's default (linear) quantile of the sorted risks
+                    pos = qtl * (rs.size - 1)
+                    below = int(pos)
+                    above = min(below + 1, rs.size - 1)
+                    value = rs[below] + (pos - below) * (rs[above] - rs[below])
+                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(value)
+                scalars[f"privacy/{name}/risk/max"] = float(rs[-1])
                 for level in RISK_LEVELS:
                     scalars[f"privacy/{name}/risk/n_above_{level}"] = float((rf > level).sum())
             order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")

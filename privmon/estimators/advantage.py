@@ -434,23 +434,24 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
     )
 
 
-def kde_grid_too_coarse(m: torch.Tensor, h: torch.Tensor, bins: int, bandwidth) -> bool:
+def kde_grid_too_coarse(
+    ns: torch.Tensor, covs: torch.Tensor, width: torch.Tensor, bandwidth: str | float
+) -> bool:
     """True when a class's KDE bandwidth is below one grid cell (heavy-tailed or very
     concentrated scores): the binned KDE would then act as a fine histogram and over-report, so
-    the exact KDE path is used instead (when both covariances are non-singular)."""
-    pooled = torch.cat([m, h])
-    width = (pooled.max(0).values - pooled.min(0).values) / bins
-    d = m.shape[1]
-    for x in (m, h):
-        if x.shape[0] < 2:
-            return False
-        cov = torch.cov(x.T).reshape(d, d)
-        if float(torch.linalg.det(cov)) <= 0:
-            return False
-        h_sd = bandwidth_factor(bandwidth, n=x.shape[0], d=d) * torch.sqrt(torch.diagonal(cov))
-        if bool((h_sd < width).any()):
-            return True
-    return False
+    the exact KDE path is used instead — when both classes have at least 2 records and
+    non-singular covariances (``ns`` (2,), ``covs`` (2, d, d); ``width`` the cell width over
+    the pooled data range, (d,))."""
+    d = covs.shape[-1]
+    if float(ns.min()) < 2 or float(torch.linalg.det(covs).min()) <= 0:
+        return False
+    factors = torch.tensor(
+        [bandwidth_factor(bandwidth, n=float(n), d=d) for n in ns.tolist()],
+        dtype=covs.dtype,
+        device=covs.device,
+    )
+    h_sd = factors[:, None] * torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2))
+    return bool((h_sd < width).any())
 
 
 def optimal_advantage(
@@ -512,7 +513,14 @@ def optimal_advantage(
         )
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
-    if d <= 2 and not (method == "kde" and kde_grid_too_coarse(m, h, nbins, bandwidth)):
+    exact = False
+    if d <= 2 and method == "kde" and m.shape[0] >= 2 and h.shape[0] >= 2:
+        pooled = torch.cat([m, h])
+        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / nbins
+        covs = torch.stack([torch.cov(m.T).reshape(d, d), torch.cov(h.T).reshape(d, d)])
+        ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
+        exact = kde_grid_too_coarse(ns, covs, width, bandwidth)
+    if d <= 2 and not exact:
         state = BinnedScores(
             bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
         )

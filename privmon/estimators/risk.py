@@ -20,6 +20,7 @@ corners; the interval on |f| is [0, max|·|] when the f-interval contains 0.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,14 +110,37 @@ def risk_from_probabilities(
     )
 
 
+_CP_TABLES: OrderedDict[tuple[int, float], np.ndarray] = OrderedDict()
+_CP_TABLES_MAX = 8  # tables of at most 2 × 100,001 floats: <= 13 MB in all
+_CP_TABLE_MAX_N = 100_000
+
+
 def _cp_interval(k, n, delta):
-    """Two-sided Clopper–Pearson interval at level 1 − δ/2 for counts k out of n. Many records
-    share a cell, so the beta quantiles are computed once per distinct count."""
+    """Two-sided Clopper–Pearson interval at level 1 − δ/2 for counts k out of n.
+
+    A monitor asks for the same n at every check and mostly for the same counts, so for n up to
+    100,000 the bounds are memoised per (n, δ) in a table over k = 0..n, filled as counts come
+    (each beta quantile costs about a microsecond); otherwise they are computed once per
+    distinct count."""
     k = np.asarray(k, dtype=np.float64)
-    uniq, inv = np.unique(k, return_inverse=True)
-    lo = clopper_pearson_lower(uniq, n, delta / 4)
-    hi = clopper_pearson_upper(uniq, n, delta / 4)
-    return lo[inv].reshape(k.shape), hi[inv].reshape(k.shape)
+    ki = k.astype(np.int64)
+    if n != int(n) or n > _CP_TABLE_MAX_N or not np.array_equal(ki, k):
+        uniq, inv = np.unique(k, return_inverse=True)
+        lo = clopper_pearson_lower(uniq, n, delta / 4)
+        hi = clopper_pearson_upper(uniq, n, delta / 4)
+        return lo[inv].reshape(k.shape), hi[inv].reshape(k.shape)
+    key = (int(n), float(delta))
+    table = _CP_TABLES.pop(key, None)
+    if table is None:
+        table = np.full((2, int(n) + 1), np.nan)
+    _CP_TABLES[key] = table  # most recently used last
+    while len(_CP_TABLES) > _CP_TABLES_MAX:
+        _CP_TABLES.popitem(last=False)
+    missing = np.unique(ki[np.isnan(table[0, ki])])
+    if missing.size:
+        table[0, missing] = clopper_pearson_lower(missing, n, delta / 4)
+        table[1, missing] = clopper_pearson_upper(missing, n, delta / 4)
+    return table[0, ki], table[1, ki]
 
 
 def _lemma5(k1, k2, n1, n2, cell, finite, *, prior, delta, n_dropped) -> IndividualRisk:

@@ -86,13 +86,22 @@ def _one_dim(
     return t[:, 0], dropped
 
 
+def _descending_order(x: torch.Tensor) -> torch.Tensor:
+    """Indices that sort x in decreasing order. On the CPU numpy's sort is several times faster
+    than torch.sort for the few thousand scores of an audit; elsewhere torch.sort on device."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.argsort(-x.detach().numpy()))
+    return torch.sort(x, descending=True).indices
+
+
 def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
     """Validate, pool, sort once and count members / non-members per distinct score."""
     pos, d1 = _one_dim(member_scores, name="member_scores")
     neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
     n1, n0 = pos.shape[0], neg.shape[0]
     pooled = torch.cat([pos, neg])
-    sorted_scores, order = torch.sort(pooled, descending=True)
+    order = _descending_order(pooled)
+    sorted_scores = pooled[order]
     values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
     last = torch.cumsum(counts, 0) - 1  # index of the last record of each distinct score
     tp = torch.cumsum((order < n1).to(torch.int64), 0)[last]  # members come first in pooled

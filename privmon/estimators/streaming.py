@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from privmon._validation import as_scores
@@ -41,15 +42,30 @@ MAX_CELLS = 1 << 22
 TAIL_IQRS = 5.0
 
 
-def _quantile(x: torch.Tensor, q: float) -> torch.Tensor:
-    """torch.quantile(x, q, dim=0) (linear interpolation) from one or two order statistics:
-    selection instead of a full sort."""
-    pos = q * (x.shape[0] - 1)
-    below = math.floor(pos)
-    low = torch.kthvalue(x, below + 1, dim=0).values
-    if pos == below:
-        return low
-    return torch.lerp(low, torch.kthvalue(x, below + 2, dim=0).values, pos - below)
+def _order_statistics(x: torch.Tensor, ranks: Sequence[int]) -> dict[int, torch.Tensor]:
+    """The rank-r smallest value per column of x for each r (0-based): selection, not a sort.
+    On the CPU one numpy partition serves every rank (several times faster than torch's
+    kthvalue on a few thousand scores); elsewhere kthvalue on the device."""
+    ranks = sorted(set(ranks))
+    if x.device.type == "cpu":
+        part = np.partition(x.detach().numpy(), ranks, axis=0)
+        return {r: torch.from_numpy(part[r].copy()) for r in ranks}
+    return {r: torch.kthvalue(x, r + 1, dim=0).values for r in ranks}
+
+
+def _quantiles(x: torch.Tensor, qs: Sequence[float], extra: Sequence[int] = ()):
+    """torch.quantile(x, q, dim=0) (linear interpolation) for each q, and the order statistics
+    of the ranks in ``extra``, from one selection pass."""
+    n = x.shape[0]
+    positions = [q * (n - 1) for q in qs]
+    wanted = [r for p in positions for r in (math.floor(p), min(math.floor(p) + 1, n - 1))]
+    stats = _order_statistics(x, [*wanted, *extra])
+    out = []
+    for p in positions:
+        below = math.floor(p)
+        low = stats[below]
+        out.append(low if p == below else torch.lerp(low, stats[below + 1], p - below))
+    return out, [stats[r] for r in extra]
 
 
 def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,9 +76,11 @@ def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     otherwise squeeze almost every record into one of the equal-width bins; the few records
     beyond the cut go to the edge bins. For Gaussian scores the cut lies 7σ out and never binds.
     """
-    lo, hi = x.min(dim=0).values, x.max(dim=0).values
-    sample = x if x.shape[0] <= 1 << 22 else x[:: x.shape[0] // (1 << 22) + 1]
-    q1, q3 = _quantile(sample, 0.25), _quantile(sample, 0.75)
+    if x.shape[0] <= 1 << 22:  # min and max come from the same selection as the quartiles
+        (q1, q3), (lo, hi) = _quantiles(x, (0.25, 0.75), extra=(0, x.shape[0] - 1))
+    else:  # quartiles of a strided sample
+        (q1, q3), _ = _quantiles(x[:: x.shape[0] // (1 << 22) + 1], (0.25, 0.75))
+        lo, hi = x.min(dim=0).values, x.max(dim=0).values
     iqr = q3 - q1
     ok = iqr > 0
     lo = torch.where(ok, torch.maximum(lo, q1 - TAIL_IQRS * iqr), lo)
@@ -207,24 +225,33 @@ class BinnedScores:
             lo, hi = robust_range(pooled)
             span = hi - lo
             self._allocate(lo - self.margin * span, hi + self.margin * span)
-        for cls, x, dropped in batches:
-            self._add(cls, x, dropped)
+        self._add(batches)
 
-    def _add(self, cls: int, x: torch.Tensor, dropped: int) -> None:
-        n = x.shape[0]
-        index = torch.arange(n, device=x.device) + self.n_seen[cls].to(x.device)
+    def _add(self, batches: list[tuple[int, torch.Tensor, int]]) -> None:
+        """Bin the batches of both classes in one pass: one bincount for every (class, fold,
+        cell), one index_add per moment."""
+        dev = self.counts.device
+        x = batches[0][1] if len(batches) == 1 else torch.cat([b[1] for b in batches])
+        sizes = torch.tensor([b[1].shape[0] for b in batches], device=dev)
+        classes = torch.tensor([b[0] for b in batches], device=dev)
+        # the running index of every row within its class: row − its batch's first row + seen
+        shift = self.n_seen[classes] - (torch.cumsum(sizes, 0) - sizes)
+        cls = torch.repeat_interleave(classes, sizes)
+        index = torch.arange(x.shape[0], device=dev) + torch.repeat_interleave(shift, sizes)
         fold = fold_of(index, self.folds)
         cell, inside = self.cell_index(x)
         cells = self.counts.shape[2]
-        flat = fold * cells + cell
-        self.counts[cls].view(-1).add_(
-            torch.bincount(flat, minlength=self.folds * cells).to(torch.float64)
+        group = cls * self.folds + fold  # (class, fold) pair of every row
+        self.counts.view(-1).add_(
+            torch.bincount(group * cells + cell, minlength=self.counts.numel()).to(torch.float64)
         )
-        self.sum1[cls].index_add_(0, fold, x)
-        self.sum2[cls].index_add_(0, fold, x.unsqueeze(2) * x.unsqueeze(1))
-        self.n_seen[cls] += n
-        self.n_dropped[cls] += dropped
-        self.n_overflow[cls] += int(n - int(inside.sum()))
+        self.sum1.view(-1, self.sum1.shape[-1]).index_add_(0, group, x)
+        self.sum2.flatten(0, 1).index_add_(0, group, x.unsqueeze(2) * x.unsqueeze(1))
+        seen = torch.bincount(cls, minlength=2)
+        self.n_seen += seen
+        self.n_overflow += seen - torch.bincount(cls[inside], minlength=2)
+        for c, _, dropped in batches:
+            self.n_dropped[c] += dropped
 
     def merge_(self, other: BinnedScores) -> BinnedScores:
         """Add another state's counts in place (same grid): all_reduce(SUM) across ranks."""

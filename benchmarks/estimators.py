@@ -270,7 +270,7 @@ def cross_check(n: int) -> str:
     return (
         f"Cross-check at n = {fmt_n(n)}, priors 0.5 and 0.2: "
         f"|privmon W_N − numpy W_N| ≤ {d_wn:.1e}, "
-        f"|privmon U_N − scipy U_N| ≤ {d_un:.1e} (privmon bins the data on its 2048-cell grid "
+        f"|privmon U_N − scipy U_N| ≤ {d_un:.1e} (privmon bins the data on its 2000-cell grid "
         f"before the KDE), |privmon.auc − roc_auc_score| = {d_auc:.1e}."
     )
 

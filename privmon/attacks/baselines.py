@@ -274,7 +274,9 @@ def logan_d1(
     softmax outputs (the same model: the logit is the log-odds of "synthetic"); ``epochs`` passes
     over the 2 * num records in a shuffled order instead of ``300 * n_test / 256`` batches drawn
     with replacement (the default 15 epochs equals that count for the paper's n_test = 1000 and
-    num = 10000); inputs standardized by the training records' mean and standard deviation (an
+    num = 10000; the published draw, ``np.random.choice(num, 256)``, only reaches the first num
+    rows — all synthetic — so its classifier never sees a reference record, a slip this version
+    does not copy); inputs standardized by the training records' mean and standard deviation (an
     affine map the first layer could absorb; it only conditions the optimization).
 
     Initialization and batch order draw from a local ``torch.Generator`` seeded with ``seed`` on

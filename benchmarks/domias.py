@@ -6,9 +6,11 @@ Run from the repository root::
     python benchmarks/domias.py --quick    # smaller sets, a few seconds
     python benchmarks/domias.py --threads 2
     python benchmarks/domias.py --section monitor   # only the monitor table (about 20 s)
+    python benchmarks/domias.py --section flow      # BNAF fits: Table 3 vs FAST_CPU (minutes)
 
 It prints the machine and its load average, then the attack table and the monitor table
-(``--section attacks|monitor|all``; progress goes to stderr).
+(``--section attacks|monitor|flow|all``; ``all`` leaves out the slow flow section; progress goes
+to stderr).
 
 **Data.** d = 8 features, a correlated Gaussian population. As in the published DOMIAS code's
 toy pipeline, the "generator" is a Gaussian KDE fitted to the members and the synthetic set is
@@ -88,6 +90,7 @@ from scipy.stats import gaussian_kde, spearmanr
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
 from privmon.attacks.generator import GeneratorQuery
+from privmon.estimators.flow import FAST_CPU, fit_flow
 from privmon.estimators.roc import auc
 
 D = 8
@@ -318,6 +321,42 @@ def monitor_table(n_checks: int, gan_steps: int) -> list[str]:
         torch.set_num_threads(previous)
 
 
+def flow_table(args: argparse.Namespace) -> None:
+    """DOMIAS with BNAF densities: DOMIAS Table 3 (the defaults) against FAST_CPU, one thread."""
+    n_mem, n_syn, n_ref = (250, 2_500, 2_500) if args.quick else (1_000, 10_000, 10_000)
+    test, syn, ref, n_mem = make_data(n_mem, n_syn, n_ref)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    lines = [
+        "| setting | fit (s), reference set | epochs run (best) | s / epoch | "
+        "best validation NLL | DOMIAS-flow AUC (both fits) | wall (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    try:
+        for name, kwargs in (("DOMIAS Table 3 (default)", {}), ("FAST_CPU", FAST_CPU)):
+            log(f"flow section: {name} ...")
+            t = time.perf_counter()
+            flow = fit_flow(ref, **kwargs)
+            fit_s = time.perf_counter() - t
+            h = flow.history
+            t = time.perf_counter()
+            scores = domias_scores(test, syn, ref, density="flow", flow_kwargs=kwargs)
+            wall = time.perf_counter() - t
+            lines.append(
+                f"| {name} | {fit_s:.1f} | {h['epochs_run']} ({h['best_epoch'] + 1}) | "
+                f"{fit_s / h['epochs_run']:.2f} | {min(h['val_nll']):.4f} | "
+                f"{auc(scores[:n_mem], scores[n_mem:]):.3f} | {wall:.1f} |"
+            )
+    finally:
+        torch.set_num_threads(previous)
+    kde = domias_scores(test, syn, ref)
+    print(
+        f"Flow section: d = {D}, {len(test)} test, {n_syn} synthetic, {n_ref} reference records; "
+        f"1 torch thread; DOMIAS-KDE AUC on the same data {auc(kde[:n_mem], kde[n_mem:]):.3f}.\n"
+    )
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sets (a few seconds)")
@@ -325,7 +364,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument(
         "--section",
-        choices=("all", "attacks", "monitor"),
+        choices=("all", "attacks", "monitor", "flow"),
         default="all",
         help="which table(s) to run: the attack comparison, the monitor's per-check cost, or both",
     )
@@ -334,6 +373,8 @@ def main() -> None:
         "--gan-steps", type=int, default=1000, help="monitor section: GAN training steps"
     )
     args = ap.parse_args()
+    if args.section == "flow":
+        flow_table(args)
     if args.section in ("all", "attacks"):
         attack_table(args)
     if args.section in ("all", "monitor"):

@@ -305,3 +305,32 @@ def test_fits_on_the_data_device():
     assert gpu.device.type == "cuda" and gpu.log_density(x).device.type == "cuda"
     assert torch.equal(cpu.history["val_index"], gpu.history["val_index"])  # same split
     assert torch.allclose(gpu.log_density(x).cpu(), cpu.log_density(x), atol=1e-3)
+
+
+def test_defaults_are_domias_table_3():
+    import inspect
+
+    from privmon.estimators.flow import FAST_CPU
+
+    params = inspect.signature(fit_flow).parameters
+    table3 = {"batch_size": 50, "layers": 3, "hidden": 32, "flows": 5, "lr": 0.01, "epochs": 50}
+    assert {k: params[k].default for k in table3} == table3
+    assert FAST_CPU == {"hidden": 16, "layers": 2, "batch_size": 128}
+
+
+def test_masked_weights_equal_the_dense_formula():
+    # BNAF eq. 8-9 written densely: exp(W) on the diagonal blocks, W below, 0 above, each row
+    # rescaled to norm exp(s); the log diagonal blocks are log of those entries
+    flow = FlowDensity(3, hidden=4, layers=2, flows=1, dtype=torch.float64)
+    flow.reset_parameters(torch.Generator().manual_seed(0))
+    for lin in flow.blocks[0].linears:
+        w, logw = lin.weights()
+        dim, a, b = lin.dim, lin.a, lin.b
+        rows = torch.arange(dim).repeat_interleave(b)[:, None]
+        cols = torch.arange(dim).repeat_interleave(a)[None, :]
+        v = torch.where(rows == cols, lin.weight.exp(), torch.where(rows > cols, lin.weight, 0.0))
+        dense = lin.log_scale.exp() * v / v.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(w, dense, rtol=1e-12, atol=0)
+        for i in range(dim):
+            block = dense[i * b : (i + 1) * b, i * a : (i + 1) * a]
+            torch.testing.assert_close(logw[i], block.log(), rtol=1e-12, atol=1e-12)

@@ -532,10 +532,10 @@ def test_coarsen_rejects_factors_that_do_not_divide_the_bins():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 101, 4000])
 def test_robust_range_order_statistics_equal_torch(n):
-    from privmon.estimators.streaming import _quantiles
+    from privmon.estimators.streaming import column_quantiles
 
     x = torch.from_numpy(np.random.default_rng(n).standard_t(2, size=(n, 2)))
-    (q1, q3), (lo, hi) = _quantiles(x, (0.25, 0.75), extra=(0, n - 1))
+    (q1, q3), (lo, hi) = column_quantiles(x, (0.25, 0.75), extra=(0, n - 1))
     assert torch.equal(q1, torch.quantile(x, 0.25, dim=0))
     assert torch.equal(q3, torch.quantile(x, 0.75, dim=0))
     assert torch.equal(lo, x.min(dim=0).values) and torch.equal(hi, x.max(dim=0).values)

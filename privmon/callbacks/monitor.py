@@ -36,7 +36,7 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.risk import histogram_risk
 from privmon.estimators.roc import roc_summary
-from privmon.estimators.streaming import BinnedScores, robust_range
+from privmon.estimators.streaming import BinnedScores, column_quantiles, robust_range
 from privmon.report import QueryResult, Report
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -464,14 +464,12 @@ class PrivacyMonitor:
             finite = np.isfinite(risk)
             if finite.any():
                 rf = risk[finite]
-                rs = np.sort(rf)
-                for qtl in QUANTILES:  # numpy's default (linear) quantile of the sorted risks
-                    pos = qtl * (rs.size - 1)
-                    below = int(pos)
-                    above = min(below + 1, rs.size - 1)
-                    value = rs[below] + (pos - below) * (rs[above] - rs[below])
+                qs, (top_risk,) = column_quantiles(
+                    torch.from_numpy(rf)[:, None], QUANTILES, extra=(rf.size - 1,)
+                )
+                for qtl, value in zip(QUANTILES, qs, strict=True):
                     scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(value)
-                scalars[f"privacy/{name}/risk/max"] = float(rs[-1])
+                scalars[f"privacy/{name}/risk/max"] = float(top_risk)
                 for level in RISK_LEVELS:
                     scalars[f"privacy/{name}/risk/n_above_{level}"] = float((rf > level).sum())
             order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")

@@ -53,7 +53,7 @@ def _order_statistics(x: torch.Tensor, ranks: Sequence[int]) -> dict[int, torch.
     return {r: torch.kthvalue(x, r + 1, dim=0).values for r in ranks}
 
 
-def _quantiles(x: torch.Tensor, qs: Sequence[float], extra: Sequence[int] = ()):
+def column_quantiles(x: torch.Tensor, qs: Sequence[float], extra: Sequence[int] = ()):
     """torch.quantile(x, q, dim=0) (linear interpolation) for each q, and the order statistics
     of the ranks in ``extra``, from one selection pass."""
     n = x.shape[0]
@@ -77,9 +77,9 @@ def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     beyond the cut go to the edge bins. For Gaussian scores the cut lies 7σ out and never binds.
     """
     if x.shape[0] <= 1 << 22:  # min and max come from the same selection as the quartiles
-        (q1, q3), (lo, hi) = _quantiles(x, (0.25, 0.75), extra=(0, x.shape[0] - 1))
+        (q1, q3), (lo, hi) = column_quantiles(x, (0.25, 0.75), extra=(0, x.shape[0] - 1))
     else:  # quartiles of a strided sample
-        (q1, q3), _ = _quantiles(x[:: x.shape[0] // (1 << 22) + 1], (0.25, 0.75))
+        (q1, q3), _ = column_quantiles(x[:: x.shape[0] // (1 << 22) + 1], (0.25, 0.75))
         lo, hi = x.min(dim=0).values, x.max(dim=0).values
     iqr = q3 - q1
     ok = iqr > 0

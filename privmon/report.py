@@ -48,7 +48,7 @@ class Report:
     dp_violation: bool = False
     messages: tuple[str, ...] = ()
     seconds: float = 0.0  # the whole check
-    query_seconds: float = 0.0  # of which running the queries (forward passes)
+    query_seconds: float = 0.0  # of which inside the queries (the forward passes)
 
     def without_arrays(self) -> Report:
         return dataclasses.replace(

@@ -283,8 +283,9 @@ class PrivacyMonitor:
                 return t.device
         return torch.device("cpu")
 
-    def _collect(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Scores of every query on members and non-members, the training state untouched."""
+    def _collect(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
+        """Scores of every query on members and non-members, the training state untouched, and
+        the seconds spent in the queries themselves (the forward passes)."""
         device = self._device()
         rng = _save_rng()
         modes = {m: m.training for root in self._modules() for m in root.modules()}
@@ -294,7 +295,7 @@ class PrivacyMonitor:
                     root.eval()
                 for q in self.queries:
                     getattr(q, "prepare", lambda device: None)(device)
-                out = {}
+                out, forward = {}, 0.0
                 scores: dict[str, list[list[torch.Tensor]]] = {
                     q.name: [[], []] for q in self.queries
                 }
@@ -302,17 +303,21 @@ class PrivacyMonitor:
                     for i, batch in enumerate(data):
                         if self.max_batches is not None and i >= self.max_batches:
                             break
+                        t = time.perf_counter()
                         for q in self.queries:
                             scores[q.name][side].append(q(batch).detach())
+                        forward += time.perf_counter() - t
                 for name, (mem, non) in scores.items():
                     if not mem or not non:
                         raise ValueError(
                             "members and nonmembers must each yield at least one batch"
                         )
                     out[name] = (torch.cat(mem), torch.cat(non))
-                if device.type == "cuda":  # so query_seconds counts the forward passes
+                if device.type == "cuda":  # queued kernels belong to the forward passes
+                    t = time.perf_counter()
                     torch.cuda.synchronize(device)
-                return out
+                    forward += time.perf_counter() - t
+                return out, forward
         finally:
             for q in self.queries:
                 getattr(q, "release", lambda: None)()
@@ -320,8 +325,9 @@ class PrivacyMonitor:
                 m.training = training
             _restore_rng(rng)
 
-    def _gathered_scores(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """This process's scores; under torch.distributed every rank's, in rank order.
+    def _gathered_scores(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
+        """This process's scores (and its forward-pass seconds, see :meth:`_collect`); under
+        torch.distributed every rank's scores, in rank order.
 
         Ranks first agree that every one of them collected its shard, so one rank's failure
         makes all of them skip the check instead of leaving the others waiting in a collective.
@@ -329,19 +335,19 @@ class PrivacyMonitor:
         _, world = rank_and_world()
         if world == 1:
             return self._collect()
-        local, error = None, None
+        local, forward, error = None, 0.0, None
         try:
-            local = self._collect()
+            local, forward = self._collect()
         except Exception as err:
             error = err
         if any_rank(error is not None):
             raise error or RuntimeError("privmon: the check failed on another rank")
-        return {name: (gather_rows(m), gather_rows(n)) for name, (m, n) in local.items()}
+        gathered = {name: (gather_rows(m), gather_rows(n)) for name, (m, n) in local.items()}
+        return gathered, forward
 
     def _check(self, step: int) -> Report:
         t0 = time.perf_counter()
-        scores = self._gathered_scores()
-        t_query = time.perf_counter() - t0
+        scores, t_query = self._gathered_scores()
         scalars: dict[str, float] = {}
         results: dict[str, QueryResult] = {}
         eps = None

@@ -274,7 +274,7 @@ def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, ba
     covs = covs * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     if method == "kde":
         factors = torch.tensor(
-            [bandwidth_factor(bandwidth, n=max(float(n), 2.0), d=d) for n in ns],
+            [bandwidth_factor(bandwidth, n=max(n, 2.0), d=d) for n in ns.tolist()],
             dtype=covs.dtype,
             device=covs.device,
         )
@@ -310,7 +310,7 @@ def advantage_from_state(
     weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
     counts, ns, _, covs = state.pooled(weights)
     total = counts[:, 0]
-    n1, n2 = float(ns[0, 0]), float(ns[1, 0])
+    n1, n2 = ns[:, 0].tolist()
     if n1 == 0 or n2 == 0:
         which = "member" if n1 == 0 else "non-member"
         raise ValueError(f"the state holds no {which} scores")
@@ -326,36 +326,35 @@ def advantage_from_state(
     plug_rows, mass = _smooth(state, rows, row_ns, row_covs, method, bandwidth, extended)
     mass = mass.reshape(2, t, -1)
     if method == "kde":
-        plugin = float((prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum())
+        plugin = (prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum()
     else:
-        plugin = float((prior * total[0] / n1 - (1 - prior) * total[1] / n2).abs().sum())
+        plugin = (prior * total[0] / n1 - (1 - prior) * total[1] / n2).abs().sum()
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
-    tol = 1e-9 * float(mass.amax())
-    held = state.counts  # (2, K, cells)
+    tol = 1e-9 * mass.amax()
     rule = _rule(diff[:k], 0.5, tol)
-    tp = float((rule * held[0]).sum())
-    fp = float((rule * held[1]).sum())
     cert_rule = _rule(diff[k], float(prior > 0.5), tol)
     cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
-    cert_adv = _certify(
-        float(cert_rule @ cert[0]),
-        float(cert[0].sum()),
-        float(cert_rule @ cert[1]),
-        float(cert[1].sum()),
-        prior,
-        delta,
-    )
+    # every figure in one transfer (one device sync)
+    plugin, tp, fp, tpc, fpc, n1c, n2c, dropped = torch.cat(
+        [
+            plugin.reshape(1),
+            (rule * state.counts).sum(dim=(1, 2)),  # held-out true / false positives
+            cert @ cert_rule,
+            cert.sum(dim=1),
+            state.n_dropped.sum().reshape(1).to(plugin.dtype),
+        ]
+    ).tolist()
     return _finish(
         plugin=plugin,
         tp=tp,
         fp=fp,
         n1=n1,
         n2=n2,
-        cert=cert_adv,
+        cert=_certify(tpc, n1c, fpc, n2c, prior, delta),
         prior=prior,
         delta=delta,
         method=method,
-        n_dropped=n_dropped + int(state.n_dropped.sum()),
+        n_dropped=n_dropped + int(dropped),
     )
 
 

@@ -231,27 +231,27 @@ class BinnedScores:
         """Bin the batches of both classes in one pass: one bincount for every (class, fold,
         cell), one index_add per moment."""
         dev = self.counts.device
+        seen = self.n_seen.tolist()
+        sizes, dropped, groups = [0, 0], [0, 0], []
+        for c, x, n_dropped in batches:  # fold of each record from its running index in its class
+            index = torch.arange(seen[c], seen[c] + x.shape[0], device=dev)
+            groups.append(fold_of(index, self.folds) + c * self.folds)
+            sizes[c] += x.shape[0]
+            dropped[c] += n_dropped
+        group = groups[0] if len(groups) == 1 else torch.cat(groups)  # (class, fold) per row
         x = batches[0][1] if len(batches) == 1 else torch.cat([b[1] for b in batches])
-        sizes = torch.tensor([b[1].shape[0] for b in batches], device=dev)
-        classes = torch.tensor([b[0] for b in batches], device=dev)
-        # the running index of every row within its class: row − its batch's first row + seen
-        shift = self.n_seen[classes] - (torch.cumsum(sizes, 0) - sizes)
-        cls = torch.repeat_interleave(classes, sizes)
-        index = torch.arange(x.shape[0], device=dev) + torch.repeat_interleave(shift, sizes)
-        fold = fold_of(index, self.folds)
         cell, inside = self.cell_index(x)
         cells = self.counts.shape[2]
-        group = cls * self.folds + fold  # (class, fold) pair of every row
         self.counts.view(-1).add_(
             torch.bincount(group * cells + cell, minlength=self.counts.numel()).to(torch.float64)
         )
         self.sum1.view(-1, self.sum1.shape[-1]).index_add_(0, group, x)
         self.sum2.flatten(0, 1).index_add_(0, group, x.unsqueeze(2) * x.unsqueeze(1))
-        seen = torch.bincount(cls, minlength=2)
-        self.n_seen += seen
-        self.n_overflow += seen - torch.bincount(cls[inside], minlength=2)
-        for c, _, dropped in batches:
-            self.n_dropped[c] += dropped
+        counters = torch.tensor([sizes, dropped], device=dev)
+        self.n_seen += counters[0]
+        self.n_dropped += counters[1]
+        outside = (~inside).to(torch.float64)
+        self.n_overflow += torch.bincount(group // self.folds, outside, minlength=2).to(torch.int64)
 
     def merge_(self, other: BinnedScores) -> BinnedScores:
         """Add another state's counts in place (same grid): all_reduce(SUM) across ranks."""
@@ -375,20 +375,31 @@ class BinnedScores:
         """
         counts = torch.matmul(weights, self.counts)
         d = self.sum1.shape[-1]
-        n = torch.matmul(weights, self.counts.sum(dim=2, keepdim=True)).squeeze(-1)
+        n = counts.sum(dim=2)
         s1 = torch.matmul(weights, self.sum1)
         s2 = torch.matmul(weights, self.sum2.flatten(2)).unflatten(2, (d, d))
-        nn = n.clamp_min(1)[..., None]
-        mean = s1 / nn
-        outer = mean.unsqueeze(-1) * mean.unsqueeze(-2)
-        cov = (s2 - nn[..., None] * outer) / (nn - 1).clamp_min(1)[..., None]
-        return counts, n, mean, cov
+        return (counts, n, *_mean_cov(n, s1, s2))
 
     def class_counts(self, folds: Sequence[int] | None = None) -> torch.Tensor:
         """Counts per class summed over ``folds`` (all when None): shape (2, cells)."""
+        if folds is None:
+            return self.counts.sum(dim=1)
         return self.pooled(self.fold_weights(folds))[0][:, 0]
 
     def moments(self, folds: Sequence[int] | None = None):
         """(n, mean, unbiased covariance) per class over ``folds``: shapes (2,), (2,d), (2,d,d)."""
+        if folds is None:
+            n, s1, s2 = self.counts.sum(dim=(1, 2)), self.sum1.sum(dim=1), self.sum2.sum(dim=1)
+            return (n, *_mean_cov(n, s1, s2))
         _, n, mean, cov = self.pooled(self.fold_weights(folds))
         return n[:, 0], mean[:, 0], cov[:, 0]
+
+
+def _mean_cov(n: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor):
+    """Means and unbiased covariances from record counts (...), sums (..., d) and sums of outer
+    products (..., d, d)."""
+    nn = n.clamp_min(1)[..., None]
+    mean = s1 / nn
+    outer = mean.unsqueeze(-1) * mean.unsqueeze(-2)
+    cov = (s2 - nn[..., None] * outer) / (nn - 1).clamp_min(1)[..., None]
+    return mean, cov

@@ -646,3 +646,26 @@ def test_each_kernel_is_cut_at_its_own_width():
     assert alone.numel() == 2 * 8 + 1  # 4 sd = 8 cells each side
     torch.testing.assert_close(together[pad:-pad], alone, rtol=0, atol=0)
     assert float(together[:pad].abs().sum() + together[-pad:].abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("sd", [0.25, 0.7, 3.0, 40.0])
+def test_spectral_smoothing_equals_direct_convolution_with_sampled_gaussians(sd):
+    # the 1-D KDE smooths in the frequency domain with the kernels' exact spectra (Poisson
+    # summation); it must equal convolving with the sampled Gaussian (normalized to sum 1)
+    from privmon.estimators.advantage import _gaussian_smooth_1d
+
+    cells = 300
+    counts = torch.from_numpy(np.random.default_rng(1).poisson(3.0, (2, cells)).astype(float))
+    var = torch.tensor([sd**2, (sd * 1.5) ** 2], dtype=torch.float64)
+    ext, crop = _gaussian_smooth_1d(counts, var, cells, 1)
+    for r in range(2):
+        half = int(12 * math.sqrt(float(var[r]))) + 2
+        j = np.arange(-half, half + 1)
+        k = np.exp(-0.5 * j**2 / float(var[r]))
+        direct = np.convolve(counts[r].numpy(), k / k.sum())  # full support, starts at -half
+        on_grid = direct[half : half + cells]
+        if r == 0:  # extended row: the whole circle holds the full convolution, tails wrapped
+            assert float(ext[0].sum()) == pytest.approx(float(counts[0].sum()), rel=1e-12)
+            np.testing.assert_allclose(ext[0, :cells].numpy(), on_grid, atol=1e-9)
+        else:
+            np.testing.assert_allclose(crop[0].numpy(), on_grid, atol=1e-9)

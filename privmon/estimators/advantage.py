@@ -223,6 +223,42 @@ def _gaussian_kernels(cov: torch.Tensor, width: torch.Tensor, bins: tuple[int, .
     return k.reshape(cov.shape[0], *[2 * h + 1 for h in half])
 
 
+def _gaussian_spectra(variances: torch.Tensor, size: int) -> torch.Tensor:
+    """Real FFT (length ``size``) of zero-phase sampled Gaussian kernels with the given
+    variances (R,) in squared cells, each summing to 1, untruncated. By Poisson summation the
+    DFT of the sampled Gaussian is S(ω) / S(0) with S(ω) = Σ_m exp(−v (ω + 2πm)² / 2); alias
+    terms m are kept while they can reach e^-36 of the total (none beyond m = 0 once v > 7).
+    Frequencies where every row's spectrum has underflowed to 0 are not evaluated."""
+    v = variances.reshape(-1, 1, 1)
+    v_min = float(variances.min())
+    most = max(0, math.ceil((math.sqrt(72.0 / v_min) / math.pi - 1) / 2))
+    m = 2 * math.pi * torch.arange(-most, most + 1, dtype=v.dtype, device=v.device)
+    step = 2 * math.pi / size
+    n_freq = size // 2 + 1
+    if most == 0:  # exp(-v ω² / 2) underflows (< e^-745) beyond ω = sqrt(1490 / v)
+        n_freq = min(n_freq, math.ceil(math.sqrt(1490.0 / v_min) / step) + 1)
+    omega = torch.arange(n_freq, dtype=v.dtype, device=v.device) * step
+    spectra = v.new_zeros(v.shape[0], size // 2 + 1)
+    s = torch.exp(-0.5 * v * (omega[:, None] + m) ** 2).sum(dim=-1)
+    spectra[:, :n_freq] = s / torch.exp(-0.5 * v * m**2).sum(dim=-1)
+    return spectra
+
+
+def _gaussian_smooth_1d(counts: torch.Tensor, variances: torch.Tensor, cells: int, extended: int):
+    """Rows of 1-D cell counts (R, cells) convolved with the sampled Gaussian kernels of
+    ``variances`` (R,) (squared cells), untruncated: one FFT each way with the kernels' exact
+    spectra (:func:`_gaussian_spectra`), no kernel arrays. The grid is padded by 6 standard
+    deviations of the widest kernel on each side (at most 4 grids), so the tails that wrap around
+    the FFT's circle carry < 1e-8 of a row's mass. The first ``extended`` rows come back on the
+    whole circle (U_N's quadrature), the others cropped to the grid."""
+    pad = min(math.ceil(6.0 * math.sqrt(float(variances.max()))), 4 * cells)
+    size = _fft_size(cells + 2 * pad)
+    f = torch.fft.rfft(counts, n=size)
+    torch.view_as_real(f).mul_(_gaussian_spectra(variances, size).unsqueeze(-1))  # real × complex
+    out = torch.fft.irfft(f, n=size)
+    return out[:extended], out[extended:, :cells]
+
+
 def _ash_kernels(sigma: torch.Tensor, n: torch.Tensor, width: torch.Tensor):
     """Average-shifted-histogram weights: triangle (m − |j|) over m bins per dimension, where
     m·width ≈ Scott's bin width 3.5·σ·n^(−1/(2+d)). sigma (R, d), n (R,)."""
@@ -278,11 +314,16 @@ def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, ba
             dtype=covs.dtype,
             device=covs.device,
         )
-        kernels = _gaussian_kernels(covs * factors[:, None, None] ** 2 + ridge, width, bins)
+        kernel_covs = covs * factors[:, None, None] ** 2 + ridge
+        if d == 1:
+            variances = kernel_covs[:, 0, 0] / width[0] ** 2  # in squared cells
+            ext, crop = _gaussian_smooth_1d(counts, variances, bins[0], extended)
+        else:
+            kernels = _gaussian_kernels(kernel_covs, width, bins)
+            ext, crop = _convolve(counts, kernels, bins, extended)
     else:
         sigma = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0)) + width / 4
-        kernels = _ash_kernels(sigma, ns, width)
-    ext, crop = _convolve(counts, kernels, bins, extended)
+        ext, crop = _convolve(counts, _ash_kernels(sigma, ns, width), bins, extended)
     per_record = 1.0 / ns.clamp_min(1)[:, None]
     return ext.clamp_min(0) * per_record[:extended], crop.clamp_min(0) * per_record[extended:]
 

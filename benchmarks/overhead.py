@@ -5,8 +5,8 @@ timed as a whole and split into the query forward passes (``report.query_seconds
 everything else (estimators, per-record risk, ROC, sinks). Goal: everything but the forward
 passes <= 20 % of the check on CPU. Then 200 checks in a row: peak RSS must stay flat.
 
-    python benchmarks/overhead.py            # prints markdown tables
-    python benchmarks/overhead.py --quick    # fewer checks (smoke test)
+    python benchmarks/overhead.py            # prints markdown tables (about 3 minutes)
+    python benchmarks/overhead.py --quick    # fewer checks, one round (smoke test)
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def rss_mib() -> float:
 
 
 def time_checks(model: nn.Module, methods, n: int, checks: int) -> tuple[float, float]:
+    """Median check time and median forward-pass time over ``checks`` checks of a new monitor."""
     members, nonmembers = audit_sets(n, 250, 0)
     mon = privmon.PrivacyMonitor(
         LossQuery(model), members, nonmembers, methods=methods, strict=True
@@ -79,24 +80,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--n", type=int, default=2000, help="audit records per side")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds over all settings (interleaved)"
+    )
     args = parser.parse_args()
     checks = 5 if args.quick else 40
+    rounds = 1 if args.quick else args.rounds
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
-        f"{args.n} + {args.n} audit records, LossQuery, median of {checks} checks\n"
+        f"{args.n} + {args.n} audit records, LossQuery; each round times {checks} checks of a "
+        f"new monitor per setting (medians), {rounds} rounds interleaved across settings\n"
     )
+    settings = [
+        (name, model, methods)
+        for name, model in (("MLP 784-512-256-10", mlp()), ("conv net 2×conv+fc", convnet()))
+        for methods in (("histogram",), ("histogram", "kde"))
+    ]
+    results: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(settings))}
+    for _ in range(rounds):  # interleaved, so a slow spell of a shared machine hits every row
+        for i, (_, model, methods) in enumerate(settings):
+            results[i].append(time_checks(model, methods, args.n, checks))
     print(
         "| model | methods | check (ms) | forward passes (ms) | everything else (ms) | "
-        "everything else / check |"
+        "everything else / check, median (range over rounds) |"
     )
     print("|---|---|---:|---:|---:|---:|")
-    for name, model in (("MLP 784-512-256-10", mlp()), ("conv net 2×conv+fc", convnet())):
-        for methods in (("histogram",), ("histogram", "kde")):
-            total, fwd = time_checks(model, methods, args.n, checks)
-            print(
-                f"| {name} | {'+'.join(methods)} | {total * 1e3:.1f} | {fwd * 1e3:.1f} | "
-                f"{(total - fwd) * 1e3:.1f} | {(total - fwd) / total:.0%} |"
-            )
+    for i, (name, _, methods) in enumerate(settings):
+        totals = [t for t, _ in results[i]]
+        fwds = [f for _, f in results[i]]
+        ratios = sorted((t - f) / t for t, f in results[i])
+        total, fwd = statistics.median(totals), statistics.median(fwds)
+        print(
+            f"| {name} | {'+'.join(methods)} | {total * 1e3:.1f} | {fwd * 1e3:.1f} | "
+            f"{(total - fwd) * 1e3:.1f} | {statistics.median(ratios):.0%} "
+            f"({ratios[0]:.0%}–{ratios[-1]:.0%}) |"
+        )
     n_checks = 40 if args.quick else 200
     members, nonmembers = audit_sets(args.n, 250, 1)
     model = mlp()

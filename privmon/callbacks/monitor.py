@@ -29,8 +29,9 @@ from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.records import RecordTracker
 from privmon.estimators.advantage import (
     METHODS,
-    advantage_from_state,
     default_bins,
+    estimate_from_selections,
+    fold_selections,
     kde_grid_too_coarse,
     optimal_advantage,
 )
@@ -390,10 +391,10 @@ class PrivacyMonitor:
         )
 
     @staticmethod
-    def _too_coarse(state: BinnedScores, pooled: torch.Tensor) -> bool:
-        """optimal_advantage's test for its exact KDE path, from the state's moments."""
-        ns, _, covs = state.moments()
-        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / state.bins[0]
+    def _too_coarse(ns: torch.Tensor, covs: torch.Tensor, pooled: torch.Tensor, bins: int) -> bool:
+        """optimal_advantage's test for its exact KDE path, from the classes' record counts and
+        covariances over all folds."""
+        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / bins
         return kde_grid_too_coarse(ns, covs, width, "scott")
 
     def _analyse(
@@ -403,17 +404,20 @@ class PrivacyMonitor:
         mem2 = mem.reshape(mem.shape[0], -1)
         non2 = non.reshape(non.shape[0], -1)
         d = mem2.shape[1]
+        discrete = getattr(q, "discrete", False)
         # 1-2 dimensions: one binning pass serves the W_N estimate, the per-record risk and, in
         # 1-D, the KDE (the same grids and counts optimal_advantage would build: the histogram's
-        # 100 bins are sums of 20 cells of the KDE's 2000-cell grid).
-        grid = fine = lo = hi = None
+        # 100 bins are sums of 20 cells of the KDE's 2000-cell grid, and so are its fold
+        # selections).
+        grid = lo = hi = None
+        selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
         if d <= 2:
             pooled = torch.cat([mem2, non2]).double()
             pooled = pooled[torch.isfinite(pooled).all(dim=1)]
             if pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)
-            shared = d == 1 and "kde" in self.methods and not getattr(q, "discrete", False)
+            shared = d == 1 and "kde" in self.methods and not discrete
             fine = BinnedScores(
                 bins=default_bins("kde", d) if shared else hist_bins,
                 margin=0.0,
@@ -422,18 +426,33 @@ class PrivacyMonitor:
                 device=mem2.device,
             )
             fine.update(mem2, non2)
-            grid = fine.coarsen(fine.bins[0] // hist_bins) if shared else fine
+            if shared:
+                factor = fine.bins[0] // hist_bins
+                grid = fine.coarsen(factor)
+                counts, ns, covs = fine_folds = fold_selections(fine)
+                if "histogram" in self.methods:
+                    coarse = counts.reshape(*counts.shape[:2], hist_bins, factor).sum(dim=-1)
+                    selections["histogram"] = (grid, (coarse, ns, covs))
+                if not self._too_coarse(ns[:, 0], covs[:, 0], pooled, fine.bins[0]):
+                    selections["kde"] = (fine, fine_folds)
+            else:
+                grid = fine
+                if "histogram" in self.methods:
+                    selections["histogram"] = (grid, fold_selections(grid))
         estimates = {}
         for method in self.methods:
-            if method == "kde" and getattr(q, "discrete", False):
+            if method == "kde" and discrete:
                 continue
-            if method == "histogram" and grid is not None:
-                est = advantage_from_state(
-                    grid, prior=self.prior, method=method, delta=self.interval_delta
-                )
-            elif method == "kde" and fine is not grid and not self._too_coarse(fine, pooled):
-                est = advantage_from_state(
-                    fine, prior=self.prior, method=method, delta=self.interval_delta
+            if method in selections:
+                state, folds = selections[method]
+                est = estimate_from_selections(
+                    state,
+                    folds,
+                    prior=self.prior,
+                    method=method,
+                    delta=self.interval_delta,
+                    bandwidth="scott",
+                    n_dropped=0,
                 )
             else:
                 est = optimal_advantage(

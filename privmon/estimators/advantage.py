@@ -343,13 +343,44 @@ def advantage_from_state(
     check_method(method)
     if not state.initialized:
         raise ValueError("the state holds no scores yet")
+    return estimate_from_selections(
+        state,
+        fold_selections(state),
+        prior=prior,
+        method=method,
+        delta=delta,
+        bandwidth=bandwidth,
+        n_dropped=n_dropped,
+    )
+
+
+def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cell counts (2, K+2, cells), record counts (2, K+2) and covariances (2, K+2, d, d) of the
+    fold selections an estimate uses: all folds (the plug-in), the complement of each fold
+    (cross-fitting), then folds 2.. (the certificate's rule) — one matrix product each."""
     k = state.folds
-    # Selections: all folds (the plug-in), the complement of each fold (cross-fitting), then
-    # folds 2.. (the certificate's rule) — counts and moments of all in one matrix product each.
     weights = torch.ones(k + 2, k, dtype=torch.float64, device=state.counts.device)
     weights[1 : k + 1].fill_diagonal_(0.0)
     weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
     counts, ns, _, covs = state.pooled(weights)
+    return counts, ns, covs
+
+
+def estimate_from_selections(
+    state: BinnedScores,
+    selections: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    prior: float,
+    method: str,
+    delta: float,
+    bandwidth: str | float,
+    n_dropped: int,
+) -> AdvantageEstimate:
+    """:func:`advantage_from_state` from precomputed :func:`fold_selections` (arguments
+    already checked): the monitor derives the histogram's selections from the KDE grid's by
+    summing cells instead of computing them again."""
+    k = state.folds
+    counts, ns, covs = selections
     total = counts[:, 0]
     n1, n2 = ns[:, 0].tolist()
     if n1 == 0 or n2 == 0:

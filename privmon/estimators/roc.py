@@ -133,15 +133,18 @@ def _negated(r: _Ranked) -> _Ranked:
 # --- metrics read off a _Ranked (shared by the public functions and roc_summary) -----------------
 
 
-def _auc_from(r: _Ranked) -> float:
+def _two_u(r: _Ranked) -> int:
     # Mann–Whitney U with mid-ranks, grouped by distinct score: each member in a group with h_g
     # non-members beats the non-members strictly below and ties with h_g of them, so
     # 2U = sum_g m_g * (2 * below_g + h_g). Integer arithmetic: exact for any number of ties.
     m_g = torch.diff(r.tp, prepend=r.tp.new_zeros(1))
     h_g = torch.diff(r.fp, prepend=r.fp.new_zeros(1))
     below = r.n0 - r.fp
-    two_u = int(torch.sum(m_g * (2 * below + h_g)))
-    return two_u / (2 * r.n1 * r.n0)
+    return int(torch.sum(m_g * (2 * below + h_g)))
+
+
+def _auc_from(r: _Ranked) -> float:
+    return _two_u(r) / (2 * r.n1 * r.n0)
 
 
 def _roc_from(r: _Ranked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -333,11 +336,12 @@ def roc_summary(
     if higher_is_member not in (True, False, None):
         raise ValueError(f"higher_is_member must be True, False or None, got {higher_is_member!r}")
     r = _rank(member_scores, nonmember_scores)
-    area = _auc_from(r)
-    if higher_is_member is False or (higher_is_member is None and area < 0.5):
-        r = _negated(r)
-        area = _auc_from(r)
-    out = {"auc": area}
+    pairs2 = 2 * r.n1 * r.n0
+    two_u = _two_u(r)
+    if higher_is_member is False or (higher_is_member is None and 2 * two_u < pairs2):
+        # negating the scores swaps "above" and "below" and keeps ties: 2U' = 2·n1·n0 − 2U
+        r, two_u = _negated(r), pairs2 - two_u
+    out = {"auc": two_u / pairs2}
     for target, value in zip(targets, _tpr_at_fpr_from(r, targets), strict=True):
         out[_fpr_key(target)] = value
     out["accuracy_at_median"] = _accuracy_at_median_from(r)

@@ -401,8 +401,9 @@ class PrivacyMonitor:
         self, q: Any, mem: torch.Tensor, non: torch.Tensor, scalars: dict[str, float]
     ) -> QueryResult:
         name = q.name
-        mem2 = mem.reshape(mem.shape[0], -1)
-        non2 = non.reshape(non.shape[0], -1)
+        # float64 once, here: every estimator below works in it
+        mem2 = mem.reshape(mem.shape[0], -1).to(torch.float64)
+        non2 = non.reshape(non.shape[0], -1).to(torch.float64)
         d = mem2.shape[1]
         discrete = getattr(q, "discrete", False)
         # 1-2 dimensions: one binning pass serves the W_N estimate, the per-record risk and, in
@@ -412,8 +413,10 @@ class PrivacyMonitor:
         grid = lo = hi = None
         selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
         if d <= 2:
-            pooled = torch.cat([mem2, non2]).double()
-            pooled = pooled[torch.isfinite(pooled).all(dim=1)]
+            both = pooled = torch.cat([mem2, non2])  # rows aligned with the records: the risk
+            finite = torch.isfinite(both).all(dim=1)
+            if not bool(finite.all()):  # (a boolean index costs a copy even when all are kept)
+                pooled = both[finite]
             if pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)
@@ -481,9 +484,7 @@ class PrivacyMonitor:
         risk = post_m = post_n = None
         top: tuple[int, ...] = ()
         if grid is not None:
-            r = histogram_risk(
-                grid, torch.cat([mem2, non2]), prior=self.prior, delta=self.interval_delta
-            )
+            r = histogram_risk(grid, both, prior=self.prior, delta=self.interval_delta)
             n_mem = mem2.shape[0]
             risk, post_m, post_n = r.value[:n_mem], r.posterior[:n_mem], r.posterior[n_mem:]
             finite = np.isfinite(risk)

@@ -202,6 +202,17 @@ def _inverse(cov: torch.Tensor) -> torch.Tensor:
     return torch.linalg.inv(cov)
 
 
+def _determinant(cov: torch.Tensor) -> torch.Tensor:
+    """Determinant of a batch of (d, d) matrices; closed form in 1-2 dimensions (see
+    :func:`_inverse`)."""
+    d = cov.shape[-1]
+    if d == 1:
+        return cov[..., 0, 0]
+    if d == 2:
+        return cov[..., 0, 0] * cov[..., 1, 1] - cov[..., 0, 1] * cov[..., 1, 0]
+    return torch.linalg.det(cov)
+
+
 def _gaussian_kernels(cov: torch.Tensor, width: torch.Tensor, bins: tuple[int, ...]):
     """Gaussian kernels with covariances (R, d, d) on the grid lattice, each cut at 4 of its own
     standard deviations per axis (so a row's kernel does not depend on the other rows') and
@@ -514,7 +525,7 @@ def kde_grid_too_coarse(
     non-singular covariances (``ns`` (2,), ``covs`` (2, d, d); ``width`` the cell width over
     the pooled data range, (d,))."""
     d = covs.shape[-1]
-    if float(ns.min()) < 2 or float(torch.linalg.det(covs).min()) <= 0:
+    if float(ns.min()) < 2 or float(_determinant(covs).min()) <= 0:
         return False
     factors = torch.tensor(
         [bandwidth_factor(bandwidth, n=float(n), d=d) for n in ns.tolist()],

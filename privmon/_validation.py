@@ -54,6 +54,8 @@ def as_scores(
         raise ValueError(f"{name} is empty: at least one score is needed")
     if t.shape[1] == 0:
         raise ValueError(f"{name} has zero dimensions per score: shape {tuple(t.shape)}")
+    if bool(torch.isfinite(t).all()):  # the usual case: one reduction, no per-row mask
+        return t, 0
     finite = torch.isfinite(t).all(dim=1)
     n_dropped = int(t.shape[0] - int(finite.sum()))
     if not drop:

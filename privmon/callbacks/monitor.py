@@ -414,9 +414,8 @@ class PrivacyMonitor:
         selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
         if d <= 2:
             both = pooled = torch.cat([mem2, non2])  # rows aligned with the records: the risk
-            finite = torch.isfinite(both).all(dim=1)
-            if not bool(finite.all()):  # (a boolean index costs a copy even when all are kept)
-                pooled = both[finite]
+            if not bool(torch.isfinite(both).all()):  # (else no boolean-index copy)
+                pooled = both[torch.isfinite(both).all(dim=1)]
             if pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)

@@ -145,8 +145,8 @@ def _cp_interval(k, n, delta):
 
 def _lemma5(k1, k2, n1, n2, cell, finite, *, prior, delta, n_dropped) -> IndividualRisk:
     """Lemma 5 per cell from the cells' member / non-member counts ``k1``, ``k2`` (numpy); each
-    query takes the figures of its cell ``cell`` (numpy indices). Computed once per cell, not
-    once per query: many queries share a cell."""
+    query takes the figures of its cell ``cell`` (numpy indices); ``finite`` marks the queries
+    that are finite (None: all). Computed once per cell, not once per query: many share a cell."""
     p_lo, p_hi = _cp_interval(k1, n1, delta)
     q_lo, q_hi = _cp_interval(k2, n2, delta)
     per_cell = risk_from_probabilities(
@@ -172,8 +172,12 @@ def histogram_risk(
     state: BinnedScores, queries: torch.Tensor, *, prior: float, delta: float, n_dropped: int = 0
 ) -> IndividualRisk:
     """Lemma 5 from a state's cell counts; queries outside the grid (or NaN) carry no evidence."""
-    cell, inside = state.cell_index(torch.nan_to_num(queries))
-    finite = torch.isfinite(queries).all(dim=1)
+    if bool(torch.isfinite(queries).all()):
+        cell, inside = state.cell_index(queries)
+        finite = None
+    else:
+        cell, inside = state.cell_index(torch.nan_to_num(queries))
+        finite = to_numpy(torch.isfinite(queries).all(dim=1))
     total = state.class_counts()
     n_cells = total.shape[1]
     counts = to_numpy(torch.cat([total, total.new_zeros(2, 1)], dim=1))  # last: outside, empty
@@ -183,7 +187,7 @@ def histogram_risk(
         float(counts[0].sum()),
         float(counts[1].sum()),
         to_numpy(torch.where(inside, cell, n_cells)),
-        to_numpy(finite),
+        finite,
         prior=prior,
         delta=delta,
         n_dropped=n_dropped,
@@ -193,8 +197,9 @@ def histogram_risk(
 _ARRAY_FIELDS = ("value", "lower", "upper", "signed", "posterior", "signed_lower", "signed_upper")
 
 
-def _mask(risk: IndividualRisk, finite: np.ndarray) -> IndividualRisk:
-    if finite.all():
+def _mask(risk: IndividualRisk, finite: np.ndarray | None) -> IndividualRisk:
+    """NaN for the queries that are not finite (``finite`` None: all are)."""
+    if finite is None or finite.all():
         return risk
     fields = {
         k: np.where(finite, getattr(risk, k), np.nan)

@@ -86,12 +86,15 @@ def _one_dim(
     return t[:, 0], dropped
 
 
-def _descending_order(x: torch.Tensor) -> torch.Tensor:
-    """Indices that sort x in decreasing order. On the CPU numpy's sort is several times faster
-    than torch.sort for the few thousand scores of an audit; elsewhere torch.sort on device."""
+def _sort_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x sorted in decreasing order and the sorting indices. On the CPU numpy's sort is several
+    times faster than torch.sort for the few thousand scores of an audit; elsewhere torch.sort on
+    device."""
     if x.device.type == "cpu":
-        return torch.from_numpy(np.argsort(-x.detach().numpy()))
-    return torch.sort(x, descending=True).indices
+        values = x.detach().numpy()
+        order = np.argsort(-values)
+        return torch.from_numpy(values[order]), torch.from_numpy(order)
+    return torch.sort(x, descending=True)
 
 
 def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
@@ -100,8 +103,7 @@ def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
     neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
     n1, n0 = pos.shape[0], neg.shape[0]
     pooled = torch.cat([pos, neg])
-    order = _descending_order(pooled)
-    sorted_scores = pooled[order]
+    sorted_scores, order = _sort_descending(pooled)
     values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
     last = torch.cumsum(counts, 0) - 1  # index of the last record of each distinct score
     tp = torch.cumsum((order < n1).to(torch.int64), 0)[last]  # members come first in pooled

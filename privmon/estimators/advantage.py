@@ -302,6 +302,16 @@ def _iqr_from_counts(counts: torch.Tensor, bins: tuple[int, ...], width: torch.T
     return torch.stack(out, dim=1)
 
 
+def _bandwidth_factors(bandwidth, ns: torch.Tensor, d: int, *, like: torch.Tensor):
+    """KDE bandwidth factor of each row (record counts ``ns``, floored at 2), as a tensor on the
+    device and dtype of ``like``."""
+    return torch.tensor(
+        [bandwidth_factor(bandwidth, n=max(n, 2.0), d=d) for n in ns.tolist()],
+        dtype=like.dtype,
+        device=like.device,
+    )
+
+
 def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, bandwidth, extended):
     """Smoothed probability masses per cell for rows of counts (R, cells), in one FFT pass.
 
@@ -320,11 +330,7 @@ def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, ba
     scale[:extended] = 1.0
     covs = covs * scale.unsqueeze(-1) * scale.unsqueeze(-2)
     if method == "kde":
-        factors = torch.tensor(
-            [bandwidth_factor(bandwidth, n=max(n, 2.0), d=d) for n in ns.tolist()],
-            dtype=covs.dtype,
-            device=covs.device,
-        )
+        factors = _bandwidth_factors(bandwidth, ns, d, like=covs)
         kernel_covs = covs * factors[:, None, None] ** 2 + ridge
         if d == 1:
             variances = kernel_covs[:, 0, 0] / width[0] ** 2  # in squared cells
@@ -527,11 +533,7 @@ def kde_grid_too_coarse(
     d = covs.shape[-1]
     if float(ns.min()) < 2 or float(_determinant(covs).min()) <= 0:
         return False
-    factors = torch.tensor(
-        [bandwidth_factor(bandwidth, n=float(n), d=d) for n in ns.tolist()],
-        dtype=covs.dtype,
-        device=covs.device,
-    )
+    factors = _bandwidth_factors(bandwidth, ns, d, like=covs)
     h_sd = factors[:, None] * torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2))
     return bool((h_sd < width).any())
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import privmon
@@ -390,3 +392,16 @@ def test_per_record_risk_is_tracked_across_checks(tmp_path):
     assert fresh.top_records(5) == top
     with pytest.raises(ValueError, match="by"):
         mon.top_records(3, by="median")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0, float("nan")]), max_size=40),
+    st.integers(0, 45),
+)
+def test_most_exposed_equals_a_stable_sort(risks, k):
+    from privmon.callbacks.monitor import _most_exposed
+
+    risk = np.asarray(risks, dtype=np.float64)
+    order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")
+    assert _most_exposed(risk, k) == tuple(int(i) for i in order[:k])

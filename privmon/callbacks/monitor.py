@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import check_open_unit
+from privmon._validation import check_open_unit, to_numpy
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
@@ -35,8 +35,8 @@ from privmon.estimators.advantage import (
     kde_grid_too_coarse,
     optimal_advantage,
 )
-from privmon.estimators.risk import histogram_risk
-from privmon.estimators.roc import roc_summary
+from privmon.estimators.risk import cell_risk, histogram_risk
+from privmon.estimators.roc import _DEFAULT_FPR, _summary, roc_summary
 from privmon.estimators.streaming import BinnedScores, column_quantiles, robust_range
 from privmon.report import QueryResult, Report
 
@@ -74,6 +74,19 @@ def _restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:
+    """Indices of the k highest risks (NaN last), ties by index: the first k of a stable sort,
+    without sorting every record."""
+    if k == 0:
+        return ()
+    key = -np.nan_to_num(risk, nan=-1.0)
+    candidates = np.arange(key.size)
+    if k < key.size:  # the records at or above the k-th highest, in index order
+        candidates = np.flatnonzero(key <= np.partition(key, k - 1)[k - 1])
+    order = candidates[np.argsort(key[candidates], kind="stable")]
+    return tuple(order[:k].tolist())
 
 
 def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
@@ -401,10 +414,13 @@ class PrivacyMonitor:
         self, q: Any, mem: torch.Tensor, non: torch.Tensor, scalars: dict[str, float]
     ) -> QueryResult:
         name = q.name
+        n_mem = mem.shape[0]
         # float64 once, here: every estimator below works in it
-        mem2 = mem.reshape(mem.shape[0], -1).to(torch.float64)
-        non2 = non.reshape(non.shape[0], -1).to(torch.float64)
-        d = mem2.shape[1]
+        both = torch.cat([mem.reshape(n_mem, -1), non.reshape(non.shape[0], -1)]).to(torch.float64)
+        mem2, non2 = both[:n_mem], both[n_mem:]  # rows aligned with the records: the risk
+        d = both.shape[1]
+        # the usual case, checked once: the estimators below then skip their own checks
+        finite = bool(torch.isfinite(both).all())
         discrete = getattr(q, "discrete", False)
         # 1-2 dimensions: one binning pass serves the W_N estimate, the per-record risk and, in
         # 1-D, the KDE (the same grids and counts optimal_advantage would build: the histogram's
@@ -413,9 +429,7 @@ class PrivacyMonitor:
         grid = lo = hi = None
         selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
         if d <= 2:
-            both = pooled = torch.cat([mem2, non2])  # rows aligned with the records: the risk
-            if not bool(torch.isfinite(both).all()):  # (else no boolean-index copy)
-                pooled = both[torch.isfinite(both).all(dim=1)]
+            pooled = both if finite else both[torch.isfinite(both).all(dim=1)]
             if pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)
@@ -425,12 +439,17 @@ class PrivacyMonitor:
                 margin=0.0,
                 low=lo,
                 high=hi,
-                device=mem2.device,
+                device=both.device,
             )
-            fine.update(mem2, non2)
+            if finite:
+                cell, inside = fine._add(both, (n_mem, both.shape[0] - n_mem))
+            else:
+                fine.update(mem2, non2)
             if shared:
                 factor = fine.bins[0] // hist_bins
                 grid = fine.coarsen(factor)
+                if finite:  # the histogram cells the records were counted in
+                    cell = torch.div(cell, factor, rounding_mode="floor")
                 counts, ns, covs = fine_folds = fold_selections(fine)
                 if "histogram" in self.methods:
                     coarse = counts.reshape(*counts.shape[:2], hist_bins, factor).sum(dim=-1)
@@ -470,35 +489,45 @@ class PrivacyMonitor:
             base = f"privacy/{name}/{method}"
             for field in ("value", "lower", "plugin", "upper"):
                 scalars[f"{base}/{field}"] = getattr(est, field)
-            scalars[f"{base}/epsilon_lower_bound"] = float(
-                epsilon_lower_bound(est.lower, prior=self.prior)
-            )
+        # ε implied by each certified lower bound, in one call
+        eps_bounds = epsilon_lower_bound(
+            np.array([est.lower for est in estimates.values()]), prior=self.prior
+        )
+        for method, eps_bound in zip(estimates, eps_bounds.tolist(), strict=True):
+            scalars[f"privacy/{name}/{method}/epsilon_lower_bound"] = eps_bound
         n_dropped = next(iter(estimates.values())).n_dropped
         if d == 1:
-            summary = roc_summary(
-                mem2[:, 0], non2[:, 0], higher_is_member=getattr(q, "higher_is_member", None)
-            )
+            orientation = getattr(q, "higher_is_member", None)
+            if finite:
+                summary = _summary(both[:, 0], n_mem, list(_DEFAULT_FPR), orientation)
+            else:
+                summary = roc_summary(mem2[:, 0], non2[:, 0], higher_is_member=orientation)
             for key, v in summary.items():
                 scalars[f"privacy/{name}/{key}"] = float(v)
         risk = post_m = post_n = None
         top: tuple[int, ...] = ()
         if grid is not None:
-            r = histogram_risk(grid, both, prior=self.prior, delta=self.interval_delta)
-            n_mem = mem2.shape[0]
-            risk, post_m, post_n = r.value[:n_mem], r.posterior[:n_mem], r.posterior[n_mem:]
-            finite = np.isfinite(risk)
-            if finite.any():
-                rf = risk[finite]
-                qs, (top_risk,) = column_quantiles(
+            if finite:  # Lemma 5 per cell, read off through the cells the records were binned in
+                r = cell_risk(grid, prior=self.prior, delta=self.interval_delta)
+                index = to_numpy(torch.where(inside, cell, grid.counts.shape[2]))
+                risk, posterior = r.value[index[:n_mem]], r.posterior[index]
+            else:
+                r = histogram_risk(grid, both, prior=self.prior, delta=self.interval_delta)
+                risk, posterior = r.value[:n_mem], r.posterior
+            post_m, post_n = posterior[:n_mem], posterior[n_mem:]
+            scored = np.isfinite(risk)
+            if scored.any():
+                rf = risk[scored]
+                qs, top_risk = column_quantiles(
                     torch.from_numpy(rf)[:, None], QUANTILES, extra=(rf.size - 1,)
                 )
-                for qtl, value in zip(QUANTILES, qs, strict=True):
-                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = float(value)
-                scalars[f"privacy/{name}/risk/max"] = float(top_risk)
+                *values, top_value = torch.cat([qs[:, 0], top_risk[:, 0]]).tolist()
+                for qtl, value in zip(QUANTILES, values, strict=True):
+                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = value
+                scalars[f"privacy/{name}/risk/max"] = top_value
                 for level in RISK_LEVELS:
                     scalars[f"privacy/{name}/risk/n_above_{level}"] = float((rf > level).sum())
-            order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")
-            top = tuple(int(i) for i in order[: self.top_k])
+            top = _most_exposed(risk, self.top_k)
         scalars[f"privacy/{name}/n_dropped"] = float(n_dropped)
         return QueryResult(
             name=name,

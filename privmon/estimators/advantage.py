@@ -30,16 +30,18 @@ trivial attack that always guesses the more likely class reaches it without look
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from privmon._validation import as_scores, check_open_unit
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedScores, fold_of
+from privmon.estimators.streaming import BinnedScores, fold_of, small_tensor
 
 __all__ = [
     "AdvantageEstimate",
@@ -120,9 +122,15 @@ def accuracy_advantage(tpr, fpr, prior: float):
     return 2 * prior * tpr - 2 * (1 - prior) * fpr + 1 - 2 * prior
 
 
-def _rule(diff: torch.Tensor, tie: float, tol: float) -> torch.Tensor:
+def _rule(diff: torch.Tensor, tie: float | torch.Tensor, tol: float | torch.Tensor) -> torch.Tensor:
     """Bayes rule sign(p·P̂ − (1−p)·Q̂) as 1 (member) / 0 / ``tie`` where the two agree."""
     return torch.where(diff > tol, 1.0, torch.where(diff < -tol, 0.0, tie)).to(diff.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _ties(k: int, prior: float, device: torch.device) -> torch.Tensor:
+    """Tie values (K+1, 1) of the K cross-fitted rules and the certificate's (cached)."""
+    return small_tensor([[0.5]] * k + [[float(prior > 0.5)]], np.float64, device)
 
 
 def _certify(tp: float, n1: float, fp: float, n2: float, prior: float, delta: float) -> float:
@@ -240,19 +248,21 @@ def _gaussian_spectra(variances: torch.Tensor, size: int) -> torch.Tensor:
     DFT of the sampled Gaussian is S(ω) / S(0) with S(ω) = Σ_m exp(−v (ω + 2πm)² / 2); alias
     terms m are kept while they can reach e^-36 of the total (none beyond m = 0 once v > 7).
     Frequencies where every row's spectrum has underflowed to 0 are not evaluated."""
-    v = variances.reshape(-1, 1, 1)
+    v = variances.reshape(-1, 1)
     v_min = float(variances.min())
     most = max(0, math.ceil((math.sqrt(72.0 / v_min) / math.pi - 1) / 2))
-    m = 2 * math.pi * torch.arange(-most, most + 1, dtype=v.dtype, device=v.device)
     step = 2 * math.pi / size
     n_freq = size // 2 + 1
     if most == 0:  # exp(-v ω² / 2) underflows (< e^-745) beyond ω = sqrt(1490 / v)
         n_freq = min(n_freq, math.ceil(math.sqrt(1490.0 / v_min) / step) + 1)
     omega = torch.arange(n_freq, dtype=v.dtype, device=v.device) * step
-    spectra = v.new_zeros(v.shape[0], size // 2 + 1)
-    s = torch.exp(-0.5 * v * (omega[:, None] + m) ** 2).sum(dim=-1)
-    spectra[:, :n_freq] = s / torch.exp(-0.5 * v * m**2).sum(dim=-1)
-    return spectra
+    if most == 0:  # no alias term reaches e^-36: S(ω) / S(0) = exp(-v ω² / 2)
+        spectra = torch.exp(-0.5 * v * omega**2)
+    else:
+        m = 2 * math.pi * torch.arange(-most, most + 1, dtype=v.dtype, device=v.device)
+        s = torch.exp(-0.5 * v[..., None] * (omega[:, None] + m) ** 2).sum(dim=-1)
+        spectra = s / torch.exp(-0.5 * v * m**2).sum(dim=-1, keepdim=True)
+    return torch.nn.functional.pad(spectra, (0, size // 2 + 1 - n_freq))
 
 
 def _gaussian_smooth_1d(counts: torch.Tensor, variances: torch.Tensor, cells: int, extended: int):
@@ -276,40 +286,38 @@ def _ash_kernels(sigma: torch.Tensor, n: torch.Tensor, width: torch.Tensor):
     r, d = sigma.shape
     h = 3.5 * sigma * n.clamp_min(2)[:, None] ** (-1.0 / (2 + d))
     m = torch.clamp(torch.round(h / width), min=1).to(torch.int64)  # (R, d)
-    mmax = [int(m[:, k].max()) for k in range(d)]
-    out = torch.ones(r, *[2 * mm - 1 for mm in mmax], dtype=sigma.dtype, device=sigma.device)
+    mmax = [int(v) for v in m.amax(dim=0).tolist()]
+    out = None
     for k in range(d):
         j = torch.arange(-(mmax[k] - 1), mmax[k], device=sigma.device, dtype=sigma.dtype)
-        tri = (m[:, k : k + 1] - j.abs()).clamp_min(0).to(sigma.dtype)  # (R, L)
+        mk = m[:, k : k + 1].to(sigma.dtype)
+        # the triangle sums to m² exactly: normalised per axis, the product sums to 1
+        tri = (mk - j.abs()).clamp_min(0) / mk**2  # (R, L)
         shape = [r] + [1] * d
         shape[k + 1] = tri.shape[1]
-        out = out * tri.reshape(shape)
-    return out / out.reshape(r, -1).sum(dim=1).reshape([r] + [1] * d)
+        out = tri.reshape(shape) if out is None else out * tri.reshape(shape)
+    return out
 
 
 def _iqr_from_counts(counts: torch.Tensor, bins: tuple[int, ...], width: torch.Tensor):
     """Interquartile range per row and axis from cell counts (R, cells), to one cell's width."""
     grid = counts.reshape(counts.shape[0], *bins)
+    levels = small_tensor((0.25, 0.75), np.float64, counts.device)
     out = []
     for axis in range(len(bins)):
         other = [a for a in range(1, len(bins) + 1) if a != axis + 1]
         marginal = grid.sum(dim=other) if other else grid
         cum = marginal.cumsum(dim=1)
-        total = cum[:, -1:].clamp_min(1)
-        q1 = torch.searchsorted(cum, 0.25 * total)
-        q3 = torch.searchsorted(cum, 0.75 * total)
-        out.append((q3 - q1).squeeze(1).to(counts.dtype) * width[axis])
-    return torch.stack(out, dim=1)
+        # the cells holding the quartiles (both 0 for an empty row)
+        out.append(torch.searchsorted(cum, cum[:, -1:] * levels).diff(dim=1))
+    return (out[0] if len(out) == 1 else torch.cat(out, dim=1)).to(counts.dtype) * width
 
 
 def _bandwidth_factors(bandwidth, ns: torch.Tensor, d: int, *, like: torch.Tensor):
     """KDE bandwidth factor of each row (record counts ``ns``, floored at 2), as a tensor on the
     device and dtype of ``like``."""
-    return torch.tensor(
-        [bandwidth_factor(bandwidth, n=max(n, 2.0), d=d) for n in ns.tolist()],
-        dtype=like.dtype,
-        device=like.device,
-    )
+    factors = [bandwidth_factor(bandwidth, n=max(n, 2.0), d=d) for n in ns.tolist()]
+    return small_tensor(factors, np.float64, like.device).to(like.dtype)
 
 
 def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, bandwidth, extended):
@@ -320,29 +328,28 @@ def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, ba
     """
     bins, width = state.bins, state.width
     d = len(bins)
-    ridge = torch.diag_embed((width / 4) ** 2).expand_as(covs)
     # The rule's smoothing uses a robust scale (Silverman): min(σ, IQR/1.349) per axis, so a
-    # few far-out scores do not blur the bulk where the records are.
-    sd = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0))
-    iqr = _iqr_from_counts(counts, bins, width)
-    robust = torch.where(iqr > 0, torch.minimum(sd, iqr / 1.349), sd)
-    scale = torch.where(sd > 0, robust / sd.clamp_min(1e-300), torch.ones_like(sd))
-    scale[:extended] = 1.0
-    covs = covs * scale.unsqueeze(-1) * scale.unsqueeze(-2)
+    # few far-out scores do not blur the bulk where the records are. U_N's rows keep σ.
+    sd = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0))  # (R, d)
+    rule_sd = sd[extended:] if extended else sd
+    iqr = _iqr_from_counts(counts[extended:] if extended else counts, bins, width)
+    robust = torch.where(iqr > 0, torch.minimum(rule_sd, iqr / 1.349), rule_sd)
+    if extended:
+        robust = torch.cat([sd[:extended], robust])
+    masses = counts / ns.clamp_min(1)[:, None]  # per record
     if method == "kde":
         factors = _bandwidth_factors(bandwidth, ns, d, like=covs)
-        kernel_covs = covs * factors[:, None, None] ** 2 + ridge
-        if d == 1:
-            variances = kernel_covs[:, 0, 0] / width[0] ** 2  # in squared cells
-            ext, crop = _gaussian_smooth_1d(counts, variances, bins[0], extended)
-        else:
-            kernels = _gaussian_kernels(kernel_covs, width, bins)
-            ext, crop = _convolve(counts, kernels, bins, extended)
+        if d == 1:  # kernel variances in squared cells, with the ridge (width / 4)²
+            variances = (robust[:, 0] * factors / width[0]) ** 2 + 0.0625
+            ext, crop = _gaussian_smooth_1d(masses, variances, bins[0], extended)
+        else:  # the covariances rescaled to the robust σ, correlations kept
+            scale = (torch.where(sd > 0, robust / sd, 1.0) * factors[:, None]).unsqueeze(-1)
+            ridge = torch.diag_embed((width / 4) ** 2)
+            kernels = _gaussian_kernels(covs * scale * scale.transpose(1, 2) + ridge, width, bins)
+            ext, crop = _convolve(masses, kernels, bins, extended)
     else:
-        sigma = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0)) + width / 4
-        ext, crop = _convolve(counts, _ash_kernels(sigma, ns, width), bins, extended)
-    per_record = 1.0 / ns.clamp_min(1)[:, None]
-    return ext.clamp_min(0) * per_record[:extended], crop.clamp_min(0) * per_record[extended:]
+        ext, crop = _convolve(masses, _ash_kernels(robust + width / 4, ns, width), bins, extended)
+    return ext.clamp_min(0), crop.clamp_min(0)
 
 
 def advantage_from_state(
@@ -375,12 +382,17 @@ def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, to
     """Cell counts (2, K+2, cells), record counts (2, K+2) and covariances (2, K+2, d, d) of the
     fold selections an estimate uses: all folds (the plug-in), the complement of each fold
     (cross-fitting), then folds 2.. (the certificate's rule) — one matrix product each."""
-    k = state.folds
-    weights = torch.ones(k + 2, k, dtype=torch.float64, device=state.counts.device)
+    counts, ns, _, covs = state.pooled(_selection_weights(state.folds, state.counts.device))
+    return counts, ns, covs
+
+
+@functools.lru_cache(maxsize=8)
+def _selection_weights(k: int, device: torch.device) -> torch.Tensor:
+    """The (K+2, K) 0/1 fold weights of :func:`fold_selections` (cached: read-only)."""
+    weights = torch.ones(k + 2, k, dtype=torch.float64, device=device)
     weights[1 : k + 1].fill_diagonal_(0.0)
     weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
-    counts, ns, _, covs = state.pooled(weights)
-    return counts, ns, covs
+    return weights
 
 
 def estimate_from_selections(
@@ -417,11 +429,11 @@ def estimate_from_selections(
     if method == "kde":
         plugin = (prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum()
     else:
-        plugin = (prior * total[0] / n1 - (1 - prior) * total[1] / n2).abs().sum()
+        plugin = (total[0] * (prior / n1) - total[1] * ((1 - prior) / n2)).abs().sum()
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
-    tol = 1e-9 * mass.amax()
-    rule = _rule(diff[:k], 0.5, tol)
-    cert_rule = _rule(diff[k], float(prior > 0.5), tol)
+    # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side
+    rules = _rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
+    rule, cert_rule = rules[:k], rules[k]
     cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
     # every figure in one transfer (one device sync)
     plugin, tp, fp, tpc, fpc, n1c, n2c, dropped = torch.cat(

@@ -143,13 +143,11 @@ def _cp_interval(k, n, delta):
     return table[0, ki], table[1, ki]
 
 
-def _lemma5(k1, k2, n1, n2, cell, finite, *, prior, delta, n_dropped) -> IndividualRisk:
-    """Lemma 5 per cell from the cells' member / non-member counts ``k1``, ``k2`` (numpy); each
-    query takes the figures of its cell ``cell`` (numpy indices); ``finite`` marks the queries
-    that are finite (None: all). Computed once per cell, not once per query: many share a cell."""
+def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped) -> IndividualRisk:
+    """Lemma 5 per cell from the cells' member / non-member counts ``k1``, ``k2`` (numpy)."""
     p_lo, p_hi = _cp_interval(k1, n1, delta)
     q_lo, q_hi = _cp_interval(k2, n2, delta)
-    per_cell = risk_from_probabilities(
+    return risk_from_probabilities(
         k1 / n1,
         p_lo,
         p_hi,
@@ -161,11 +159,40 @@ def _lemma5(k1, k2, n1, n2, cell, finite, *, prior, delta, n_dropped) -> Individ
         delta=delta,
         n_dropped=n_dropped,
     )
+
+
+def _per_query(per_cell: IndividualRisk, cell: np.ndarray, finite: np.ndarray | None):
+    """Each query takes the figures of its cell ``cell`` (numpy indices): Lemma 5 is computed
+    once per cell, not once per query (many share a cell). ``finite`` marks the queries that
+    are finite (None: all)."""
     fields = {k: getattr(per_cell, k)[cell] for k in _ARRAY_FIELDS}
     out = IndividualRisk(
-        **fields, prior=prior, method="histogram", delta=delta, n_dropped=n_dropped
+        **fields,
+        prior=per_cell.prior,
+        method=per_cell.method,
+        delta=per_cell.delta,
+        n_dropped=per_cell.n_dropped,
     )
     return _mask(out, finite)
+
+
+def cell_risk(
+    state: BinnedScores, *, prior: float, delta: float, n_dropped: int = 0
+) -> IndividualRisk:
+    """Lemma 5 for each cell of the state's grid (flat cell index), then one more, empty cell
+    for queries outside the grid (no evidence). The monitor reads its records' risks off it
+    through the cells they were binned into."""
+    total = to_numpy(state.class_counts())
+    counts = np.concatenate([total, np.zeros((2, 1))], axis=1)
+    return _lemma5(
+        counts[0],
+        counts[1],
+        float(counts[0].sum()),
+        float(counts[1].sum()),
+        prior=prior,
+        delta=delta,
+        n_dropped=n_dropped,
+    )
 
 
 def histogram_risk(
@@ -178,20 +205,9 @@ def histogram_risk(
     else:
         cell, inside = state.cell_index(torch.nan_to_num(queries))
         finite = to_numpy(torch.isfinite(queries).all(dim=1))
-    total = state.class_counts()
-    n_cells = total.shape[1]
-    counts = to_numpy(torch.cat([total, total.new_zeros(2, 1)], dim=1))  # last: outside, empty
-    return _lemma5(
-        counts[0],
-        counts[1],
-        float(counts[0].sum()),
-        float(counts[1].sum()),
-        to_numpy(torch.where(inside, cell, n_cells)),
-        finite,
-        prior=prior,
-        delta=delta,
-        n_dropped=n_dropped,
-    )
+    per_cell = cell_risk(state, prior=prior, delta=delta, n_dropped=n_dropped)
+    index = np.where(to_numpy(inside), to_numpy(cell), state.counts.shape[2])
+    return _per_query(per_cell, index, finite)
 
 
 _ARRAY_FIELDS = ("value", "lower", "upper", "signed", "posterior", "signed_lower", "signed_upper")
@@ -309,14 +325,14 @@ def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> Individ
     c1 = torch.bincount(inv[:n1], minlength=u).to(x.dtype)
     c2 = torch.bincount(inv[n1 : n1 + n2], minlength=u).to(x.dtype)
     zero = c1.new_zeros(1)  # an extra empty cell for queries outside the grid
-    return _lemma5(
+    per_cell = _lemma5(
         to_numpy(torch.cat([c1, zero])),
         to_numpy(torch.cat([c2, zero])),
         n1,
         n2,
-        to_numpy(torch.where(inside[n1 + n2 :], inv[n1 + n2 :], u)),
-        to_numpy(finite),
         prior=prior,
         delta=delta,
         n_dropped=n_dropped,
     )
+    cell = to_numpy(torch.where(inside[n1 + n2 :], inv[n1 + n2 :], u))
+    return _per_query(per_cell, cell, to_numpy(finite))

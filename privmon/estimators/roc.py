@@ -101,25 +101,28 @@ def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
     """Validate, pool, sort once and count members / non-members per distinct score."""
     pos, d1 = _one_dim(member_scores, name="member_scores")
     neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
-    n1, n0 = pos.shape[0], neg.shape[0]
-    pooled = torch.cat([pos, neg])
+    return _rank_pooled(torch.cat([pos, neg]), pos.shape[0], d1, d0)
+
+
+def _rank_pooled(pooled: torch.Tensor, n1: int, d1: int = 0, d0: int = 0) -> _Ranked:
+    """:func:`_rank` of finite 1-D float64 scores whose first ``n1`` are the members."""
+    n = pooled.shape[0]
     sorted_scores, order = _sort_descending(pooled)
     values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
     last = torch.cumsum(counts, 0) - 1  # index of the last record of each distinct score
     tp = torch.cumsum((order < n1).to(torch.int64), 0)[last]  # members come first in pooled
     fp = last + 1 - tp
-    n = n1 + n0
     # Halve before adding so the midpoint of two huge finite scores cannot overflow; this equals
     # numpy's (a + b) / 2 bit for bit unless that overflows or the halves are subnormal.
     median = sorted_scores[(n - 1) // 2] / 2 + sorted_scores[n // 2] / 2
-    return _Ranked(values, tp, fp, median, n1, n0, d1, d0)
+    return _Ranked(values, tp, fp, median, n1, n - n1, d1, d0)
 
 
 def _negated(r: _Ranked) -> _Ranked:
     """The ranking of the negated scores, without sorting again: distinct scores reverse, and
     the members with −score >= −v are those not strictly above v."""
-    tp0 = torch.cat([r.tp.new_zeros(1), r.tp[:-1]])  # members strictly above each distinct score
-    fp0 = torch.cat([r.fp.new_zeros(1), r.fp[:-1]])
+    tp0 = _with_origin(r.tp)[:-1]  # members strictly above each distinct score
+    fp0 = _with_origin(r.fp)[:-1]
     return _Ranked(
         values=-r.values.flip(0),
         tp=(r.n1 - tp0).flip(0),
@@ -136,13 +139,17 @@ def _negated(r: _Ranked) -> _Ranked:
 
 
 def _two_u(r: _Ranked) -> int:
+    return int(_two_u_tensor(_with_origin(r.tp), _with_origin(r.fp), r.n0))
+
+
+def _two_u_tensor(tp0: torch.Tensor, fp0: torch.Tensor, n0: int) -> torch.Tensor:
     # Mann–Whitney U with mid-ranks, grouped by distinct score: each member in a group with h_g
     # non-members beats the non-members strictly below and ties with h_g of them, so
     # 2U = sum_g m_g * (2 * below_g + h_g). Integer arithmetic: exact for any number of ties.
-    m_g = torch.diff(r.tp, prepend=r.tp.new_zeros(1))
-    h_g = torch.diff(r.fp, prepend=r.fp.new_zeros(1))
-    below = r.n0 - r.fp
-    return int(torch.sum(m_g * (2 * below + h_g)))
+    # tp0 / fp0: the cumulative counts with a leading 0.
+    m_g, h_g = tp0.diff(), fp0.diff()
+    below = n0 - fp0[1:]
+    return torch.sum(m_g * (2 * below + h_g))
 
 
 def _auc_from(r: _Ranked) -> float:
@@ -157,20 +164,32 @@ def _roc_from(r: _Ranked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return to_numpy(fpr), to_numpy(tpr), to_numpy(thresholds)
 
 
-def _tpr_at_fpr_from(r: _Ranked, targets: list[float]) -> list[float]:
+def _with_origin(counts: torch.Tensor) -> torch.Tensor:
+    """Cumulative counts with the (0, 0) point (threshold +inf) prepended at index 0."""
+    return torch.cat([counts.new_zeros(1), counts])
+
+
+def _fpr_points(r: _Ranked, targets: list[float]) -> torch.Tensor:
     # fpr and tpr are non-decreasing along the curve, so the largest TPR with FPR <= t sits at the
-    # last point with FPR <= t. Index 0 is the (0, 0) point with threshold +inf.
-    t = torch.tensor(targets, dtype=torch.float64, device=r.values.device)
-    k = torch.searchsorted(r.fpr, t, right=True)
-    tpr = torch.cat([r.values.new_zeros(1), r.tpr])
-    return tpr[k].tolist()
+    # last point with FPR <= t: its index into the counts with the origin prepended.
+    fpr = r.fpr
+    return torch.searchsorted(fpr, fpr.new_tensor(targets), right=True)
+
+
+def _median_point(r: _Ranked) -> torch.Tensor:
+    """Number of distinct scores strictly above the median tau, shape (1,)."""
+    return (r.values > r.median).sum().reshape(1)
+
+
+def _tpr_at_fpr_from(r: _Ranked, targets: list[float]) -> list[float]:
+    # int / int gives the same float as tp.to(float64) / n1
+    return [tp / r.n1 for tp in _with_origin(r.tp)[_fpr_points(r, targets)].tolist()]
 
 
 def _accuracy_at_median_from(r: _Ranked) -> float:
-    k = torch.sum(r.values > r.median)  # distinct scores strictly above tau
-    tp = torch.cat([r.tp.new_zeros(1), r.tp])[k]
-    fp = torch.cat([r.fp.new_zeros(1), r.fp])[k]
-    return int(tp + (r.n0 - fp)) / (r.n1 + r.n0)
+    k = _median_point(r)
+    tp, fp = torch.cat([_with_origin(r.tp)[k], _with_origin(r.fp)[k]]).tolist()
+    return (tp + (r.n0 - fp)) / (r.n1 + r.n0)
 
 
 def _top_q_precision_from(r: _Ranked, qs: np.ndarray) -> np.ndarray:
@@ -337,14 +356,31 @@ def roc_summary(
     targets = _check_fpr(fpr)
     if higher_is_member not in (True, False, None):
         raise ValueError(f"higher_is_member must be True, False or None, got {higher_is_member!r}")
-    r = _rank(member_scores, nonmember_scores)
+    pos, _ = _one_dim(member_scores, name="member_scores")
+    neg, _ = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
+    return _summary(torch.cat([pos, neg]), pos.shape[0], targets, higher_is_member)
+
+
+def _summary(
+    pooled: torch.Tensor, n1: int, targets: list[float], higher_is_member: bool | None
+) -> dict[str, float]:
+    """:func:`roc_summary` of finite 1-D float64 scores whose first ``n1`` are the members
+    (arguments already checked): one sort, every figure in one device transfer."""
+    if higher_is_member is False:  # rank the negated scores (exact) instead of negating a ranking
+        pooled = -pooled
+    r = _rank_pooled(pooled, n1)
     pairs2 = 2 * r.n1 * r.n0
-    two_u = _two_u(r)
-    if higher_is_member is False or (higher_is_member is None and 2 * two_u < pairs2):
+    if higher_is_member is None and 2 * _two_u(r) < pairs2:
         # negating the scores swaps "above" and "below" and keeps ties: 2U' = 2·n1·n0 − 2U
-        r, two_u = _negated(r), pairs2 - two_u
+        r = _negated(r)
+    tp0, fp0 = _with_origin(r.tp), _with_origin(r.fp)
+    at = torch.cat([_fpr_points(r, targets), _median_point(r)])
+    two_u, *counts = torch.cat(
+        [_two_u_tensor(tp0, fp0, r.n0).reshape(1), tp0[at], fp0[at]]
+    ).tolist()
+    tps, fps = counts[: len(at)], counts[len(at) :]
     out = {"auc": two_u / pairs2}
-    for target, value in zip(targets, _tpr_at_fpr_from(r, targets), strict=True):
-        out[_fpr_key(target)] = value
-    out["accuracy_at_median"] = _accuracy_at_median_from(r)
+    for target, tp in zip(targets, tps[:-1], strict=True):
+        out[_fpr_key(target)] = tp / r.n1
+    out["accuracy_at_median"] = (tps[-1] + r.n0 - fps[-1]) / (r.n1 + r.n0)
     return out

@@ -24,6 +24,8 @@ records passed at once give identical counts.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import as_scores
+from privmon._validation import as_scores, to_numpy
 
 __all__ = ["BinnedScores"]
 
@@ -42,30 +44,30 @@ MAX_CELLS = 1 << 22
 TAIL_IQRS = 5.0
 
 
-def _order_statistics(x: torch.Tensor, ranks: Sequence[int]) -> dict[int, torch.Tensor]:
-    """The rank-r smallest value per column of x for each r (0-based): selection, not a sort.
-    On the CPU one numpy partition serves every rank (several times faster than torch's
-    kthvalue on a few thousand scores); elsewhere kthvalue on the device."""
-    ranks = sorted(set(ranks))
+def _order_statistics(x: torch.Tensor, ranks: Sequence[int]) -> torch.Tensor:
+    """The rank-r smallest value per column of x for each r (0-based), stacked (len(ranks), d):
+    selection, not a sort. On the CPU one numpy partition serves every rank (several times
+    faster than torch's kthvalue on a few thousand scores); elsewhere kthvalue on the device."""
     if x.device.type == "cpu":
-        part = np.partition(x.detach().numpy(), ranks, axis=0)
-        return {r: torch.from_numpy(part[r].copy()) for r in ranks}
-    return {r: torch.kthvalue(x, r + 1, dim=0).values for r in ranks}
+        part = np.partition(to_numpy(x), sorted(set(ranks)), axis=0)
+        return torch.from_numpy(part[list(ranks)])
+    return torch.stack([torch.kthvalue(x, r + 1, dim=0).values for r in ranks])
 
 
 def column_quantiles(x: torch.Tensor, qs: Sequence[float], extra: Sequence[int] = ()):
-    """torch.quantile(x, q, dim=0) (linear interpolation) for each q, and the order statistics
-    of the ranks in ``extra``, from one selection pass."""
+    """torch.quantile(x, q, dim=0) (linear interpolation) for each q, stacked (len(qs), d), and
+    the order statistics of the ranks in ``extra`` (len(extra), d), from one selection pass."""
     n = x.shape[0]
     positions = [q * (n - 1) for q in qs]
-    wanted = [r for p in positions for r in (math.floor(p), min(math.floor(p) + 1, n - 1))]
-    stats = _order_statistics(x, [*wanted, *extra])
-    out = []
-    for p in positions:
-        below = math.floor(p)
-        low = stats[below]
-        out.append(low if p == below else torch.lerp(low, stats[below + 1], p - below))
-    return out, [stats[r] for r in extra]
+    below = [math.floor(p) for p in positions]
+    above = [min(b + 1, n - 1) for b in below]
+    stats = _order_statistics(x, [*below, *above, *extra])
+    k = len(qs)
+    weights = small_tensor(
+        [[p - b] for p, b in zip(positions, below, strict=True)], np.float64, x.device
+    )
+    # torch.lerp is torch.quantile's interpolation, bit for bit
+    return torch.lerp(stats[:k], stats[k : 2 * k], weights.to(x.dtype)), stats[2 * k :]
 
 
 def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +82,7 @@ def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (q1, q3), (lo, hi) = column_quantiles(x, (0.25, 0.75), extra=(0, x.shape[0] - 1))
     else:  # quartiles of a strided sample
         (q1, q3), _ = column_quantiles(x[:: x.shape[0] // (1 << 22) + 1], (0.25, 0.75))
-        lo, hi = x.min(dim=0).values, x.max(dim=0).values
+        lo, hi = torch.aminmax(x, dim=0)
     iqr = q3 - q1
     ok = iqr > 0
     lo = torch.where(ok, torch.maximum(lo, q1 - TAIL_IQRS * iqr), lo)
@@ -92,6 +94,53 @@ def robust_range(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fold_of(index: torch.Tensor, folds: int) -> torch.Tensor:
     """Fold of each running record index (int64 tensor)."""
     return ((index * _HASH) % (1 << 32) >> 16) % folds
+
+
+_CACHED_ROWS = 1 << 16
+
+
+def _groups(start0: int, n0: int, start1: int, n1: int, folds: int, device: torch.device):
+    """(class · folds + fold) and class of each row of a batch of ``n0`` members (running indices
+    from ``start0``) then ``n1`` non-members (from ``start1``). A monitor bins the same record
+    positions at every check, so small batches' groups are cached (read-only tensors)."""
+    if n0 + n1 <= _CACHED_ROWS:
+        return _cached_groups(start0, n0, start1, n1, folds, device)
+    return _make_groups(start0, n0, start1, n1, folds, device)
+
+
+def _make_groups(start0: int, n0: int, start1: int, n1: int, folds: int, device: torch.device):
+    index = torch.cat(
+        [
+            torch.arange(start0, start0 + n0, device=device),
+            torch.arange(start1, start1 + n1, device=device),
+        ]
+    )
+    cls = torch.cat(
+        [
+            torch.zeros(n0, dtype=torch.int64, device=device),
+            torch.ones(n1, dtype=torch.int64, device=device),
+        ]
+    )
+    return fold_of(index, folds) + cls * folds, cls
+
+
+_cached_groups = functools.lru_cache(maxsize=8)(_make_groups)
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on ``device`` (without an operation when it is there already)."""
+    return t if t.device == device else t.to(device)
+
+
+def _cell_width(low: torch.Tensor, high: torch.Tensor, bins: tuple[int, ...]) -> torch.Tensor:
+    return (high - low) / small_tensor(bins, np.float64, low.device)
+
+
+def small_tensor(values: Sequence[float], dtype: type, device: torch.device) -> torch.Tensor:
+    """A tensor of a few Python numbers (numpy ``dtype``) on ``device``: through numpy, several
+    times cheaper than torch.tensor on a list (checks run hundreds of small operations)."""
+    out = torch.from_numpy(np.asarray(values, dtype=dtype))
+    return out if torch.device(device).type == "cpu" else out.to(device)
 
 
 class BinnedScores:
@@ -167,15 +216,13 @@ class BinnedScores:
             )
         dev = self.device or lo.device
         self.bins = tuple(int(b) for b in bins)
-        self.low, self.high = lo.to(dev), hi.to(dev)
-        self._width = (self.high - self.low) / torch.tensor(
-            self.bins, dtype=torch.float64, device=dev
-        )
+        self.low, self.high = _on(lo, dev), _on(hi, dev)
+        self._width = _cell_width(self.low, self.high, self.bins)
         self.counts = torch.zeros(2, self.folds, cells, dtype=torch.float64, device=dev)
         self.sum1 = torch.zeros(2, self.folds, d, dtype=torch.float64, device=dev)
         self.sum2 = torch.zeros(2, self.folds, d, d, dtype=torch.float64, device=dev)
         for name in ("n_seen", "n_dropped", "n_overflow"):
-            setattr(self, name, getattr(self, name).to(dev))
+            setattr(self, name, _on(getattr(self, name), dev))
 
     @property
     def width(self) -> torch.Tensor:
@@ -225,21 +272,21 @@ class BinnedScores:
             lo, hi = robust_range(pooled)
             span = hi - lo
             self._allocate(lo - self.margin * span, hi + self.margin * span)
-        self._add(batches)
-
-    def _add(self, batches: list[tuple[int, torch.Tensor, int]]) -> None:
-        """Bin the batches of both classes in one pass: one bincount for every (class, fold,
-        cell), one index_add per moment."""
-        dev = self.counts.device
-        seen = self.n_seen.tolist()
-        sizes, dropped, groups = [0, 0], [0, 0], []
-        for c, x, n_dropped in batches:  # fold of each record from its running index in its class
-            index = torch.arange(seen[c], seen[c] + x.shape[0], device=dev)
-            groups.append(fold_of(index, self.folds) + c * self.folds)
+        sizes, dropped = [0, 0], [0, 0]
+        for c, x, n_dropped in batches:
             sizes[c] += x.shape[0]
             dropped[c] += n_dropped
-        group = groups[0] if len(groups) == 1 else torch.cat(groups)  # (class, fold) per row
         x = batches[0][1] if len(batches) == 1 else torch.cat([b[1] for b in batches])
+        self._add(x, sizes, dropped)
+
+    def _add(self, x: torch.Tensor, sizes: Sequence[int], dropped: Sequence[int] = (0, 0)):
+        """Bin rows of x, ``sizes[0]`` members then ``sizes[1]`` non-members (finite float64 on
+        the state's device, grid allocated), in one pass: one bincount for every (class, fold,
+        cell), one index_add per moment. ``dropped``: the non-finite rows already removed.
+        Returns the rows' :meth:`cell_index`."""
+        dev = self.counts.device
+        seen = self.n_seen.tolist()
+        group, cls = _groups(seen[0], sizes[0], seen[1], sizes[1], self.folds, dev)
         cell, inside = self.cell_index(x)
         cells = self.counts.shape[2]
         self.counts.view(-1).add_(
@@ -247,11 +294,11 @@ class BinnedScores:
         )
         self.sum1.view(-1, self.sum1.shape[-1]).index_add_(0, group, x)
         self.sum2.flatten(0, 1).index_add_(0, group, x.unsqueeze(2) * x.unsqueeze(1))
-        counters = torch.tensor([sizes, dropped], device=dev)
-        self.n_seen += counters[0]
-        self.n_dropped += counters[1]
-        outside = (~inside).to(torch.float64)
-        self.n_overflow += torch.bincount(group // self.folds, outside, minlength=2).to(torch.int64)
+        self.n_seen.add_(small_tensor(sizes, np.int64, dev))
+        if any(dropped):
+            self.n_dropped.add_(small_tensor(dropped, np.int64, dev))
+        self.n_overflow.index_add_(0, cls, (~inside).to(torch.int64))
+        return cell, inside
 
     def merge_(self, other: BinnedScores) -> BinnedScores:
         """Add another state's counts in place (same grid): all_reduce(SUM) across ranks."""
@@ -349,10 +396,9 @@ class BinnedScores:
                 f"{self.bins}, got {factor!r}"
             )
         coarse_bins = tuple(b // f for b, f in zip(self.bins, factors, strict=True))
-        out = BinnedScores(
-            bins=coarse_bins, folds=self.folds, margin=self.margin, device=self.low.device
-        )
-        out._allocate(self.low.clone(), self.high.clone())
+        out = copy.copy(self)  # the grid's edges are shared: they are never changed in place
+        out._bins_arg = out.bins = coarse_bins
+        out._width = _cell_width(self.low, self.high, coarse_bins)
         split = [s for b, f in zip(coarse_bins, factors, strict=True) for s in (b, f)]
         grid = self.counts.reshape(2, self.folds, *split)
         out.counts = grid.sum(dim=tuple(range(3, 3 + 2 * d, 2))).reshape(2, self.folds, -1)

@@ -30,7 +30,7 @@ from privmon.callbacks.records import RecordTracker
 from privmon.estimators.advantage import (
     METHODS,
     default_bins,
-    estimate_from_selections,
+    estimates_from_selections,
     fold_selections,
     kde_grid_too_coarse,
     optimal_advantage,
@@ -460,21 +460,21 @@ class PrivacyMonitor:
                 grid = fine
                 if "histogram" in self.methods:
                     selections["histogram"] = (grid, fold_selections(grid))
+        joint = {}
+        if selections:  # every grid estimate in one pass (one device transfer)
+            joint = estimates_from_selections(
+                selections,
+                prior=self.prior,
+                delta=self.interval_delta,
+                bandwidth="scott",
+                n_dropped=0,
+            )
         estimates = {}
         for method in self.methods:
             if method == "kde" and discrete:
                 continue
-            if method in selections:
-                state, folds = selections[method]
-                est = estimate_from_selections(
-                    state,
-                    folds,
-                    prior=self.prior,
-                    method=method,
-                    delta=self.interval_delta,
-                    bandwidth="scott",
-                    n_dropped=0,
-                )
+            if method in joint:
+                est = joint[method]
             else:
                 est = optimal_advantage(
                     mem2,

@@ -122,9 +122,10 @@ def accuracy_advantage(tpr, fpr, prior: float):
     return 2 * prior * tpr - 2 * (1 - prior) * fpr + 1 - 2 * prior
 
 
-def _rule(diff: torch.Tensor, tie: float | torch.Tensor, tol: float | torch.Tensor) -> torch.Tensor:
-    """Bayes rule sign(p·P̂ − (1−p)·Q̂) as 1 (member) / 0 / ``tie`` where the two agree."""
-    return torch.where(diff > tol, 1.0, torch.where(diff < -tol, 0.0, tie)).to(diff.dtype)
+def _rule(diff: torch.Tensor, tie: torch.Tensor, tol: float | torch.Tensor) -> torch.Tensor:
+    """Bayes rule sign(p·P̂ − (1−p)·Q̂) as 1 (member) / 0 / ``tie`` where the two agree (to
+    ``tol``); ``tie`` a tensor of diff's dtype (broadcast)."""
+    return torch.where(diff.abs() <= tol, tie, diff > 0)
 
 
 @functools.lru_cache(maxsize=8)
@@ -133,10 +134,12 @@ def _ties(k: int, prior: float, device: torch.device) -> torch.Tensor:
     return small_tensor([[0.5]] * k + [[float(prior > 0.5)]], np.float64, device)
 
 
-def _certify(tp: float, n1: float, fp: float, n2: float, prior: float, delta: float) -> float:
-    tpr_lo = float(clopper_pearson_lower(tp, n1, delta / 2)) if n1 > 0 else 0.0
-    fpr_hi = float(clopper_pearson_upper(fp, n2, delta / 2)) if n2 > 0 else 1.0
-    return float(accuracy_advantage(tpr_lo, fpr_hi, prior))
+def _certify(tp, n1: float, fp, n2: float, prior: float, delta: float):
+    """Certified advantage of rules with tp / fp positives among n1 / n2 held-out records
+    (scalars or arrays, one per rule)."""
+    tpr_lo = clopper_pearson_lower(tp, n1, delta / 2) if n1 > 0 else np.zeros_like(tp)
+    fpr_hi = clopper_pearson_upper(fp, n2, delta / 2) if n2 > 0 else np.ones_like(fp)
+    return accuracy_advantage(tpr_lo, fpr_hi, prior)
 
 
 def _finish(*, plugin, tp, fp, n1, n2, cert, prior, delta, method, n_dropped) -> AdvantageEstimate:
@@ -367,15 +370,14 @@ def advantage_from_state(
     check_method(method)
     if not state.initialized:
         raise ValueError("the state holds no scores yet")
-    return estimate_from_selections(
-        state,
-        fold_selections(state),
+    estimates = estimates_from_selections(
+        {method: (state, fold_selections(state))},
         prior=prior,
-        method=method,
         delta=delta,
         bandwidth=bandwidth,
         n_dropped=n_dropped,
     )
+    return estimates[method]
 
 
 def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -395,26 +397,63 @@ def _selection_weights(k: int, device: torch.device) -> torch.Tensor:
     return weights
 
 
-def estimate_from_selections(
-    state: BinnedScores,
-    selections: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+Selections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def estimates_from_selections(
+    grids: dict[str, tuple[BinnedScores, Selections]],
     *,
     prior: float,
-    method: str,
     delta: float,
     bandwidth: str | float,
     n_dropped: int,
-) -> AdvantageEstimate:
-    """:func:`advantage_from_state` from precomputed :func:`fold_selections` (arguments
-    already checked): the monitor derives the histogram's selections from the KDE grid's by
-    summing cells instead of computing them again."""
-    k = state.folds
-    counts, ns, covs = selections
-    total = counts[:, 0]
+) -> dict[str, AdvantageEstimate]:
+    """:func:`advantage_from_state` for several methods (arguments already checked), each from a
+    state of the same records and its precomputed :func:`fold_selections`: the monitor derives
+    the histogram's selections from the KDE grid's by summing cells. Every figure of every
+    method comes back in one device transfer, and the certificates share one pair of
+    Clopper–Pearson calls."""
+    first, (_, ns, _) = next(iter(grids.values()))
     n1, n2 = ns[:, 0].tolist()
     if n1 == 0 or n2 == 0:
         which = "member" if n1 == 0 else "non-member"
         raise ValueError(f"the state holds no {which} scores")
+    k = first.folds
+    parts = [
+        _method_figures(state, selections, method, prior=prior, bandwidth=bandwidth, n=(n1, n2))
+        for method, (state, selections) in grids.items()
+    ]
+    n_certified = ns[:, 0] - ns[:, k + 1]  # the certificate's folds: all but its rule's
+    dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
+    *figures, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
+    plugin, tp, fp, tpc, fpc = np.asarray(figures).reshape(len(grids), 5).T
+    certs = _certify(tpc, n1c, fpc, n2c, prior, delta)
+    return {
+        method: _finish(
+            plugin=plugin[i],
+            tp=tp[i],
+            fp=fp[i],
+            n1=n1,
+            n2=n2,
+            cert=certs[i],
+            prior=prior,
+            delta=delta,
+            method=method,
+            n_dropped=n_dropped + int(extra),
+        )
+        for i, method in enumerate(grids)
+    }
+
+
+def _method_figures(
+    state: BinnedScores, selections: Selections, method: str, *, prior: float, bandwidth, n
+) -> torch.Tensor:
+    """W_N / U_N, the held-out true / false positives of the cross-fitted rules and those of
+    the certificate's rule, as a (5,) tensor on the state's device (no sync). ``n``: the
+    classes' record counts."""
+    k = state.folds
+    counts, ns, covs = selections
+    total = counts[:, 0]
     t = k + 1  # training selections
     rows = counts[:, 1:].reshape(2 * t, -1)
     row_ns = ns[:, 1:].reshape(-1)
@@ -429,33 +468,18 @@ def estimate_from_selections(
     if method == "kde":
         plugin = (prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum()
     else:
-        plugin = (total[0] * (prior / n1) - total[1] * ((1 - prior) / n2)).abs().sum()
+        plugin = (total[0] * (prior / n[0]) - total[1] * ((1 - prior) / n[1])).abs().sum()
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
     # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side
     rules = _rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
     rule, cert_rule = rules[:k], rules[k]
     cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
-    # every figure in one transfer (one device sync)
-    plugin, tp, fp, tpc, fpc, n1c, n2c, dropped = torch.cat(
+    return torch.cat(
         [
             plugin.reshape(1),
             (rule * state.counts).sum(dim=(1, 2)),  # held-out true / false positives
             cert @ cert_rule,
-            cert.sum(dim=1),
-            state.n_dropped.sum().reshape(1).to(plugin.dtype),
         ]
-    ).tolist()
-    return _finish(
-        plugin=plugin,
-        tp=tp,
-        fp=fp,
-        n1=n1,
-        n2=n2,
-        cert=_certify(tpc, n1c, fpc, n2c, prior, delta),
-        prior=prior,
-        delta=delta,
-        method=method,
-        n_dropped=n_dropped + int(dropped),
     )
 
 
@@ -485,7 +509,7 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
         kp = GaussianKDE(train_m, bandwidth=bandwidth, ridge=ridge, robust=True)
         kq = GaussianKDE(train_h, bandwidth=bandwidth, ridge=ridge, robust=True)
         diff = kp.log_density(test) + math.log(prior) - kq.log_density(test) - math.log(1 - prior)
-        return _rule(diff, tie, 1e-12)
+        return _rule(diff, diff.new_full((1,), tie), 1e-12)
 
     tp = fp = 0.0
     for k in range(folds):
@@ -499,7 +523,7 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
     if int((~cm).sum()) >= 2 and int((~ch).sum()) >= 2:
         tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
         fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
-        cert = _certify(tpc, float(cm.sum()), fpc, float(ch.sum()), prior, delta)
+        cert = float(_certify(tpc, float(cm.sum()), fpc, float(ch.sum()), prior, delta))
     else:
         cert = 0.0
     if method == "kde":

@@ -109,9 +109,9 @@ def _rank_pooled(pooled: torch.Tensor, n1: int, d1: int = 0, d0: int = 0) -> _Ra
     n = pooled.shape[0]
     sorted_scores, order = _sort_descending(pooled)
     values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
-    last = torch.cumsum(counts, 0) - 1  # index of the last record of each distinct score
-    tp = torch.cumsum((order < n1).to(torch.int64), 0)[last]  # members come first in pooled
-    fp = last + 1 - tp
+    ends = torch.cumsum(counts, 0)  # records with a score >= each distinct score
+    tp = torch.cumsum(order < n1, 0)[ends - 1]  # members come first in pooled
+    fp = ends - tp
     # Halve before adding so the midpoint of two huge finite scores cannot overflow; this equals
     # numpy's (a + b) / 2 bit for bit unless that overflows or the halves are subnormal.
     median = sorted_scores[(n - 1) // 2] / 2 + sorted_scores[n // 2] / 2

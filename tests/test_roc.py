@@ -215,26 +215,24 @@ def test_summary_sorts_once(monkeypatch):
     import privmon.estimators.roc as roc
 
     calls = []
-    real = roc._sort_descending
+    real = roc.sort_ascending
 
     def counting(x):
         calls.append(1)
         return real(x)
 
-    monkeypatch.setattr(roc, "_sort_descending", counting)
+    monkeypatch.setattr(roc, "sort_ascending", counting)
     roc_summary([1.0, 2.0, 3.0], [0.5, 2.0])
-    # reading the scores the other way round re-uses the same sort
+    # reading the scores the other way round re-uses the same sorts (pooled, members)
     roc_summary([1.0, 2.0, 3.0], [0.5, 2.0, 7.0], higher_is_member=None)
-    assert len(calls) == 2
+    assert len(calls) == 4
 
 
-def test_descending_sort_numpy_path_equals_torch_sort():
-    import privmon.estimators.roc as roc
+def test_ascending_sort_numpy_path_equals_torch_sort():
+    from privmon.estimators.streaming import sort_ascending
 
-    x = torch.from_numpy(np.round(np.random.default_rng(0).normal(size=2000), 1))
-    values, order = roc._sort_descending(x)
-    torch.testing.assert_close(values, torch.sort(x, descending=True).values, rtol=0, atol=0)
-    torch.testing.assert_close(x[order], values, rtol=0, atol=0)
+    x = torch.from_numpy(np.round(np.random.default_rng(0).normal(size=(2000, 2)), 1))
+    torch.testing.assert_close(sort_ascending(x), torch.sort(x, dim=0).values, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -37,7 +37,12 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.risk import cell_risk, histogram_risk
 from privmon.estimators.roc import _DEFAULT_FPR, _summary, roc_summary
-from privmon.estimators.streaming import BinnedScores, column_quantiles, robust_range
+from privmon.estimators.streaming import (
+    BinnedScores,
+    column_quantiles,
+    robust_range,
+    sort_ascending,
+)
 from privmon.report import QueryResult, Report
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -430,7 +435,10 @@ class PrivacyMonitor:
         selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
         if d <= 2:
             pooled = both if finite else both[torch.isfinite(both).all(dim=1)]
-            if pooled.shape[0] > 0:  # else the estimators raise their own clear error
+            if d == 1 and finite:  # one sort serves the grid's range and the ROC
+                ascending = sort_ascending(both)
+                lo, hi = robust_range(ascending, presorted=True)
+            elif pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)
             shared = d == 1 and "kde" in self.methods and not discrete
@@ -499,7 +507,8 @@ class PrivacyMonitor:
         if d == 1:
             orientation = getattr(q, "higher_is_member", None)
             if finite:
-                summary = _summary(both[:, 0], n_mem, list(_DEFAULT_FPR), orientation)
+                members = sort_ascending(mem2[:, 0])
+                summary = _summary(ascending[:, 0], members, list(_DEFAULT_FPR), orientation)
             else:
                 summary = roc_summary(mem2[:, 0], non2[:, 0], higher_is_member=orientation)
             for key, v in summary.items():

@@ -567,11 +567,16 @@ def kde_grid_too_coarse(
     non-singular covariances (``ns`` (2,), ``covs`` (2, d, d); ``width`` the cell width over
     the pooled data range, (d,))."""
     d = covs.shape[-1]
-    if float(ns.min()) < 2 or float(_determinant(covs).min()) <= 0:
+    parts = [ns, _determinant(covs), torch.diagonal(covs, dim1=1, dim2=2), width]
+    figures = torch.cat([t.reshape(-1) for t in parts]).tolist()  # one transfer
+    n, dets, variances, widths = figures[:2], figures[2:4], figures[4 : 4 + 2 * d], figures[-d:]
+    if min(n) < 2 or min(dets) <= 0:
         return False
-    factors = _bandwidth_factors(bandwidth, ns, d, like=covs)
-    h_sd = factors[:, None] * torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2))
-    return bool((h_sd < width).any())
+    return any(
+        bandwidth_factor(bandwidth, n=n[c], d=d) * math.sqrt(variances[c * d + a]) < widths[a]
+        for c in range(2)
+        for a in range(d)
+    )
 
 
 def optimal_advantage(

@@ -136,11 +136,14 @@ def _cp_interval(k, n, delta):
     _CP_TABLES[key] = table  # most recently used last
     while len(_CP_TABLES) > _CP_TABLES_MAX:
         _CP_TABLES.popitem(last=False)
-    missing = np.unique(ki[np.isnan(table[0, ki])])
-    if missing.size:
+    lower = table[0, ki]
+    unseen = np.isnan(lower)
+    if unseen.any():
+        missing = np.unique(ki[unseen])
         table[0, missing] = clopper_pearson_lower(missing, n, delta / 4)
         table[1, missing] = clopper_pearson_upper(missing, n, delta / 4)
-    return table[0, ki], table[1, ki]
+        lower = table[0, ki]
+    return lower, table[1, ki]
 
 
 def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped) -> IndividualRisk:

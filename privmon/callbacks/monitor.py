@@ -86,7 +86,7 @@ def _most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:
     without sorting every record."""
     if k == 0:
         return ()
-    key = -np.nan_to_num(risk, nan=-1.0)
+    key = -(risk if np.isfinite(risk).all() else np.nan_to_num(risk, nan=-1.0))
     candidates = np.arange(key.size)
     if k < key.size:  # the records at or above the k-th highest, in index order
         candidates = np.flatnonzero(key <= np.partition(key, k - 1)[k - 1])

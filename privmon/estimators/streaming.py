@@ -97,7 +97,7 @@ def robust_range(x: torch.Tensor, *, presorted: bool = False) -> tuple[torch.Ten
         (q1, q3), _ = column_quantiles(x[:: n // (1 << 22) + 1], (0.25, 0.75))
         lo, hi = torch.aminmax(x, dim=0)
     if x.device.type == "cpu":  # a few numbers per dimension: numpy is far cheaper per operation
-        lo, hi = _fences(q1.numpy(), q3.numpy(), lo.numpy(), hi.numpy(), np)
+        lo, hi = _fences(to_numpy(q1), to_numpy(q3), to_numpy(lo), to_numpy(hi), np)
         return torch.from_numpy(lo), torch.from_numpy(hi)
     return _fences(q1, q3, lo, hi, torch)
 

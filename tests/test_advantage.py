@@ -669,3 +669,27 @@ def test_spectral_smoothing_equals_direct_convolution_with_sampled_gaussians(sd)
             np.testing.assert_allclose(ext[0, :cells].numpy(), on_grid, atol=1e-9)
         else:
             np.testing.assert_allclose(crop[0].numpy(), on_grid, atol=1e-9)
+
+
+def test_joint_grid_estimates_equal_one_method_at_a_time():
+    # The monitor estimates every method in one pass (one transfer, one pair of Clopper–Pearson
+    # calls); each estimate must be the one advantage_from_state gives alone.
+    from privmon.estimators.advantage import (
+        advantage_from_state,
+        estimates_from_selections,
+        fold_selections,
+    )
+    from privmon.estimators.streaming import BinnedScores
+
+    rng = np.random.default_rng(11)
+    m = torch.from_numpy(rng.normal(0.4, 1.0, (900, 1)))
+    h = torch.from_numpy(rng.normal(0.0, 1.0, (700, 1)))
+    grids = {}
+    for method, bins in (("histogram", 100), ("kde", 2000)):
+        state = BinnedScores(bins=bins, margin=0.0, low=-5.0, high=5.0)
+        state.update(m, h)
+        grids[method] = (state, fold_selections(state))
+    joint = estimates_from_selections(grids, prior=0.3, delta=0.05, bandwidth="scott", n_dropped=2)
+    for method, (state, _) in grids.items():
+        alone = advantage_from_state(state, prior=0.3, method=method, delta=0.05, n_dropped=2)
+        assert joint[method] == alone

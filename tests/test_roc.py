@@ -215,17 +215,26 @@ def test_summary_sorts_once(monkeypatch):
     import privmon.estimators.roc as roc
 
     calls = []
-    real = roc.sort_ascending
+    real = roc._sort_descending
 
     def counting(x):
         calls.append(1)
         return real(x)
 
-    monkeypatch.setattr(roc, "sort_ascending", counting)
+    monkeypatch.setattr(roc, "_sort_descending", counting)
     roc_summary([1.0, 2.0, 3.0], [0.5, 2.0])
-    # reading the scores the other way round re-uses the same sorts (pooled, members)
+    # reading the scores the other way round re-uses the same sort
     roc_summary([1.0, 2.0, 3.0], [0.5, 2.0, 7.0], higher_is_member=None)
-    assert len(calls) == 4
+    assert len(calls) == 2
+
+
+def test_descending_sort_numpy_path_equals_torch_sort():
+    import privmon.estimators.roc as roc
+
+    x = torch.from_numpy(np.round(np.random.default_rng(0).normal(size=2000), 1))
+    values, order = roc._sort_descending(x)
+    torch.testing.assert_close(values, torch.sort(x, descending=True).values, rtol=0, atol=0)
+    torch.testing.assert_close(x[order], values, rtol=0, atol=0)
 
 
 def test_ascending_sort_numpy_path_equals_torch_sort():

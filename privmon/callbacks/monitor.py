@@ -36,13 +36,8 @@ from privmon.estimators.advantage import (
     optimal_advantage,
 )
 from privmon.estimators.risk import cell_risk, histogram_risk
-from privmon.estimators.roc import _DEFAULT_FPR, _summary, roc_summary
-from privmon.estimators.streaming import (
-    BinnedScores,
-    column_quantiles,
-    robust_range,
-    sort_ascending,
-)
+from privmon.estimators.roc import _DEFAULT_FPR, _sort_descending, _summary, roc_summary
+from privmon.estimators.streaming import BinnedScores, column_quantiles, robust_range
 from privmon.report import QueryResult, Report
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -435,9 +430,12 @@ class PrivacyMonitor:
         selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
         if d <= 2:
             pooled = both if finite else both[torch.isfinite(both).all(dim=1)]
-            if d == 1 and finite:  # one sort serves the grid's range and the ROC
-                ascending = sort_ascending(both)
-                lo, hi = robust_range(ascending, presorted=True)
+            if d == 1 and finite:  # one sort serves the ROC and the grid's range
+                orientation = getattr(q, "higher_is_member", None)
+                ranked = -both[:, 0] if orientation is False else both[:, 0]  # as the ROC reads
+                ranking = _sort_descending(ranked)
+                ascending = -ranking[0] if orientation is False else ranking[0].flip(0)
+                lo, hi = robust_range(ascending[:, None], presorted=True)
             elif pooled.shape[0] > 0:  # else the estimators raise their own clear error
                 lo, hi = robust_range(pooled)  # one grid range for every estimator
             hist_bins = default_bins("histogram", d)
@@ -507,8 +505,7 @@ class PrivacyMonitor:
         if d == 1:
             orientation = getattr(q, "higher_is_member", None)
             if finite:
-                members = sort_ascending(mem2[:, 0])
-                summary = _summary(ascending[:, 0], members, list(_DEFAULT_FPR), orientation)
+                summary = _summary(*ranking, n_mem, list(_DEFAULT_FPR), orientation)
             else:
                 summary = roc_summary(mem2[:, 0], non2[:, 0], higher_is_member=orientation)
             for key, v in summary.items():

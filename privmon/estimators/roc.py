@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from privmon._validation import as_scores, check_open_unit, to_numpy
-from privmon.estimators.streaming import sort_ascending
 
 __all__ = [
     "accuracy_at_median",
@@ -87,33 +86,37 @@ def _one_dim(
     return t[:, 0], dropped
 
 
+def _sort_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x sorted in decreasing order and the sorting indices. On the CPU numpy's argsort is
+    several times faster than torch.sort for the few thousand scores of an audit (and than two
+    sorts plus a binary search for the members); elsewhere torch.sort on the device."""
+    if x.device.type == "cpu":
+        values = to_numpy(x)
+        order = np.argsort(-values)
+        return torch.from_numpy(values[order]), torch.from_numpy(order)
+    return torch.sort(x, descending=True)
+
+
 def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
     """Validate, pool, sort once and count members / non-members per distinct score."""
     pos, d1 = _one_dim(member_scores, name="member_scores")
     neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
-    pooled = torch.cat([pos, neg])
-    return _rank_sorted(sort_ascending(pooled), sort_ascending(pos), d1=d1, d0=d0)
+    return _rank_sorted(*_sort_descending(torch.cat([pos, neg])), pos.shape[0], d1, d0)
 
 
 def _rank_sorted(
-    pooled: torch.Tensor, members: torch.Tensor, *, negate: bool = False, d1: int = 0, d0: int = 0
+    sorted_scores: torch.Tensor, order: torch.Tensor, n1: int, d1: int = 0, d0: int = 0
 ) -> _Ranked:
-    """The ranking of finite 1-D scores (of their negation when ``negate``) from the pooled
-    scores and the member scores, each sorted ascending (two sorts, no argsort: numpy's sort is
-    several times faster on the CPU). The members at or above each distinct score are counted by
-    binary search in the sorted members."""
-    n, n1 = pooled.shape[0], members.shape[0]
-    values, counts = torch.unique_consecutive(pooled, return_counts=True)
+    """The ranking of finite 1-D scores whose first ``n1`` are the members, from their
+    :func:`_sort_descending`."""
+    n = sorted_scores.shape[0]
+    values, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    ends = torch.cumsum(counts, 0)  # records with a score >= each distinct score
+    tp = torch.cumsum(order < n1, 0)[ends - 1]  # members come first in pooled
+    fp = ends - tp
     # Halve before adding so the midpoint of two huge finite scores cannot overflow; this equals
     # numpy's (a + b) / 2 bit for bit unless that overflows or the halves are subnormal.
-    median = pooled[(n - 1) // 2] / 2 + pooled[n // 2] / 2
-    if negate:  # −score >= −v for the scores <= v: the distinct scores in ascending order
-        tp = torch.searchsorted(members, values, right=True)
-        values, median = -values, -median
-    else:  # descending: the members with score >= v
-        values, counts = values.flip(0), counts.flip(0)
-        tp = n1 - torch.searchsorted(members, values)
-    fp = torch.cumsum(counts, 0) - tp
+    median = sorted_scores[(n - 1) // 2] / 2 + sorted_scores[n // 2] / 2
     return _Ranked(values, tp, fp, median, n1, n - n1, d1, d0)
 
 
@@ -358,15 +361,22 @@ def roc_summary(
     pos, _ = _one_dim(member_scores, name="member_scores")
     neg, _ = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
     pooled = torch.cat([pos, neg])
-    return _summary(sort_ascending(pooled), sort_ascending(pos), targets, higher_is_member)
+    if higher_is_member is False:  # rank the negated scores (exact) instead of negating a ranking
+        pooled = -pooled
+    return _summary(*_sort_descending(pooled), pos.shape[0], targets, higher_is_member)
 
 
 def _summary(
-    pooled: torch.Tensor, members: torch.Tensor, targets: list[float], higher_is_member
+    sorted_scores: torch.Tensor,
+    order: torch.Tensor,
+    n1: int,
+    targets: list[float],
+    higher_is_member: bool | None,
 ) -> dict[str, float]:
-    """:func:`roc_summary` from the pooled and the member scores (finite, 1-D, float64), each
-    sorted ascending (arguments already checked): every figure in one device transfer."""
-    r = _rank_sorted(pooled, members, negate=higher_is_member is False)
+    """:func:`roc_summary` from the :func:`_sort_descending` of the finite 1-D scores (negated
+    when ``higher_is_member`` is False) whose first ``n1`` are the members (arguments already
+    checked): every figure in one device transfer."""
+    r = _rank_sorted(sorted_scores, order, n1)
     pairs2 = 2 * r.n1 * r.n0
     if higher_is_member is None and 2 * _two_u(r) < pairs2:
         # negating the scores swaps "above" and "below" and keeps ties: 2U' = 2·n1·n0 − 2U

@@ -35,7 +35,7 @@ from privmon.estimators.advantage import (
     kde_grid_too_coarse,
     optimal_advantage,
 )
-from privmon.estimators.risk import cell_risk, histogram_risk
+from privmon.estimators.risk import cell_signed_risk, histogram_risk
 from privmon.estimators.roc import _DEFAULT_FPR, _sort_descending, _summary, roc_summary
 from privmon.estimators.streaming import BinnedScores, column_quantiles, robust_range
 from privmon.report import QueryResult, Report
@@ -513,10 +513,10 @@ class PrivacyMonitor:
         risk = post_m = post_n = None
         top: tuple[int, ...] = ()
         if grid is not None:
-            if finite:  # Lemma 5 per cell, read off through the cells the records were binned in
-                r = cell_risk(grid, prior=self.prior, delta=self.interval_delta)
+            if finite:  # f_p per cell, read off through the cells the records were binned in
                 index = to_numpy(torch.where(inside, cell, grid.counts.shape[2]))
-                risk, posterior = r.value[index[:n_mem]], r.posterior[index]
+                signed = cell_signed_risk(grid, prior=self.prior)[index]
+                risk, posterior = np.abs(signed[:n_mem]), (1 + signed) / 2
             else:
                 r = histogram_risk(grid, both, prior=self.prior, delta=self.interval_delta)
                 risk, posterior = r.value[:n_mem], r.posterior

@@ -179,23 +179,19 @@ def _per_query(per_cell: IndividualRisk, cell: np.ndarray, finite: np.ndarray | 
     return _mask(out, finite)
 
 
-def cell_risk(
-    state: BinnedScores, *, prior: float, delta: float, n_dropped: int = 0
-) -> IndividualRisk:
-    """Lemma 5 for each cell of the state's grid (flat cell index), then one more, empty cell
-    for queries outside the grid (no evidence). The monitor reads its records' risks off it
-    through the cells they were binned into."""
+def _cell_counts(state: BinnedScores) -> np.ndarray:
+    """Member / non-member counts per cell of the state's grid, then one more, empty cell for
+    queries outside the grid (no evidence): (2, cells + 1)."""
     total = to_numpy(state.class_counts())
-    counts = np.concatenate([total, np.zeros((2, 1))], axis=1)
-    return _lemma5(
-        counts[0],
-        counts[1],
-        float(counts[0].sum()),
-        float(counts[1].sum()),
-        prior=prior,
-        delta=delta,
-        n_dropped=n_dropped,
-    )
+    return np.concatenate([total, np.zeros((2, 1))], axis=1)
+
+
+def cell_signed_risk(state: BinnedScores, *, prior: float) -> np.ndarray:
+    """The point estimate f_p of MACE eq. (8) per cell (:func:`histogram_risk`'s ``signed``)
+    without the Clopper–Pearson intervals, plus the empty outside cell: the monitor reads its
+    records' risks and posteriors off it through the cells they were binned into."""
+    k1, k2 = _cell_counts(state)
+    return _f(k1 / k1.sum(), k2 / k2.sum(), prior, 2 * prior - 1)
 
 
 def histogram_risk(
@@ -208,7 +204,9 @@ def histogram_risk(
     else:
         cell, inside = state.cell_index(torch.nan_to_num(queries))
         finite = to_numpy(torch.isfinite(queries).all(dim=1))
-    per_cell = cell_risk(state, prior=prior, delta=delta, n_dropped=n_dropped)
+    k1, k2 = _cell_counts(state)
+    n1, n2 = float(k1.sum()), float(k2.sum())
+    per_cell = _lemma5(k1, k2, n1, n2, prior=prior, delta=delta, n_dropped=n_dropped)
     index = np.where(to_numpy(inside), to_numpy(cell), state.counts.shape[2])
     return _per_query(per_cell, index, finite)
 

@@ -4,9 +4,10 @@ median, top-q precision.
 Convention: a higher score means "more likely a member". Every public function takes the member
 scores and the non-member scores (numpy arrays or torch tensors on any device, shape (n,) or
 (n, 1)); rows that are NaN or infinite are dropped (never counted as ties). The non-member scores
-are moved onto the member scores' device and all work is done there in torch, in O(n log n): the
-pooled scores are sorted once (:func:`_rank`) and every metric is read off the cumulative
-member / non-member counts per distinct score. Results are Python floats or numpy arrays.
+are moved onto the member scores' device and all work is done there in torch (numpy sorts CPU
+scores), in O(n log n): the pooled scores are sorted once (:func:`_rank`) and every metric is read
+off the cumulative member / non-member counts per distinct score. Results are Python floats or
+numpy arrays.
 
 Sources:
 

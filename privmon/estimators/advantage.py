@@ -150,7 +150,8 @@ def _finish(*, plugin, tp, fp, n1, n2, cert, prior, delta, method, n_dropped) ->
         value=float(min(max(value, floor), 1.0)),
         lower=float(min(max(cert, floor), 1.0)),
         upper=float(min(plugin + halfwidth, 1.0)),
-        plugin=float(max(plugin, floor)),  # W_N >= |2p - 1| exactly; only rounding can undercut
+        # W_N and U_N lie in [|2p − 1|, 1] exactly; only rounding (an ulp) can step outside
+        plugin=float(min(max(plugin, floor), 1.0)),
         halfwidth=float(halfwidth),
         prior=prior,
         method=method,

@@ -29,13 +29,7 @@ from privmon.estimators.advantage import (
 METHODS = ("histogram", "kde")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add overhead (10x on a loaded 2-core box). Restored."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @cache

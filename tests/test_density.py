@@ -12,13 +12,7 @@ from scipy.stats import gaussian_kde
 
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_data(d: int, n: int, seed: int) -> np.ndarray:

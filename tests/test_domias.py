@@ -21,13 +21,7 @@ from privmon.attacks.domias import domias_scores
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.roc import auc
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def population(n: int, d: int, rng: np.random.Generator) -> np.ndarray:

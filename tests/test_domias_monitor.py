@@ -29,12 +29,7 @@ from privmon.sinks import JsonlSink
 Q = (0.01, 0.05, 0.1, 0.2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- subgroup_risk -------------------------------------------------------------------------------

@@ -19,12 +19,7 @@ from privmon.estimators.flow import FlowDensity, fit_flow
 SMALL = {"hidden": 8, "layers": 1, "flows": 3}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- data and fitted flows

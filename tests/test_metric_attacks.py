@@ -30,13 +30,7 @@ from privmon.queries import ModifiedEntropyQuery
 LOG_CLIP = math.log(1e-30)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: intra-op threads only add overhead on a loaded box. Restored."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def mentr_ref(p: np.ndarray, y: np.ndarray) -> np.ndarray:

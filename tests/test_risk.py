@@ -18,13 +18,7 @@ from privmon.estimators.risk import IndividualRisk, individual_risk
 METHODS = ("histogram", "kde")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: intra-op threads only add overhead (10x on a loaded 2-core box). Restored."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def f_true(x, mu: float, prior: float):

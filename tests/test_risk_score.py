@@ -16,14 +16,7 @@ from privmon import auc, individual_risk
 from privmon.attacks.metric import METRICS, metric_values
 from privmon.attacks.risk_score import Calibration, PrivacyRiskScore, calibration
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: intra-op threads only add overhead on a loaded box. Restored."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Synthetic binary task with a known answer: the true-class probability p_y is Beta(a, 1) with

@@ -14,12 +14,7 @@ from privmon.estimators.streaming import MAX_CELLS, BinnedScores, fold_of, robus
 METHODS = ("histogram", "kde")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def data(seed: int, n1: int = 1500, n2: int = 1300, d: int = 1):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["as_scores", "check_open_unit", "to_numpy"]
+__all__ = ["as_scores", "check_int", "check_open_unit", "to_numpy"]
 
 
 def check_open_unit(value: float, *, name: str) -> float:
@@ -20,6 +21,14 @@ def check_open_unit(value: float, *, name: str) -> float:
     if not (0.0 < v < 1.0) or math.isnan(v):
         raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
     return v
+
+
+def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
+    """Return ``value`` as an int after checking it is an integer (Python or numpy, not bool)
+    of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def as_scores(

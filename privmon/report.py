@@ -6,30 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from privmon.estimators.advantage import AdvantageEstimate
+from privmon.estimators.analysis import QueryResult
 
 __all__ = ["QueryResult", "Report"]
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    """What one query revealed at one check. Arrays are dropped from reports kept in history."""
-
-    name: str
-    estimates: dict[str, AdvantageEstimate]  # method -> estimate
-    dim: int
-    n_dropped: int
-    member_risk: np.ndarray | None = None  # |f_p| per member record, in the order yielded
-    member_posterior: np.ndarray | None = None
-    nonmember_posterior: np.ndarray | None = None
-    top_records: tuple[int, ...] = ()  # member indices, most exposed first
-
-    def without_arrays(self) -> QueryResult:
-        return dataclasses.replace(
-            self, member_risk=None, member_posterior=None, nonmember_posterior=None
-        )
 
 
 @dataclass(frozen=True)
@@ -37,8 +16,12 @@ class Report:
     """The result of one check.
 
     ``scalars`` is a flat dict of tag -> float (the TensorBoard tags, all under ``privacy/``).
+    Every ``…/lower`` figure (and the ε lower bound derived from it) is certified over the whole
+    run: all of them, at every check, hold together with probability ≥ 1 − ``interval_delta``;
+    ``…/lower_check`` is the same bound at ``interval_delta`` for this one check alone.
     ``dp_violation`` is True when a certified lower bound exceeded the (ε, δ) ceiling.
-    Only indices and scores are held, never raw records.
+    ``failures``: what this check could not compute ("query" or "query/method") -> the error;
+    every other figure is still reported. Only indices and scores are held, never raw records.
     """
 
     step: int
@@ -47,6 +30,7 @@ class Report:
     epsilon: float | None = None
     dp_violation: bool = False
     messages: tuple[str, ...] = ()
+    failures: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0  # the whole check
     query_seconds: float = 0.0  # of which inside the queries (the forward passes)
 
@@ -66,4 +50,5 @@ class Report:
             "scalars": self.scalars,
             "top_records": {k: list(q.top_records) for k, q in self.queries.items()},
             "messages": list(self.messages),
+            "failures": self.failures,
         }

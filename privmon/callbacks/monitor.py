@@ -22,30 +22,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import check_open_unit, to_numpy
+from privmon._validation import check_int, check_open_unit
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.records import RecordTracker
-from privmon.estimators.advantage import (
-    METHODS,
-    default_bins,
-    estimates_from_selections,
-    fold_selections,
-    kde_grid_too_coarse,
-    optimal_advantage,
-)
-from privmon.estimators.risk import cell_signed_risk, histogram_risk
-from privmon.estimators.roc import _DEFAULT_FPR, _sort_descending, _summary, roc_summary
-from privmon.estimators.streaming import BinnedScores, column_quantiles, robust_range
-from privmon.report import QueryResult, Report
+from privmon.estimators.advantage import METHODS, describe_error
+from privmon.estimators.analysis import QueryResult, analyse
+from privmon.estimators.spending import check_delta
+from privmon.report import Report
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
 
 logger = logging.getLogger("privmon")
-
-RISK_LEVELS = (0.5, 0.8, 0.9)
-QUANTILES = (0.5, 0.9, 0.99)
 
 
 class PrivacyViolationWarning(UserWarning):
@@ -76,19 +65,6 @@ def _restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:
-    """Indices of the k highest risks (NaN last), ties by index: the first k of a stable sort,
-    without sorting every record."""
-    if k == 0:
-        return ()
-    key = -(risk if np.isfinite(risk).all() else np.nan_to_num(risk, nan=-1.0))
-    candidates = np.arange(key.size)
-    if k < key.size:  # the records at or above the k-th highest, in index order
-        candidates = np.flatnonzero(key <= np.partition(key, k - 1)[k - 1])
-    order = candidates[np.argsort(key[candidates], kind="stable")]
-    return tuple(order[:k].tolist())
-
-
 def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
     return (
         f"privmon: at step {step} the certified lower bound on the membership advantage "
@@ -117,7 +93,16 @@ class PrivacyMonitor:
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`).
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
-        interval_delta: 1 − confidence level of the advantage intervals, in (0, 1).
+        interval_delta: the run's confidence budget, in (0, 1). Every figure called certified
+            (``…/lower``, the ε lower bounds, ``dp_violation``, early stopping on ``"lower"``)
+            holds simultaneously over all checks, queries and methods of the run with
+            probability ≥ 1 − interval_delta: check k certifies at its share δ_k of it
+            (:mod:`privmon.estimators.spending`, Σ δ_k ≤ interval_delta), split evenly over its
+            queries and methods. ``…/lower_check`` is the bound at interval_delta for one
+            pre-chosen check only; the plug-in interval uses interval_delta too.
+        planned_checks: the number of checks the run is expected to have, if known: the budget
+            is then spent evenly over them (90 %) and the rest over any checks beyond — tighter
+            certificates than the default sequence for unknown run lengths. Optional.
         early_stopping: a :class:`PrivacyEarlyStopping`.
         max_batches: audit at most this many batches of each set per check.
         top_k: how many most-exposed member indices to report per query.
@@ -139,6 +124,7 @@ class PrivacyMonitor:
         accountant: Any = None,
         delta: float = 1e-5,
         interval_delta: float = 0.05,
+        planned_checks: int | None = None,
         early_stopping: PrivacyEarlyStopping | None = None,
         max_batches: int | None = None,
         top_k: int = 10,
@@ -156,21 +142,15 @@ class PrivacyMonitor:
         for obj, name in ((members, "members"), (nonmembers, "nonmembers")):
             if not isinstance(obj, Iterable):
                 raise ValueError(f"{name} must be an iterable of batches (a DataLoader, a list)")
-        if (
-            isinstance(every_n_steps, bool)
-            or not isinstance(every_n_steps, int)
-            or every_n_steps < 1
-        ):
-            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        every_n_steps = check_int(every_n_steps, name="every_n_steps", minimum=1)
         methods = tuple(methods)
         if not methods or any(m not in METHODS for m in methods):
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods!r}")
-        if max_batches is not None and (
-            isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1
-        ):
-            raise ValueError(f"max_batches must be None or an integer >= 1, got {max_batches!r}")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
+        if max_batches is not None:
+            max_batches = check_int(max_batches, name="max_batches", minimum=1)
+        if planned_checks is not None:
+            planned_checks = check_int(planned_checks, name="planned_checks", minimum=1)
+        top_k = check_int(top_k, name="top_k")
         if early_stopping is not None and not isinstance(early_stopping, PrivacyEarlyStopping):
             raise ValueError("early_stopping must be a PrivacyEarlyStopping or None")
         if accountant is not None and not callable(getattr(accountant, "get_epsilon", None)):
@@ -199,6 +179,8 @@ class PrivacyMonitor:
         self.history: list[Report] = []
         self.records = RecordTracker()
         self.n_failed = 0
+        self.planned_checks = planned_checks
+        self.n_certified_checks = 0  # checks that spent a share of interval_delta
         self._last_step: int | None = None
         self._stop = False
 
@@ -297,9 +279,12 @@ class PrivacyMonitor:
                 return t.device
         return torch.device("cpu")
 
-    def _collect(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
-        """Scores of every query on members and non-members, the training state untouched, and
-        the seconds spent in the queries themselves (the forward passes)."""
+    def _collect(
+        self,
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str], float]:
+        """Scores of every query on members and non-members, the training state untouched; the
+        queries that raised (name -> error: the others are still scored); and the seconds
+        spent in the queries themselves (the forward passes)."""
         device = self._device()
         rng = _save_rng()
         modes = {m: m.training for root in self._modules() for m in root.modules()}
@@ -309,7 +294,7 @@ class PrivacyMonitor:
                     root.eval()
                 for q in self.queries:
                     getattr(q, "prepare", lambda device: None)(device)
-                out, forward = {}, 0.0
+                out, failed, forward = {}, {}, 0.0
                 scores: dict[str, list[list[torch.Tensor]]] = {
                     q.name: [[], []] for q in self.queries
                 }
@@ -319,9 +304,18 @@ class PrivacyMonitor:
                             break
                         t = time.perf_counter()
                         for q in self.queries:
-                            scores[q.name][side].append(q(batch).detach())
+                            if q.name not in failed:
+                                try:
+                                    scores[q.name][side].append(q(batch).detach())
+                                except Exception as err:  # this query only: the others go on
+                                    if self.strict:
+                                        raise
+                                    logger.exception("privmon: query %r failed", q.name)
+                                    failed[q.name] = describe_error(err)
                         forward += time.perf_counter() - t
                 for name, (mem, non) in scores.items():
+                    if name in failed:
+                        continue
                     if not mem or not non:
                         raise ValueError(
                             "members and nonmembers must each yield at least one batch"
@@ -331,7 +325,7 @@ class PrivacyMonitor:
                     t = time.perf_counter()
                     torch.cuda.synchronize(device)
                     forward += time.perf_counter() - t
-                return out, forward
+                return out, failed, forward
         finally:
             for q in self.queries:
                 getattr(q, "release", lambda: None)()
@@ -339,31 +333,74 @@ class PrivacyMonitor:
                 m.training = training
             _restore_rng(rng)
 
-    def _gathered_scores(self) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float]:
-        """This process's scores (and its forward-pass seconds, see :meth:`_collect`); under
-        torch.distributed every rank's scores, in rank order.
+    def _gathered_scores(
+        self,
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str], float]:
+        """:meth:`_collect` on this process; under torch.distributed every rank's scores, in
+        rank order.
 
         Ranks first agree that every one of them collected its shard, so one rank's failure
-        makes all of them skip the check instead of leaving the others waiting in a collective.
+        makes all of them skip the check instead of leaving the others waiting in a collective;
+        a query that failed on any rank is left out on every rank.
         """
         _, world = rank_and_world()
         if world == 1:
             return self._collect()
-        local, forward, error = None, 0.0, None
+        local, failed, forward, error = {}, {}, 0.0, None
         try:
-            local, forward = self._collect()
+            local, failed, forward = self._collect()
         except Exception as err:
             error = err
         if any_rank(error is not None):
             raise error or RuntimeError("privmon: the check failed on another rank")
-        gathered = {name: (gather_rows(m), gather_rows(n)) for name, (m, n) in local.items()}
-        return gathered, forward
+        gathered = {}
+        for q in self.queries:  # the same order on every rank
+            if any_rank(q.name in failed):
+                failed.setdefault(q.name, "failed on another rank")
+                continue
+            m, n = local[q.name]
+            gathered[q.name] = (gather_rows(m), gather_rows(n))
+        return gathered, failed, forward
+
+    def _figures_per_check(self) -> int:
+        """Certified figures per check: one per query and method it applies to."""
+        return sum(
+            sum(m != "kde" or not getattr(q, "discrete", False) for m in self.methods)
+            for q in self.queries
+        )
+
+    def _analyse(self, q: Any, mem: torch.Tensor, non: torch.Tensor, lower_delta: float):
+        """One query's figures, or None when its analysis failed (logged; re-raised when
+        strict)."""
+        try:
+            result = analyse(
+                mem,
+                non,
+                methods=self.methods,
+                prior=self.prior,
+                delta=self.interval_delta,
+                certify_delta=lower_delta,
+                discrete=getattr(q, "discrete", False),
+                higher_is_member=getattr(q, "higher_is_member", None),
+                top_k=self.top_k,
+                name=q.name,
+                errors="raise" if self.strict else "skip",
+            )
+        except Exception as err:
+            if self.strict:
+                raise
+            logger.exception("privmon: the analysis of query %r failed", q.name)
+            return describe_error(err)
+        for what, error in result.failures.items():
+            logger.error("privmon: %s of query %r failed: %s", what, q.name, error)
+        return result
 
     def _check(self, step: int) -> Report:
         t0 = time.perf_counter()
-        scores, t_query = self._gathered_scores()
+        scores, failed, t_query = self._gathered_scores()
         scalars: dict[str, float] = {}
         results: dict[str, QueryResult] = {}
+        failures: dict[str, str] = {}
         eps = None
         ceilings: dict[str, float] = {}
         if self.accountant is not None:
@@ -374,15 +411,40 @@ class PrivacyMonitor:
             scalars["privacy/epsilon"] = eps
             for k, v in ceilings.items():
                 scalars[f"privacy/ceiling/{k}"] = v
+        # this check's share of the run's δ, split evenly over its certified figures: every
+        # figure called certified then holds over the whole run (union bound)
+        self.n_certified_checks += 1
+        lower_delta = (
+            check_delta(
+                self.n_certified_checks,
+                delta=self.interval_delta,
+                planned_checks=self.planned_checks,
+            )
+            / self._figures_per_check()
+        )
+        scalars["privacy/certify_delta"] = lower_delta
         messages: list[str] = []
         violation = False
         for q in self.queries:
-            mem, non = scores[q.name]
-            with torch.inference_mode():  # no autograd bookkeeping on ~hundreds of small ops
-                results[q.name] = self._analyse(q, mem, non, scalars)
-            if results[q.name].member_risk is not None:
-                self.records.update(q.name, step, results[q.name].member_risk)
-            for method, est in results[q.name].estimates.items():
+            if q.name in failed:
+                failures[q.name] = failed[q.name]
+                continue
+            result = self._analyse(q, *scores[q.name], lower_delta)
+            if isinstance(result, str):
+                failures[q.name] = result
+                continue
+            results[q.name] = result
+            failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
+            if result.member_risk is not None:
+                self.records.update(q.name, step, result.member_risk)
+            scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
+            # ε implied by each certified lower bound, in one call
+            eps_bounds = epsilon_lower_bound(
+                np.array([est.lower for est in result.estimates.values()]), prior=self.prior
+            )
+            for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
+                scalars[f"privacy/{q.name}/{method}/epsilon_lower_bound"] = eps_bound
+            for method, est in result.estimates.items():
                 tag = f"{q.name}/{method}"
                 if "eps_delta" in ceilings and est.lower > ceilings["eps_delta"] + 1e-12:
                     violation = True
@@ -390,6 +452,8 @@ class PrivacyMonitor:
                     messages.append(msg)
                     logger.warning(msg)
                     warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
+        if not results:
+            raise RuntimeError(f"every query's analysis failed: {failures}")
         if eps is not None:
             scalars["privacy/dp_violation"] = float(violation)
         return Report(
@@ -399,151 +463,9 @@ class PrivacyMonitor:
             epsilon=eps,
             dp_violation=violation,
             messages=tuple(messages),
+            failures=failures,
             seconds=time.perf_counter() - t0,
             query_seconds=t_query,
-        )
-
-    @staticmethod
-    def _too_coarse(ns: torch.Tensor, covs: torch.Tensor, pooled: torch.Tensor, bins: int) -> bool:
-        """optimal_advantage's test for its exact KDE path, from the classes' record counts and
-        covariances over all folds."""
-        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / bins
-        return kde_grid_too_coarse(ns, covs, width, "scott")
-
-    def _analyse(
-        self, q: Any, mem: torch.Tensor, non: torch.Tensor, scalars: dict[str, float]
-    ) -> QueryResult:
-        name = q.name
-        n_mem = mem.shape[0]
-        # float64 once, here: every estimator below works in it
-        both = torch.cat([mem.reshape(n_mem, -1), non.reshape(non.shape[0], -1)]).to(torch.float64)
-        mem2, non2 = both[:n_mem], both[n_mem:]  # rows aligned with the records: the risk
-        d = both.shape[1]
-        # the usual case, checked once: the estimators below then skip their own checks
-        finite = bool(torch.isfinite(both).all())
-        discrete = getattr(q, "discrete", False)
-        # 1-2 dimensions: one binning pass serves the W_N estimate, the per-record risk and, in
-        # 1-D, the KDE (the same grids and counts optimal_advantage would build: the histogram's
-        # 100 bins are sums of 20 cells of the KDE's 2000-cell grid, and so are its fold
-        # selections).
-        grid = lo = hi = None
-        selections: dict[str, tuple[BinnedScores, Any]] = {}  # grid estimates: state, folds
-        if d <= 2:
-            pooled = both if finite else both[torch.isfinite(both).all(dim=1)]
-            if d == 1 and finite:  # one sort serves the ROC and the grid's range
-                orientation = getattr(q, "higher_is_member", None)
-                ranked = -both[:, 0] if orientation is False else both[:, 0]  # as the ROC reads
-                ranking = _sort_descending(ranked)
-                ascending = -ranking[0] if orientation is False else ranking[0].flip(0)
-                lo, hi = robust_range(ascending[:, None], presorted=True)
-            elif pooled.shape[0] > 0:  # else the estimators raise their own clear error
-                lo, hi = robust_range(pooled)  # one grid range for every estimator
-            hist_bins = default_bins("histogram", d)
-            shared = d == 1 and "kde" in self.methods and not discrete
-            fine = BinnedScores(
-                bins=default_bins("kde", d) if shared else hist_bins,
-                margin=0.0,
-                low=lo,
-                high=hi,
-                device=both.device,
-            )
-            if finite:
-                cell, inside = fine._add(both, (n_mem, both.shape[0] - n_mem))
-            else:
-                fine.update(mem2, non2)
-            if shared:
-                factor = fine.bins[0] // hist_bins
-                grid = fine.coarsen(factor)
-                if finite:  # the histogram cells the records were counted in
-                    cell = torch.div(cell, factor, rounding_mode="floor")
-                counts, ns, covs = fine_folds = fold_selections(fine)
-                if "histogram" in self.methods:
-                    coarse = counts.reshape(*counts.shape[:2], hist_bins, factor).sum(dim=-1)
-                    selections["histogram"] = (grid, (coarse, ns, covs))
-                if not self._too_coarse(ns[:, 0], covs[:, 0], pooled, fine.bins[0]):
-                    selections["kde"] = (fine, fine_folds)
-            else:
-                grid = fine
-                if "histogram" in self.methods:
-                    selections["histogram"] = (grid, fold_selections(grid))
-        joint = {}
-        if selections:  # every grid estimate in one pass (one device transfer)
-            joint = estimates_from_selections(
-                selections,
-                prior=self.prior,
-                delta=self.interval_delta,
-                bandwidth="scott",
-                n_dropped=0,
-            )
-        estimates = {}
-        for method in self.methods:
-            if method == "kde" and discrete:
-                continue
-            if method in joint:
-                est = joint[method]
-            else:
-                est = optimal_advantage(
-                    mem2,
-                    non2,
-                    prior=self.prior,
-                    method=method,
-                    delta=self.interval_delta,
-                    low=lo,
-                    high=hi,
-                )
-            estimates[method] = est
-            base = f"privacy/{name}/{method}"
-            for field in ("value", "lower", "plugin", "upper"):
-                scalars[f"{base}/{field}"] = getattr(est, field)
-        # ε implied by each certified lower bound, in one call
-        eps_bounds = epsilon_lower_bound(
-            np.array([est.lower for est in estimates.values()]), prior=self.prior
-        )
-        for method, eps_bound in zip(estimates, eps_bounds.tolist(), strict=True):
-            scalars[f"privacy/{name}/{method}/epsilon_lower_bound"] = eps_bound
-        n_dropped = next(iter(estimates.values())).n_dropped
-        if d == 1:
-            orientation = getattr(q, "higher_is_member", None)
-            if finite:
-                summary = _summary(*ranking, n_mem, list(_DEFAULT_FPR), orientation)
-            else:
-                summary = roc_summary(mem2[:, 0], non2[:, 0], higher_is_member=orientation)
-            for key, v in summary.items():
-                scalars[f"privacy/{name}/{key}"] = float(v)
-        risk = post_m = post_n = None
-        top: tuple[int, ...] = ()
-        if grid is not None:
-            if finite:  # f_p per cell, read off through the cells the records were binned in
-                index = to_numpy(torch.where(inside, cell, grid.counts.shape[2]))
-                signed = cell_signed_risk(grid, prior=self.prior)[index]
-                risk, posterior = np.abs(signed[:n_mem]), (1 + signed) / 2
-            else:
-                r = histogram_risk(grid, both, prior=self.prior, delta=self.interval_delta)
-                risk, posterior = r.value[:n_mem], r.posterior
-            post_m, post_n = posterior[:n_mem], posterior[n_mem:]
-            scored = np.isfinite(risk)
-            if scored.any():
-                rf = risk[scored]
-                qs, top_risk = column_quantiles(
-                    torch.from_numpy(rf)[:, None], QUANTILES, extra=(rf.size - 1,)
-                )
-                *values, top_value = torch.cat([qs[:, 0], top_risk[:, 0]]).tolist()
-                for qtl, value in zip(QUANTILES, values, strict=True):
-                    scalars[f"privacy/{name}/risk/q{round(qtl * 100)}"] = value
-                scalars[f"privacy/{name}/risk/max"] = top_value
-                for level in RISK_LEVELS:
-                    scalars[f"privacy/{name}/risk/n_above_{level}"] = float((rf > level).sum())
-            top = _most_exposed(risk, self.top_k)
-        scalars[f"privacy/{name}/n_dropped"] = float(n_dropped)
-        return QueryResult(
-            name=name,
-            estimates=estimates,
-            dim=d,
-            n_dropped=n_dropped,
-            member_risk=risk,
-            member_posterior=post_m,
-            nonmember_posterior=post_n,
-            top_records=top,
         )
 
     # -- persistence --------------------------------------------------------------------------
@@ -561,6 +483,7 @@ class PrivacyMonitor:
             "last_step": self._last_step,
             "stop": self._stop,
             "n_failed": self.n_failed,
+            "n_certified_checks": self.n_certified_checks,
             "early_stopping": None
             if self.early_stopping is None
             else self.early_stopping.state_dict(),
@@ -585,4 +508,6 @@ class PrivacyMonitor:
         self._last_step = state["last_step"]
         self._stop = bool(state["stop"])
         self.n_failed = int(state["n_failed"])
+        # a resumed run goes on spending where it stopped (older states: one per kept check)
+        self.n_certified_checks = int(state.get("n_certified_checks", len(self.history)))
         self.records.load_state_dict(state.get("records", {}))

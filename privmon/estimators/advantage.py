@@ -22,16 +22,22 @@ trivial attack that always guesses the more likely class reaches it without look
 * ``lower`` — a certified lower confidence bound at level 1 − δ: the rule learned on folds 2..K−1
   is applied to folds 0-1, which it has never seen; exact one-sided Clopper–Pearson bounds at
   level δ/2 on its TPR (lower) and FPR (upper) (Bonferroni across the two) bound the rule's true
-  advantage, which bounds the optimal one from below.
-* ``upper`` — plugin + McDiarmid half-width sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ)) (Thm 2-3 (2);
-  equals sqrt(2/N·log(2/δ)) when N1 = pN). It bounds the plug-in's deviation from its own mean,
-  not the plug-in's bias, so it is an upper bound on the truth only because the bias is upward.
+  advantage, which bounds the optimal one from below. ``lower_check`` is the same bound at the
+  call's ``delta``; the two differ only inside the monitor, which certifies ``lower`` at the
+  share of its run-level δ that the check is allotted (:mod:`privmon.estimators.spending`).
+* ``upper`` — the paper's plug-in + McDiarmid half-width sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ))
+  (Thm 2-3 (2); equals sqrt(2/N·log(2/δ)) when N1 = pN). It bounds the plug-in's deviation from
+  its own mean, not the plug-in's bias, so it is **not** an upper bound on the advantage: the
+  plug-in is biased up, by far more than the half-width above 2-D or on skewed scores. No
+  sample-based upper bound on the optimal advantage exists without assumptions; ``upper`` is
+  kept only to reproduce MACE.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -41,7 +47,7 @@ import torch
 from privmon._validation import as_scores, check_open_unit
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedScores, fold_of, small_tensor
+from privmon.estimators.streaming import BinnedRecords, BinnedScores, fold_of, small_tensor
 
 __all__ = [
     "AdvantageEstimate",
@@ -72,8 +78,12 @@ class Estimate:
 class AdvantageEstimate(Estimate):
     """One estimate of the optimal membership advantage (accuracy metric, MACE eq. 7).
 
-    ``value`` debiased point estimate; ``lower`` certified lower bound (level 1 − delta);
-    ``plugin`` the paper's W_N / U_N; ``upper`` plugin + ``halfwidth`` (McDiarmid), capped at 1.
+    ``value`` debiased point estimate; ``lower`` certified lower bound at level 1 − ``lower_delta``
+    (``delta`` in the functional API; a check's share of the run's δ in the monitor, so that it
+    holds over the whole run); ``lower_check`` the same certificate at level 1 − ``delta``, valid
+    for this one estimate alone; ``plugin`` the paper's W_N / U_N; ``upper`` the paper's
+    plugin + ``halfwidth`` (McDiarmid), capped at 1 — a plug-in figure, not a bound on the
+    advantage (see the module docstring).
     ``floor`` = |2·prior − 1|, the advantage of always guessing the majority class: at a prior
     other than 0.5 read the figures against it, or use the generalized metrics
     (:func:`privmon.generalized_advantage`, e.g. the AM metric) which do not reward that guess.
@@ -87,6 +97,8 @@ class AdvantageEstimate(Estimate):
     prior: float
     method: str
     delta: float
+    lower_check: float
+    lower_delta: float
     n_members: int
     n_nonmembers: int
     n_dropped: int
@@ -134,21 +146,48 @@ def _ties(k: int, prior: float, device: torch.device) -> torch.Tensor:
     return small_tensor([[0.5]] * k + [[float(prior > 0.5)]], np.float64, device)
 
 
-def _certify(tp, n1: float, fp, n2: float, prior: float, delta: float):
-    """Certified advantage of rules with tp / fp positives among n1 / n2 held-out records
-    (scalars or arrays, one per rule)."""
+def certified_advantage(tp, n1: float, fp, n2: float, *, prior: float, delta):
+    """Certified advantage of rules with ``tp`` / ``fp`` positives among ``n1`` / ``n2`` held-out
+    records (scalars or arrays, one per rule; ``delta`` a scalar or one per rule): the advantage
+    2p·TPR − 2(1−p)·FPR + 1 − 2p at the one-sided Clopper–Pearson bounds TPR ≥ Beta⁻¹(δ/2; tp,
+    n1 − tp + 1) and FPR ≤ Beta⁻¹(1 − δ/2; fp + 1, n2 − fp), δ split between the two
+    (Bonferroni), so it holds with probability ≥ 1 − δ."""
+    delta = np.asarray(delta, dtype=np.float64)
+    tp, fp = np.asarray(tp, dtype=np.float64), np.asarray(fp, dtype=np.float64)
     tpr_lo = clopper_pearson_lower(tp, n1, delta / 2) if n1 > 0 else np.zeros_like(tp)
     fpr_hi = clopper_pearson_upper(fp, n2, delta / 2) if n2 > 0 else np.ones_like(fp)
     return accuracy_advantage(tpr_lo, fpr_hi, prior)
 
 
-def _finish(*, plugin, tp, fp, n1, n2, cert, prior, delta, method, n_dropped) -> AdvantageEstimate:
+def _certify(tp, n1: float, fp, n2: float, prior: float, deltas: tuple[float, float]):
+    """:func:`certified_advantage` at the run's δ share and at the call's δ: (lower,
+    lower_check), arrays with one entry per rule, from one pair of Clopper–Pearson calls."""
+    tp, fp = np.atleast_1d(tp), np.atleast_1d(fp)
+    if deltas[0] == deltas[1]:
+        cert = certified_advantage(tp, n1, fp, n2, prior=prior, delta=deltas[0])
+        return cert, cert
+    both = certified_advantage(
+        np.concatenate([tp, tp]),
+        n1,
+        np.concatenate([fp, fp]),
+        n2,
+        prior=prior,
+        delta=np.repeat(np.asarray(deltas, dtype=np.float64), tp.size),
+    )
+    return both[: tp.size], both[tp.size :]
+
+
+def _finish(
+    *, plugin, tp, fp, n1, n2, cert, cert_check, prior, delta, lower_delta, method, n_dropped
+) -> AdvantageEstimate:
     floor = abs(2 * prior - 1)
     value = accuracy_advantage(tp / n1, fp / n2, prior)
     halfwidth = mcdiarmid_halfwidth(prior, n1, n2, delta)
     return AdvantageEstimate(
         value=float(min(max(value, floor), 1.0)),
         lower=float(min(max(cert, floor), 1.0)),
+        lower_check=float(min(max(cert_check, floor), 1.0)),
+        lower_delta=float(lower_delta),
         upper=float(min(plugin + halfwidth, 1.0)),
         # W_N and U_N lie in [|2p − 1|, 1] exactly; only rounding (an ulp) can step outside
         plugin=float(min(max(plugin, floor), 1.0)),
@@ -408,6 +447,7 @@ def estimates_from_selections(
     delta: float,
     bandwidth: str | float,
     n_dropped: int,
+    certify_delta: float | None = None,
 ) -> dict[str, AdvantageEstimate]:
     """:func:`advantage_from_state` for several methods (arguments already checked), each from a
     state of the same records and its precomputed :func:`fold_selections`: the monitor derives
@@ -428,7 +468,8 @@ def estimates_from_selections(
     dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
     *figures, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
     plugin, tp, fp, tpc, fpc = np.asarray(figures).reshape(len(grids), 5).T
-    certs = _certify(tpc, n1c, fpc, n2c, prior, delta)
+    lower_delta = delta if certify_delta is None else certify_delta
+    certs, certs_check = _certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
     return {
         method: _finish(
             plugin=plugin[i],
@@ -437,8 +478,10 @@ def estimates_from_selections(
             n1=n1,
             n2=n2,
             cert=certs[i],
+            cert_check=certs_check[i],
             prior=prior,
             delta=delta,
+            lower_delta=lower_delta,
             method=method,
             n_dropped=n_dropped + int(extra),
         )
@@ -490,7 +533,9 @@ def _cells(x: torch.Tensor, low, width, bins: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.floor((x - low) / width).to(torch.int64).clamp_min(0), bins - 1)
 
 
-def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, seed, n_dropped):
+def _high_dim(
+    m, h, *, prior, method, delta, lower_delta, bins, bandwidth, folds, n_samples, seed, n_dropped
+):
     n1, n2 = m.shape[0], h.shape[0]
     d = m.shape[1]
     fm = fold_of(torch.arange(n1, device=m.device), folds)
@@ -524,9 +569,12 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
     if int((~cm).sum()) >= 2 and int((~ch).sum()) >= 2:
         tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
         fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
-        cert = float(_certify(tpc, float(cm.sum()), fpc, float(ch.sum()), prior, delta))
+        n1c, n2c = float(cm.sum()), float(ch.sum())
+        cert, cert_check = (
+            float(c[0]) for c in _certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
+        )
     else:
-        cert = 0.0
+        cert = cert_check = 0.0
     if method == "kde":
         kp, kq = GaussianKDE(m, bandwidth=bandwidth), GaussianKDE(h, bandwidth=bandwidth)
         half = n_samples // 2
@@ -552,8 +600,10 @@ def _high_dim(m, h, *, prior, method, delta, bins, bandwidth, folds, n_samples, 
         n1=n1,
         n2=n2,
         cert=cert,
+        cert_check=cert_check,
         prior=prior,
         delta=delta,
+        lower_delta=lower_delta,
         method=method,
         n_dropped=n_dropped,
     )
@@ -637,6 +687,43 @@ def optimal_advantage(
             f"member_scores and nonmember_scores must have the same dimension d, got "
             f"{m.shape[1]} and {h.shape[1]}"
         )
+    return estimate_from_scores(
+        m,
+        h,
+        method=method,
+        prior=prior,
+        delta=delta,
+        lower_delta=delta,
+        bins=bins,
+        bandwidth=bandwidth,
+        folds=folds,
+        n_samples=n_samples,
+        seed=seed,
+        low=low,
+        high=high,
+        n_dropped=dm + dh,
+    )
+
+
+def estimate_from_scores(
+    m: torch.Tensor,
+    h: torch.Tensor,
+    *,
+    method: str,
+    prior: float,
+    delta: float,
+    lower_delta: float,
+    bins: int | None = None,
+    bandwidth: str | float = "scott",
+    folds: int = 4,
+    n_samples: int = 16384,
+    seed: int = 0,
+    low: Any = None,
+    high: Any = None,
+    n_dropped: int = 0,
+) -> AdvantageEstimate:
+    """:func:`optimal_advantage` on finite float64 scores (n, d) already checked, with
+    ``lower`` certified at ``lower_delta`` (``lower_check`` at ``delta``)."""
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
     exact = False
@@ -651,22 +738,116 @@ def optimal_advantage(
             bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
         )
         state.update(m, h)
-        return advantage_from_state(
-            state, prior=prior, method=method, delta=delta, bandwidth=bandwidth, n_dropped=dm + dh
-        )
+        if not state.initialized:
+            raise ValueError("the state holds no scores yet")
+        return estimates_from_selections(
+            {method: (state, fold_selections(state))},
+            prior=prior,
+            delta=delta,
+            bandwidth=bandwidth,
+            n_dropped=n_dropped,
+            certify_delta=lower_delta,
+        )[method]
     return _high_dim(
         m,
         h,
         prior=prior,
         method=method,
         delta=delta,
+        lower_delta=lower_delta,
         bins=nbins,
         bandwidth=bandwidth,
         folds=folds,
         n_samples=n_samples,
         seed=seed,
-        n_dropped=dm + dh,
+        n_dropped=n_dropped,
     )
+
+
+def describe_error(err: BaseException) -> str:
+    """How a failed method or stage is reported: the exception's type and message."""
+    return f"{type(err).__name__}: {err}"
+
+
+def estimate_methods(
+    members: torch.Tensor,
+    nonmembers: torch.Tensor,
+    binned: BinnedRecords | None,
+    *,
+    methods: Sequence[str],
+    prior: float,
+    delta: float,
+    lower_delta: float,
+    n_dropped: int,
+    skip_errors: bool,
+) -> tuple[dict[str, AdvantageEstimate], dict[str, str]]:
+    """Each method's :func:`optimal_advantage` of finite float64 scores (arguments checked),
+    ``lower`` certified at ``lower_delta``: the analysis's rule-and-certify step.
+
+    In 1-2 dimensions the grid methods read the records' one binning pass (``binned``): the
+    histogram's fold selections are sums of the KDE grid's cells when the KDE's finer grid was
+    binned, and every grid figure comes back in one device transfer. The KDE takes exact kernel
+    sums instead when its bandwidth is below a grid cell, and above 2 dimensions every method
+    runs on the scores. ``skip_errors``: a method that raises is left out and reported in the
+    second dict (method -> error) instead of failing the others.
+    """
+    selections: dict[str, tuple[BinnedScores, Selections]] = {}
+    if binned is not None and binned.fine is binned.grid:
+        if "histogram" in methods:
+            selections["histogram"] = (binned.grid, fold_selections(binned.grid))
+    elif binned is not None:  # 1-D: the KDE's fine grid coarsened into the histogram's
+        grid, fine = binned.grid, binned.fine
+        counts, ns, covs = fine_folds = fold_selections(fine)
+        if "histogram" in methods:
+            factor = fine.bins[0] // grid.bins[0]
+            coarse = counts.reshape(*counts.shape[:2], grid.bins[0], factor).sum(dim=-1)
+            selections["histogram"] = (grid, (coarse, ns, covs))
+        width = binned.extent / fine.bins[0]
+        if not kde_grid_too_coarse(ns[:, 0], covs[:, 0], width, "scott"):
+            selections["kde"] = (fine, fine_folds)
+    shared = {"prior": prior, "delta": delta, "n_dropped": n_dropped}
+    estimates: dict[str, AdvantageEstimate] = {}
+    failures: dict[str, str] = {}
+    if selections:
+        try:  # every grid method in one pass (one device transfer)
+            estimates.update(
+                estimates_from_selections(
+                    selections, bandwidth="scott", certify_delta=lower_delta, **shared
+                )
+            )
+        except Exception:
+            if not skip_errors:
+                raise
+            for method, one in selections.items():  # again one by one, to isolate the failure
+                try:
+                    estimates.update(
+                        estimates_from_selections(
+                            {method: one}, bandwidth="scott", certify_delta=lower_delta, **shared
+                        )
+                    )
+                except Exception as err:
+                    failures[method] = describe_error(err)
+    low = high = None
+    if binned is not None:
+        low, high = binned.fine.low, binned.fine.high
+    for method in methods:
+        if method in estimates or method in failures:
+            continue
+        try:
+            estimates[method] = estimate_from_scores(
+                members,
+                nonmembers,
+                method=method,
+                lower_delta=lower_delta,
+                low=low,
+                high=high,
+                **shared,
+            )
+        except Exception as err:
+            if not skip_errors:
+                raise
+            failures[method] = describe_error(err)
+    return {m: estimates[m] for m in methods if m in estimates}, failures
 
 
 class StreamingAdvantage:

@@ -32,9 +32,21 @@ from privmon._validation import as_scores, check_open_unit, to_numpy
 from privmon.estimators.advantage import Method, check_bins, check_method, default_bins
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedScores
+from privmon.estimators.streaming import BinnedRecords, BinnedScores, column_quantiles
 
-__all__ = ["IndividualRisk", "individual_risk", "risk_from_probabilities"]
+__all__ = [
+    "QUANTILES",
+    "RISK_LEVELS",
+    "IndividualRisk",
+    "individual_risk",
+    "most_exposed",
+    "record_signed_risk",
+    "risk_from_probabilities",
+    "risk_summary",
+]
+
+QUANTILES = (0.5, 0.9, 0.99)  # of the members' risks, reported per check
+RISK_LEVELS = (0.5, 0.8, 0.9)  # members above each risk level, reported per check
 
 
 @dataclass(frozen=True)
@@ -192,6 +204,44 @@ def cell_signed_risk(state: BinnedScores, *, prior: float) -> np.ndarray:
     records' risks and posteriors off it through the cells they were binned into."""
     k1, k2 = _cell_counts(state)
     return _f(k1 / k1.sum(), k2 / k2.sum(), prior, 2 * prior - 1)
+
+
+def record_signed_risk(binned: BinnedRecords, *, prior: float) -> np.ndarray:
+    """f_p of each binned record (MACE eq. 8) read off its cell of the histogram grid
+    (:func:`cell_signed_risk`; records outside the grid's range take the empty outside cell)."""
+    grid = binned.grid
+    index = to_numpy(torch.where(binned.inside, binned.cell, grid.counts.shape[2]))
+    return cell_signed_risk(grid, prior=prior)[index]
+
+
+def risk_summary(risk: np.ndarray) -> dict[str, float]:
+    """Quantiles (``q50``, ``q90``, ``q99``), ``max`` and the number above each of
+    :data:`RISK_LEVELS` (``n_above_0.5`` …) of the finite member risks; empty when none is."""
+    finite = risk[np.isfinite(risk)]
+    if finite.size == 0:
+        return {}
+    qs, top = column_quantiles(
+        torch.from_numpy(finite)[:, None], QUANTILES, extra=(finite.size - 1,)
+    )
+    *values, top_value = torch.cat([qs[:, 0], top[:, 0]]).tolist()
+    out = {f"q{round(q * 100)}": v for q, v in zip(QUANTILES, values, strict=True)}
+    out["max"] = top_value
+    for level in RISK_LEVELS:
+        out[f"n_above_{level}"] = float((finite > level).sum())
+    return out
+
+
+def most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:
+    """Indices of the k highest risks (NaN last), ties by index: the first k of a stable sort,
+    without sorting every record."""
+    if k == 0:
+        return ()
+    key = -(risk if np.isfinite(risk).all() else np.nan_to_num(risk, nan=-1.0))
+    candidates = np.arange(key.size)
+    if k < key.size:  # the records at or above the k-th highest, in index order
+        candidates = np.flatnonzero(key <= np.partition(key, k - 1)[k - 1])
+    order = candidates[np.argsort(key[candidates], kind="stable")]
+    return tuple(order[:k].tolist())
 
 
 def histogram_risk(

@@ -38,6 +38,7 @@ __all__ = [
     "auc",
     "roc_curve",
     "roc_summary",
+    "summary_from_ascending",
     "top_q_precision",
     "tpr_at_fpr",
 ]
@@ -365,6 +366,23 @@ def roc_summary(
     if higher_is_member is False:  # rank the negated scores (exact) instead of negating a ranking
         pooled = -pooled
     return _summary(*_sort_descending(pooled), pos.shape[0], targets, higher_is_member)
+
+
+def summary_from_ascending(
+    values: torch.Tensor,
+    order: torch.Tensor,
+    n1: int,
+    *,
+    higher_is_member: bool | None,
+    fpr: Sequence[float] = _DEFAULT_FPR,
+) -> dict[str, float]:
+    """:func:`roc_summary` (arguments already checked) from finite 1-D scores sorted ascending
+    (``values``) and their sorting indices (``order``), the first ``n1`` pooled scores being the
+    members: the analysis shares this sort with the grid's range. Tied scores may come in any
+    order: every figure is read per distinct score."""
+    if higher_is_member is False:  # descending −x is −(ascending x), in the same order
+        return _summary(-values, order, n1, list(fpr), higher_is_member)
+    return _summary(values.flip(0), order.flip(0), n1, list(fpr), higher_is_member)
 
 
 def _summary(

@@ -28,6 +28,7 @@ import copy
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ import torch
 
 from privmon._validation import as_scores, to_numpy
 
-__all__ = ["BinnedScores"]
+__all__ = ["BinnedRecords", "BinnedScores", "bin_records"]
 
 _HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 MAX_CELLS = 1 << 22
@@ -51,6 +52,16 @@ def sort_ascending(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu":
         return torch.from_numpy(np.sort(to_numpy(x), axis=0))
     return torch.sort(x, dim=0).values
+
+
+def argsort_ascending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D x sorted ascending and the sorting indices (numpy's sort on the CPU, see
+    :func:`sort_ascending`)."""
+    if x.device.type == "cpu":
+        values = to_numpy(x)
+        order = np.argsort(values)
+        return torch.from_numpy(values[order]), torch.from_numpy(order)
+    return torch.sort(x)
 
 
 def _order_statistics(x: torch.Tensor, ranks: Sequence[int], presorted: bool) -> torch.Tensor:
@@ -471,3 +482,49 @@ def _mean_cov(n: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor):
     outer = mean.unsqueeze(-1) * mean.unsqueeze(-2)
     cov = (s2 - nn[..., None] * outer) / (nn - 1).clamp_min(1)[..., None]
     return mean, cov
+
+
+@dataclass(frozen=True)
+class BinnedRecords:
+    """Every record of one check binned once (:func:`bin_records`).
+
+    ``fine`` is the state the records were binned into; ``grid`` the histogram's state (``fine``
+    itself, or ``fine`` coarsened when the KDE's finer grid serves both); ``cell`` / ``inside``
+    each record's cell in ``grid`` and whether it fell inside the grid's range; ``extent`` the
+    pooled data range per dimension (max − min); ``ascending`` (1-D only) the pooled scores
+    sorted ascending and the sorting indices: the one sort of the check, which the ROC reads.
+    """
+
+    fine: BinnedScores
+    grid: BinnedScores
+    cell: torch.Tensor
+    inside: torch.Tensor
+    extent: torch.Tensor
+    ascending: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def bin_records(
+    x: torch.Tensor, n_members: int, *, bins: int, fine_bins: int | None = None
+) -> BinnedRecords:
+    """Bin finite float64 scores (n, d ≤ 2), the first ``n_members`` of them members, on one
+    grid over their robust range (:func:`robust_range`, margin 0: the grid
+    :func:`~privmon.estimators.advantage.optimal_advantage` builds for the same records), in one
+    pass. ``fine_bins`` (1-D, a multiple of ``bins``): bin on that finer grid and coarsen it to
+    ``bins`` for the histogram. In 1-D one sort gives the range and the ROC's ranking."""
+    ascending = None
+    if x.shape[1] == 1:
+        ascending = argsort_ascending(x[:, 0])
+        sorted_x = ascending[0][:, None]
+        low, high = robust_range(sorted_x, presorted=True)
+        extent = sorted_x[-1] - sorted_x[0]
+    else:
+        low, high = robust_range(x)
+        extent = x.amax(dim=0) - x.amin(dim=0)
+    fine = BinnedScores(bins=fine_bins or bins, margin=0.0, low=low, high=high, device=x.device)
+    cell, inside = fine._add(x, (n_members, x.shape[0] - n_members))
+    grid = fine
+    if fine_bins is not None and fine_bins != bins:
+        factor = fine_bins // bins
+        grid = fine.coarsen(factor)
+        cell = torch.div(cell, factor, rounding_mode="floor")
+    return BinnedRecords(fine, grid, cell, inside, extent, ascending)

@@ -1,0 +1,235 @@
+"""Everything one check reports for one query, as one pure function: :func:`analyse`.
+
+The monitor calls it once per query and check (as ``torchmetrics.Metric.compute`` calls its
+functional twin); offline users call it on saved scores. It is a pipeline in which the scores
+pass through each estimator module once, in this order:
+
+1. bin (:mod:`~privmon.estimators.streaming`): in 1-2 dimensions every record is binned once on
+   one grid; in 1-D one sort gives the grid's range and the ROC's ranking;
+2. learn and measure the rule per method, then certify (:mod:`~privmon.estimators.advantage`):
+   the grid methods read the binned records, the others (exact KDE, above 2-D) the scores;
+3. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
+   the median, from the sort of step 1;
+4. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D): f_p per record from its
+   histogram cell, posteriors (1 + f_p) / 2, quantiles and the most exposed members.
+
+Every figure equals the one the public function of its module gives on the same scores
+(:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`,
+:func:`~privmon.individual_risk`), to rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from privmon._validation import as_scores, check_int, check_open_unit
+from privmon.estimators.advantage import (
+    METHODS,
+    AdvantageEstimate,
+    default_bins,
+    describe_error,
+    estimate_methods,
+)
+from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary
+from privmon.estimators.roc import summary_from_ascending
+from privmon.estimators.streaming import bin_records
+
+__all__ = ["ESTIMATE_FIELDS", "QueryResult", "analyse"]
+
+# the figures of each method's estimate that a check reports, with their scalar names
+ESTIMATE_FIELDS = {
+    "value": "value",
+    "lower": "lower",
+    "lower_check": "lower_check",
+    "plugin": "plugin",
+    "upper": "plugin_upper",
+}
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """What one query revealed at one check (:func:`analyse`).
+
+    ``estimates``: method -> :class:`~privmon.estimators.advantage.AdvantageEstimate`, for the
+    methods that succeeded. ``roc`` (1-D): AUC, ``tpr@fpr=…`` and accuracy at the median.
+    ``risk`` (1-2 D): quantiles, max and counts above levels of the members' risks |f_p|.
+    ``member_risk`` / ``member_posterior`` / ``nonmember_posterior``: per record, in the order
+    given (NaN for dropped records). ``top_records``: member indices, most exposed first.
+    ``failures``: what could not be computed (a method, "roc" or "risk") -> the error.
+    Arrays are dropped from results kept in a monitor's history.
+    """
+
+    name: str
+    estimates: dict[str, AdvantageEstimate]
+    dim: int
+    n_dropped: int
+    roc: dict[str, float] = field(default_factory=dict)
+    risk: dict[str, float] = field(default_factory=dict)
+    member_risk: np.ndarray | None = None
+    member_posterior: np.ndarray | None = None
+    nonmember_posterior: np.ndarray | None = None
+    top_records: tuple[int, ...] = ()
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def without_arrays(self) -> QueryResult:
+        return dataclasses.replace(
+            self, member_risk=None, member_posterior=None, nonmember_posterior=None
+        )
+
+    def scalars(self) -> dict[str, float]:
+        """The figures as flat ``name -> float`` tags relative to the query (``kde/lower``,
+        ``auc``, ``risk/q50``, ``n_dropped`` …), as the monitor logs them under
+        ``privacy/<query>/``."""
+        out: dict[str, float] = {}
+        for method, est in self.estimates.items():
+            for attr, tag in ESTIMATE_FIELDS.items():
+                out[f"{method}/{tag}"] = getattr(est, attr)
+        out.update(self.roc)
+        out.update({f"risk/{k}": v for k, v in self.risk.items()})
+        out["n_dropped"] = float(self.n_dropped)
+        return out
+
+
+def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
+    chosen = (methods,) if isinstance(methods, str) else tuple(methods)
+    if not chosen or any(m not in METHODS for m in chosen) or len(set(chosen)) != len(chosen):
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods!r}")
+    return chosen
+
+
+def analyse(
+    member_scores: Any,
+    nonmember_scores: Any,
+    *,
+    methods: Sequence[str] = METHODS,
+    prior: float = 0.5,
+    delta: float = 0.05,
+    certify_delta: float | None = None,
+    discrete: bool = False,
+    higher_is_member: bool | None = None,
+    top_k: int = 10,
+    name: str = "query",
+    errors: Literal["raise", "skip"] = "raise",
+) -> QueryResult:
+    """Every figure a privacy check reports for one query's scores.
+
+    Args:
+        member_scores, nonmember_scores: the query's outputs on member / non-member records,
+            numpy or torch on any device, shape (n,) or (n, d). Rows holding NaN / inf are
+            dropped and counted; per-record outputs stay aligned with the input (NaN there).
+        methods: advantage estimators, from ("histogram", "kde") (MACE Thm 2 / Thm 3).
+        prior: P(member), in (0, 1).
+        delta: 1 − confidence level of ``lower_check`` and of the plug-in interval, in (0, 1).
+        certify_delta: the δ each method's ``lower`` is certified at (default ``delta``); the
+            monitor passes its check's share of the run's δ (:mod:`privmon.estimators.spending`).
+        discrete: the scores take few values (e.g. correctness): the KDE method is skipped.
+        higher_is_member: orientation of 1-D scores for the ROC figures (None: the one with
+            AUC ≥ 0.5, as an attacker would pick).
+        top_k: how many most exposed member indices to return, >= 0.
+        name: the query's name, carried into the result.
+        errors: "raise" re-raises the first failure; "skip" reports a failing method, ROC or
+            risk step in ``failures`` and computes everything else.
+
+    Returns:
+        :class:`QueryResult`.
+    """
+    methods = _check_methods(methods)
+    prior = check_open_unit(prior, name="prior")
+    delta = check_open_unit(delta, name="delta")
+    lower_delta = (
+        delta if certify_delta is None else check_open_unit(certify_delta, name="certify_delta")
+    )
+    if higher_is_member not in (True, False, None):
+        raise ValueError(f"higher_is_member must be True, False or None, got {higher_is_member!r}")
+    top_k = check_int(top_k, name="top_k")
+    if errors not in ("raise", "skip"):
+        raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
+    skip = errors == "skip"
+    if discrete:
+        methods = tuple(m for m in methods if m != "kde")
+
+    mem, dropped_m = as_scores(member_scores, name="member_scores", drop=False)
+    non, dropped_n = as_scores(
+        nonmember_scores, name="nonmember_scores", device=mem.device, drop=False
+    )
+    if mem.shape[1] != non.shape[1]:
+        raise ValueError(
+            f"member_scores and nonmember_scores must have the same dimension d, got "
+            f"{mem.shape[1]} and {non.shape[1]}"
+        )
+    n_mem, d = mem.shape
+    x = torch.cat([mem, non])
+    kept = None  # rows kept (None: all, the usual case)
+    if dropped_m or dropped_n:
+        kept = torch.isfinite(x).all(dim=1)
+        x = x[kept]
+    n1 = n_mem - dropped_m
+    for n, side in ((n1, "member_scores"), (x.shape[0] - n1, "nonmember_scores")):
+        if n == 0:
+            raise ValueError(f"{side} has no finite scores")
+    n_dropped = dropped_m + dropped_n
+
+    with torch.inference_mode():  # hundreds of small operations: no autograd bookkeeping
+        # 1. bin
+        binned = None
+        if d <= 2:
+            shared = d == 1 and "kde" in methods  # the KDE's fine grid serves the histogram
+            binned = bin_records(
+                x,
+                n1,
+                bins=default_bins("histogram", d),
+                fine_bins=default_bins("kde", d) if shared else None,
+            )
+        # 2. learn, measure and certify the rule per method
+        estimates, failures = estimate_methods(
+            x[:n1],
+            x[n1:],
+            binned,
+            methods=methods,
+            prior=prior,
+            delta=delta,
+            lower_delta=lower_delta,
+            n_dropped=n_dropped,
+            skip_errors=skip,
+        )
+        # 3. rank for the ROC
+        roc: dict[str, float] = {}
+        if binned is not None and binned.ascending is not None:
+            try:
+                roc = summary_from_ascending(
+                    *binned.ascending, n1, higher_is_member=higher_is_member
+                )
+            except Exception as err:
+                if not skip:
+                    raise
+                failures["roc"] = describe_error(err)
+        # 4. per-record risks
+        result = QueryResult(name, estimates, d, n_dropped, roc=roc, failures=failures)
+        if binned is None:
+            return result
+        try:
+            signed = record_signed_risk(binned, prior=prior)
+            if kept is not None:  # back to the records given, NaN for the dropped ones
+                full = np.full(kept.shape[0], np.nan)
+                full[kept.cpu().numpy()] = signed
+                signed = full
+            risk = np.abs(signed[:n_mem])
+            posterior = (1 + signed) / 2
+            return dataclasses.replace(
+                result,
+                risk=risk_summary(risk),
+                member_risk=risk,
+                member_posterior=posterior[:n_mem],
+                nonmember_posterior=posterior[n_mem:],
+                top_records=most_exposed(risk, top_k),
+            )
+        except Exception as err:
+            if not skip:
+                raise
+            return dataclasses.replace(result, failures={**failures, "risk": describe_error(err)})

@@ -234,7 +234,8 @@ def _summary(monitor: PrivacyMonitor, config: DemoConfig, steps: int, stopped_at
             base = f"privacy/{name}/{method}"
             key = f"{name}/{method}"
             final[key] = {
-                f: last.scalars[f"{base}/{f}"] for f in ("value", "lower", "plugin", "upper")
+                f: last.scalars[f"{base}/{f}"]
+                for f in ("value", "lower", "lower_check", "plugin", "plugin_upper")
             }
             if f"privacy/{name}/auc" in last.scalars:
                 final[key]["auc"] = last.scalars[f"privacy/{name}/auc"]

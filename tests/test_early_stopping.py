@@ -44,7 +44,7 @@ def _scalars(value=0.0, lower=0.0, upper=0.0, auc=0.5):
     return {
         "privacy/loss/histogram/value": value,
         "privacy/loss/histogram/lower": lower,
-        "privacy/loss/histogram/upper": upper,
+        "privacy/loss/histogram/plugin_upper": upper,
         "privacy/loss/auc": auc,
     }
 
@@ -115,8 +115,7 @@ def test_threshold_comparison_is_strict():
 
 @pytest.mark.parametrize(
     ("use", "tag", "figure"),
-    [("lower", "privacy/loss/histogram/lower", 0.2), ("value", "privacy/loss/histogram/value", 0.3),
-     ("upper", "privacy/loss/histogram/upper", 0.6)],
+    [("lower", "privacy/loss/histogram/lower", 0.2), ("value", "privacy/loss/histogram/value", 0.3)],
 )  # fmt: skip
 def test_short_metric_completed_with_use(use, tag, figure):
     es = PrivacyEarlyStopping("loss/histogram", 0.25, use=use)
@@ -164,15 +163,27 @@ def test_stops_records_step_and_reason_and_stays_stopped():
     assert es.reason.startswith("step 200:")
 
 
+@pytest.mark.parametrize(
+    ("metric", "use"),
+    [("loss/histogram", "upper"), ("privacy/loss/kde/plugin_upper", "lower"),
+     ("privacy/loss/kde/plugin", "lower"), ("loss/kde/upper", "value")],
+)  # fmt: skip
+def test_plugin_figures_are_refused(metric, use):
+    # The plug-in + McDiarmid figure is biased up and bounds nothing: stopping on it would stop
+    # training on noise (W_N ≈ 0.14 with nothing leaking at 1,000 + 1,000 records).
+    with pytest.raises(ValueError, match="not an upper bound"):
+        PrivacyEarlyStopping(metric, 0.3, use=use)
+
+
 def test_state_dict_roundtrip_through_torch_save_weights_only():
-    es = PrivacyEarlyStopping("loss/histogram", 0.1, use="upper", patience=2, min_checks=2)
-    es.update(10, _scalars(upper=0.5))
-    es.update(20, _scalars(upper=0.5))
+    es = PrivacyEarlyStopping("loss/histogram", 0.1, use="value", patience=2, min_checks=2)
+    es.update(10, _scalars(value=0.5))
+    es.update(20, _scalars(value=0.5))
     state = _roundtrip(es.state_dict())
     assert state == {
         "metric": "loss/histogram",
         "threshold": 0.1,
-        "use": "upper",
+        "use": "value",
         "patience": 2,
         "min_checks": 2,
         "wait": 2,
@@ -180,15 +191,15 @@ def test_state_dict_roundtrip_through_torch_save_weights_only():
         "stopped_step": None,
         "reason": None,
     }
-    resumed = PrivacyEarlyStopping("loss/histogram", 0.1, use="upper", patience=2, min_checks=2)
+    resumed = PrivacyEarlyStopping("loss/histogram", 0.1, use="value", patience=2, min_checks=2)
     resumed.load_state_dict(state)
-    assert resumed.update(30, _scalars(upper=0.5)) is True
+    assert resumed.update(30, _scalars(value=0.5)) is True
     assert resumed.stopped_step == 30
     assert "for 3 consecutive check(s)" in resumed.reason
     # A stopped callback resumes stopped.
-    again = PrivacyEarlyStopping("loss/histogram", 0.1, use="upper", patience=2, min_checks=2)
+    again = PrivacyEarlyStopping("loss/histogram", 0.1, use="value", patience=2, min_checks=2)
     again.load_state_dict(_roundtrip(resumed.state_dict()))
-    assert again.update(40, _scalars(upper=0.0)) is True
+    assert again.update(40, _scalars(value=0.0)) is True
     assert (again.stopped_step, again.reason) == (30, resumed.reason)
 
 
@@ -263,7 +274,7 @@ figures = st.one_of(
     values=st.lists(figures, max_size=12),
     patience=st.integers(0, 3),
     min_checks=st.integers(0, 5),
-    use=st.sampled_from(["lower", "value", "upper"]),
+    use=st.sampled_from(["lower", "value"]),
     data=st.data(),
 )
 def test_decisions_identical_when_resumed_midway(values, patience, min_checks, use, data):

@@ -114,7 +114,7 @@ def test_gan_digits(tmp_path):
 
 
 def test_early_stopping_defense(tmp_path):
-    budget, epochs, plot = 0.05, 15, tmp_path / "tradeoff.png"
+    budget, epochs, plot = 0.03, 20, tmp_path / "tradeoff.png"
     out = run_example(
         "early_stopping_defense.py",
         *("--epochs", str(epochs), "--budget", str(budget), "--seed", "0"),

@@ -225,10 +225,11 @@ def _write(tmp_path, lines):
 def test_verdict_tiers(tmp_path):
     v = verdict(_write(tmp_path, [_line(10, 0.0, 0.02), _line(20, 0.0, 0.01)]))
     assert v.level == "none" and v.headline == "No measurable membership leakage."
-    # One certificate at an earlier check only: possible leakage.
+    # One certificate at an earlier check only: the bounds hold over the whole run, so it is
+    # leakage all the same.
     v = verdict(_write(tmp_path, [_line(10, 0.12), _line(20, 0.0), _line(30, 0.0)]))
-    assert v.level == "possible"
-    assert v.headline.startswith("Possible leakage: a certified advantage ≥ 0.120 at step 10")
+    assert v.level == "leakage"
+    assert v.headline == "Leakage detected: certified advantage ≥ 0.120 at step 10."
     # A certificate at the last check: leakage detected, the largest certificate is quoted.
     v = verdict(_write(tmp_path, [_line(10, 0.0), _line(20, 0.3), _line(30, 0.2)]))
     assert v.level == "leakage"

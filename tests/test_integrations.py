@@ -64,8 +64,8 @@ def _audit(x, y, as_dict=False):
 
 
 def _budget(patience):
-    """A budget that must trip: the upper figure (plug-in + McDiarmid half-width) is > 0."""
-    return PrivacyEarlyStopping("loss/histogram", 0.0, use="upper", patience=patience)
+    """A budget that must trip: the estimate is never below 0 > -1."""
+    return PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=patience)
 
 
 def _monitor(model, data, logdir=None, patience=None, as_dict=False):

@@ -37,11 +37,11 @@ CORE_TAGS = [
     "privacy/loss/histogram/value",
     "privacy/loss/histogram/lower",
     "privacy/loss/histogram/plugin",
-    "privacy/loss/histogram/upper",
+    "privacy/loss/histogram/plugin_upper",
     "privacy/loss/kde/value",
     "privacy/loss/kde/lower",
     "privacy/loss/kde/plugin",
-    "privacy/loss/kde/upper",
+    "privacy/loss/kde/plugin_upper",
     "privacy/loss/auc",
 ]
 
@@ -177,8 +177,9 @@ def test_scalars_one_event_per_check_equal_to_history(run, request):
         s = report.scalars
         for method in ("histogram", "kde"):
             b = f"privacy/loss/{method}"
-            assert 0.0 <= s[f"{b}/lower"] <= s[f"{b}/value"] <= s[f"{b}/upper"] <= 1.0
-            assert 0.0 <= s[f"{b}/plugin"] <= s[f"{b}/upper"]
+            assert 0.0 <= s[f"{b}/lower"] <= s[f"{b}/lower_check"] <= 1.0
+            assert s[f"{b}/lower"] <= s[f"{b}/value"] <= s[f"{b}/plugin_upper"] <= 1.0
+            assert 0.0 <= s[f"{b}/plugin"] <= s[f"{b}/plugin_upper"]
         assert 0.0 <= s["privacy/loss/auc"] <= 1.0
 
 
@@ -233,12 +234,10 @@ def test_custom_scalar_layout_without_accountant(plain):
         ("privacy", "loss histogram: advantage vs DP ceiling"): [
             "privacy/loss/histogram/value",
             "privacy/loss/histogram/lower",
-            "privacy/loss/histogram/upper",
         ],
         ("privacy", "loss kde: advantage vs DP ceiling"): [
             "privacy/loss/kde/value",
             "privacy/loss/kde/lower",
-            "privacy/loss/kde/upper",
         ],
     }
 
@@ -275,7 +274,6 @@ def test_accountant_epsilon_ceilings_and_layout(dp):
         assert charts[("privacy", f"loss {method}: advantage vs DP ceiling")] == [
             f"{b}/value",
             f"{b}/lower",
-            f"{b}/upper",
             *ceilings,
         ]
     assert charts[("privacy", "epsilon: accountant vs measured lower bounds")] == [
@@ -368,10 +366,9 @@ def test_real_tensorboard_server_serves_our_scalars(server, plain, dp):
 
     layout = _get(port, "/data/plugin/custom_scalars/layout")
     charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
-    assert charts["loss histogram: advantage vs DP ceiling"][:3] == [
+    assert charts["loss histogram: advantage vs DP ceiling"][:2] == [
         "privacy/loss/histogram/value",
         "privacy/loss/histogram/lower",
-        "privacy/loss/histogram/upper",
     ]
     pr_tags = _get(port, "/data/plugin/pr_curves/tags")
     assert "privacy/loss/membership_pr" in pr_tags["plain"]

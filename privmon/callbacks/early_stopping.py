@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 __all__ = ["PrivacyEarlyStopping", "should_stop"]
 
-USES = ("lower", "value", "upper")
+USES = ("lower", "value")
+# the paper's plug-in figures: biased up, no bound on the advantage, never a stopping figure
+PLUGIN_FIELDS = ("plugin", "plugin_upper", "upper")
 
 
 def should_stop(
@@ -51,8 +53,10 @@ class PrivacyEarlyStopping:
             (``"privacy/loss/histogram/lower"``) or the part between ``privacy/`` and the estimate
             field (``"loss/histogram"``), completed with ``use``.
         threshold: the budget: stop when the figure is above it.
-        use: which estimate of an advantage: "lower" (certified; stops only on proven leakage,
-            the default), "value" (debiased point estimate) or "upper" (conservative).
+        use: which estimate of an advantage: "lower" (certified over the whole run: stops only
+            on proven leakage, the default) or "value" (debiased point estimate). The paper's
+            plug-in figures (``plugin``, ``plugin_upper``) are refused: they are biased up and
+            bound nothing, so they would stop training on noise.
         patience: checks above the budget tolerated before stopping (0: stop at the first).
         min_checks: never stop before this many checks.
     """
@@ -62,7 +66,7 @@ class PrivacyEarlyStopping:
         metric: str,
         threshold: float,
         *,
-        use: Literal["lower", "value", "upper"] = "lower",
+        use: Literal["lower", "value"] = "lower",
         patience: int = 0,
         min_checks: int = 1,
     ) -> None:
@@ -74,8 +78,12 @@ class PrivacyEarlyStopping:
             raise ValueError(f"threshold must be a finite number, got {threshold!r}") from None
         if not math.isfinite(threshold):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-        if use not in USES:
-            raise ValueError(f"use must be one of {USES}, got {use!r}")
+        if use not in USES or metric.rsplit("/", 1)[-1] in PLUGIN_FIELDS:
+            raise ValueError(
+                f"use must be one of {USES} and metric must not name a plug-in figure "
+                f"{PLUGIN_FIELDS}, got use={use!r}, metric={metric!r}: the plug-in + McDiarmid "
+                "figure is biased up and is not an upper bound on the advantage"
+            )
         for name, v in (("patience", patience), ("min_checks", min_checks)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")

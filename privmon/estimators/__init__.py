@@ -1,5 +1,6 @@
-"""Pure math on scores: optimal advantage, individual risk, generalized metrics, ROC, densities,
-streaming states. Functions take numpy arrays or torch tensors on any device."""
+"""Pure math on scores: the per-query analysis of a check (:func:`analyse`), optimal advantage,
+individual risk, generalized metrics, ROC, densities, streaming states. Functions take numpy
+arrays or torch tensors on any device."""
 
 from privmon.estimators.advantage import (
     AdvantageEstimate,
@@ -7,6 +8,7 @@ from privmon.estimators.advantage import (
     advantage_from_state,
     optimal_advantage,
 )
+from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.generalized import GeneralizedEstimate, Metric, generalized_advantage
 from privmon.estimators.risk import IndividualRisk, individual_risk
@@ -27,9 +29,11 @@ __all__ = [
     "GeneralizedEstimate",
     "IndividualRisk",
     "Metric",
+    "QueryResult",
     "StreamingAdvantage",
     "accuracy_at_median",
     "advantage_from_state",
+    "analyse",
     "auc",
     "generalized_advantage",
     "individual_risk",

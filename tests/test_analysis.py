@@ -1,0 +1,166 @@
+"""privmon.analyse: one pure call per query equals the public functions called one by one; a
+failing method or step is isolated; the certificate equals the Clopper–Pearson formula."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import beta
+
+import privmon
+from privmon.estimators.advantage import certified_advantage
+from privmon.estimators.streaming import fold_of
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FIELDS = ("value", "lower", "lower_check", "plugin", "upper")
+
+
+def _case(kind: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    if kind == "gaussian":  # 1-D, the KDE on its grid
+        return rng.normal(0.4, 1.0, 900), rng.normal(0.0, 1.0, 700)
+    if kind == "memorised":  # member losses squeezed near 0: the exact-KDE path
+        return np.abs(0.001 * rng.normal(size=800)), rng.exponential(3.0, 600)
+    if kind == "2d":
+        return rng.normal(0.3, 1.0, (700, 2)), rng.normal(0.0, 1.0, (600, 2))
+    if kind == "3d":
+        return rng.normal(0.3, 1.0, (250, 3)), rng.normal(0.0, 1.0, (200, 3))
+    if kind == "nonfinite":  # NaN / inf rows dropped and counted, per-record arrays aligned
+        m, h = rng.normal(0.4, 1.0, 500), rng.normal(0.0, 1.0, 400)
+        m[[3, 70]] = [np.nan, np.inf]
+        h[[5]] = -np.inf
+        return m, h
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "memorised", "2d", "3d", "nonfinite"])
+def test_analyse_equals_the_public_functions_one_by_one(kind):
+    mem, non = _case(kind)
+    res = privmon.analyse(mem, non, delta=0.1, certify_delta=0.01, top_k=5, name="q")
+    assert res.name == "q" and res.dim == (1 if mem.ndim == 1 else mem.shape[1])
+    assert res.failures == {}
+    for method in ("histogram", "kde"):
+        est = privmon.optimal_advantage(mem, non, method=method, delta=0.1)
+        run = privmon.optimal_advantage(mem, non, method=method, delta=0.01)
+        got = res.estimates[method]
+        for field in ("value", "plugin", "upper", "halfwidth", "n_dropped"):
+            assert getattr(got, field) == pytest.approx(getattr(est, field), abs=1e-12)
+        assert got.lower_check == pytest.approx(est.lower, abs=1e-12)
+        assert got.lower == pytest.approx(run.lower, abs=1e-12)
+        assert got.lower_delta == 0.01 and got.delta == 0.1
+    if mem.ndim == 1:
+        summary = privmon.roc_summary(mem, non, higher_is_member=None)
+        assert res.roc == pytest.approx(summary, abs=1e-12)
+    else:
+        assert res.roc == {}
+    if mem.ndim == 1 or mem.shape[1] <= 2:
+        on_members = privmon.individual_risk(mem, mem, non, delta=0.1)
+        on_nonmembers = privmon.individual_risk(non, mem, non, delta=0.1)
+        np.testing.assert_allclose(res.member_risk, on_members.value, atol=1e-12)
+        np.testing.assert_allclose(res.member_posterior, on_members.posterior, atol=1e-12)
+        np.testing.assert_allclose(res.nonmember_posterior, on_nonmembers.posterior, atol=1e-12)
+        finite = on_members.value[np.isfinite(on_members.value)]
+        for q in (50, 90, 99):
+            assert res.risk[f"q{q}"] == pytest.approx(np.quantile(finite, q / 100), abs=1e-12)
+        assert res.risk["max"] == pytest.approx(finite.max())
+        assert res.risk["n_above_0.5"] == float((finite > 0.5).sum())
+        order = np.argsort(-np.nan_to_num(on_members.value, nan=-1.0), kind="stable")
+        assert res.top_records == tuple(order[:5].tolist())
+    else:  # above 2-D: no grid, so no per-record risk
+        assert res.member_risk is None and res.top_records == ()
+
+
+def test_posteriors_point_the_right_way():
+    # members score higher: their posterior P(member | score) is above 1/2 where they dominate
+    rng = np.random.default_rng(1)
+    mem, non = rng.normal(2.0, 1.0, 600), rng.normal(0.0, 1.0, 600)
+    res = privmon.analyse(mem, non)
+    assert np.median(res.member_posterior) > 0.75
+    assert np.median(res.nonmember_posterior) < 0.25
+
+
+def test_analyse_orientation_and_discrete_queries():
+    rng = np.random.default_rng(2)
+    loss_m, loss_h = rng.exponential(0.5, 500), rng.exponential(1.0, 500)  # members lower
+    res = privmon.analyse(loss_m, loss_h, higher_is_member=False)
+    assert res.roc == pytest.approx(privmon.roc_summary(loss_m, loss_h, higher_is_member=False))
+    assert res.roc["auc"] > 0.6
+    correct_m = (rng.random(500) < 0.9).astype(float)
+    correct_h = (rng.random(500) < 0.7).astype(float)
+    res = privmon.analyse(correct_m, correct_h, discrete=True)
+    assert tuple(res.estimates) == ("histogram",)  # no KDE on a discrete query
+    est = privmon.optimal_advantage(correct_m, correct_h)
+    assert res.estimates["histogram"].value == pytest.approx(est.value, abs=1e-12)
+
+
+def test_a_failing_method_is_isolated():
+    # A hidden layer with a dead unit: the KDE's covariance is singular and it raises; the
+    # histogram is still reported, and errors="raise" re-raises the KDE's error.
+    rng = np.random.default_rng(0)
+    mem, non = rng.normal(0.5, 1.0, (300, 3)), rng.normal(0.0, 1.0, (300, 3))
+    mem[:, 2] = non[:, 2] = 0.0
+    res = privmon.analyse(mem, non, errors="skip")
+    assert tuple(res.estimates) == ("histogram",)
+    assert res.failures["kde"].startswith("ValueError: the data covariance is singular")
+    hist = privmon.optimal_advantage(mem, non, method="histogram")
+    assert res.estimates["histogram"].value == pytest.approx(hist.value, abs=1e-12)
+    with pytest.raises(ValueError, match="singular"):
+        privmon.analyse(mem, non)
+
+
+def test_analyse_rejects_bad_arguments():
+    x = np.arange(10.0)
+    for kwargs, name in (
+        ({"methods": ("histogram", "knn")}, "methods"),
+        ({"methods": ()}, "methods"),
+        ({"prior": 1.0}, "prior"),
+        ({"delta": 0.0}, "delta"),
+        ({"certify_delta": 2.0}, "certify_delta"),
+        ({"higher_is_member": "yes"}, "higher_is_member"),
+        ({"top_k": -1}, "top_k"),
+        ({"errors": "ignore"}, "errors"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            privmon.analyse(x, x, **kwargs)
+    with pytest.raises(ValueError, match="no finite scores"):
+        privmon.analyse([np.nan, np.inf], x)
+    with pytest.raises(ValueError, match="same dimension"):
+        privmon.analyse(np.zeros((5, 2)), np.zeros((5, 3)))
+
+
+@pytest.mark.parametrize(
+    ("tp", "n1", "fp", "n2", "delta"), [(80, 100, 30, 100, 0.05), (7, 40, 0, 55, 1e-4)]
+)
+def test_certificate_equals_the_clopper_pearson_formula(tp, n1, fp, n2, delta):
+    # TPR ≥ Beta⁻¹(δ/2; tp, n1 − tp + 1), FPR ≤ Beta⁻¹(1 − δ/2; fp + 1, n2 − fp): δ split in two
+    tpr_lo = beta.ppf(delta / 2, tp, n1 - tp + 1)
+    fpr_hi = beta.ppf(1 - delta / 2, fp + 1, n2 - fp)
+    got = certified_advantage(tp, n1, fp, n2, prior=0.5, delta=delta)
+    assert float(got) == pytest.approx(tpr_lo - fpr_hi, abs=1e-12)
+    # at prior p the advantage is 2p·TPR − 2(1−p)·FPR + 1 − 2p
+    got = certified_advantage(tp, n1, fp, n2, prior=0.3, delta=delta)
+    assert float(got) == pytest.approx(0.6 * tpr_lo - 1.4 * fpr_hi + 0.4, abs=1e-12)
+
+
+def test_lower_of_a_perfect_split_equals_the_formula_on_its_folds():
+    # Members at 1, non-members at 0: the certificate's rule (learned on folds 2..) is right on
+    # every record of folds 0-1, so lower = (δ/2)^(1/n1c) − (1 − (δ/2)^(1/n2c)) exactly.
+    n1, n2, delta = 123, 97, 0.02
+    est = privmon.optimal_advantage(np.ones(n1), np.zeros(n2), delta=delta)
+    n1c = int((fold_of(torch.arange(n1), 4) < 2).sum())
+    n2c = int((fold_of(torch.arange(n2), 4) < 2).sum())
+    expected = (delta / 2) ** (1 / n1c) - (1 - (delta / 2) ** (1 / n2c))
+    assert est.lower == pytest.approx(expected, abs=1e-12)
+    assert est.lower_check == est.lower
+
+
+def test_epsilon_from_counts_splits_alpha_between_the_rates():
+    # log(Beta⁻¹(0.025; 700, 301) / Beta⁻¹(0.975; 201, 800)) = 1.08684
+    eps = privmon.epsilon_from_counts(
+        true_positives=700, false_negatives=300, false_positives=200, true_negatives=800
+    )
+    expected = math.log(beta.ppf(0.025, 700, 301) / beta.ppf(0.975, 201, 800))
+    assert eps == pytest.approx(expected, abs=1e-10)
+    assert eps == pytest.approx(1.08684, abs=5e-6)

@@ -115,7 +115,8 @@ def test_threshold_comparison_is_strict():
 
 @pytest.mark.parametrize(
     ("use", "tag", "figure"),
-    [("lower", "privacy/loss/histogram/lower", 0.2), ("value", "privacy/loss/histogram/value", 0.3)],
+    [("lower", "privacy/loss/histogram/lower", 0.2),
+     ("value", "privacy/loss/histogram/value", 0.3)],
 )  # fmt: skip
 def test_short_metric_completed_with_use(use, tag, figure):
     es = PrivacyEarlyStopping("loss/histogram", 0.25, use=use)

@@ -421,22 +421,3 @@ def test_memoised_clopper_pearson_bounds_equal_direct_ones():
     # counts above the table size, or non-integer ones, take the direct path
     lo, _ = risk_mod._cp_interval(np.array([2.5, 3.0]), 10, 0.05)
     np.testing.assert_array_equal(lo, clopper_pearson_lower(np.array([2.5, 3.0]), 10, 0.0125))
-
-
-def test_cell_signed_risk_is_histogram_risk_per_cell():
-    # The monitor reads each record's f_p off its cell (no intervals): the same point estimates
-    # as histogram_risk, the outside cell included (f = 2p − 1, no evidence).
-    from privmon.estimators.risk import cell_signed_risk, histogram_risk
-    from privmon.estimators.streaming import BinnedScores
-
-    rng = np.random.default_rng(5)
-    state = BinnedScores(bins=100, margin=0.0, low=-2.0, high=2.0)
-    state.update(
-        torch.from_numpy(rng.normal(0.5, 1, (500, 1))), torch.from_numpy(rng.normal(0, 1, (400, 1)))
-    )
-    x = torch.from_numpy(rng.normal(0, 1.5, (300, 1)))
-    cell, inside = state.cell_index(x)
-    index = torch.where(inside, cell, 100).numpy()
-    signed = cell_signed_risk(state, prior=0.3)[index]
-    np.testing.assert_array_equal(signed, histogram_risk(state, x, prior=0.3, delta=0.05).signed)
-    assert (~inside).any() and np.all(signed[~inside.numpy()] == 2 * 0.3 - 1)

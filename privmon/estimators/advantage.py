@@ -450,27 +450,61 @@ def estimates_from_selections(
     certify_delta: float | None = None,
 ) -> dict[str, AdvantageEstimate]:
     """:func:`advantage_from_state` for several methods (arguments already checked), each from a
-    state of the same records and its precomputed :func:`fold_selections`: the monitor derives
+    state of the same records and its precomputed :func:`fold_selections`: the analysis derives
     the histogram's selections from the KDE grid's by summing cells. Every figure of every
     method comes back in one device transfer, and the certificates share one pair of
     Clopper–Pearson calls."""
+    return _grid_estimates(
+        grids,
+        prior=prior,
+        delta=delta,
+        bandwidth=bandwidth,
+        n_dropped=n_dropped,
+        certify_delta=certify_delta,
+    )[0]
+
+
+@dataclass(frozen=True)
+class RuleDensities:
+    """The cross-fitted rules' smoothed densities of one grid method: ``mass`` (2, K, cells) the
+    per-record probability mass per cell of members (0) and non-members (1) learned without
+    fold k; ``n_train`` (2, K) the records they were learned from. Record i of fold k is scored
+    by row k only: out of sample."""
+
+    mass: torch.Tensor
+    n_train: torch.Tensor
+
+
+def _grid_estimates(
+    grids: dict[str, tuple[BinnedScores, Selections]],
+    *,
+    prior: float,
+    delta: float,
+    bandwidth: str | float,
+    n_dropped: int,
+    certify_delta: float | None,
+) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities]]:
+    """:func:`estimates_from_selections` and each method's :class:`RuleDensities`."""
     first, (_, ns, _) = next(iter(grids.values()))
     n1, n2 = ns[:, 0].tolist()
     if n1 == 0 or n2 == 0:
         which = "member" if n1 == 0 else "non-member"
         raise ValueError(f"the state holds no {which} scores")
     k = first.folds
-    parts = [
-        _method_figures(state, selections, method, prior=prior, bandwidth=bandwidth, n=(n1, n2))
-        for method, (state, selections) in grids.items()
-    ]
+    parts, densities = [], {}
+    for method, (state, selections) in grids.items():
+        figures, mass = _method_figures(
+            state, selections, method, prior=prior, bandwidth=bandwidth, n=(n1, n2)
+        )
+        parts.append(figures)
+        densities[method] = RuleDensities(mass[:, :k], selections[1][:, 1 : k + 1])
     n_certified = ns[:, 0] - ns[:, k + 1]  # the certificate's folds: all but its rule's
     dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
     *figures, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
     plugin, tp, fp, tpc, fpc = np.asarray(figures).reshape(len(grids), 5).T
     lower_delta = delta if certify_delta is None else certify_delta
     certs, certs_check = _certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
-    return {
+    estimates = {
         method: _finish(
             plugin=plugin[i],
             tp=tp[i],
@@ -487,14 +521,15 @@ def estimates_from_selections(
         )
         for i, method in enumerate(grids)
     }
+    return estimates, densities
 
 
 def _method_figures(
     state: BinnedScores, selections: Selections, method: str, *, prior: float, bandwidth, n
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """W_N / U_N, the held-out true / false positives of the cross-fitted rules and those of
-    the certificate's rule, as a (5,) tensor on the state's device (no sync). ``n``: the
-    classes' record counts."""
+    the certificate's rule, as a (5,) tensor on the state's device (no sync), and the rules'
+    smoothed densities (2, K + 1, cells). ``n``: the classes' record counts."""
     k = state.folds
     counts, ns, covs = selections
     total = counts[:, 0]
@@ -518,13 +553,14 @@ def _method_figures(
     rules = _rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
     rule, cert_rule = rules[:k], rules[k]
     cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
-    return torch.cat(
+    figures = torch.cat(
         [
             plugin.reshape(1),
             (rule * state.counts).sum(dim=(1, 2)),  # held-out true / false positives
             cert @ cert_rule,
         ]
     )
+    return figures, mass
 
 
 # -- high-dimensional path (d >= 3, all scores in memory) -------------------------------------
@@ -780,7 +816,7 @@ def estimate_methods(
     lower_delta: float,
     n_dropped: int,
     skip_errors: bool,
-) -> tuple[dict[str, AdvantageEstimate], dict[str, str]]:
+) -> tuple[dict[str, AdvantageEstimate], dict[str, str], RuleDensities | None]:
     """Each method's :func:`optimal_advantage` of finite float64 scores (arguments checked),
     ``lower`` certified at ``lower_delta``: the analysis's rule-and-certify step.
 
@@ -789,42 +825,42 @@ def estimate_methods(
     binned, and every grid figure comes back in one device transfer. The KDE takes exact kernel
     sums instead when its bandwidth is below a grid cell, and above 2 dimensions every method
     runs on the scores. ``skip_errors``: a method that raises is left out and reported in the
-    second dict (method -> error) instead of failing the others.
+    second dict (method -> error) instead of failing the others. The third value: the histogram
+    rules' :class:`RuleDensities` (learned even when the histogram is not among ``methods``: the
+    per-record risks read them), None above 2 dimensions or when they failed.
     """
     selections: dict[str, tuple[BinnedScores, Selections]] = {}
     if binned is not None and binned.fine is binned.grid:
-        if "histogram" in methods:
-            selections["histogram"] = (binned.grid, fold_selections(binned.grid))
+        selections["histogram"] = (binned.grid, fold_selections(binned.grid))
     elif binned is not None:  # 1-D: the KDE's fine grid coarsened into the histogram's
         grid, fine = binned.grid, binned.fine
         counts, ns, covs = fine_folds = fold_selections(fine)
-        if "histogram" in methods:
-            factor = fine.bins[0] // grid.bins[0]
-            coarse = counts.reshape(*counts.shape[:2], grid.bins[0], factor).sum(dim=-1)
-            selections["histogram"] = (grid, (coarse, ns, covs))
+        factor = fine.bins[0] // grid.bins[0]
+        coarse = counts.reshape(*counts.shape[:2], grid.bins[0], factor).sum(dim=-1)
+        selections["histogram"] = (grid, (coarse, ns, covs))
         width = binned.extent / fine.bins[0]
         if not kde_grid_too_coarse(ns[:, 0], covs[:, 0], width, "scott"):
             selections["kde"] = (fine, fine_folds)
     shared = {"prior": prior, "delta": delta, "n_dropped": n_dropped}
     estimates: dict[str, AdvantageEstimate] = {}
+    densities: dict[str, RuleDensities] = {}
     failures: dict[str, str] = {}
     if selections:
         try:  # every grid method in one pass (one device transfer)
-            estimates.update(
-                estimates_from_selections(
-                    selections, bandwidth="scott", certify_delta=lower_delta, **shared
-                )
+            found, densities = _grid_estimates(
+                selections, bandwidth="scott", certify_delta=lower_delta, **shared
             )
+            estimates.update(found)
         except Exception:
             if not skip_errors:
                 raise
             for method, one in selections.items():  # again one by one, to isolate the failure
                 try:
-                    estimates.update(
-                        estimates_from_selections(
-                            {method: one}, bandwidth="scott", certify_delta=lower_delta, **shared
-                        )
+                    found, dens = _grid_estimates(
+                        {method: one}, bandwidth="scott", certify_delta=lower_delta, **shared
                     )
+                    estimates.update(found)
+                    densities.update(dens)
                 except Exception as err:
                     failures[method] = describe_error(err)
     low = high = None
@@ -847,7 +883,8 @@ def estimate_methods(
             if not skip_errors:
                 raise
             failures[method] = describe_error(err)
-    return {m: estimates[m] for m in methods if m in estimates}, failures
+    reported = {m: estimates[m] for m in methods if m in estimates}
+    return reported, {m: e for m, e in failures.items() if m in methods}, densities.get("histogram")
 
 
 class StreamingAdvantage:

@@ -10,12 +10,14 @@ pass through each estimator module once, in this order:
    the grid methods read the binned records, the others (exact KDE, above 2-D) the scores;
 3. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
    the median, from the sort of step 1;
-4. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D): f_p per record from its
-   histogram cell, posteriors (1 + f_p) / 2, quantiles and the most exposed members.
+4. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D), out of sample: f_p of a
+   record of fold k from the cross-fitted histogram rule's densities learned without fold k,
+   posteriors (1 + f_p) / 2, quantiles and the most exposed members.
 
-Every figure equals the one the public function of its module gives on the same scores
-(:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`,
-:func:`~privmon.individual_risk`), to rounding.
+Every advantage and ROC figure equals the one the public function of its module gives on the
+same scores (:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding.
+The per-record risks are the cross-fitted out-of-sample ones; :func:`~privmon.individual_risk`
+scores *other* records against reference sets.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def analyse(
                 fine_bins=default_bins("kde", d) if shared else None,
             )
         # 2. learn, measure and certify the rule per method
-        estimates, failures = estimate_methods(
+        estimates, failures, densities = estimate_methods(
             x[:n1],
             x[n1:],
             binned,
@@ -214,7 +216,9 @@ def analyse(
         if binned is None:
             return result
         try:
-            signed = record_signed_risk(binned, prior=prior)
+            if densities is None:
+                raise ValueError("the histogram rule that per-record risks read failed")
+            signed = record_signed_risk(binned, densities, prior=prior)
             if kept is not None:  # back to the records given, NaN for the dropped ones
                 full = np.full(kept.shape[0], np.nan)
                 full[kept.cpu().numpy()] = signed

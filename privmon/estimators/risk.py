@@ -29,10 +29,16 @@ import torch
 from scipy.stats import norm
 
 from privmon._validation import as_scores, check_open_unit, to_numpy
-from privmon.estimators.advantage import Method, check_bins, check_method, default_bins
+from privmon.estimators.advantage import (
+    Method,
+    RuleDensities,
+    check_bins,
+    check_method,
+    default_bins,
+)
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedRecords, BinnedScores, column_quantiles
+from privmon.estimators.streaming import BinnedRecords, BinnedScores, column_quantiles, fold_of
 
 __all__ = [
     "QUANTILES",
@@ -198,20 +204,39 @@ def _cell_counts(state: BinnedScores) -> np.ndarray:
     return np.concatenate([total, np.zeros((2, 1))], axis=1)
 
 
-def cell_signed_risk(state: BinnedScores, *, prior: float) -> np.ndarray:
-    """The point estimate f_p of MACE eq. (8) per cell (:func:`histogram_risk`'s ``signed``)
-    without the Clopper–Pearson intervals, plus the empty outside cell: the monitor reads its
-    records' risks and posteriors off it through the cells they were binned into."""
-    k1, k2 = _cell_counts(state)
-    return _f(k1 / k1.sum(), k2 / k2.sum(), prior, 2 * prior - 1)
+PSEUDO_RECORDS = 10.0  # per class, spread uniformly over the grid (see record_signed_risk)
 
 
-def record_signed_risk(binned: BinnedRecords, *, prior: float) -> np.ndarray:
-    """f_p of each binned record (MACE eq. 8) read off its cell of the histogram grid
-    (:func:`cell_signed_risk`; records outside the grid's range take the empty outside cell)."""
-    grid = binned.grid
-    index = to_numpy(torch.where(binned.inside, binned.cell, grid.counts.shape[2]))
-    return cell_signed_risk(grid, prior=prior)[index]
+def record_signed_risk(
+    binned: BinnedRecords, densities: RuleDensities, *, prior: float
+) -> np.ndarray:
+    """f_p of each binned record (MACE eq. 8), out of sample.
+
+    Record i of fold k (its fold by position within its class, as the cross-fitting assigns it)
+    reads P and Q off the cross-fitted rule's smoothed densities learned without fold k, in its
+    histogram cell — the densities that ``value`` measures, so one estimator serves the advantage,
+    the risk and the posterior. In-sample risks of sparse cells saturate at ±1 (a cell with one
+    member and no non-member reads 1); out of sample they do not need to, but sparse regions are
+    still noisy. So each class's density gets ``PSEUDO_RECORDS`` = 10 records' worth of mass
+    spread uniformly over the grid (the same for both classes): where the records are dense this
+    changes nothing, where they are sparse the risk shrinks towards the prior's 2p − 1 instead
+    of ±1. Measured (benchmarks/risk.py): with nothing leaking, 200 + 400 records, no member
+    above risk 0.8 in 1-D and 0.05 % in 2-D; on Gaussian scores at 1,000 + 1,000 the posterior's
+    RMSE against the true posterior is 0.03-0.04."""
+    mass, n_train = densities.mass, densities.n_train  # (2, K, cells), (2, K)
+    folds = mass.shape[1]
+    sizes = binned.grid.n_seen.tolist()
+    device = binned.cell.device
+    position = torch.cat(
+        [torch.arange(sizes[0], device=device), torch.arange(sizes[1], device=device)]
+    )
+    fold = fold_of(position, folds)
+    uniform = PSEUDO_RECORDS / mass.shape[2]
+    n1, n2 = n_train[0, fold], n_train[1, fold]
+    p = (n1 * mass[0, fold, binned.cell] + uniform) / (n1 + PSEUDO_RECORDS)
+    q = (n2 * mass[1, fold, binned.cell] + uniform) / (n2 + PSEUDO_RECORDS)
+    num, den = prior * p - (1 - prior) * q, prior * p + (1 - prior) * q
+    return to_numpy(num / den)
 
 
 def risk_summary(risk: np.ndarray) -> dict[str, float]:

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privmon.attacks.metric import _logsumexp_excluding, modified_entropy_from_logits
+from privmon.attacks.metric import logit_confidence_from_logits, modified_entropy_from_logits
 
 __all__ = [
     "CallableQuery",
@@ -433,8 +433,7 @@ class LogitConfidenceQuery(_ClassifierQuery):
         super().__init__(model, name=name, transform=transform)
 
     def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        zy = logits.gather(1, y[:, None]).squeeze(1)
-        return zy - _logsumexp_excluding(logits, y)
+        return logit_confidence_from_logits(logits, y)
 
 
 class HiddenLayerQuery(Query):

@@ -60,6 +60,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._validation import check_callable, check_int
 from privmon.estimators.roc import auc as _auc
 from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
 
@@ -268,14 +269,6 @@ def _check_metric(metric: Any) -> str:
     return metric
 
 
-def _check_int(value: Any, *, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
-    return int(value)
-
-
 def _check_fpr(fpr: Any) -> float:
     try:
         v = float(fpr)
@@ -284,11 +277,6 @@ def _check_fpr(fpr: Any) -> float:
     if not 0.0 < v < 1.0:
         raise ValueError(f"fpr must be in the open interval (0, 1), got {fpr!r}")
     return v
-
-
-def _check_callable(fn: Any, *, name: str) -> None:
-    if not callable(fn):
-        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
 
 
 def _as_tensor(a: Any, *, name: str) -> torch.Tensor:
@@ -388,7 +376,7 @@ def _check_targets(targets: Any, n: int, *, what: str) -> np.ndarray:
 
 
 def _check_seed(seed: Any) -> int:
-    return _check_int(seed, name="seed", minimum=0)
+    return check_int(seed, name="seed", minimum=0)
 
 
 # --- randomness -----------------------------------------------------------------------------------
@@ -611,13 +599,13 @@ def _finish(
 def _common_checks(
     train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any
 ) -> tuple[ScoreFn, int, int, float]:
-    _check_callable(train_fn, name="train_fn")
+    check_callable(train_fn, name="train_fn")
     if score_fn is None:
         score_fn = default_score
-    _check_callable(score_fn, name="score_fn")
+    check_callable(score_fn, name="score_fn")
     return (
         score_fn,
-        _check_int(n_models, name="n_models", minimum=2),
+        check_int(n_models, name="n_models", minimum=2),
         _check_seed(seed),
         _check_fpr(fpr),
     )
@@ -798,7 +786,7 @@ def average(
     t = _check_targets(targets, n, what="pool")
     if dataset_size is None:
         dataset_size = n // 2
-    size = _check_int(dataset_size, name="dataset_size", minimum=1)
+    size = check_int(dataset_size, name="dataset_size", minimum=1)
     if not t.size <= size <= n - t.size:
         raise ValueError(
             f"dataset_size must lie in [len(targets), len(pool) - len(targets)] = "

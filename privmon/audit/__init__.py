@@ -10,6 +10,7 @@ from privmon.audit.specific import (
     average,
     compare,
     default_score,
+    logit_score,
     specific,
 )
 
@@ -22,6 +23,7 @@ __all__ = [
     "compare",
     "default_score",
     "evaluate",
+    "logit_score",
     "random_halves",
     "shadow_audit",
     "specific",

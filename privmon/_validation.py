@@ -131,7 +131,8 @@ def _as_tensor(values: Any, *, name: str, what: str) -> torch.Tensor:
         raise ValueError(f"{name} must be {what}") from None
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise ValueError(f"{name} must be {what}, got dtype {arr.dtype}")
-    return torch.from_numpy(np.ascontiguousarray(arr))
+    arr = np.ascontiguousarray(arr)
+    return torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # frozen results too
 
 
 def as_array(

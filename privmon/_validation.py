@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ __all__ = [
     "as_array",
     "as_mask",
     "as_scores",
+    "as_tensor",
     "check_callable",
     "check_flag",
     "check_int",
@@ -22,37 +24,35 @@ __all__ = [
 ]
 
 
-def check_open_unit(value: float, *, name: str) -> float:
-    """Return ``value`` as a float after checking it lies in the open interval (0, 1)."""
+def _number(value: Any, *, name: str, ok: Callable[[float], bool], where: str) -> float:
+    """``value`` as a float, checked by ``ok`` (NaN fails every comparison); ``where`` names
+    the valid range in the messages."""
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}") from None
-    if not (0.0 < v < 1.0) or math.isnan(v):
-        raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
+        raise ValueError(f"{name} must be a number {where}, got {value!r}") from None
+    if math.isnan(v) or not ok(v):
+        raise ValueError(f"{name} must be {where}, got {value!r}")
     return v
+
+
+def check_open_unit(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking it lies in the open interval (0, 1)."""
+    return _number(
+        value, name=name, ok=lambda v: 0.0 < v < 1.0, where="in the open interval (0, 1)"
+    )
 
 
 def check_unit(value: float, *, name: str) -> float:
     """Return ``value`` as a float after checking it lies in the closed interval [0, 1]."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}") from None
-    if not 0.0 <= v <= 1.0:  # also rejects NaN
-        raise ValueError(f"{name} must be in the closed interval [0, 1], got {value!r}")
-    return v
+    return _number(
+        value, name=name, ok=lambda v: 0.0 <= v <= 1.0, where="in the closed interval [0, 1]"
+    )
 
 
 def check_positive(value: float, *, name: str) -> float:
     """Return ``value`` as a float after checking it is finite and > 0."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}") from None
-    if not (0.0 < v < math.inf):  # also rejects NaN
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return v
+    return _number(value, name=name, ok=lambda v: 0.0 < v < math.inf, where="finite and > 0")
 
 
 def check_int(value: Any, *, name: str, minimum: int) -> int:
@@ -122,7 +122,10 @@ def as_scores(
     return t, n_dropped
 
 
-def _as_tensor(values: Any, *, name: str, what: str) -> torch.Tensor:
+def as_tensor(values: Any, *, name: str, what: str) -> torch.Tensor:
+    """``values`` as a tensor of its own dtype and device (numpy arrays and sequences of numbers
+    or bools converted, read-only arrays copied); ``what`` completes the error message
+    "{name} must be {what}"."""
     if isinstance(values, torch.Tensor):
         return values.detach()
     try:
@@ -142,7 +145,7 @@ def as_array(
     ``device``). Every entry is kept, NaN and inf included (per-record outputs stay aligned with
     the input; the caller decides what a non-finite entry means). Empty arrays are rejected."""
     what = f"a real numeric array with {ndim} dimension{'s' if ndim > 1 else ''}"
-    t = _as_tensor(values, name=name, what=what)
+    t = as_tensor(values, name=name, what=what)
     if t.is_complex():
         raise ValueError(f"{name} must be {what}, got complex values")
     if device is not None:
@@ -161,7 +164,7 @@ def as_mask(
     """``values`` as a bool tensor of exactly ``shape`` on ``device``: bools, or numbers that
     are all 0 or 1."""
     what = f"a boolean array of shape {shape}"
-    t = _as_tensor(values, name=name, what=what)
+    t = as_tensor(values, name=name, what=what)
     if device is not None:
         t = t.to(device)
     if tuple(t.shape) != tuple(shape):

@@ -306,6 +306,11 @@ class _ClassifierQuery(Query):
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
+        _, logits, y = self._forward_labelled(batch)
+        return self._score(logits, y)
+
+    def _forward_labelled(self, batch: Batch) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The batch's inputs, the model's logits (n, C) and the checked labels (n,)."""
         x, y = self._split(batch)
         if y is None:
             raise ValueError(
@@ -313,7 +318,7 @@ class _ClassifierQuery(Query):
                 f"a dict with one of the label keys {_Y_KEYS}, or transform=lambda batch: (x, y)"
             )
         logits = self._logits(_forward(self.model, x))
-        return self._score(logits, self._labels(y, logits))
+        return x, logits, self._labels(y, logits)
 
     @staticmethod
     def _logits(out: Any) -> torch.Tensor:
@@ -948,14 +953,7 @@ class ReferenceModelQuery(_ClassifierQuery):
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
-        x, y = self._split(batch)
-        if y is None:
-            raise ValueError(
-                f"{type(self).__name__} needs labels, but the batch has none: pass (x, y) "
-                "batches or transform=lambda batch: (x, y)"
-            )
-        logits = self._logits(_forward(self.model, x))
-        y = self._labels(y, logits)
+        x, logits, y = self._forward_labelled(batch)
         phi = logit_confidence_from_logits(logits.to(torch.float64), y)
         values = self._lookup(x, y)
         pop = self._population_values if self.attack == "lira" else self._population_ratio

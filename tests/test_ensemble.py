@@ -130,16 +130,13 @@ def test_random_halves():
         random_halves(1, 3, seed=0)
 
 
+SGD = {"loss_fn": per_record_ce, "optimizer": lambda p: torch.optim.SGD(p, lr=0.1), "seed": 0}
+
+
 def test_global_rng_is_left_untouched_and_result_reproduces():
     x, y = data()
     masks = random_halves(40, 3, seed=0)
-    kw = {
-        "loss_fn": per_record_ce,
-        "optimizer": lambda p: torch.optim.SGD(p, lr=0.1),
-        "epochs": 3,
-        "batch_size": 5,
-        "seed": 0,
-    }
+    kw = {**SGD, "epochs": 3, "batch_size": 5}
     torch.manual_seed(99)
     state = torch.get_rng_state()
     a = train_ensemble(mlp(), (x, y), masks, **kw)
@@ -171,12 +168,7 @@ def test_models_with_dropout_or_batchnorm_need_stacked_false():
 def test_argument_errors():
     x, y = data()
     masks = random_halves(40, 3, seed=0)
-    kw = {
-        "loss_fn": per_record_ce,
-        "optimizer": lambda p: torch.optim.SGD(p, lr=0.1),
-        "epochs": 1,
-        "seed": 0,
-    }
+    kw = {**SGD, "epochs": 1}
     with pytest.raises(ValueError, match="loss_fn must return one loss per record"):
         train_ensemble(mlp(), (x, y), masks, **{**kw, "loss_fn": F.cross_entropy})
     uneven = masks.copy()

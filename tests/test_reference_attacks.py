@@ -257,7 +257,7 @@ def test_rmia_nan_and_errors():
         rmia([1.5, 0.2], np.full((2, 2), 0.5), population=[0])
     with pytest.raises(ValueError, match=r"a must be in the closed interval \[0, 1\]"):
         rmia([0.5], [[0.5]], population=[0], online=False, a=1.2)
-    with pytest.raises(ValueError, match="gamma must be a finite number > 0"):
+    with pytest.raises(ValueError, match="gamma must be finite and > 0"):
         rmia([0.5], [[0.5]], population=[0], gamma=0)
     with pytest.raises(ValueError, match=r"population indices must lie in \[0, 1\]"):
         rmia([0.5, 0.5], np.full((2, 2), 0.5), population=[2])

@@ -212,7 +212,7 @@ def test_errors():
         ReferenceModelQuery(model, [])
     with pytest.raises(ValueError, match="references must be a sequence of modules"):
         ReferenceModelQuery(model, nn.Linear(64, 10))
-    with pytest.raises(ValueError, match="gamma must be a finite number > 0"):
+    with pytest.raises(ValueError, match="gamma must be finite and > 0"):
         ReferenceModelQuery(model, [mlp()], gamma=-1)
     q = ReferenceModelQuery(model, [mlp()], attack="rmia", population=(torch.zeros(3, 64), [1] * 3))
     with pytest.raises(RuntimeError, match="prepare"):

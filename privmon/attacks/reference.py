@@ -58,6 +58,7 @@ import torch
 from privmon._validation import (
     as_array,
     as_mask,
+    as_tensor,
     check_flag,
     check_positive,
     check_unit,
@@ -341,18 +342,8 @@ def calibrated_score(target_scores: Any, shadow_scores: Any, shadow_in: Any = No
 
 def population_mask(population: Any, *, n: int, device: torch.device) -> torch.Tensor:
     """``population`` (a bool mask (n,) or integer indices into n records) as a bool mask."""
-    if isinstance(population, torch.Tensor):
-        p = population.detach().to(device)
-    else:
-        arr = np.asarray(population)
-        if arr.dtype == object or not (
-            np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_
-        ):
-            raise ValueError(
-                f"population must be a bool mask of shape ({n},) or integer indices, got dtype "
-                f"{arr.dtype}"
-            )
-        p = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
+    what = f"a bool mask of shape ({n},) or a 1-D array of integer indices"
+    p = as_tensor(population, name="population", what=what).to(device)
     if p.dtype == torch.bool:
         if tuple(p.shape) != (n,):
             raise ValueError(
@@ -362,8 +353,7 @@ def population_mask(population: Any, *, n: int, device: torch.device) -> torch.T
     else:
         if p.is_floating_point() or p.is_complex() or p.ndim != 1:
             raise ValueError(
-                f"population must be a bool mask of shape ({n},) or a 1-D array of integer "
-                f"indices, got dtype {p.dtype} and shape {tuple(p.shape)}"
+                f"population must be {what}, got dtype {p.dtype} and shape {tuple(p.shape)}"
             )
         if p.numel() and (int(p.min()) < 0 or int(p.max()) >= n):
             raise ValueError(

@@ -13,13 +13,15 @@ half of the first ``--records`` digits of sklearn's ``load_digits`` (privmon.aud
 ``stacked=False`` (the same protocol, one model at a time: init, Adam, 150 full-batch steps)
 and ``stacked=True`` (``stack_module_state`` + ``vmap`` + one Adam over the stacked tensors).
 
-Both paths run in the same invocation, each in a fresh child process (spawned one after the
-other, never concurrently), so that its peak memory can be read on its own: on the CPU the
-process's peak resident set (``VmHWM``) and its growth over the resident set just before
+Both paths run in the same invocation, each training in a fresh child process (spawned one
+after the other, never concurrently), so that its peak memory can be read on its own: on the
+CPU the process's peak resident set (``VmHWM``) and its growth over the resident set just before
 training (after imports, data and a one-epoch warm-up of the same path); on a GPU
-``torch.cuda.max_memory_allocated``. Wall time is the median of ``--repeat`` trainings after the
-warm-up. The table also prints the largest parameter difference between the two paths' models
-(float32: rounding, amplified over the epochs).
+``torch.cuda.max_memory_allocated``. With ``--repeat r`` the two paths alternate r times (one
+by one, ensemble, one by one, ...), so a change in the machine's load hits both alike; the
+table shows the median wall time, each round's speed-up, and the largest peak. It also prints
+the largest parameter difference between the two paths' models (float32: rounding, amplified
+over the epochs).
 """
 
 from __future__ import annotations
@@ -81,11 +83,9 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
     rss_before = _status_kib("VmRSS")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        ens = train(args.epochs)
-        times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    ens = train(args.epochs)
+    seconds = time.perf_counter() - start
     peak = (
         torch.cuda.max_memory_allocated() / 2**20
         if dev.type == "cuda"
@@ -93,7 +93,7 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
     )
     growth = None if dev.type == "cuda" else (_status_kib("VmHWM") - rss_before) / 1024
     return {
-        "seconds": statistics.median(times),
+        "seconds": seconds,
         "peak_mib": peak,
         "growth_mib": growth,
         "params": {k: v.cpu().numpy() for k, v in ens.params.items()},
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=250)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeat", type=int, default=1, help="timed trainings per path")
+    parser.add_argument("--repeat", type=int, default=1, help="alternating rounds per path")
     args = parser.parse_args()
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -116,22 +116,33 @@ def main() -> None:
         f"device {args.device}, torch threads {args.threads}; {args.models} MLPs 64-32-10, "
         f"Adam, {args.epochs} full-batch epochs on random halves of {args.records} digits"
     )
-    results = {}
     ctx = mp.get_context("spawn")
-    for stacked in (False, True):
-        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            results[stacked] = pool.submit(run, stacked, args).result()
-    seq, ens = results[False], results[True]
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    for _ in range(args.repeat):
+        for stacked in (False, True):
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                runs[stacked].append(pool.submit(run, stacked, args).result())
+    seq, ens = runs[False][0], runs[True][0]
     diff = max(float(np.abs(seq["params"][k] - ens["params"][k]).max()) for k in seq["params"])
+    t_seq = statistics.median(r["seconds"] for r in runs[False])
+    rounds = " / ".join(
+        f"{a['seconds'] / b['seconds']:.1f}x" for a, b in zip(runs[False], runs[True], strict=True)
+    )
     mem = "peak GPU MiB" if args.device.startswith("cuda") else "peak RSS MiB (growth)"
     print()
-    print(f"| path | wall s | ms per model | speed-up | {mem} |")
+    print(f"| path | wall s (median) | ms per model | speed-up (per round) | {mem} |")
     print("|---|---:|---:|---:|---:|")
-    for name, r in (("one by one (stacked=False)", seq), ("ensemble (stacked=True)", ens)):
-        growth = "" if r["growth_mib"] is None else f" (+{r['growth_mib']:.1f})"
+    for name, stacked in (("one by one (stacked=False)", False), ("ensemble (stacked=True)", True)):
+        rs = runs[stacked]
+        t = statistics.median(r["seconds"] for r in rs)
+        peak = max(r["peak_mib"] for r in rs)
+        growth = (
+            "" if rs[0]["growth_mib"] is None else f" (+{max(r['growth_mib'] for r in rs):.1f})"
+        )
+        each = f" ({rounds})" if stacked else ""
         print(
-            f"| {name} | {r['seconds']:.2f} | {1e3 * r['seconds'] / args.models:.1f} | "
-            f"{seq['seconds'] / r['seconds']:.1f}x | {r['peak_mib']:.1f}{growth} |"
+            f"| {name} | {t:.2f} | {1e3 * t / args.models:.1f} | {t_seq / t:.1f}x{each} | "
+            f"{peak:.1f}{growth} |"
         )
     print()
     print(f"largest parameter difference between the two paths: {diff:.2e}")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -368,15 +368,3 @@ def train_ensemble(
     template = copy.deepcopy(models[0]).eval()
     return Ensemble(template, params, buffers, seeds, masks_np)
 
-
-def stacked_outputs(models: Iterable[nn.Module] | Ensemble, x: torch.Tensor) -> torch.Tensor:
-    """The outputs (k, n, ...) of an :class:`Ensemble` or of a sequence of modules (each run
-    on its own device under ``no_grad``; outputs moved to ``x``'s device)."""
-    if isinstance(models, Ensemble):
-        return models(x).to(x.device)
-    with torch.no_grad():
-        outs = []
-        for m in models:
-            dev = next(iter(m.parameters()), x).device
-            outs.append(m(x.to(dev)).to(x.device))
-    return torch.stack(outs)

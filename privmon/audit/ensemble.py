@@ -367,4 +367,3 @@ def train_ensemble(
         params, buffers = stack_module_state(models)
     template = copy.deepcopy(models[0]).eval()
     return Ensemble(template, params, buffers, seeds, masks_np)
-

@@ -3,32 +3,78 @@
 from __future__ import annotations
 
 import math
-import numbers
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["as_scores", "check_int", "check_open_unit", "to_numpy"]
+__all__ = [
+    "as_array",
+    "as_mask",
+    "as_scores",
+    "as_tensor",
+    "check_callable",
+    "check_flag",
+    "check_int",
+    "check_open_unit",
+    "check_positive",
+    "check_unit",
+    "to_numpy",
+]
+
+
+def _number(value: Any, *, name: str, ok: Callable[[float], bool], where: str) -> float:
+    """``value`` as a float, checked by ``ok`` (NaN fails every comparison); ``where`` names
+    the valid range in the messages."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number {where}, got {value!r}") from None
+    if math.isnan(v) or not ok(v):
+        raise ValueError(f"{name} must be {where}, got {value!r}")
+    return v
 
 
 def check_open_unit(value: float, *, name: str) -> float:
     """Return ``value`` as a float after checking it lies in the open interval (0, 1)."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}") from None
-    if not (0.0 < v < 1.0) or math.isnan(v):
-        raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
-    return v
+    return _number(
+        value, name=name, ok=lambda v: 0.0 < v < 1.0, where="in the open interval (0, 1)"
+    )
+
+
+def check_unit(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking it lies in the closed interval [0, 1]."""
+    return _number(
+        value, name=name, ok=lambda v: 0.0 <= v <= 1.0, where="in the closed interval [0, 1]"
+    )
+
+
+def check_positive(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking it is finite and > 0."""
+    return _number(value, name=name, ok=lambda v: 0.0 < v < math.inf, where="finite and > 0")
 
 
 def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
-    """Return ``value`` as an int after checking it is an integer (Python or numpy, not bool)
-    of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    """Return ``value`` as an int after checking it is an integer (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return int(value)
+
+
+def check_flag(value: Any, *, name: str) -> bool:
+    """Return ``value`` as a bool after checking it is True or False (numpy bools too)."""
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_callable(fn: Any, *, name: str) -> None:
+    """Raise TypeError unless ``fn`` is callable."""
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
 
 
 def as_scores(
@@ -74,6 +120,60 @@ def as_scores(
     if n_dropped:
         t = t[finite]
     return t, n_dropped
+
+
+def as_tensor(values: Any, *, name: str, what: str) -> torch.Tensor:
+    """``values`` as a tensor of its own dtype and device (numpy arrays and sequences of numbers
+    or bools converted, read-only arrays copied); ``what`` completes the error message
+    "{name} must be {what}"."""
+    if isinstance(values, torch.Tensor):
+        return values.detach()
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {what}") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise ValueError(f"{name} must be {what}, got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr)
+    return torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # frozen results too
+
+
+def as_array(
+    values: Any, *, name: str, ndim: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """``values`` as a float64 tensor with exactly ``ndim`` dimensions, on its own device (or
+    ``device``). Every entry is kept, NaN and inf included (per-record outputs stay aligned with
+    the input; the caller decides what a non-finite entry means). Empty arrays are rejected."""
+    what = f"a real numeric array with {ndim} dimension{'s' if ndim > 1 else ''}"
+    t = as_tensor(values, name=name, what=what)
+    if t.is_complex():
+        raise ValueError(f"{name} must be {what}, got complex values")
+    if device is not None:
+        t = t.to(device)
+    t = t.to(torch.float64)
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(t.shape)}")
+    return t
+
+
+def as_mask(
+    values: Any, *, name: str, shape: tuple[int, ...], device: torch.device | None = None
+) -> torch.Tensor:
+    """``values`` as a bool tensor of exactly ``shape`` on ``device``: bools, or numbers that
+    are all 0 or 1."""
+    what = f"a boolean array of shape {shape}"
+    t = as_tensor(values, name=name, what=what)
+    if device is not None:
+        t = t.to(device)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
+    if t.dtype != torch.bool:
+        if t.is_complex() or not bool(((t == 0) | (t == 1)).all()):
+            raise ValueError(f"{name} must be {what}: True / False (or 1 / 0) entries only")
+        t = t != 0
+    return t
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -46,6 +46,8 @@ advantage estimators do not need it; direction-dependent figures such as the AUC
 from __future__ import annotations
 
 import abc
+import hashlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -54,7 +56,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privmon.attacks.metric import _logsumexp_excluding, modified_entropy_from_logits
+from privmon._validation import check_flag, check_positive, check_unit
+from privmon.attacks.metric import logit_confidence_from_logits, modified_entropy_from_logits
+from privmon.attacks.reference import (
+    fit_variance,
+    gaussian_fit,
+    lira_offline_score,
+    rmia_marginal,
+    rmia_score,
+)
+from privmon.audit.ensemble import Ensemble
 
 __all__ = [
     "CallableQuery",
@@ -70,6 +81,7 @@ __all__ = [
     "MultiDiscriminatorQuery",
     "NearestGeneratedQuery",
     "Query",
+    "ReferenceModelQuery",
 ]
 
 Batch = Any
@@ -174,6 +186,17 @@ def _split_batch(
     if y is not None:
         y = y.to(device) if isinstance(y, torch.Tensor) else torch.as_tensor(y, device=device)
     return x, y
+
+
+def _digest(x: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    """Cache key of a batch tensor: dtype, shape and a 128-bit BLAKE2b digest of its bytes (a
+    tensor on an accelerator is copied to the CPU for hashing)."""
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    raw = t.view(torch.uint8).numpy() if t.numel() else b""
+    return str(x.dtype), tuple(x.shape), hashlib.blake2b(raw, digest_size=16).digest()
 
 
 def _forward(module: nn.Module, x: Any) -> Any:
@@ -283,6 +306,11 @@ class _ClassifierQuery(Query):
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
+        _, logits, y = self._forward_labelled(batch)
+        return self._score(logits, y)
+
+    def _forward_labelled(self, batch: Batch) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The batch's inputs, the model's logits (n, C) and the checked labels (n,)."""
         x, y = self._split(batch)
         if y is None:
             raise ValueError(
@@ -290,7 +318,7 @@ class _ClassifierQuery(Query):
                 f"a dict with one of the label keys {_Y_KEYS}, or transform=lambda batch: (x, y)"
             )
         logits = self._logits(_forward(self.model, x))
-        return self._score(logits, self._labels(y, logits))
+        return x, logits, self._labels(y, logits)
 
     @staticmethod
     def _logits(out: Any) -> torch.Tensor:
@@ -433,8 +461,7 @@ class LogitConfidenceQuery(_ClassifierQuery):
         super().__init__(model, name=name, transform=transform)
 
     def _score(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        zy = logits.gather(1, y[:, None]).squeeze(1)
-        return zy - _logsumexp_excluding(logits, y)
+        return logit_confidence_from_logits(logits, y)
 
 
 class HiddenLayerQuery(Query):
@@ -755,6 +782,202 @@ class HybridQuery(Query):
     def release(self) -> None:
         for q in self.queries:
             q.release()
+
+
+# --- reference-model attacks ---------------------------------------------------------------------
+
+_REFERENCE_ATTACKS = ("lira", "rmia", "calibrated")
+
+
+class ReferenceModelQuery(_ClassifierQuery):
+    """A reference-model attack on a classifier as a monitor query, shape (n,), higher = member.
+
+    ``references`` are classifiers of the same task that the user trained *without the audit
+    members* (for example on the held-out pool), so every attack is in its offline form
+    (:mod:`privmon.attacks.reference`), with φ the logit-scaled confidence
+    (:class:`LogitConfidenceQuery`), p_y = sigmoid(φ) and the loss −log p_y = softplus(−φ):
+
+    - ``"lira"``: offline LiRA, log Φ((φ_θ(x) − μ(x)) / σ(x)) with μ(x), σ²(x) the mean and
+      (maximum-likelihood) variance of φ over the references (Carlini et al., "Membership
+      Inference Attacks From First Principles", §VI-A); with ``fixed_variance`` one σ² for all
+      records, the mean per-record variance over the ``population`` records;
+    - ``"rmia"``: offline RMIA (Zarifzadeh et al., "Low-Cost High-Power Membership Inference
+      Attacks"): the fraction of ``population`` records z with r(x) / r(z) ≥ ``gamma``,
+      r = p_θ / Pr, Pr(x) = ½((1 + a)·mean of the references' p_y + (1 − a));
+    - ``"calibrated"``: the difficulty-calibrated loss (Watson et al., "On the Importance of
+      Difficulty Calibration in Membership Inference Attacks"), the references' mean loss minus
+      the model's loss.
+
+    Cost per check: one forward of ``model`` per batch (and, for RMIA, on the population in
+    ``prepare``). The references do not change during training, so their per-record values
+    (μ and σ², Pr(x), the mean loss) are computed once per batch content and cached, keyed like
+    :class:`privmon.attacks.GeneratorQuery`'s cache by dtype, shape and a BLAKE2b digest of the
+    batch's inputs and labels (after ``transform``); inputs that are not a tensor (keyword
+    inputs) are not cached. ``release()`` keeps only the entries the check used, so memory
+    stays O(audit records). Counters: :attr:`n_reference_evaluations` (records run through the
+    references), :attr:`cache_hits`, :attr:`cache_misses` (batches).
+
+    Args:
+        model: the classifier being trained.
+        references: a sequence of reference classifiers (listed in ``modules`` so the monitor
+            puts them in eval mode) or a :class:`privmon.audit.Ensemble`; outputs are logits as
+            for every classifier query.
+        attack: ``"lira"`` (default), ``"rmia"`` or ``"calibrated"``.
+        population: records ``(x, y)`` that neither ``model`` nor the references trained on;
+            required for ``"rmia"`` and for ``fixed_variance``.
+        fixed_variance: LiRA with one variance for all records (advised with few references).
+        a: RMIA's offline slope in [0, 1]; gamma: its likelihood-ratio threshold > 0.
+        cache: cache the references' per-record values across checks.
+        name: defaults to ``attack``.
+        transform: ``batch -> (x, y)`` adapter.
+    """
+
+    higher_is_member = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        references: Sequence[nn.Module] | Ensemble,
+        *,
+        attack: str = "lira",
+        population: tuple[Any, Any] | None = None,
+        fixed_variance: bool = False,
+        a: float = 0.3,
+        gamma: float = 1.0,
+        cache: bool = True,
+        name: str | None = None,
+        transform: Transform | None = None,
+    ) -> None:
+        if attack not in _REFERENCE_ATTACKS:
+            raise ValueError(f"attack must be one of {_REFERENCE_ATTACKS}, got {attack!r}")
+        if isinstance(references, Ensemble):
+            refs: tuple[nn.Module, ...] = ()
+        else:
+            if isinstance(references, nn.Module) and not isinstance(
+                references, nn.ModuleList | nn.Sequential
+            ):
+                raise ValueError("references must be a sequence of modules or an Ensemble")
+            refs = tuple(_check_module(m, "references") for m in references)
+            if not refs:
+                raise ValueError("references must hold at least one reference model")
+        self.references = references
+        self.attack = attack
+        self.fixed_variance = check_flag(fixed_variance, name="fixed_variance")
+        self.a = check_unit(a, name="a")
+        self.gamma = check_positive(gamma, name="gamma")
+        self.cache = check_flag(cache, name="cache")
+        if population is None and (attack == "rmia" or self.fixed_variance):
+            raise ValueError(
+                "population (x, y) is required for attack='rmia' and for fixed_variance: "
+                "records neither the model nor the references trained on"
+            )
+        if population is not None and (
+            not isinstance(population, tuple | list) or len(population) != 2
+        ):
+            raise ValueError("population must be a pair (x, y) of inputs and labels")
+        self.population = population
+        super().__init__(model, name=attack if name is None else name, transform=transform)
+        self.modules = _unique_modules((model, *refs))
+        self._population_values: torch.Tensor | None = None  # Pr(z) or per-record σ² of z
+        self._population_ratio: torch.Tensor | None = None  # r(z) of the current check
+        self._cache: dict[tuple, torch.Tensor] = {}
+        self._used: set[tuple] = set()
+        self.n_reference_evaluations = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    def _reference_phi(self, x: Any, y: torch.Tensor) -> torch.Tensor:
+        """φ of every record under every reference, (k, n) float64 on y's device."""
+        self.n_reference_evaluations += y.shape[0]
+        if isinstance(self.references, Ensemble):
+            outs = list(self.references(x).unbind(0))
+        else:
+            outs = []
+            for m in self.references:
+                xm = _to_device(x, _module_device((m,)))
+                outs.append(self._logits(_forward(m, xm)))
+        logits = torch.stack([self._logits(o).to(y.device, torch.float64) for o in outs])
+        return logit_confidence_from_logits(logits, y.expand(len(outs), -1))
+
+    def _reference_values(self, x: Any, y: torch.Tensor) -> torch.Tensor:
+        """The per-record reference values: (2, n) μ and σ² (LiRA), (n,) Pr(x) (RMIA) or the
+        references' mean loss (calibrated)."""
+        phi = self._reference_phi(x, y)
+        if self.attack == "lira":
+            mean, var, count = gaussian_fit(phi, None)
+            return torch.stack([mean, fit_variance(var, count, fixed=False)])
+        if self.attack == "rmia":
+            return rmia_marginal(torch.sigmoid(phi), None, online=False, a=self.a)
+        return F.softplus(-phi).mean(dim=0)
+
+    def _lookup(self, x: Any, y: torch.Tensor) -> torch.Tensor:
+        if not (self.cache and isinstance(x, torch.Tensor)):
+            return self._reference_values(x, y)
+        key = (_digest(x), _digest(y))
+        self._used.add(key)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.cache_hits += 1
+            return hit.to(y.device)
+        self.cache_misses += 1
+        values = self._reference_values(x, y)
+        self._cache[key] = values
+        return values
+
+    @torch.no_grad()
+    def prepare(self, device: Any = None) -> None:
+        """RMIA: r(z) of the population under the current model; LiRA with a fixed variance:
+        the references' pooled variance on the population (computed once)."""
+        if self.population is None:
+            return
+        x, y = _split_batch(tuple(self.population), self.device)
+        if y is None:
+            raise ValueError("population must be a pair (x, y) of inputs and labels")
+        if self._population_values is None:
+            phi = self._reference_phi(x, y.long())
+            if self.attack == "rmia":
+                values = rmia_marginal(torch.sigmoid(phi), None, online=False, a=self.a)
+            else:
+                _, var, count = gaussian_fit(phi, None)
+                values = fit_variance(var, count, fixed=True)[:1]
+            self._population_values = values
+        if self.attack == "rmia":
+            logits = self._logits(_forward(self.model, x))
+            p = torch.sigmoid(
+                logit_confidence_from_logits(logits.double(), self._labels(y, logits))
+            )
+            ratio = p / self._population_values.to(p.device)
+            self._population_ratio = ratio[~torch.isnan(ratio)]
+            if self._population_ratio.numel() == 0:
+                raise ValueError(f"{self.name}: no population record has a finite ratio")
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        x, logits, y = self._forward_labelled(batch)
+        phi = logit_confidence_from_logits(logits.to(torch.float64), y)
+        values = self._lookup(x, y)
+        pop = self._population_values if self.attack == "lira" else self._population_ratio
+        if pop is None and (self.attack == "rmia" or self.fixed_variance):
+            raise RuntimeError(f"{type(self).__name__}.prepare() must run before scoring")
+        if self.attack == "lira":
+            var = values[1]
+            if self.fixed_variance:
+                var = pop.to(var.device).expand_as(var)
+            return lira_offline_score(phi, values[0], var)
+        if self.attack == "rmia":
+            rz = pop.to(phi.device)
+            ratio = torch.where(torch.isfinite(phi), torch.sigmoid(phi) / values, math.nan)
+            return rmia_score(ratio, rz, self.gamma)
+        return torch.where(torch.isfinite(phi), values - F.softplus(-phi), math.nan)
+
+    def release(self) -> None:
+        """Drop the check's population ratios; keep only the cache entries this check used."""
+        self._population_ratio = None
+        self._cache = {k: v for k, v in self._cache.items() if k in self._used}
+        self._used = set()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, attack={self.attack!r})"
 
 
 # --- anything else --------------------------------------------------------------------------------

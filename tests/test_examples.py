@@ -22,7 +22,13 @@ NUM = r"-?\d+\.\d+"
 
 
 def run_example(name: str, *args: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore::DeprecationWarning",
+        # this checkout's privmon, whichever checkout an editable install points at
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
@@ -146,3 +152,24 @@ def test_early_stopping_defense(tmp_path):
     assert re.search(rf"^\s*{stop}\s.*<- would stop here$", out, re.MULTILINE), out
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert event_files(tmp_path / "tb")
+
+
+def test_lira_audit():
+    out = run_example(
+        "lira_audit.py", "--models", "16", "--records", "200", "--epochs", "100", "--canaries", "5"
+    )
+    assert re.search(r"16 MLPs .* 1600 member and 1600 non-member scores", out), out
+    table = {}
+    for line in out.splitlines():
+        m = re.match(rf"^(\w+)\s+({NUM})\s+({NUM})%\s+({NUM})%\s+({NUM})%$", line)
+        if m:
+            table[m.group(1)] = [float(v) for v in m.groups()[1:]]
+    assert set(table) == {"loss", "lira", "lira_offline", "rmia", "rmia_offline", "calibrated"}
+    for auc, *tprs in table.values():
+        assert 0.5 <= auc <= 1 and all(0 <= t <= 100 for t in tprs), table
+        assert tprs == sorted(tprs, reverse=True), table  # TPR falls with the FPR
+    # the reference-model attacks find far more members at FPR 1 % than the loss threshold
+    for name in ("lira", "lira_offline", "rmia", "rmia_offline"):
+        assert table[name][2] > 3 * table["loss"][2], table
+    ranks = dict(re.findall(r"^  (\w+)\s+ranks ([\d ]+) of 200", out, re.MULTILINE))
+    assert max(int(r) for r in ranks["lira"].split()) <= 20, out

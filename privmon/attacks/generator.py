@@ -62,7 +62,6 @@ holding NaN / inf are dropped with a warning.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -80,6 +79,7 @@ from privmon.queries import (
     NearestGeneratedQuery,
     Query,
     Transform,
+    _digest,
     _flat_records,
 )
 
@@ -90,16 +90,6 @@ _KDE_ATTACKS = ("domias", "eq1")
 _CACHED_REFERENCE = ("domias", "gan_leaks_cal")  # attacks with a per-record reference value
 # elements of the (rows, n_synthetic, k) difference block of the Monte Carlo count (8 MiB)
 _MC_BLOCK = 1 << 20
-
-
-def _digest(x: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
-    """Cache key of a batch: dtype, shape and a BLAKE2b digest of its bytes."""
-    t = x.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous().reshape(-1)
-    raw = t.view(torch.uint8).numpy() if t.numel() else b""
-    return str(x.dtype), tuple(x.shape), hashlib.blake2b(raw, digest_size=16).digest()
 
 
 def _count_within(x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

@@ -62,6 +62,7 @@ __all__ = [
     "confidence",
     "correctness",
     "entropy",
+    "logit_confidence_from_logits",
     "metric_values",
     "modified_entropy",
     "modified_entropy_from_logits",
@@ -116,6 +117,18 @@ def modified_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> 
     other = p * log1m.clamp(_LOG_LO, _LOG_HI)
     other = other.scatter(1, yi, 0.0)
     return (true_term.squeeze(1) - other.sum(dim=1)).to(logits.dtype)
+
+
+def logit_confidence_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """LiRA's logit-scaled confidence ``log(p_y / (1 − p_y)) = z_y − logsumexp_{i≠y} z_i``
+    from logits (..., C) and class indices (...), any leading shape.
+
+    Computed by the identity on the right, so it stays finite (100 for logits [50, −50]) where
+    ``p_y`` rounds to 1; ``p_y = sigmoid(φ)`` and the cross-entropy ``−log p_y = softplus(−φ)``.
+    """
+    yi = labels.unsqueeze(-1)
+    zy = logits.gather(-1, yi).squeeze(-1)
+    return zy - logits.scatter(-1, yi, float("-inf")).logsumexp(dim=-1)
 
 
 # --- input checks ------------------------------------------------------------------------------

@@ -60,15 +60,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._validation import check_callable, check_int
+from privmon.attacks.reference import leave_one_out
 from privmon.estimators.roc import auc as _auc
 from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
 
-__all__ = ["AuditResult", "SetupComparison", "average", "compare", "default_score", "specific"]
+__all__ = [
+    "AuditResult",
+    "SetupComparison",
+    "average",
+    "compare",
+    "default_score",
+    "logit_score",
+    "specific",
+]
 
 TrainFn = Callable[[torch.Tensor, Any, int], Any]
 ScoreFn = Callable[[Any, torch.Tensor, Any], Any]
 
 _METRICS = ("auc", "tpr")
+_ATTACKS = ("threshold", "lira", "lira_offline")
 # §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
 _DEFAULT_THRESHOLD = {"auc": 0.8, "tpr": 0.6}
 
@@ -122,6 +133,9 @@ class AuditResult:
             of the record swapped in for target ``j`` in model ``k`` (-1 where the target is
             in); None for the average setup.
         n_nonfinite: how many scores were NaN / infinite (dropped from the per-target metrics).
+        attack: ``"threshold"`` (``scores`` are the ``score_fn`` scores) or ``"lira"`` /
+            ``"lira_offline"`` (``scores`` are LiRA scores of the ``score_fn`` statistic, each
+            model in turn the target and the others its shadow models).
     """
 
     setup: str
@@ -135,6 +149,7 @@ class AuditResult:
     model_seeds: np.ndarray
     replacement: np.ndarray | None = None
     n_nonfinite: int = 0
+    attack: str = "threshold"
     elapsed_s: float = field(default=0.0, compare=False)
 
     def __eq__(self, other: object) -> bool:
@@ -268,14 +283,6 @@ def _check_metric(metric: Any) -> str:
     return metric
 
 
-def _check_int(value: Any, *, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
-    return int(value)
-
-
 def _check_fpr(fpr: Any) -> float:
     try:
         v = float(fpr)
@@ -284,11 +291,6 @@ def _check_fpr(fpr: Any) -> float:
     if not 0.0 < v < 1.0:
         raise ValueError(f"fpr must be in the open interval (0, 1), got {fpr!r}")
     return v
-
-
-def _check_callable(fn: Any, *, name: str) -> None:
-    if not callable(fn):
-        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
 
 
 def _as_tensor(a: Any, *, name: str) -> torch.Tensor:
@@ -388,7 +390,7 @@ def _check_targets(targets: Any, n: int, *, what: str) -> np.ndarray:
 
 
 def _check_seed(seed: Any) -> int:
-    return _check_int(seed, name="seed", minimum=0)
+    return check_int(seed, name="seed", minimum=0)
 
 
 # --- randomness -----------------------------------------------------------------------------------
@@ -491,22 +493,36 @@ def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.
     """
     from privmon.queries import LossQuery
 
+    return -_classifier_score(LossQuery, model, x, y)
+
+
+def logit_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    """LiRA's statistic: the logit-scaled confidence ``log(p_y / (1 − p_y))`` of a classifier
+    (:class:`privmon.queries.LogitConfidenceQuery`), the default ``score_fn`` of the LiRA
+    attacks. Same model requirements and mode handling as :func:`default_score`."""
+    from privmon.queries import LogitConfidenceQuery
+
+    return _classifier_score(LogitConfidenceQuery, model, x, y)
+
+
+def _classifier_score(query: Any, model: Any, x: torch.Tensor, y: torch.Tensor | None):
     if not isinstance(model, nn.Module):
         raise TypeError(
             "the default score_fn needs train_fn to return a torch.nn.Module classifier, got "
             f"{type(model).__name__}; pass score_fn=lambda model, x, y: scores"
         )
     if y is None:
-        raise ValueError("the default score_fn (loss attack) needs labels: pass dataset = (x, y)")
+        raise ValueError(
+            "the default score_fn (loss or logit attack) needs labels: pass dataset = (x, y)"
+        )
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
-            loss = LossQuery(model)((x, y))
+            return query(model)((x, y))
     finally:
         for m, mode in modes:
             m.training = mode
-    return -loss
 
 
 def _scores_row(out: Any, n_targets: int) -> np.ndarray:
@@ -590,7 +606,10 @@ def _finish(
     model_seeds: np.ndarray,
     replacement: np.ndarray | None,
     start: float,
+    attack: str,
 ) -> AuditResult:
+    if attack != "threshold":
+        scores = leave_one_out(scores, mask, attack=attack)
     aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
     return AuditResult(
         setup=setup,
@@ -604,20 +623,23 @@ def _finish(
         model_seeds=_frozen(model_seeds),
         replacement=None if replacement is None else _frozen(replacement),
         n_nonfinite=n_bad,
+        attack=attack,
         elapsed_s=time.perf_counter() - start,
     )
 
 
 def _common_checks(
-    train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any
+    train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any, attack: Any
 ) -> tuple[ScoreFn, int, int, float]:
-    _check_callable(train_fn, name="train_fn")
+    check_callable(train_fn, name="train_fn")
+    if attack not in _ATTACKS:
+        raise ValueError(f"attack must be one of {_ATTACKS}, got {attack!r}")
     if score_fn is None:
-        score_fn = default_score
-    _check_callable(score_fn, name="score_fn")
+        score_fn = default_score if attack == "threshold" else logit_score
+    check_callable(score_fn, name="score_fn")
     return (
         score_fn,
-        _check_int(n_models, name="n_models", minimum=2),
+        check_int(n_models, name="n_models", minimum=2),
         _check_seed(seed),
         _check_fpr(fpr),
     )
@@ -638,6 +660,7 @@ def specific(
     progress: bool = False,
     fpr: float = 0.1,
     reference_draw: str = "per_model",
+    attack: str = "threshold",
 ) -> AuditResult:
     """Per-record membership risk of a model trained on *this* dataset (specific setup, §3.3).
 
@@ -677,6 +700,14 @@ def specific(
             more likely a member. Default: :func:`default_score` (negative cross-entropy).
         progress: print a progress bar on stderr.
         fpr: the low false-positive rate of the TPR figure (the paper's 0.1).
+        attack: ``"threshold"`` (default): the per-target risk reads the ``score_fn`` scores
+            directly (§3.1's threshold on one score). ``"lira"`` / ``"lira_offline"``: LiRA
+            (Carlini et al., "Membership Inference Attacks From First Principles", eq. 4 and
+            §VI-A), as the paper's §5 audits ML models: in model ``k`` a target's score is the
+            LiRA score of its ``score_fn`` statistic against the other models as shadow models
+            (the ones with the target in / out; :func:`privmon.attacks.reference.leave_one_out`),
+            a fixed variance below 65 models. ``score_fn`` then defaults to
+            :func:`logit_score` (the logit-scaled confidence).
         reference_draw: ``"per_model"`` (default): for each model, the reference records swapped
             in are drawn at random, without replacement within a model (the paper samples the
             reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by
@@ -692,7 +723,7 @@ def specific(
         ``score_fn``, a ``score_fn`` returning the wrong shape.
     """
     start = time.perf_counter()
-    score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr)
+    score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
     if reference_draw not in ("per_model", "fixed"):
         raise ValueError(f"reference_draw must be 'per_model' or 'fixed', got {reference_draw!r}")
     x, y = _as_xy(dataset, name="dataset")
@@ -754,7 +785,7 @@ def specific(
         model_seeds,
         progress,
     )
-    return _finish("specific", t, mask, scores, fpr, seed, model_seeds, replacement, start)
+    return _finish("specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack)
 
 
 def average(
@@ -768,6 +799,7 @@ def average(
     score_fn: ScoreFn | None = None,
     progress: bool = False,
     fpr: float = 0.1,
+    attack: str = "threshold",
 ) -> AuditResult:
     """Per-record membership risk averaged over datasets (the usual *average* setup, §3.2).
 
@@ -792,13 +824,13 @@ def average(
         An :class:`AuditResult` with ``setup="average"`` (``replacement`` is None).
     """
     start = time.perf_counter()
-    score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr)
+    score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
     x, y = _as_xy(pool, name="pool")
     n = x.shape[0]
     t = _check_targets(targets, n, what="pool")
     if dataset_size is None:
         dataset_size = n // 2
-    size = _check_int(dataset_size, name="dataset_size", minimum=1)
+    size = check_int(dataset_size, name="dataset_size", minimum=1)
     if not t.size <= size <= n - t.size:
         raise ValueError(
             f"dataset_size must lie in [len(targets), len(pool) - len(targets)] = "
@@ -827,7 +859,7 @@ def average(
         model_seeds,
         progress,
     )
-    return _finish("average", t, mask, scores, fpr, seed, model_seeds, None, start)
+    return _finish("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)
 
 
 def _risk_array(r: Any, metric: str, *, name: str) -> np.ndarray:

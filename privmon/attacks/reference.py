@@ -1,0 +1,427 @@
+"""Reference-model membership attacks: LiRA, RMIA and difficulty calibration.
+
+Each attack compares a per-record statistic of the audited (target) model with the same statistic
+under k reference (shadow) models trained on random subsets of the population, some of which
+contain the record (``shadow_in[i, j]``: record j was in model i's training set) and some not.
+
+============================ ======================================================== ==========
+attack                       score of record x (higher = member)                      reference
+============================ ======================================================== ==========
+:func:`lira` online          log N(t; μ_in, σ²_in) − log N(t; μ_out, σ²_out)           LiRA eq. 4
+:func:`lira` offline         log Φ((t − μ_out) / σ_out)                                LiRA §VI-A
+:func:`rmia`                 Pr_z(LR(x, z) ≥ γ), LR(x, z) = (Pr(x|θ)/Pr(x)) /          RMIA
+                             (Pr(z|θ)/Pr(z))                                          Score_MIA
+:func:`calibrated_score`     s(θ, x) − mean of s(θ_i, x) over models without x        Watson
+============================ ======================================================== ==========
+
+Sources. LiRA: Carlini, Chien, Nasr, Song, Terzis, Tramèr, "Membership Inference Attacks From
+First Principles" (IEEE S&P 2022): the online likelihood ratio of eq. 4 (Algorithm 1), its
+offline one-sided test (§VI-A) and the fixed ("global") variance for fewer than about 64 shadow
+models. RMIA: Zarifzadeh, Liu, Mahendran, Shokri, "Low-Cost High-Power Membership Inference
+Attacks" (ICML 2024): the pairwise likelihood ratio against population records z and the
+offline approximation Pr(x) ≈ ½((1 + a)·Pr_out(x) + (1 − a)) from reference models trained
+without x.
+Difficulty calibration: Watson, Guo, Cormode, Sablayrolles, "On the Importance of Difficulty
+Calibration in Membership Inference Attacks" (ICLR 2022).
+
+The statistic. LiRA's t = s(θ, x) is best the logit-scaled confidence φ = log(p_y / (1 − p_y))
+(:func:`privmon.attacks.metric.logit_confidence_from_logits`, :class:`privmon.queries.
+LogitConfidenceQuery`), close to Gaussian per record; RMIA's Pr(x | θ) is the probability of the
+true label, p_y = sigmoid(φ); the calibrated loss attack takes −loss = −softplus(−φ) (higher =
+member), and any other higher-is-member score works too.
+
+Gaussian fits (LiRA). Per record, the mean and variance of its finite shadow scores on each side
+(in: ``shadow_in`` True, out: False) are maximum-likelihood estimates (the variance divides by
+the count, as ``scipy.stats.norm.fit``). The fixed variance of a side is the mean of these
+per-record variances over the records with at least two finite scores on that side (a pooled
+within-record variance, not the variance of all scores together, which would add the spread of
+the per-record means). Variances are floored at 1e-60 (σ ≥ 1e-30, as in the paper's code), so a
+record whose shadow scores are all equal gets a finite, extreme score.
+
+Conventions. Inputs are numpy arrays or torch tensors on any device; the work is done in float64
+on the target scores' device, vectorized over records and models; results are float64 numpy
+arrays of shape (n,), aligned with the records. A non-finite shadow score is left out of its
+record's fit (as if that model had not been trained). A record gets NaN, which privmon's
+estimators drop and count, when its target score is not finite or it lacks the reference scores
+its fit needs: per-record variance needs two finite scores on each side used, the fixed variance
+one (online LiRA uses both sides, offline LiRA, offline RMIA and calibration only the out side).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmon._validation import (
+    as_array,
+    as_mask,
+    as_tensor,
+    check_flag,
+    check_positive,
+    check_unit,
+    to_numpy,
+)
+
+__all__ = [
+    "FIXED_VARIANCE_BELOW",
+    "LOMO_ATTACKS",
+    "calibrated_score",
+    "leave_one_out",
+    "lira",
+    "rmia",
+]
+
+# LiRA §VI: with fewer shadow models than this, a global variance beats per-record variances.
+FIXED_VARIANCE_BELOW = 64
+_MIN_VAR = 1e-60
+_LOG_2PI = math.log(2 * math.pi)
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def reference_inputs(
+    target: Any, shadow: Any, shadow_in: Any, *, kind: str, mask_required: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Checked ``(target (n,), shadow (k, n), shadow_in (k, n) bool or None)`` on the target's
+    device; ``kind`` is "scores" or "probs" (probabilities must lie in [0, 1])."""
+    t = as_array(target, name=f"target_{kind}", ndim=1)
+    s = as_array(shadow, name=f"shadow_{kind}", ndim=2, device=t.device)
+    n = t.shape[0]
+    if s.shape[1] != n:
+        raise ValueError(
+            f"shadow_{kind} must have shape (k, n) = (k, {n}), one row per shadow model and one "
+            f"column per record of target_{kind}, got shape {tuple(s.shape)}"
+        )
+    if kind == "probs":
+        for name, v in ((f"target_{kind}", t), (f"shadow_{kind}", s)):
+            f = v[torch.isfinite(v)]
+            if f.numel() and (float(f.min()) < 0.0 or float(f.max()) > 1.0):
+                raise ValueError(
+                    f"{name} must be probabilities of the true label in [0, 1], got values in "
+                    f"[{float(f.min()):.4g}, {float(f.max()):.4g}]"
+                )
+    if shadow_in is None:
+        if mask_required:
+            raise ValueError(f"shadow_in is required: a boolean array of shape {tuple(s.shape)}")
+        return t, s, None
+    return t, s, as_mask(shadow_in, name="shadow_in", shape=tuple(s.shape), device=t.device)
+
+
+# --- the pieces (shared with privmon.queries.ReferenceModelQuery) ------------------------------
+
+
+def gaussian_fit(
+    scores: torch.Tensor, use: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per column of ``scores`` (k, n): the maximum-likelihood mean and variance of its finite
+    entries where ``use`` (None: all rows), and their number. NaN where there is none."""
+    ok = torch.isfinite(scores) if use is None else use & torch.isfinite(scores)
+    count = ok.sum(dim=0)
+    c = count.to(scores.dtype)
+    mean = torch.where(ok, scores, 0.0).sum(dim=0) / c
+    var = torch.where(ok, scores - mean, 0.0).square().sum(dim=0) / c
+    return mean, var, count
+
+
+def fit_variance(var: torch.Tensor, count: torch.Tensor, *, fixed: bool) -> torch.Tensor:
+    """Per-record variances (NaN below two scores) or the fixed (pooled) variance broadcast to
+    every record with at least one score; floored at 1e-60."""
+    if fixed:
+        pooled = var[count >= 2].mean() if bool((count >= 2).any()) else var.new_tensor(math.nan)
+        var = torch.where(count >= 1, pooled, math.nan)
+    else:
+        var = torch.where(count >= 2, var, math.nan)
+    return var.clamp_min(_MIN_VAR)
+
+
+def log_normal(t: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """log N(t; mean, var), elementwise."""
+    return -0.5 * (_LOG_2PI + torch.log(var) + (t - mean).square() / var)
+
+
+def lira_offline_score(t: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """log Φ((t − μ_out) / σ_out), NaN where t is not finite."""
+    score = torch.special.log_ndtr((t - mean) / var.sqrt())
+    return torch.where(torch.isfinite(t), score, math.nan)
+
+
+def rmia_marginal(
+    probs: torch.Tensor, shadow_in: torch.Tensor | None, *, online: bool, a: float
+) -> torch.Tensor:
+    """RMIA's Pr(x) from the reference models' probabilities (k, n): online, their mean over
+    all models; offline, ½((1 + a)·Pr_out(x) + (1 − a)) with Pr_out the mean over the models
+    trained without x (all of them when ``shadow_in`` is None)."""
+    if online:
+        return gaussian_fit(probs, None)[0]
+    pr_out = gaussian_fit(probs, None if shadow_in is None else ~shadow_in)[0]
+    return 0.5 * ((1.0 + a) * pr_out + (1.0 - a))
+
+
+def rmia_score(ratio: torch.Tensor, population_ratio: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Fraction of population ratios r(z) with r(x) / r(z) ≥ γ, counted as r(z) ≤ r(x) / γ by
+    binary search in the sorted r(z) (one division per record instead of one per pair; the two
+    tests agree up to rounding when r(x) / r(z) lies within an ulp of γ). NaN where r(x) is
+    NaN; ``population_ratio`` must be free of NaN."""
+    rz = torch.sort(population_ratio).values
+    count = torch.searchsorted(rz, (ratio / gamma).contiguous(), right=True)
+    score = count.to(torch.float64) / rz.shape[0]
+    return torch.where(torch.isnan(ratio), math.nan, score)
+
+
+def _target_finite(t: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(t), score, math.nan)
+
+
+def _check_fixed_variance(fixed_variance: Any) -> bool | None:
+    if fixed_variance is None:
+        return None
+    return check_flag(fixed_variance, name="fixed_variance")
+
+
+def lira_tensor(
+    t: torch.Tensor,
+    s: torch.Tensor,
+    m: torch.Tensor,
+    *,
+    online: bool,
+    fixed_variance: bool | None,
+) -> torch.Tensor:
+    """:func:`lira` on checked tensors: target (n,), shadow (k, n), mask (k, n)."""
+    fixed = s.shape[0] < FIXED_VARIANCE_BELOW if fixed_variance is None else fixed_variance
+    mu_out, var_out, n_out = gaussian_fit(s, ~m)
+    var_out = fit_variance(var_out, n_out, fixed=fixed)
+    if not online:
+        return lira_offline_score(t, mu_out, var_out)
+    mu_in, var_in, n_in = gaussian_fit(s, m)
+    var_in = fit_variance(var_in, n_in, fixed=fixed)
+    return _target_finite(t, log_normal(t, mu_in, var_in) - log_normal(t, mu_out, var_out))
+
+
+def rmia_tensor(
+    t: torch.Tensor,
+    s: torch.Tensor,
+    m: torch.Tensor | None,
+    population: torch.Tensor,
+    *,
+    online: bool,
+    a: float,
+    gamma: float,
+) -> torch.Tensor:
+    """:func:`rmia` on checked tensors; ``population`` a bool mask (n,)."""
+    ratio = _target_finite(t, t / rmia_marginal(s, m, online=online, a=a))
+    rz = ratio[population]
+    rz = rz[~torch.isnan(rz)]
+    if rz.numel() == 0:
+        raise ValueError("population has no record with a finite probability ratio to compare with")
+    return rmia_score(ratio, rz, gamma)
+
+
+def calibrated_tensor(t: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """:func:`calibrated_score` on checked tensors."""
+    return _target_finite(t, t - gaussian_fit(s, None if m is None else ~m)[0])
+
+
+# --- public API -----------------------------------------------------------------------------------
+
+
+def lira(
+    target_scores: Any,
+    shadow_scores: Any,
+    shadow_in: Any,
+    *,
+    online: bool = True,
+    fixed_variance: bool | None = None,
+) -> np.ndarray:
+    """LiRA membership scores (Carlini et al., "Membership Inference Attacks From First
+    Principles"), shape (n,), higher = member.
+
+    Args:
+        target_scores: (n,) the target model's statistic per record, e.g. the logit-scaled
+            confidence φ (higher = more member-like).
+        shadow_scores: (k, n) the same statistic under k shadow models.
+        shadow_in: (k, n) bool, ``shadow_in[i, j]``: record j was in shadow model i's training
+            set.
+        online: True (default): per record, Gaussians N(μ_in, σ²_in) and N(μ_out, σ²_out) fitted
+            to the shadow scores of the models with and without it, and the score is the log
+            likelihood ratio log N(t; μ_in, σ²_in) − log N(t; μ_out, σ²_out) (eq. 4, Algorithm
+            1). False: the offline attack (§VI-A), out models only, the one-sided test
+            log Φ((t − μ_out) / σ_out) = log P(Z ≤ t), Z ~ N(μ_out, σ²_out).
+        fixed_variance: True: one global variance per side (the pooled within-record variance,
+            see the module docstring), as the paper advises with fewer than about 64 shadow
+            models; False: per-record variances. None (default): fixed when k < 64.
+
+    Returns:
+        float64 numpy array (n,); NaN for records that cannot be scored (module docstring).
+
+    Raises:
+        ValueError naming the argument: arrays of the wrong dimension or shape, empty arrays,
+        a ``shadow_in`` that is not boolean, ``online`` / ``fixed_variance`` not a bool.
+    """
+    online = check_flag(online, name="online")
+    fixed_variance = _check_fixed_variance(fixed_variance)
+    t, s, m = reference_inputs(target_scores, shadow_scores, shadow_in, kind="scores")
+    return to_numpy(lira_tensor(t, s, m, online=online, fixed_variance=fixed_variance))
+
+
+def rmia(
+    target_probs: Any,
+    shadow_probs: Any,
+    shadow_in: Any = None,
+    *,
+    population: Any,
+    online: bool = True,
+    a: float = 0.3,
+    gamma: float = 1.0,
+) -> np.ndarray:
+    """RMIA membership scores (Zarifzadeh et al., "Low-Cost High-Power Membership Inference
+    Attacks"), shape (n,), in [0, 1], higher = member.
+
+    With r(x) = Pr(x | θ) / Pr(x), the likelihood ratio of x against a population record z is
+    LR(x, z) = r(x) / r(z) and the score is the fraction of population records z
+    with LR(x, z) ≥ γ. Pr(x | θ) is the target model's probability of x's true label; Pr(x) is
+    the reference models' (online: the mean over all of them, in and out; offline: the
+    approximation ½((1 + a)·Pr_out(x) + (1 − a)) from the models trained without x). The
+    population records' r(z) are computed the same way.
+
+    Args:
+        target_probs: (n,) the target model's probability of each record's true label.
+        shadow_probs: (k, n) the same under k reference models.
+        shadow_in: (k, n) bool membership of the records in the reference models; needed only
+            offline, where None means no reference model saw any record.
+        population: which of the n records are population records z (records the target did not
+            train on): a bool mask (n,) or integer indices. It may include scored records; a
+            record compared with itself has LR = 1.
+        online: the Pr(x) estimate (above).
+        a: offline only, the slope of Pr_in(x) ≈ a·Pr_out(x) + (1 − a), in [0, 1]; the paper
+            tunes it on reference models (0.3 is a common value for small datasets).
+        gamma: the likelihood-ratio threshold γ > 0 (the paper uses 1 to 2).
+
+    Returns:
+        float64 numpy array (n,); NaN where Pr(x | θ) is not finite or Pr(x) cannot be formed
+        (no finite reference probability on the side needed). A Pr(x) of exactly 0 makes
+        r(x) infinite (the top score), or NaN when Pr(x | θ) is 0 too.
+    """
+    online = check_flag(online, name="online")
+    a = check_unit(a, name="a")
+    gamma = check_positive(gamma, name="gamma")
+    t, s, m = reference_inputs(
+        target_probs, shadow_probs, shadow_in, kind="probs", mask_required=False
+    )
+    pop = population_mask(population, n=t.shape[0], device=t.device)
+    return to_numpy(rmia_tensor(t, s, m, pop, online=online, a=a, gamma=gamma))
+
+
+def calibrated_score(target_scores: Any, shadow_scores: Any, shadow_in: Any = None) -> np.ndarray:
+    """Difficulty-calibrated score (Watson et al., "On the Importance of Difficulty Calibration
+    in Membership Inference Attacks"): s(θ, x) − mean_i s(θ_i, x) over the reference models
+    trained without x.
+
+    With a higher-is-member statistic (e.g. −loss, as :func:`privmon.audit.specific.
+    default_score` returns, or the logit-scaled confidence) the result is higher-is-member too:
+    for −loss it is the reference models' mean loss minus the target's loss.
+
+    Args:
+        target_scores: (n,) the target model's statistic.
+        shadow_scores: (k, n) the statistic under k reference models.
+        shadow_in: (k, n) bool; the models with ``shadow_in`` True are left out of each record's
+            mean. None: every reference model was trained without every record.
+
+    Returns:
+        float64 numpy array (n,); NaN where the target score is not finite or the record has no
+        finite score from a model trained without it.
+    """
+    t, s, m = reference_inputs(
+        target_scores, shadow_scores, shadow_in, kind="scores", mask_required=False
+    )
+    return to_numpy(calibrated_tensor(t, s, m))
+
+
+def population_mask(population: Any, *, n: int, device: torch.device) -> torch.Tensor:
+    """``population`` (a bool mask (n,) or integer indices into n records) as a bool mask."""
+    what = f"a bool mask of shape ({n},) or a 1-D array of integer indices"
+    p = as_tensor(population, name="population", what=what).to(device)
+    if p.dtype == torch.bool:
+        if tuple(p.shape) != (n,):
+            raise ValueError(
+                f"population as a bool mask must have shape ({n},), got {tuple(p.shape)}"
+            )
+        mask = p
+    else:
+        if p.is_floating_point() or p.is_complex() or p.ndim != 1:
+            raise ValueError(
+                f"population must be {what}, got dtype {p.dtype} and shape {tuple(p.shape)}"
+            )
+        if p.numel() and (int(p.min()) < 0 or int(p.max()) >= n):
+            raise ValueError(
+                f"population indices must lie in [0, {n - 1}], got range "
+                f"[{int(p.min())}, {int(p.max())}]"
+            )
+        mask = torch.zeros(n, dtype=torch.bool, device=device)
+        mask[p.long()] = True
+    if not bool(mask.any()):
+        raise ValueError("population must name at least one record")
+    return mask
+
+
+LOMO_ATTACKS = ("loss", "lira", "lira_offline", "rmia", "rmia_offline", "calibrated")
+
+
+def leave_one_out(
+    statistic: Any,
+    masks: Any,
+    *,
+    attack: str,
+    fixed_variance: bool | None = None,
+    a: float = 0.3,
+    gamma: float = 1.0,
+) -> np.ndarray:
+    """Scores of every record under every model, each model in turn the target and the others
+    its reference models: Carlini et al.'s leave-one-model-out evaluation (§V), shape (k, n).
+
+    Args:
+        statistic: (k, n) the logit-scaled confidence φ = log(p_y / (1 − p_y)) of record j
+            under model i. The LiRA attacks use it as is (any roughly Gaussian per-record
+            statistic works for them); ``"loss"`` and ``"calibrated"`` read it as the
+            cross-entropy −log p_y = softplus(−φ), RMIA as the probability p_y = sigmoid(φ).
+        masks: (k, n) bool, record j in model i's training set.
+        attack: one of ``"loss"`` (−cross-entropy under the target, no reference), ``"lira"``
+            (online), ``"lira_offline"``, ``"rmia"`` (online), ``"rmia_offline"`` and
+            ``"calibrated"`` (the target's −loss minus the mean −loss of the references trained
+            without the record). RMIA's population for target i are the records it did not
+            train on (each non-member is also compared with itself, LR = 1).
+        fixed_variance, a, gamma: as in :func:`lira` and :func:`rmia` (with k − 1 references).
+
+    Returns:
+        float64 numpy array (k, n), higher = member; NaN as the attacks give it.
+    """
+    if attack not in LOMO_ATTACKS:
+        raise ValueError(f"attack must be one of {LOMO_ATTACKS}, got {attack!r}")
+    fixed_variance = _check_fixed_variance(fixed_variance)
+    a = check_unit(a, name="a")
+    gamma = check_positive(gamma, name="gamma")
+    stat = as_array(statistic, name="statistic", ndim=2)
+    k = stat.shape[0]
+    if k < 2 and attack != "loss":
+        raise ValueError(f"statistic must come from at least 2 models for {attack!r}, got {k}")
+    m = as_mask(masks, name="masks", shape=tuple(stat.shape), device=stat.device)
+    if attack.startswith("rmia"):
+        stat = torch.sigmoid(stat)
+    elif attack in ("loss", "calibrated"):
+        stat = -torch.nn.functional.softplus(-stat)
+    if attack == "loss":
+        return to_numpy(stat)
+    out = torch.empty_like(stat)
+    for i in range(k):
+        others = torch.arange(k, device=stat.device) != i
+        t, s, mi = stat[i], stat[others], m[others]
+        if attack.startswith("lira"):
+            out[i] = lira_tensor(t, s, mi, online=attack == "lira", fixed_variance=fixed_variance)
+        elif attack.startswith("rmia"):
+            out[i] = rmia_tensor(t, s, mi, ~m[i], online=attack == "rmia", a=a, gamma=gamma)
+        else:
+            out[i] = calibrated_tensor(t, s, mi)
+    return to_numpy(out)

@@ -1,0 +1,369 @@
+"""Shadow models trained together: k small models of one architecture as one batched ensemble.
+
+Reference-model attacks (:mod:`privmon.attacks.reference`) need many shadow models, each trained
+on its own subset of the data. For the small models an audit uses, training them one after
+another wastes the machine on per-step overhead; :func:`train_ensemble` instead stacks their
+parameters (``torch.func.stack_module_state``), runs ``torch.func.functional_call`` under
+``torch.vmap`` with each model's own mini-batch, and steps one optimizer over the stacked
+tensors. See the formula sheet's last section and PyTorch's model-ensembling tutorial.
+
+The training protocol (the same in both paths, so ``stacked=True`` reproduces ``stacked=False``
+up to floating-point reassociation). For model i, with seed ``s_i`` (:attr:`Ensemble.seeds`,
+derived from ``seed`` and i) and members ``r_i`` = the indices where ``masks[i]`` is True, in
+increasing order, n_i of them:
+
+1. the global RNGs (python, numpy, torch CPU and CUDA) are seeded with ``s_i``,
+   ``model = model_fn()`` initialises the model, which then moves to the data's device
+   (the caller's global RNG state is restored afterwards);
+2. ``opt = optimizer(params)``; ``g = torch.Generator().manual_seed(s_i)``;
+3. every epoch: the members are shuffled with ``torch.randperm(n_i, generator=g)`` (skipped
+   when one batch holds them all) and cut into consecutive batches of ``batch_size`` (the last
+   one may be shorter); per batch ``opt.zero_grad()``, ``loss_fn(model(x[b]), y[b]).mean()``,
+   ``backward()``, ``opt.step()``.
+
+In the stacked path the k models take their steps together: the loss is the sum of the k
+per-model means (model i's gradient depends on its own mean only) and ``optimizer`` receives
+the stacked parameter tensors. That equals k separate optimizers only for optimizers whose
+update is elementwise given the gradient: SGD (momentum, weight decay, nesterov), Adam, AdamW,
+RMSprop, Adagrad, Adamax are; anything taking a norm or statistic over a whole tensor (LARS,
+LAMB, gradient clipping by norm) or a closure (LBFGS) is not. Models must be deterministic in
+training mode and keep no running statistics (no dropout with p > 0, no BatchNorm tracking
+running stats: ``vmap`` cannot update them in place); such models train with ``stacked=False``,
+one by one with the same protocol, their global RNGs seeded with ``s_i`` for the whole training.
+Since all models step together, every model needs the same number of batches per epoch (equal
+member counts, e.g. :func:`random_halves`, or full batch); per-model batches of different sizes
+are padded and the padding weighted out of each mean.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state
+
+from privmon._validation import as_mask, check_callable, check_flag, check_int
+from privmon.audit.specific import (
+    _as_xy,
+    _check_seed,
+    _model_seeds,
+    _seeded_global_rng,
+    _stream,
+)
+
+__all__ = ["Ensemble", "random_halves", "train_ensemble"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+OptimizerFn = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+
+_TAG_HALVES = 3  # SeedSequence spawn key of the random-halves stream (0-2: specific.py)
+
+
+def random_halves(n_records: int, n_models: int, *, seed: int) -> np.ndarray:
+    """Membership masks (n_models, n_records): model i trains on a uniformly random subset of
+    exactly ``n_records // 2`` records, independently of the other models, so each record is in
+    about half of the models (Binomial(n_models, 1/2) of them for an even ``n_records``), as
+    Carlini et al. train their shadow models. Reproducible from ``seed``."""
+    n = check_int(n_records, name="n_records", minimum=2)
+    k = check_int(n_models, name="n_models", minimum=1)
+    rng = _stream(_check_seed(seed), _TAG_HALVES)
+    keys = rng.random((k, n))
+    order = np.argsort(keys, axis=1)
+    masks = np.zeros((k, n), dtype=bool)
+    np.put_along_axis(masks, order[:, : n // 2], True, axis=1)
+    return masks
+
+
+class Ensemble:
+    """k trained models of one architecture, their parameters stacked along a leading dimension.
+
+    Attributes:
+        params, buffers: name -> tensor of shape (k, ...) (detached), as
+            ``torch.func.stack_module_state`` lays them out.
+        seeds: (k,) the seed of each model (initialisation and batch order).
+        masks: (k, n) bool, the records each model trained on.
+
+    ``ensemble(x)`` runs all k models on the same inputs in eval mode under ``no_grad``: an
+    output of shape (k, n, ...). ``ensemble.model(i)`` returns model i as an ordinary module.
+    """
+
+    def __init__(
+        self,
+        template: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        seeds: np.ndarray,
+        masks: np.ndarray,
+    ) -> None:
+        self._template = template
+        self._base = copy.deepcopy(template).to("meta").eval()
+        self.params = {k: v.detach() for k, v in params.items()}
+        self.buffers = {k: v.detach() for k, v in buffers.items()}
+        self.seeds = seeds
+        self.masks = masks
+
+    def __len__(self) -> int:
+        return int(self.masks.shape[0])
+
+    def __repr__(self) -> str:
+        return f"Ensemble(n_models={len(self)}, model={type(self._template).__name__})"
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the stacked parameters."""
+        return next(iter(self.params.values())).device
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """All k models' outputs on the inputs ``x`` (n, ...): shape (k, n, ...)."""
+        x = x.to(self.device)
+
+        def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> torch.Tensor:
+            return functional_call(self._base, (p, b), (x,))
+
+        return torch.vmap(one)(self.params, self.buffers)
+
+    def model(self, i: int) -> nn.Module:
+        """Model ``i`` as an independent module (a copy, in eval mode)."""
+        i = check_int(i, name="i", minimum=0)
+        if i >= len(self):
+            raise ValueError(f"i must be an index in [0, {len(self) - 1}], got {i}")
+        m = copy.deepcopy(self._template)
+        m.load_state_dict({k: v[i] for k, v in {**self.params, **self.buffers}.items()})
+        return m.eval()
+
+
+def _per_record_loss(loss: Any, n: int) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.shape != (n,):
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(
+            f"loss_fn must return one loss per record, shape ({n},), got {shape}: use a "
+            "per-record loss such as lambda out, y: F.cross_entropy(out, y, reduction='none')"
+        )
+    return loss
+
+
+def _batches(n: int, batch_size: int, g: torch.Generator) -> list[torch.Tensor]:
+    """Positions 0..n-1 cut into batches (shuffled by ``g`` unless one batch holds them all)."""
+    if batch_size >= n:
+        return [torch.arange(n)]
+    return list(torch.randperm(n, generator=g).split(batch_size))
+
+
+def _check_stackable(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            raise ValueError(
+                f"model_fn builds a {type(m).__name__} with running statistics, which vmap "
+                "cannot update in place: pass stacked=False to train the models one by one"
+            )
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            raise ValueError(
+                f"model_fn builds a {type(m).__name__}(p={m.p}), random in training: the "
+                "stacked models would not match their one-by-one training; pass stacked=False"
+            )
+
+
+def _init(model_fn: Callable[[], nn.Module], seed: int, device: torch.device) -> nn.Module:
+    with _seeded_global_rng(seed):
+        model = model_fn()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
+    return model.to(device).train()
+
+
+def _train_one(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    loss_fn: LossFn,
+    optimizer: OptimizerFn,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+) -> None:
+    opt = optimizer(list(model.parameters()))
+    g = torch.Generator().manual_seed(seed)
+    with _seeded_global_rng(seed):  # dropout and other training randomness: seeded too
+        for _ in range(epochs):
+            for b in _batches(rows.shape[0], batch_size, g):
+                r = rows[b.to(rows.device)]
+                opt.zero_grad(set_to_none=True)
+                loss = _per_record_loss(loss_fn(model(x[r]), y[r]), r.shape[0]).mean()
+                loss.backward()
+                opt.step()
+
+
+def _train_stacked(
+    models: list[nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: list[torch.Tensor],
+    *,
+    loss_fn: LossFn,
+    optimizer: OptimizerFn,
+    epochs: int,
+    batch_size: int,
+    seeds: np.ndarray,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    k = len(models)
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta").train()
+
+    def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xb: torch.Tensor):
+        return functional_call(base, (p, b), (xb,))
+
+    forward = torch.vmap(one)
+    opt = optimizer(list(params.values()))
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    sizes = [r.shape[0] for r in rows]
+    dev = x.device
+    fixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
+    for _ in range(epochs):
+        if fixed is not None:
+            steps = [fixed]
+        else:
+            per_model = [_batches(n, batch_size, g) for n, g in zip(sizes, gens, strict=True)]
+            steps = []
+            for j in range(len(per_model[0])):
+                pos = [rows[i][per_model[i][j].to(dev)] for i in range(k)]
+                steps.append(_stacked_batch(x, y, pos))
+            if all(batch_size >= n for n in sizes):  # full batch: the same step every epoch
+                fixed = steps[0]
+        for xb, yb, w, count in steps:
+            out = forward(params, buffers, xb)
+            b = xb.shape[1]
+            flat = loss_fn(out.reshape(k * b, *out.shape[2:]), yb.reshape(k * b, *yb.shape[2:]))
+            losses = _per_record_loss(flat, k * b).reshape(k, b)
+            per_model_mean = losses.mean(dim=1) if w is None else (losses * w).sum(1) / count
+            opt.zero_grad(set_to_none=True)
+            per_model_mean.sum().backward()
+            opt.step()
+    return params, buffers
+
+
+def _stacked_batch(
+    x: torch.Tensor, y: torch.Tensor, pos: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The k models' batches as (k, B, ...) inputs and targets, padded to the longest with
+    weight 0 (weights None when every batch has the same length), and each batch's length."""
+    lengths = [p.shape[0] for p in pos]
+    count = torch.tensor(lengths, dtype=x.dtype if x.is_floating_point() else torch.float32)
+    count = count.to(x.device)
+    longest = max(lengths)
+    if min(lengths) == longest:
+        idx = torch.stack(pos)
+        return x[idx], y[idx], None, count
+    idx = torch.stack([torch.cat([p, p.new_zeros(longest - p.shape[0])]) for p in pos])
+    w = (torch.arange(longest, device=x.device)[None, :] < count[:, None]).to(count.dtype)
+    return x[idx], y[idx], w, count
+
+
+def train_ensemble(
+    model_fn: Callable[[], nn.Module],
+    data: Any,
+    masks: Any,
+    *,
+    loss_fn: LossFn,
+    optimizer: OptimizerFn,
+    epochs: int,
+    batch_size: int | None = None,
+    seed: int,
+    stacked: bool = True,
+) -> Ensemble:
+    """Train one model per row of ``masks``, each on its own records, all with one recipe.
+
+    Args:
+        model_fn: ``model_fn() -> nn.Module``, a fresh model (privmon seeds the global RNGs
+            around the call, so its initialisation is model i's seed).
+        data: the training records ``(x, y)`` (tensors / arrays with one row per record; also a
+            ``TensorDataset`` or a list of ``(x_i, y_i)``); the models train on ``x``'s device.
+        masks: (k, n) bool, ``masks[i, j]``: record j is in model i's training set (e.g.
+            :func:`random_halves`). Every model needs at least one record.
+        loss_fn: ``loss_fn(outputs, targets) -> (b,)`` per-record losses (e.g.
+            ``lambda out, y: F.cross_entropy(out, y, reduction="none")``); privmon averages
+            them over each model's batch.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer`` (e.g.
+            ``lambda p: torch.optim.Adam(p, lr=1e-2)``); elementwise optimizers only when
+            ``stacked`` (module docstring).
+        epochs: passes over each model's records (>= 1).
+        batch_size: records per step (>= 1); None: full batch (one step per epoch).
+        seed: non-negative integer; model i's seed derives from ``(seed, i)``.
+        stacked: True (default): one vmapped ensemble; False: one model after another with the
+            same protocol (any model, e.g. with dropout or BatchNorm).
+
+    Returns:
+        An :class:`Ensemble` (parameters on ``x``'s device).
+
+    Raises:
+        ValueError / TypeError naming the argument: malformed ``data`` or ``masks``, a model
+        without records, ``epochs`` / ``batch_size`` out of range, a ``loss_fn`` that does not
+        return one loss per record, with ``stacked`` models that cannot be stacked or member
+        counts that give the models different numbers of batches per epoch.
+    """
+    check_callable(model_fn, name="model_fn")
+    check_callable(loss_fn, name="loss_fn")
+    check_callable(optimizer, name="optimizer")
+    epochs = check_int(epochs, name="epochs", minimum=1)
+    stacked = check_flag(stacked, name="stacked")
+    seed = _check_seed(seed)
+    x, y = _as_xy(data, name="data")
+    if y is None:
+        raise ValueError("data must be a pair (x, y): the loss needs targets")
+    n = x.shape[0]
+    if not isinstance(masks, torch.Tensor):
+        masks = np.asarray(masks)
+    m = as_mask(masks, name="masks", shape=(len(masks), n))
+    sizes = m.sum(dim=1).tolist()
+    if min(sizes) == 0:
+        raise ValueError(f"masks: model {sizes.index(0)} has no training record")
+    bs = max(sizes) if batch_size is None else check_int(batch_size, name="batch_size", minimum=1)
+    if stacked:
+        n_batches = sorted({math.ceil(s / bs) for s in sizes})
+        if len(n_batches) > 1:
+            raise ValueError(
+                f"masks give the models {min(sizes)} to {max(sizes)} records, so {n_batches[0]} "
+                f"to {n_batches[-1]} batches of batch_size {bs} per epoch; stacked models step "
+                "together and need the same number: use equal member counts (random_halves), "
+                "full batch (batch_size=None) or stacked=False"
+            )
+    masks_np = m.cpu().numpy()
+    seeds = _model_seeds(seed, len(sizes))
+    rows = [torch.nonzero(r).squeeze(1).to(x.device) for r in m]
+    models = [_init(model_fn, int(s), x.device) for s in seeds]
+    if stacked:
+        _check_stackable(models[0])
+        params, buffers = _train_stacked(
+            models,
+            x,
+            y,
+            rows,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            epochs=epochs,
+            batch_size=bs,
+            seeds=seeds,
+        )
+    else:
+        for model, r, s in zip(models, rows, seeds, strict=True):
+            _train_one(
+                model,
+                x,
+                y,
+                r,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                epochs=epochs,
+                batch_size=bs,
+                seed=int(s),
+            )
+        params, buffers = stack_module_state(models)
+    template = copy.deepcopy(models[0]).eval()
+    return Ensemble(template, params, buffers, seeds, masks_np)

@@ -1,0 +1,197 @@
+"""Shadow models trained as one vmapped ensemble equal the same models trained one by one
+(privmon.audit.ensemble)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privmon.audit import Ensemble, random_halves, train_ensemble
+from privmon.audit.specific import _model_seeds
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def per_record_ce(out, y):
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def mlp(d=6, h=8, c=3, dtype=torch.float64):
+    return lambda: nn.Sequential(
+        nn.Linear(d, h, dtype=dtype), nn.Tanh(), nn.Linear(h, c, dtype=dtype)
+    )
+
+
+def data(n=40, d=6, c=3, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=dtype)
+    y = torch.randint(0, c, (n,), generator=g)
+    return x, y
+
+
+def train_alone(model_fn, x, y, rows, *, seed, optimizer, epochs, batch_size):
+    """The documented protocol written out as a plain PyTorch loop (the reference)."""
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    model = model_fn()
+    torch.set_rng_state(state)
+    opt = optimizer(list(model.parameters()))
+    g = torch.Generator().manual_seed(seed)
+    n = len(rows)
+    for _ in range(epochs):
+        order = torch.arange(n) if batch_size >= n else torch.randperm(n, generator=g)
+        for b in order.split(batch_size):
+            r = rows[b]
+            opt.zero_grad()
+            F.cross_entropy(model(x[r]), y[r]).backward()
+            opt.step()
+    return model
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "batch_size", "masks_kind"),
+    [
+        (lambda p: torch.optim.Adam(p, lr=0.05), 7, "halves"),  # shuffled mini-batches
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3), None, "uneven"),
+        (lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1), 30, "uneven"),
+        (lambda p: torch.optim.RMSprop(p, lr=0.01), 10, "uneven"),  # 3 batches, padded last
+    ],
+)
+@pytest.mark.parametrize("stacked", [True, False])
+def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, stacked):
+    x, y = data()
+    if masks_kind == "halves":
+        masks = random_halves(40, 5, seed=3)
+    else:  # 21 to 26 members: 1 batch per epoch at batch size None or 30, 3 at 10
+        masks = np.random.default_rng(0).random((5, 40)) < 0.6
+        masks[:, :21] = True
+        masks[:, 26:] = False
+    ens = train_ensemble(
+        mlp(),
+        (x, y),
+        masks,
+        loss_fn=per_record_ce,
+        optimizer=optimizer,
+        epochs=12,
+        batch_size=batch_size,
+        seed=11,
+        stacked=stacked,
+    )
+    assert len(ens) == 5 and np.array_equal(ens.masks, masks)
+    np.testing.assert_array_equal(ens.seeds, _model_seeds(11, 5))
+    bs = int(masks.sum(1).max()) if batch_size is None else batch_size
+    for i in range(5):
+        rows = torch.nonzero(torch.as_tensor(masks[i])).squeeze(1)
+        alone = train_alone(
+            mlp(),
+            x,
+            y,
+            rows,
+            seed=int(ens.seeds[i]),
+            optimizer=optimizer,
+            epochs=12,
+            batch_size=bs,
+        )
+        mine = ens.model(i)
+        for (name, p), (_, q) in zip(
+            alone.named_parameters(), mine.named_parameters(), strict=True
+        ):
+            torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-10, msg=name)
+        assert not torch.equal(alone[0].weight, ens.model((i + 1) % 5)[0].weight)
+        torch.testing.assert_close(ens(x)[i], alone(x).detach(), rtol=1e-9, atol=1e-10)
+
+
+def test_float32_full_batch_adam_matches_to_float_tolerance():
+    x, y = data(n=120, d=16, c=10, dtype=torch.float32)
+    masks = random_halves(120, 8, seed=0)
+    opt = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731
+    kw = {"loss_fn": per_record_ce, "optimizer": opt, "epochs": 60, "seed": 5}
+    ens = train_ensemble(mlp(16, 32, 10, torch.float32), (x, y), masks, **kw)
+    seq = train_ensemble(mlp(16, 32, 10, torch.float32), (x, y), masks, stacked=False, **kw)
+    for name in ens.params:
+        torch.testing.assert_close(ens.params[name], seq.params[name], rtol=1e-4, atol=1e-4)
+    assert ens.params["0.weight"].shape == (8, 32, 16)
+
+
+def test_random_halves():
+    m = random_halves(11, 200, seed=1)
+    assert m.shape == (200, 11) and m.dtype == bool
+    assert (m.sum(axis=1) == 5).all()
+    share = m.mean(axis=0)
+    assert ((share > 0.3) & (share < 0.6)).all()  # each record in about 5/11 of the models
+    np.testing.assert_array_equal(m, random_halves(11, 200, seed=1))
+    assert not np.array_equal(m, random_halves(11, 200, seed=2))
+    # models are independent: not all the same half
+    assert len({tuple(r) for r in m}) > 150
+    with pytest.raises(ValueError, match="n_records must be an integer >= 2"):
+        random_halves(1, 3, seed=0)
+
+
+SGD = {"loss_fn": per_record_ce, "optimizer": lambda p: torch.optim.SGD(p, lr=0.1), "seed": 0}
+
+
+def test_global_rng_is_left_untouched_and_result_reproduces():
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+    kw = {**SGD, "epochs": 3, "batch_size": 5}
+    torch.manual_seed(99)
+    state = torch.get_rng_state()
+    a = train_ensemble(mlp(), (x, y), masks, **kw)
+    assert torch.equal(torch.get_rng_state(), state)
+    b = train_ensemble(mlp(), (x, y), masks, **kw)
+    for name in a.params:
+        assert torch.equal(a.params[name], b.params[name])
+
+
+def test_models_with_dropout_or_batchnorm_need_stacked_false():
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+    kw = {"loss_fn": per_record_ce, "optimizer": lambda p: torch.optim.SGD(p, lr=0.1)}
+    x = x.float()
+    drop = lambda: nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))  # noqa: E731
+    bn = lambda: nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))  # noqa: E731
+    with pytest.raises(ValueError, match=r"Dropout\(p=0.5\).*stacked=False"):
+        train_ensemble(drop, (x, y), masks, epochs=1, seed=0, **kw)
+    with pytest.raises(ValueError, match="BatchNorm1d with running statistics"):
+        train_ensemble(bn, (x, y), masks, epochs=1, seed=0, **kw)
+    for fn in (drop, bn):  # one by one: works, reproducibly (dropout seeded per model)
+        a = train_ensemble(fn, (x, y), masks, epochs=2, batch_size=8, seed=0, stacked=False, **kw)
+        b = train_ensemble(fn, (x, y), masks, epochs=2, batch_size=8, seed=0, stacked=False, **kw)
+        out = a(x)
+        assert out.shape == (3, 40, 3) and torch.equal(out, b(x))
+        torch.testing.assert_close(out[1], a.model(1)(x).detach())
+
+
+def test_argument_errors():
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+    kw = {**SGD, "epochs": 1}
+    with pytest.raises(ValueError, match="loss_fn must return one loss per record"):
+        train_ensemble(mlp(), (x, y), masks, **{**kw, "loss_fn": F.cross_entropy})
+    uneven = masks.copy()
+    uneven[0, :] = True
+    with pytest.raises(ValueError, match="same number"):
+        train_ensemble(mlp(), (x, y), uneven, batch_size=5, **kw)
+    empty = masks.copy()
+    empty[1] = False
+    with pytest.raises(ValueError, match="model 1 has no training record"):
+        train_ensemble(mlp(), (x, y), empty, **kw)
+    with pytest.raises(ValueError, match=r"masks must be a boolean array of shape \(3, 40\)"):
+        train_ensemble(mlp(), (x, y), masks[:, :39], **kw)
+    with pytest.raises(ValueError, match="epochs must be an integer >= 1"):
+        train_ensemble(mlp(), (x, y), masks, **{**kw, "epochs": 0})
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        train_ensemble(mlp(), (x, y), masks, batch_size=0, **kw)
+    with pytest.raises(ValueError, match="data must be a pair"):
+        train_ensemble(mlp(), x, masks, **kw)
+    with pytest.raises(TypeError, match="optimizer must be callable"):
+        train_ensemble(mlp(), (x, y), masks, **{**kw, "optimizer": "adam"})
+    with pytest.raises(TypeError, match=r"model_fn must return a torch\.nn\.Module"):
+        train_ensemble(lambda: 3, (x, y), masks, **kw)
+    ens = train_ensemble(mlp(), (x, y), masks, **kw)
+    assert isinstance(ens, Ensemble) and "n_models=3" in repr(ens)
+    with pytest.raises(ValueError, match=r"i must be an index in \[0, 2\]"):
+        ens.model(3)

@@ -1,0 +1,221 @@
+"""ReferenceModelQuery: the reference-model attacks as a monitor query, equal to the functional
+attacks, with the references' values cached by batch content."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import privmon
+from privmon.attacks import calibrated_score, lira, rmia
+from privmon.attacks.metric import logit_confidence_from_logits
+from privmon.audit import random_halves, train_ensemble
+from privmon.queries import LossQuery, ReferenceModelQuery
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+sklearn_datasets = pytest.importorskip("sklearn.datasets")
+
+N = 150  # members, non-members and population records
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+@pytest.fixture(scope="module")
+def world(one_torch_thread):
+    """A target MLP over-fit on N digits; 16 references trained on 150-record subsets of a
+    disjoint pool, never on the members, non-members or population."""
+    d = sklearn_datasets.load_digits()
+    perm = np.random.default_rng(0).permutation(len(d.target))
+    x = torch.tensor(d.data[perm] / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target[perm])
+    mem, non, pop = (slice(i * N, (i + 1) * N) for i in range(3))
+    pool = slice(3 * N, len(y))
+    kw = {
+        "loss_fn": lambda out, t: F.cross_entropy(out, t, reduction="none"),
+        "optimizer": lambda p: torch.optim.Adam(p, lr=1e-2),
+        "epochs": 150,
+    }
+    target = train_ensemble(mlp, (x[mem], y[mem]), np.ones((1, N), bool), seed=1, **kw).model(0)
+    n_pool = len(y) - 3 * N
+    masks = random_halves(n_pool, 16, seed=0)
+    masks &= np.random.default_rng(1).random(masks.shape) < 2 * N / n_pool  # ~150 each
+    refs = train_ensemble(mlp, (x[pool], y[pool]), masks, seed=2, **kw)
+    return {
+        "target": target,
+        "refs": refs,
+        "members": (x[mem], y[mem]),
+        "nonmembers": (x[non], y[non]),
+        "population": (x[pop], y[pop]),
+    }
+
+
+def phi(model_or_ens, x, y):
+    """φ from the float32 logits, computed in float64 (as the query does)."""
+    with torch.no_grad():
+        logits = model_or_ens(x).double()
+    labels = y.expand(*logits.shape[:-1])
+    return logit_confidence_from_logits(logits, labels).numpy()
+
+
+def run(q, batch):
+    q.prepare()
+    try:
+        return q(batch)
+    finally:
+        q.release()
+
+
+def test_lira_query_is_offline_lira_against_the_references(world):
+    x, y = world["members"]
+    got = run(ReferenceModelQuery(world["target"], world["refs"]), (x, y))
+    assert got.dtype == torch.float64 and got.shape == (N,)
+    ref_phi = phi(world["refs"], x, y)
+    want = lira(
+        phi(world["target"], x, y),
+        ref_phi,
+        np.zeros_like(ref_phi, dtype=bool),
+        online=False,
+        fixed_variance=False,
+    )
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+def test_lira_query_fixed_variance_comes_from_the_population(world):
+    x, y = world["members"]
+    zx, zy = world["population"]
+    q = ReferenceModelQuery(
+        world["target"], world["refs"], population=(zx, zy), fixed_variance=True
+    )
+    got = run(q, (x, y)).numpy()
+    pz = phi(world["refs"], zx, zy)
+    sigma = np.sqrt(np.mean(pz.var(axis=0)))  # mean per-record ML variance of the population
+    ref = phi(world["refs"], x, y)
+    from scipy.stats import norm
+
+    want = norm.logcdf(phi(world["target"], x, y), ref.mean(axis=0), sigma)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_rmia_query_is_offline_rmia_against_the_population(world):
+    x, y = world["members"]
+    zx, zy = world["population"]
+    q = ReferenceModelQuery(
+        world["target"], world["refs"], attack="rmia", population=(zx, zy), a=0.4, gamma=1.3
+    )
+    got = run(q, (x, y)).numpy()
+    # the functional attack on the members followed by the population, z = the population part
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    p_t = sig(np.concatenate([phi(world["target"], x, y), phi(world["target"], zx, zy)]))
+    p_r = sig(np.concatenate([phi(world["refs"], x, y), phi(world["refs"], zx, zy)], axis=1))
+    want = rmia(p_t, p_r, population=np.arange(N, 2 * N), online=False, a=0.4, gamma=1.3)[:N]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_calibrated_query_is_the_reference_mean_loss_minus_the_loss(world):
+    x, y = world["members"]
+    got = run(ReferenceModelQuery(world["target"], world["refs"], attack="calibrated"), (x, y))
+    with torch.no_grad():  # cross-entropy of the float64 logits: the loss LossQuery computes
+        neg_loss_t = -F.cross_entropy(world["target"](x).double(), y, reduction="none").numpy()
+    ref_loss = F.softplus(-torch.from_numpy(phi(world["refs"], x, y))).numpy()
+    want = calibrated_score(neg_loss_t, -ref_loss)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("attack", ["lira", "rmia", "calibrated"])
+def test_a_list_of_modules_gives_the_ensembles_scores(world, attack):
+    refs = world["refs"]
+    pop = world["population"]
+    a = ReferenceModelQuery(world["target"], refs, attack=attack, population=pop)
+    models = [refs.model(i) for i in range(len(refs))]
+    b = ReferenceModelQuery(world["target"], models, attack=attack, population=pop)
+    assert len(b.modules) == 17 and b.modules[0] is world["target"]
+    torch.testing.assert_close(run(a, world["members"]), run(b, world["members"]))
+
+
+def test_reference_values_are_cached_by_batch_content(world):
+    x, y = world["members"]
+    q = ReferenceModelQuery(world["target"], world["refs"])
+    first = run(q, (x, y))
+    assert (q.cache_hits, q.cache_misses, q.n_reference_evaluations) == (0, 1, N)
+    # the target moves (training goes on); the references' values are reused
+    target = world["target"]
+    saved = [p.detach().clone() for p in target.parameters()]
+    with torch.no_grad():
+        target[2].bias.add_(0.5)
+    try:
+        second = run(q, (x.clone(), y.clone()))  # same content, another tensor
+        assert (q.cache_hits, q.cache_misses, q.n_reference_evaluations) == (1, 1, N)
+        uncached = ReferenceModelQuery(target, world["refs"], cache=False)
+        torch.testing.assert_close(second, run(uncached, (x, y)), rtol=0, atol=0)
+        assert not torch.equal(first, second)
+        # another batch (one value changed) is computed afresh; unused entries are dropped
+        x2 = x.clone()
+        x2[0, 0] += 1.0
+        run(q, (x2, y))
+        assert (q.cache_hits, q.cache_misses, q.n_reference_evaluations) == (1, 2, 2 * N)
+        assert len(q._cache) == 1
+    finally:
+        with torch.no_grad():
+            for p, s in zip(target.parameters(), saved, strict=True):
+                p.copy_(s)
+
+
+def test_monitor_runs_the_strong_attackers(world):
+    """Every estimator runs on the reference attacks; they see more than the loss threshold at
+    low FPR on this target."""
+    pop = world["population"]
+    queries = [
+        ReferenceModelQuery(world["target"], world["refs"], attack=a, population=pop)
+        for a in ("lira", "rmia", "calibrated")
+    ] + [LossQuery(world["target"])]
+    monitor = privmon.PrivacyMonitor(
+        queries, [world["members"]], [world["nonmembers"]], every_n_steps=1, strict=True
+    )
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    report = monitor.check(1)
+    assert torch.equal(torch.get_rng_state(), state)
+    monitor.close()
+    for name in ("lira", "rmia", "calibrated"):
+        for key in ("auc", "histogram/value", "histogram/lower", "kde/value"):
+            assert f"privacy/{name}/{key}" in report.scalars
+        assert report.queries[name].n_dropped == 0
+    x, y = world["members"]
+    xn, yn = world["nonmembers"]
+
+    def tpr(q, fpr):
+        a, b = run(q, (x, y)), run(q, (xn, yn))
+        if q.higher_is_member is False:
+            a, b = -a, -b
+        return privmon.tpr_at_fpr(a, b, fpr=fpr)[fpr]
+
+    loss_tpr = tpr(LossQuery(world["target"]), 0.1)
+    for q in queries[:2]:
+        assert tpr(q, 0.1) > loss_tpr, q.name
+
+
+def test_errors():
+    model = mlp()
+    with pytest.raises(ValueError, match="attack must be one of"):
+        ReferenceModelQuery(model, [mlp()], attack="loss")
+    with pytest.raises(ValueError, match=r"population .* is required for attack='rmia'"):
+        ReferenceModelQuery(model, [mlp()], attack="rmia")
+    with pytest.raises(ValueError, match=r"population .* is required"):
+        ReferenceModelQuery(model, [mlp()], fixed_variance=True)
+    with pytest.raises(ValueError, match="references must hold at least one"):
+        ReferenceModelQuery(model, [])
+    with pytest.raises(ValueError, match="references must be a sequence of modules"):
+        ReferenceModelQuery(model, nn.Linear(64, 10))
+    with pytest.raises(ValueError, match="gamma must be finite and > 0"):
+        ReferenceModelQuery(model, [mlp()], gamma=-1)
+    q = ReferenceModelQuery(model, [mlp()], attack="rmia", population=(torch.zeros(3, 64), [1] * 3))
+    with pytest.raises(RuntimeError, match="prepare"):
+        q((torch.zeros(2, 64), torch.tensor([0, 1])))
+    with pytest.raises(ValueError, match="needs labels"):
+        ReferenceModelQuery(model, [mlp()])(torch.zeros(2, 64))

@@ -174,6 +174,10 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
                 "top_records": {
                     str(k): [int(i) for i in v] for k, v in (obj.get("top_records") or {}).items()
                 },
+                "top_risks": {
+                    str(k): [_num(r) for r in v] for k, v in (obj.get("top_risks") or {}).items()
+                },
+                "top_tied": {str(k): int(v) for k, v in (obj.get("top_tied") or {}).items()},
                 "messages": [str(m) for m in obj.get("messages") or []],
                 "seconds": _num(obj.get("seconds")),
             }
@@ -752,12 +756,23 @@ def _top_records_html(checks: Checks) -> str:
     ]
     for q in sorted({k for r in checks.records for k in r["top_records"]}):
         top = last["top_records"].get(q, [])
+        risks = last.get("top_risks", {}).get(q, [])
         freq = Counter(i for r in checks.records for i in r["top_records"].get(q, []))
         n_lists = sum(1 for r in checks.records if q in r["top_records"])
-        rows = [[str(rank), str(i), f"{freq[i]} / {n_lists}"] for rank, i in enumerate(top, 1)]
+        rows = [
+            [str(rank), str(i), _fmt(risks[rank - 1], 3) if rank <= len(risks) else "–",
+             f"{freq[i]} / {n_lists}"]
+            for rank, i in enumerate(top, 1)
+        ]  # fmt: skip
         parts.append(f"<h3>{html.escape(q)}</h3>")
+        tied = last.get("top_tied", {}).get(q, 0)
+        if tied:
+            parts.append(
+                f'<p class="note">{tied} more member(s) share the risk of the last listed record: '
+                "records with equal risks are listed by index, which is not a ranking.</p>"
+            )
         parts.append(
-            _table(["rank", "member index", "in the top list"], rows, left=0)
+            _table(["rank", "member index", "risk", "in the top list"], rows, left=0)
             if rows
             else "<p>(none at the last check)</p>"
         )

@@ -49,6 +49,8 @@ class Report:
             "query_seconds": self.query_seconds,
             "scalars": self.scalars,
             "top_records": {k: list(q.top_records) for k, q in self.queries.items()},
+            "top_risks": {k: list(q.top_risks) for k, q in self.queries.items()},
+            "top_tied": {k: q.top_tied for k, q in self.queries.items()},
             "messages": list(self.messages),
             "failures": self.failures,
         }

@@ -68,6 +68,9 @@ def test_analyse_equals_the_public_functions_one_by_one(kind):
         assert res.risk["n_above_0.5"] == float((finite > 0.5).sum())
         order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")
         assert res.top_records == tuple(order[:5].tolist())
+        assert res.top_risks == tuple(risk[order[:5]].tolist())
+        last = risk[order[4]]
+        assert res.top_tied == int(np.sum(risk == last)) - int(np.sum(risk[order[:5]] == last))
     else:  # above 2-D: no grid, so no per-record risk
         assert res.member_risk is None and res.top_records == ()
 
@@ -206,3 +209,13 @@ def test_epsilon_from_counts_splits_alpha_between_the_rates():
     expected = math.log(beta.ppf(0.025, 700, 301) / beta.ppf(0.975, 201, 800))
     assert eps == pytest.approx(expected, abs=1e-10)
     assert eps == pytest.approx(1.08684, abs=5e-6)
+
+
+def test_ties_at_the_cut_are_counted():
+    from privmon.estimators.risk import most_exposed, tied_beyond
+
+    risk = np.array([0.2, 0.9, 0.5, 0.5, 0.1, 0.5, np.nan])
+    top = most_exposed(risk, 2)
+    assert top == (1, 2) and tied_beyond(risk, top) == 2  # records 3 and 5 share 0.5
+    assert tied_beyond(risk, most_exposed(risk, 4)) == 0
+    assert tied_beyond(risk, ()) == 0

@@ -38,7 +38,7 @@ from privmon.estimators.advantage import (
     describe_error,
     estimate_methods,
 )
-from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary
+from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
 from privmon.estimators.streaming import bin_records
 
@@ -62,7 +62,9 @@ class QueryResult:
     methods that succeeded. ``roc`` (1-D): AUC, ``tpr@fpr=…`` and accuracy at the median.
     ``risk`` (1-2 D): quantiles, max and counts above levels of the members' risks |f_p|.
     ``member_risk`` / ``member_posterior`` / ``nonmember_posterior``: per record, in the order
-    given (NaN for dropped records). ``top_records``: member indices, most exposed first.
+    given (NaN for dropped records). ``top_records``: member indices, most exposed first, with
+    their risks in ``top_risks``; ``top_tied`` more members share the last one's risk (risks
+    read off shared cells tie: the order among tied records is by index, not a ranking).
     ``failures``: what could not be computed (a method, "roc" or "risk") -> the error.
     Arrays are dropped from results kept in a monitor's history.
     """
@@ -77,6 +79,8 @@ class QueryResult:
     member_posterior: np.ndarray | None = None
     nonmember_posterior: np.ndarray | None = None
     top_records: tuple[int, ...] = ()
+    top_risks: tuple[float, ...] = ()
+    top_tied: int = 0
     failures: dict[str, str] = field(default_factory=dict)
 
     def without_arrays(self) -> QueryResult:
@@ -225,13 +229,16 @@ def analyse(
                 signed = full
             risk = np.abs(signed[:n_mem])
             posterior = (1 + signed) / 2
+            top = most_exposed(risk, top_k)
             return dataclasses.replace(
                 result,
                 risk=risk_summary(risk),
                 member_risk=risk,
                 member_posterior=posterior[:n_mem],
                 nonmember_posterior=posterior[n_mem:],
-                top_records=most_exposed(risk, top_k),
+                top_records=top,
+                top_risks=tuple(risk[list(top)].tolist()),
+                top_tied=tied_beyond(risk, top),
             )
         except Exception as err:
             if not skip:

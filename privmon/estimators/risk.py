@@ -49,6 +49,7 @@ __all__ = [
     "record_signed_risk",
     "risk_from_probabilities",
     "risk_summary",
+    "tied_beyond",
 ]
 
 QUANTILES = (0.5, 0.9, 0.99)  # of the members' risks, reported per check
@@ -254,6 +255,16 @@ def risk_summary(risk: np.ndarray) -> dict[str, float]:
     for level in RISK_LEVELS:
         out[f"n_above_{level}"] = float((finite > level).sum())
     return out
+
+
+def tied_beyond(risk: np.ndarray, top: tuple[int, ...]) -> int:
+    """How many records outside ``top`` share the risk of its last record: when positive, which
+    of the tied records made the list was decided by index, not by risk."""
+    if not top:
+        return 0
+    return int(np.count_nonzero(risk == risk[top[-1]])) - sum(
+        1 for i in top if risk[i] == risk[top[-1]]
+    )
 
 
 def most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedRecords, BinnedScores, column_quantiles, fold_of
+from privmon.estimators.streaming import BinnedRecords, BinnedScores, column_quantiles
 
 __all__ = [
     "QUANTILES",
@@ -225,19 +225,11 @@ def record_signed_risk(
     above risk 0.8 in 1-D and 0.05 % in 2-D; on Gaussian scores at 1,000 + 1,000 the posterior's
     RMSE against the true posterior is 0.03-0.04."""
     mass, n_train = densities.mass, densities.n_train  # (2, K, cells), (2, K)
-    folds = mass.shape[1]
-    sizes = binned.grid.n_seen.tolist()
-    device = binned.cell.device
-    position = torch.cat(
-        [torch.arange(sizes[0], device=device), torch.arange(sizes[1], device=device)]
-    )
-    fold = fold_of(position, folds)
     uniform = PSEUDO_RECORDS / mass.shape[2]
-    n1, n2 = n_train[0, fold], n_train[1, fold]
-    p = (n1 * mass[0, fold, binned.cell] + uniform) / (n1 + PSEUDO_RECORDS)
-    q = (n2 * mass[1, fold, binned.cell] + uniform) / (n2 + PSEUDO_RECORDS)
-    num, den = prior * p - (1 - prior) * q, prior * p + (1 - prior) * q
-    return to_numpy(num / den)
+    n = n_train[:, :, None]
+    p, q = (n * mass + uniform) / (n + PSEUDO_RECORDS)  # per fold and cell: (K, cells) each
+    signed = (prior * p - (1 - prior) * q) / (prior * p + (1 - prior) * q)
+    return to_numpy(signed[binned.fold, binned.cell])
 
 
 def risk_summary(risk: np.ndarray) -> dict[str, float]:

@@ -316,7 +316,7 @@ class BinnedScores:
         """Bin rows of x, ``sizes[0]`` members then ``sizes[1]`` non-members (finite float64 on
         the state's device, grid allocated), in one pass: one bincount for every (class, fold,
         cell), one index_add per moment. ``dropped``: the non-finite rows already removed.
-        Returns the rows' :meth:`cell_index`."""
+        Returns the rows' :meth:`cell_index` and their groups (class · folds + fold)."""
         dev = self.counts.device
         seen = self.n_seen.tolist()
         group, cls = _groups(seen[0], sizes[0], seen[1], sizes[1], self.folds, dev)
@@ -331,7 +331,7 @@ class BinnedScores:
         if any(dropped):
             self.n_dropped.add_(small_tensor(dropped, np.int64, dev))
         self.n_overflow.index_add_(0, cls, (~inside).to(torch.int64))
-        return cell, inside
+        return cell, inside, group
 
     def merge_(self, other: BinnedScores) -> BinnedScores:
         """Add another state's counts in place (same grid): all_reduce(SUM) across ranks."""
@@ -490,7 +490,8 @@ class BinnedRecords:
 
     ``fine`` is the state the records were binned into; ``grid`` the histogram's state (``fine``
     itself, or ``fine`` coarsened when the KDE's finer grid serves both); ``cell`` / ``inside``
-    each record's cell in ``grid`` and whether it fell inside the grid's range; ``extent`` the
+    each record's cell in ``grid`` and whether it fell inside the grid's range; ``fold`` each
+    record's cross-fitting fold (by its position within its class); ``extent`` the
     pooled data range per dimension (max − min); ``ascending`` (1-D only) the pooled scores
     sorted ascending and the sorting indices: the one sort of the check, which the ROC reads.
     """
@@ -499,6 +500,7 @@ class BinnedRecords:
     grid: BinnedScores
     cell: torch.Tensor
     inside: torch.Tensor
+    fold: torch.Tensor
     extent: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
 
@@ -521,10 +523,11 @@ def bin_records(
         low, high = robust_range(x)
         extent = x.amax(dim=0) - x.amin(dim=0)
     fine = BinnedScores(bins=fine_bins or bins, margin=0.0, low=low, high=high, device=x.device)
-    cell, inside = fine._add(x, (n_members, x.shape[0] - n_members))
+    cell, inside, group = fine._add(x, (n_members, x.shape[0] - n_members))
     grid = fine
     if fine_bins is not None and fine_bins != bins:
         factor = fine_bins // bins
         grid = fine.coarsen(factor)
         cell = torch.div(cell, factor, rounding_mode="floor")
-    return BinnedRecords(fine, grid, cell, inside, extent, ascending)
+    fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
+    return BinnedRecords(fine, grid, cell, inside, fold, extent, ascending)

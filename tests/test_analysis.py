@@ -140,18 +140,38 @@ def test_analyse_orientation_and_discrete_queries():
     assert res.estimates["histogram"].value == pytest.approx(est.value, abs=1e-12)
 
 
-def test_a_failing_method_is_isolated():
-    # A hidden layer with a dead unit: the KDE's covariance is singular and it raises; the
-    # histogram is still reported, and errors="raise" re-raises the KDE's error.
+def test_dead_units_never_raise():
+    # A hidden layer with a dead ReLU unit (a constant column) and a duplicated unit (a collinear
+    # column): every method still measures the leak in the live units.
+    rng = np.random.default_rng(0)
+    mem, non = rng.normal(0.5, 1.0, (600, 4)), rng.normal(0.0, 1.0, (600, 4))
+    mem[:, 2] = non[:, 2] = 0.0
+    mem[:, 3], non[:, 3] = mem[:, 0], non[:, 0]
+    res = privmon.analyse(mem, non)
+    assert tuple(res.estimates) == ("histogram", "kde") and res.failures == {}
+    truth = 2 * norm.cdf(0.5 * np.sqrt(2) / 2) - 1  # the live units 0 and 1: a shift of 0.5 each
+    for est in res.estimates.values():
+        assert abs(est.value - truth) < 0.08 and est.lower > 0
+
+
+def test_a_failing_method_is_isolated(monkeypatch):
+    # Fault injection: the KDE's density evaluation raises (as a singular covariance or an
+    # exhausted device would). The KDE is reported as failed; the histogram is still computed,
+    # and errors="raise" re-raises the KDE's error.
+    from privmon.estimators import density
+
+    def broken(self, x):
+        raise RuntimeError("density exploded")
+
     rng = np.random.default_rng(0)
     mem, non = rng.normal(0.5, 1.0, (300, 3)), rng.normal(0.0, 1.0, (300, 3))
-    mem[:, 2] = non[:, 2] = 0.0
+    hist = privmon.optimal_advantage(mem, non, method="histogram")
+    monkeypatch.setattr(density.GaussianKDE, "log_density", broken)
     res = privmon.analyse(mem, non, errors="skip")
     assert tuple(res.estimates) == ("histogram",)
-    assert res.failures["kde"].startswith("ValueError: the data covariance is singular")
-    hist = privmon.optimal_advantage(mem, non, method="histogram")
+    assert res.failures == {"kde": "RuntimeError: density exploded"}
     assert res.estimates["histogram"].value == pytest.approx(hist.value, abs=1e-12)
-    with pytest.raises(ValueError, match="singular"):
+    with pytest.raises(RuntimeError, match="density exploded"):
         privmon.analyse(mem, non)
 
 

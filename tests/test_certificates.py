@@ -231,10 +231,17 @@ def test_dp_alarm_compares_with_the_eps_delta_ceiling():
 # --- failures stay inside their query or method ---------------------------------------------------
 
 
-def test_a_failing_query_or_method_leaves_the_others_reported(caplog):
+def test_a_failing_query_or_method_leaves_the_others_reported(caplog, monkeypatch):
+    # Fault injection: one query raises; the KDE's density evaluation raises on 3-D scores (the
+    # 1-D query's KDE runs on the grid and is untouched).
+    from privmon.estimators import density
+
+    def broken_density(self, x):
+        raise ValueError("the data covariance is singular (injected)")
+
+    monkeypatch.setattr(density.GaussianKDE, "log_density", broken_density)
     rng = np.random.default_rng(1)
     hidden_m, hidden_h = rng.normal(0.5, 1.0, (300, 3)), rng.normal(0.0, 1.0, (300, 3))
-    hidden_m[:, 1] = hidden_h[:, 1] = 0.0  # a dead ReLU unit: the KDE's covariance is singular
     side = {"m": hidden_m, "h": hidden_h}
 
     def broken(batch):

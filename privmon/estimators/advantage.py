@@ -47,6 +47,7 @@ import torch
 from privmon._validation import as_scores, check_open_unit
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
+from privmon.estimators.learned import learned_rule_counts
 from privmon.estimators.streaming import BinnedRecords, BinnedScores, fold_of, small_tensor
 
 __all__ = [
@@ -569,22 +570,9 @@ def _cells(x: torch.Tensor, low, width, bins: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.floor((x - low) / width).to(torch.int64).clamp_min(0), bins - 1)
 
 
-def _high_dim(
-    m, h, *, prior, method, delta, lower_delta, bins, bandwidth, folds, n_samples, seed, n_dropped
-):
-    n1, n2 = m.shape[0], h.shape[0]
-    d = m.shape[1]
-    fm = fold_of(torch.arange(n1, device=m.device), folds)
-    fh = fold_of(torch.arange(n2, device=m.device), folds)
-    pooled = torch.cat([m, h])
-    low, high = pooled.min(0).values, pooled.max(0).values
-    span = torch.where(high > low, high - low, torch.ones_like(high))
-    gen = torch.Generator(device=m.device).manual_seed(seed)
-
-    # Above 2 dimensions both methods learn the rule with Gaussian KDEs (a histogram with
-    # enough cells per axis is mostly empty there). The tiny ridge gives degenerate classes
-    # (point masses, collinear scores) a kernel without changing regular ones.
-    ridge = 1e-6 * (span / 4) ** 2
+def _kde_rule_counts(m, h, fm, fh, *, prior, bandwidth, ridge, folds, deltas):
+    """The cross-fitted Gaussian-KDE rules' held-out true / false positives and the certificate
+    (at both δ) from exact kernel sums; ``fm`` / ``fh`` the records' folds."""
 
     def predict(train_m, train_h, test, tie):
         """Rule on test points learned from the training records; (len(test),) in {0, tie, 1}."""
@@ -602,17 +590,72 @@ def _high_dim(
         fp += float(predict(tm, th, h[fh == k], 0.5).sum())
     cm, ch = (fm < 2), (fh < 2)
     tie = float(prior > 0.5)
-    if int((~cm).sum()) >= 2 and int((~ch).sum()) >= 2:
-        tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
-        fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
-        n1c, n2c = float(cm.sum()), float(ch.sum())
-        cert, cert_check = (
-            float(c[0]) for c in _certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
-        )
-    else:
-        cert = cert_check = 0.0
+    if int((~cm).sum()) < 2 or int((~ch).sum()) < 2:
+        return tp, fp, 0.0, 0.0
+    tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
+    fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
+    cert, cert_check = (
+        float(c[0]) for c in _certify(tpc, float(cm.sum()), fpc, float(ch.sum()), prior, deltas)
+    )
+    return tp, fp, cert, cert_check
+
+
+def learned_rule(m, h, *, prior: float, folds: int, deltas: tuple[float, float]):
+    """The learned classifier's rule (:mod:`privmon.estimators.learned`; densities lose most of
+    a leak above 2 dimensions): held-out true / false positives of the cross-fitted rules and
+    the certificate at the run's δ share and at the call's δ."""
+    counts = learned_rule_counts(m, h, prior=prior, folds=folds)
+    cert, cert_check = _certify(
+        counts.cert_tp, counts.n1_cert, counts.cert_fp, counts.n2_cert, prior, deltas
+    )
+    return counts.tp, counts.fp, float(cert[0]), float(cert_check[0])
+
+
+def _high_dim(
+    m,
+    h,
+    *,
+    prior,
+    method,
+    delta,
+    lower_delta,
+    bins,
+    bandwidth,
+    folds,
+    n_samples,
+    seed,
+    n_dropped,
+    rule=None,
+):
+    """All scores in memory: above 2 dimensions the rule is learned by a classifier
+    (:func:`learned_rule`), in 1-2 dimensions with a bandwidth below one grid cell by exact
+    Gaussian kernel sums; the plug-ins W_N / U_N as the paper defines them. ``rule``: the
+    rule's figures (tp, fp, lower, lower_check) when already learned."""
+    deltas = (lower_delta, delta)
+    n1, n2 = m.shape[0], h.shape[0]
+    d = m.shape[1]
+    fm = fold_of(torch.arange(n1, device=m.device), folds)
+    fh = fold_of(torch.arange(n2, device=m.device), folds)
+    pooled = torch.cat([m, h])
+    low, high = pooled.min(0).values, pooled.max(0).values
+    span = torch.where(high > low, high - low, torch.ones_like(high))
+    gen = torch.Generator(device=m.device).manual_seed(seed)
+
+    # The tiny ridge gives degenerate classes (point masses, dead units, collinear scores) a
+    # kernel without changing regular ones.
+    ridge = 1e-6 * (span / 4) ** 2
+    if rule is not None:  # the caller learned it already (shared between methods)
+        tp, fp, cert, cert_check = rule
+    elif d >= 3:
+        tp, fp, cert, cert_check = learned_rule(m, h, prior=prior, folds=folds, deltas=deltas)
+    else:  # 1-2 D with a bandwidth below a grid cell: exact Gaussian kernel sums
+        tp, fp, cert, cert_check = _kde_rule_counts(
+            m, h, fm, fh, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds,
+            deltas=deltas,
+        )  # fmt: skip
     if method == "kde":
-        kp, kq = GaussianKDE(m, bandwidth=bandwidth), GaussianKDE(h, bandwidth=bandwidth)
+        kp = GaussianKDE(m, bandwidth=bandwidth, ridge=ridge)
+        kq = GaussianKDE(h, bandwidth=bandwidth, ridge=ridge)
         half = n_samples // 2
         x = torch.cat([kp.sample(half, generator=gen), kq.sample(n_samples - half, generator=gen)])
         lp, lq = kp.log_density(x), kq.log_density(x)
@@ -757,9 +800,11 @@ def estimate_from_scores(
     low: Any = None,
     high: Any = None,
     n_dropped: int = 0,
+    rule: tuple[float, float, float, float] | None = None,
 ) -> AdvantageEstimate:
     """:func:`optimal_advantage` on finite float64 scores (n, d) already checked, with
-    ``lower`` certified at ``lower_delta`` (``lower_check`` at ``delta``)."""
+    ``lower`` certified at ``lower_delta`` (``lower_check`` at ``delta``); above 2 dimensions
+    ``rule`` may carry the :func:`learned_rule` figures already learned."""
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
     exact = False
@@ -797,6 +842,7 @@ def estimate_from_scores(
         n_samples=n_samples,
         seed=seed,
         n_dropped=n_dropped,
+        rule=rule,
     )
 
 
@@ -863,9 +909,18 @@ def estimate_methods(
                     densities.update(dens)
                 except Exception as err:
                     failures[method] = describe_error(err)
-    low = high = None
+    low = high = rule = None
     if binned is not None:
         low, high = binned.fine.low, binned.fine.high
+    elif len(methods) > 1:  # above 2-D every method measures the same learned rule: learn it once
+        try:
+            rule = learned_rule(
+                members, nonmembers, prior=prior, folds=4, deltas=(lower_delta, delta)
+            )
+        except Exception as err:
+            if not skip_errors:
+                raise
+            return {}, dict.fromkeys(methods, describe_error(err)), None
     for method in methods:
         if method in estimates or method in failures:
             continue
@@ -877,6 +932,7 @@ def estimate_methods(
                 lower_delta=lower_delta,
                 low=low,
                 high=high,
+                rule=rule,
                 **shared,
             )
         except Exception as err:

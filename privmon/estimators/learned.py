@@ -161,7 +161,7 @@ def _fit(phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, start: torch.
 
 
 def learned_rule_counts(
-    m: torch.Tensor, h: torch.Tensor, *, prior: float, folds: int = 4, seed: int = 0
+    m: torch.Tensor, h: torch.Tensor, *, prior: float, folds: int = 4
 ) -> RuleCounts:
     """Cross-fitted and certificate counts of the learned Bayes rule (module docstring).
 
@@ -170,8 +170,7 @@ def learned_rule_counts(
             already validated (n1, n2 ≥ 1, d ≥ 1).
         prior: P(member) in (0, 1), which the rule's decision threshold includes.
         folds: cross-fitting folds K (≥ 4 in privmon's callers; the certificate uses folds 0-1).
-        seed: accepted for a uniform interface with the other rules; the fit draws no random
-            numbers, so the counts do not depend on it.
+            The fit draws no random numbers: the counts are a function of the scores.
 
     Returns:
         :class:`RuleCounts`.

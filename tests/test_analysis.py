@@ -239,3 +239,18 @@ def test_ties_at_the_cut_are_counted():
     assert top == (1, 2) and tied_beyond(risk, top) == 2  # records 3 and 5 share 0.5
     assert tied_beyond(risk, most_exposed(risk, 4)) == 0
     assert tied_beyond(risk, ()) == 0
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 8])
+def test_null_value_is_unbiased_in_every_dimension(dim):
+    # Identical members and non-members, 200 + 200: every rule is measured on records it did not
+    # learn from, so its mean value stays near the floor 0 (a rule measured on its own training
+    # records reports ~0.47 at d = 3). Mean over 12 seeded sets; one set spreads by ~0.05.
+    values = {"histogram": [], "kde": []}
+    for seed in range(12):
+        rng = np.random.default_rng(100 + seed)
+        res = privmon.analyse(rng.normal(size=(200, dim)), rng.normal(size=(200, dim)))
+        for method, est in res.estimates.items():
+            values[method].append(est.value)
+    for method, v in values.items():
+        assert np.mean(v) <= 0.03, (method, v)

@@ -38,7 +38,7 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedRecords, BinnedScores, column_quantiles
+from privmon.estimators.streaming import BinnedRecords, BinnedScores
 
 __all__ = [
     "QUANTILES",
@@ -233,17 +233,15 @@ def record_signed_risk(
 
 
 def risk_summary(risk: np.ndarray) -> dict[str, float]:
-    """Quantiles (``q50``, ``q90``, ``q99``), ``max`` and the number above each of
-    :data:`RISK_LEVELS` (``n_above_0.5`` …) of the finite member risks; empty when none is."""
+    """Quantiles (``q50``, ``q90``, ``q99``; linear interpolation, as ``torch.quantile``),
+    ``max`` and the number above each of :data:`RISK_LEVELS` (``n_above_0.5`` …) of the finite
+    member risks; empty when none is."""
     finite = risk[np.isfinite(risk)]
     if finite.size == 0:
         return {}
-    qs, top = column_quantiles(
-        torch.from_numpy(finite)[:, None], QUANTILES, extra=(finite.size - 1,)
-    )
-    *values, top_value = torch.cat([qs[:, 0], top[:, 0]]).tolist()
+    values = np.quantile(finite, QUANTILES).tolist()
     out = {f"q{round(q * 100)}": v for q, v in zip(QUANTILES, values, strict=True)}
-    out["max"] = top_value
+    out["max"] = float(finite.max())
     for level in RISK_LEVELS:
         out[f"n_above_{level}"] = float((finite > level).sum())
     return out

@@ -6,6 +6,9 @@
 figures to a differential-privacy budget.
 """
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
 from privmon import attacks, audit, queries
 from privmon.attacks import MetricAttack, PrivacyRiskScore, domias_scores
 from privmon.bounds import (
@@ -32,7 +35,10 @@ from privmon.estimators import (
     tpr_at_fpr,
 )
 
-__version__ = "0.1.0"
+try:  # one version source: the installed distribution's metadata (pyproject.toml)
+    __version__ = _version("privmon")
+except _PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AdvantageEstimate",

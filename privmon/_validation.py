@@ -8,7 +8,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["as_scores", "check_open_unit", "to_numpy"]
+__all__ = [
+    "as_scores",
+    "check_bool",
+    "check_open_unit",
+    "check_optional_str",
+    "check_subset",
+    "to_numpy",
+]
 
 
 def check_open_unit(value: float, *, name: str) -> float:
@@ -20,6 +27,29 @@ def check_open_unit(value: float, *, name: str) -> float:
     if not (0.0 < v < 1.0) or math.isnan(v):
         raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
     return v
+
+
+def check_bool(value: Any, *, name: str) -> bool:
+    """Return ``value`` after checking it is a bool (not merely truthy)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_optional_str(value: Any, *, name: str) -> str | None:
+    """Return ``value`` after checking it is None or a non-empty string."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be None or a non-empty string, got {value!r}")
+    return value
+
+
+def check_subset(values: Any, valid: tuple[str, ...], *, name: str) -> tuple[str, ...]:
+    """Return ``values`` as a tuple without repeats after checking it is a non-empty subset of
+    ``valid`` (a lone string counts as one value)."""
+    items = (values,) if isinstance(values, str) else tuple(values)
+    if not items or any(v not in valid for v in items):
+        raise ValueError(f"{name} must be a non-empty subset of {valid}, got {values!r}")
+    return tuple(dict.fromkeys(items))
 
 
 def as_scores(

@@ -21,8 +21,8 @@ from privmon.bounds import (
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor, PrivacyViolationWarning
 from privmon.estimators import (
     AdvantageEstimate,
+    GeneralizedMetric,
     IndividualRisk,
-    Metric,
     StreamingAdvantage,
     accuracy_at_median,
     auc,
@@ -42,8 +42,8 @@ except _PackageNotFoundError:  # imported from a source tree that was never inst
 
 __all__ = [
     "AdvantageEstimate",
+    "GeneralizedMetric",
     "IndividualRisk",
-    "Metric",
     "MetricAttack",
     "PrivacyEarlyStopping",
     "PrivacyMonitor",
@@ -69,3 +69,10 @@ __all__ = [
     "top_q_precision",
     "tpr_at_fpr",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # privmon.Metric: the deprecated alias of GeneralizedMetric (warns)
+    from privmon.estimators.generalized import deprecated_alias
+
+    return deprecated_alias(__name__, name)

@@ -1,6 +1,7 @@
 """Pure math on scores: optimal advantage, individual risk, generalized metrics, ROC, densities,
 streaming states. Functions take numpy arrays or torch tensors on any device."""
 
+from privmon.estimators import generalized as _generalized
 from privmon.estimators.advantage import (
     AdvantageEstimate,
     StreamingAdvantage,
@@ -8,7 +9,11 @@ from privmon.estimators.advantage import (
     optimal_advantage,
 )
 from privmon.estimators.density import GaussianKDE
-from privmon.estimators.generalized import GeneralizedEstimate, Metric, generalized_advantage
+from privmon.estimators.generalized import (
+    GeneralizedEstimate,
+    GeneralizedMetric,
+    generalized_advantage,
+)
 from privmon.estimators.risk import IndividualRisk, individual_risk
 from privmon.estimators.roc import (
     accuracy_at_median,
@@ -25,8 +30,8 @@ __all__ = [
     "BinnedScores",
     "GaussianKDE",
     "GeneralizedEstimate",
+    "GeneralizedMetric",
     "IndividualRisk",
-    "Metric",
     "StreamingAdvantage",
     "accuracy_at_median",
     "advantage_from_state",
@@ -39,3 +44,8 @@ __all__ = [
     "top_q_precision",
     "tpr_at_fpr",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # privmon.estimators.Metric: the deprecated alias of GeneralizedMetric (warns)
+    return _generalized.deprecated_alias(__name__, name)

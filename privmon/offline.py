@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,10 +87,12 @@ def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
 
 
 def _load_csv(path: str) -> np.ndarray:
-    try:
-        return np.loadtxt(path, delimiter=",", ndmin=1)
-    except ValueError:  # a header row
-        return np.loadtxt(path, delimiter=",", ndmin=1, skiprows=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "input contained no data": reported as a shape error
+        try:
+            return np.loadtxt(path, delimiter=",", ndmin=1)
+        except ValueError:  # a header row
+            return np.loadtxt(path, delimiter=",", ndmin=1, skiprows=1)
 
 
 def audit_scores(

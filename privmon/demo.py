@@ -13,6 +13,7 @@ measured advantage are shown together.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -31,6 +32,7 @@ from tqdm import tqdm
 from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
+from privmon.report import Report
 from privmon.sinks import JsonlSink
 
 __all__ = [
@@ -146,7 +148,8 @@ def _freeze(discriminator: nn.Module, frozen: bool) -> None:
     for p in discriminator.parameters():
         p.requires_grad_(not frozen)
     if hasattr(discriminator, "disable_hooks"):  # an Opacus GradSampleModule
-        (discriminator.disable_hooks if frozen else discriminator.enable_hooks)()
+        toggle: Any = discriminator.disable_hooks if frozen else discriminator.enable_hooks
+        toggle()
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
@@ -263,9 +266,16 @@ def _finite(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _summary(monitor: PrivacyMonitor, config: DemoConfig, steps: int, stopped_at, seconds):
+def _peak_value(report: Report, tag: str) -> float:
+    return report.scalars.get(tag, -1.0)
+
+
+def _summary(
+    monitor: PrivacyMonitor, config: DemoConfig, steps: int, stopped_at: int | None, seconds: float
+) -> dict[str, Any]:
     last = monitor.history[-1]
-    final, peak = {}, {}
+    final: dict[str, Any] = {}
+    peak: dict[str, dict[str, float]] = {}
     for name, q in last.queries.items():
         for method in q.estimates:
             base = f"privacy/{name}/{method}"
@@ -275,7 +285,7 @@ def _summary(monitor: PrivacyMonitor, config: DemoConfig, steps: int, stopped_at
             }
             if f"privacy/{name}/auc" in last.scalars:
                 final[key]["auc"] = last.scalars[f"privacy/{name}/auc"]
-            best = max(monitor.history, key=lambda r, b=base: r.scalars.get(f"{b}/value", -1))
+            best = max(monitor.history, key=functools.partial(_peak_value, tag=f"{base}/value"))
             peak[key] = {"step": best.step, "value": best.scalars[f"{base}/value"]}
         final[f"{name}/top_records"] = list(q.top_records)
     es = monitor.early_stopping

@@ -24,14 +24,14 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from privmon._validation import as_scores, check_open_unit, check_subset
 from privmon.bounds import epsilon_lower_bound
-from privmon.estimators.advantage import optimal_advantage
+from privmon.estimators.advantage import Method, optimal_advantage
 from privmon.estimators.roc import roc_summary
 
 __all__ = ["SCORE_SUFFIXES", "ScoreFileError", "audit_scores", "format_audit", "load_scores"]
@@ -130,7 +130,11 @@ def audit_scores(
     eps: dict[str, float] = {}
     for method in methods:
         est = optimal_advantage(
-            member_scores, nonmember_scores, prior=prior, method=method, delta=per_method
+            member_scores,
+            nonmember_scores,
+            prior=prior,
+            method=cast(Method, method),  # checked by check_subset above
+            delta=per_method,
         )
         advantage[method] = {
             "value": est.value,

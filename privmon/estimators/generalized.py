@@ -569,6 +569,8 @@ def generalized_advantage(
         bandwidth=bandwidth,
     )
     eta = np.split(risk.posterior, np.cumsum(sizes)[:-1])
+    if risk.signed_lower is None or risk.signed_upper is None:  # individual_risk sets both
+        raise RuntimeError("individual_risk returned no signed interval")
     eta_lo = (1 + risk.signed_lower[-(sizes[2] + sizes[3]) :]) / 2
     eta_hi = (1 + risk.signed_upper[-(sizes[2] + sizes[3]) :]) / 2
 

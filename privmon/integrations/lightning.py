@@ -33,18 +33,22 @@ either: only importing this module does.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-try:
+if TYPE_CHECKING:  # one of the two at type-checking time
     from lightning.pytorch.callbacks import Callback
-except ImportError:  # the standalone package
+else:
     try:
-        from pytorch_lightning.callbacks import Callback
-    except ImportError as err:
-        raise ImportError(
-            "privmon.integrations.lightning needs PyTorch Lightning: "
-            "pip install 'privmon[lightning]' (or pip install lightning)"
-        ) from err
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:  # the standalone package
+        try:
+            from pytorch_lightning.callbacks import Callback
+        except ImportError as err:
+            raise ImportError(
+                "privmon.integrations.lightning needs PyTorch Lightning: "
+                "pip install 'privmon[lightning]' (or pip install lightning)"
+            ) from err
 
 from privmon._validation import check_bool
 from privmon.callbacks.monitor import PrivacyMonitor
@@ -95,12 +99,8 @@ class PrivacyMonitorCallback(Callback):
         report = new_report(self.monitor, before)
         if report is not None and self.log_to_loggers and trainer.is_global_zero:
             for lg in trainer.loggers:
-                publish(
-                    self.monitor,
-                    report,
-                    lambda s, lg=lg: lg.log_metrics(s, step=int(report.step)),
-                    what=type(lg).__name__,
-                )
+                write = functools.partial(lg.log_metrics, step=int(report.step))
+                publish(self.monitor, report, write, what=type(lg).__name__)
         if step % self.monitor.every_n_steps == 0:  # the same steps on every rank
             stop = bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
         if stop:

@@ -11,6 +11,7 @@ import torch
 __all__ = [
     "as_scores",
     "check_bool",
+    "check_has_methods",
     "check_not_label_order",
     "check_open_unit",
     "check_optional_str",
@@ -35,6 +36,13 @@ def check_bool(value: Any, *, name: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+def check_has_methods(obj: Any, *methods: str, name: str, expected: str) -> Any:
+    """Return ``obj`` after checking it has every one of ``methods`` (callable attributes)."""
+    if not all(callable(getattr(obj, m, None)) for m in methods):
+        raise ValueError(f"{name} must be {expected}, got {obj!r}")
+    return obj
 
 
 def check_optional_str(value: Any, *, name: str) -> str | None:

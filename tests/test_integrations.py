@@ -574,3 +574,19 @@ def test_ignite_writes_the_figures_into_state_metrics_and_attached_loggers(ignit
         monitor.history[-1]
     )
     _assert_tb_matches(monitor, _event_scalars(tmp_path / "tb", "ignite/"))
+
+
+def test_logging_options_are_checked(hf, ignite, data):
+    from privmon.integrations.ignite import attach as attach_ignite
+    from privmon.integrations.transformers import PrivacyMonitorCallback, attach
+
+    monitor = _monitor(TinyClassifier(), data, as_dict=True)
+    with pytest.raises(ValueError, match=r"trainer must be a transformers\.Trainer"):
+        attach(object(), monitor)
+    with pytest.raises(ValueError, match=r"trainer must be a transformers\.Trainer"):
+        PrivacyMonitorCallback(monitor, trainer="trainer")
+    with pytest.raises(ValueError, match="log_to_trainer must be True or False"):
+        PrivacyMonitorCallback(monitor, log_to_trainer="yes")
+    engine, _ = _engine(ignite, _mlp())
+    with pytest.raises(ValueError, match="metrics must be True or False"):
+        attach_ignite(engine, monitor, metrics=None)

@@ -51,7 +51,7 @@ except ImportError as err:
         "pip install 'privmon[transformers]'"
     ) from err
 
-from privmon._validation import check_bool
+from privmon._validation import check_bool, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, publish
 
@@ -82,8 +82,8 @@ class PrivacyMonitorCallback(TrainerCallback):
                 f"monitor must be a privmon.PrivacyMonitor (with step and state_dict), "
                 f"got {monitor!r}"
             )
-        if trainer is not None and not callable(getattr(trainer, "log", None)):
-            raise ValueError(f"trainer must be a transformers.Trainer, got {trainer!r}")
+        if trainer is not None:
+            check_has_methods(trainer, "log", name="trainer", expected="a transformers.Trainer")
         self.monitor = monitor
         self.trainer = trainer
         self.log_to_trainer = check_bool(log_to_trainer, name="log_to_trainer")
@@ -156,8 +156,9 @@ def attach(trainer: Any, monitor: PrivacyMonitor, *, log_to_trainer: bool = True
     False, logs each report's finite scalars through ``trainer.log`` (``log_history`` and every
     ``report_to`` integration).
     """
+    check_has_methods(
+        trainer, "log", "add_callback", name="trainer", expected="a transformers.Trainer"
+    )
     callback = PrivacyMonitorCallback(monitor, trainer=trainer, log_to_trainer=log_to_trainer)
-    if not callable(getattr(trainer, "add_callback", None)):
-        raise ValueError(f"trainer must be a transformers.Trainer, got {trainer!r}")
     trainer.add_callback(callback)
     return callback

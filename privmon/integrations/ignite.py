@@ -16,7 +16,9 @@ Metrics: after each check the report's finite scalars are written into ``engine.
 (tag -> float, e.g. ``engine.state.metrics["privacy/loss/histogram/value"]``) and stay there
 until the next check, so Ignite's logger handlers that read the metrics — ``TensorboardLogger``
 / ``MLflowLogger`` / ``WandBLogger`` with ``OutputHandler(metric_names="all")`` — log them. Attach
-such a handler *after* this one on the same event so it sees the fresh figures.
+such a handler *after* this one on the same event so it sees the fresh figures. (Ignite's
+MLflow handler drops names MLflow refuses, such as ``privacy/loss/tpr@fpr=0.01``, with a
+warning; :class:`privmon.sinks.MlflowSink` logs them as ``tpr_at_fpr_0.01``.)
 ``attach(..., metrics=False)`` leaves ``engine.state.metrics`` alone.
 
 To resume, put the monitor into Ignite's checkpoint dictionary: it has ``state_dict`` /

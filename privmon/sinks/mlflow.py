@@ -16,7 +16,9 @@ or ends a run: the run belongs to the caller.
 MLflow metric names allow letters, digits and ``_ - . : / space`` only, so a tag such as
 ``privacy/loss/tpr@fpr=0.01`` is logged as ``privacy/loss/tpr_at_fpr_0.01`` (:func:`mlflow_key`).
 NaN / infinite values are left out. ``mlflow`` (or ``mlflow-skinny``) is imported at the first
-write, never by ``import privmon``: ``pip install 'privmon[mlflow]'``.
+write, never by ``import privmon``: ``pip install 'privmon[mlflow]'``. Any tracking backend
+works; MLflow 3 keeps the plain file store (``file:///…/mlruns``) behind
+``MLFLOW_ALLOW_FILE_STORE=true`` and recommends ``sqlite:///mlflow.db``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Normalizing-flow density estimation in torch: a Block Neural Autoregressive Flow (BNAF).
 
-DOMIAS (``domias-density-ratio-mia.txt``, Sec. 5 and App. A.3) estimates the synthetic and the
+DOMIAS (van Breugel et al., "Membership Inference Attacks against Synthetic Data through
+Overfitting Detection", AISTATS 2023, Sec. 5 and App. A.3) estimates the synthetic and the
 reference densities with BNAF (De Cao, Aziz & Titov, UAI 2019), "chosen for its training
 efficiency". This module implements BNAF itself, not a stand-in: BNAF is a few masked matrix
 products and a log-sum-exp per layer, cheap enough on a CPU for tabular data.

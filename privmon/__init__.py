@@ -6,6 +6,9 @@
 figures to a differential-privacy budget.
 """
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
 from privmon import attacks, audit, queries
 from privmon.attacks import MetricAttack, PrivacyRiskScore, domias_scores
 from privmon.bounds import (
@@ -18,8 +21,8 @@ from privmon.bounds import (
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor, PrivacyViolationWarning
 from privmon.estimators import (
     AdvantageEstimate,
+    GeneralizedMetric,
     IndividualRisk,
-    Metric,
     QueryResult,
     StreamingAdvantage,
     accuracy_at_median,
@@ -34,12 +37,15 @@ from privmon.estimators import (
     tpr_at_fpr,
 )
 
-__version__ = "0.1.0"
+try:  # one version source: the installed distribution's metadata (pyproject.toml)
+    __version__ = _version("privmon")
+except _PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AdvantageEstimate",
+    "GeneralizedMetric",
     "IndividualRisk",
-    "Metric",
     "MetricAttack",
     "PrivacyEarlyStopping",
     "PrivacyMonitor",
@@ -67,3 +73,10 @@ __all__ = [
     "top_q_precision",
     "tpr_at_fpr",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # privmon.Metric: the deprecated alias of GeneralizedMetric (warns)
+    from privmon.estimators.generalized import deprecated_alias
+
+    return deprecated_alias(__name__, name)

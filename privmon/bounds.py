@@ -23,6 +23,7 @@ import math
 from typing import Any, overload
 
 import numpy as np
+import torch
 from numpy.typing import ArrayLike, NDArray
 
 from privmon._validation import as_scores, check_open_unit, to_numpy
@@ -201,7 +202,7 @@ def epsilon_lower_bound(advantage: ArrayLike, prior: float = 0.5) -> float | NDA
     Raises:
         ValueError: advantage outside [0, 1] or NaN, prior outside (0, 1).
     """
-    if hasattr(advantage, "detach"):
+    if isinstance(advantage, torch.Tensor):
         advantage = to_numpy(advantage)
     adv = _as_float_array(advantage, name="advantage", valid="[0, 1]")
     if np.isnan(adv).any() or (adv < 0).any() or (adv > 1).any():

@@ -1,9 +1,11 @@
-"""Command line: ``privmon demo``, ``privmon report``."""
+"""Command line: ``privmon demo``, ``privmon report``, ``privmon audit``."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from typing import Any
 
 __all__ = ["main"]
 
@@ -22,8 +24,103 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _unit_interval(text: str) -> float:
+    v = float(text)
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in the open interval (0, 1), got {text}")
+    return v
+
+
+def _version() -> str:
+    from privmon import __version__
+
+    return f"privmon {__version__}"
+
+
+def _add_audit(sub: Any) -> None:
+    audit = sub.add_parser(
+        "audit",
+        help="audit saved member / non-member scores (.npy, .csv, .pt)",
+        description="Advantage figures (value, certified lower bound, plug-in, upper), AUC, "
+        "TPR at low FPR and epsilon lower bounds of two saved score sets, shape (n,) or (n, d).",
+    )
+    audit.add_argument("members", help="scores of member records (.npy, .csv or .pt)")
+    audit.add_argument("nonmembers", help="scores of held-out records (.npy, .csv or .pt)")
+    audit.add_argument("--prior", type=_unit_interval, default=0.5, help="P(member), default 0.5")
+    audit.add_argument(
+        "--delta",
+        type=_unit_interval,
+        default=0.05,
+        help="1 - joint confidence of the certified figures (default 0.05, split over methods)",
+    )
+    audit.add_argument(
+        "--methods",
+        nargs="+",
+        choices=("histogram", "kde"),
+        default=["histogram", "kde"],
+        help="advantage estimators (default: both)",
+    )
+    audit.add_argument(
+        "--fpr",
+        nargs="+",
+        type=_unit_interval,
+        default=[0.1, 0.01, 0.001],
+        help="target false-positive rates for TPR at low FPR",
+    )
+    audit.add_argument(
+        "--orientation",
+        choices=("higher", "lower", "best"),
+        default="higher",
+        help="threshold attack: higher (default) or lower score = member (a loss), or the "
+        "better of the two (optimistic)",
+    )
+    audit.add_argument("--json", action="store_true", help="print one JSON object")
+    audit.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from privmon.offline import audit_scores, format_audit, load_scores
+
+    torch.set_num_threads(args.threads)
+    try:
+        members, nonmembers = load_scores(args.members), load_scores(args.nonmembers)
+        result = audit_scores(
+            members,
+            nonmembers,
+            prior=args.prior,
+            delta=args.delta,
+            methods=args.methods,
+            fpr=args.fpr,
+            higher_is_member={"higher": True, "lower": False, "best": None}[args.orientation],
+        )
+    except ValueError as err:  # bad files or data: one line, exit 2 (argparse's usage code)
+        message = " ".join(str(err).split())
+        print(f"privmon audit: error: {message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_finite_json(result), indent=2, allow_nan=False))
+    else:
+        print(format_audit(result))
+    return 0
+
+
+def _finite_json(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_json(v) for v in obj]
+    return obj
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="privmon", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small GAN on the digits under the monitor")
     demo.add_argument("--logdir", default="runs/privmon-demo", help="TensorBoard log directory")
@@ -45,19 +142,39 @@ def main(argv: list[str] | None = None) -> int:
         "stays above this for two checks",
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch intra-op threads (default 1: the models are tiny, more threads only spin)",
+    )
     from privmon.html_report import add_report_arguments
 
     add_report_arguments(
         sub.add_parser("report", help="write a self-contained HTML privacy report of a run")
     )
+    _add_audit(sub)
     args = parser.parse_args(argv)
+    if args.command == "audit":
+        return _run_audit(args)
     if args.command == "report":
         from privmon.html_report import run_report
 
         return run_report(args)
     if args.command == "demo":
-        from privmon.demo import DemoConfig, format_summary, run_demo
+        from privmon.demo import (
+            DemoConfig,
+            MissingDependencyError,
+            check_requirements,
+            format_summary,
+            run_demo,
+        )
 
+        try:
+            check_requirements(dp=args.dp)
+        except MissingDependencyError as err:
+            print(f"privmon demo: error: {err}", file=sys.stderr)
+            return 2
         summary = run_demo(
             DemoConfig(
                 logdir=args.logdir,
@@ -68,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 budget=args.budget,
                 target_epsilon=args.epsilon,
                 progress=not args.quiet,
+                num_threads=args.threads,
             )
         )
         print(format_summary(summary))

@@ -21,7 +21,7 @@ from privmon.estimators.generalized import (
     TPR,
     WA,
     GeneralizedEstimate,
-    Metric,
+    GeneralizedMetric,
     _lemma7_bounds,
     _lemma7_candidates,
     _population_form,
@@ -63,11 +63,11 @@ def test_presets_match_direct_formulas():
         )
         w1, w2, w3, w4 = rng.uniform(0.1, 5, 4)
         np.testing.assert_allclose(
-            Metric.wa(w1, w2, w3, w4).value(tp, fp, fn, tn),
+            GeneralizedMetric.wa(w1, w2, w3, w4).value(tp, fp, fn, tn),
             (w1 * tp + w2 * tn) / (w1 * tp + w2 * tn + w3 * fp + w4 * fn),
         )
         # AM = (TPR + TNR)/2 with TPR = TP/(TP + FN), TNR = TN/(TN + FP): exact at its own prior
-        am = Metric.am(prior)
+        am = GeneralizedMetric.am(prior)
         np.testing.assert_allclose(
             am.value(tp, fp, fn, tn), (tp / (tp + fn) + tn / (tn + fp)) / 2, rtol=1e-12
         )
@@ -86,13 +86,13 @@ def test_value_scalar_and_undefined():
 
 
 def test_linearity_flags():
-    for m in (ACC, TPR, TNR, Metric.am(0.2)):
+    for m in (ACC, TPR, TNR, GeneralizedMetric.am(0.2)):
         assert m.is_linear and m.has_closed_form_threshold
     for m in (PPV, F1, WA):
         assert not m.is_linear
     assert WA.has_closed_form_threshold  # w1·w3 = w2·w4
     assert not PPV.has_closed_form_threshold and not F1.has_closed_form_threshold
-    assert not Metric.wa(2, 1, 1, 1).has_closed_form_threshold
+    assert not GeneralizedMetric.wa(2, 1, 1, 1).has_closed_form_threshold
 
 
 # --- Bayes thresholds (MACE Thm 1, §3.3; Koyejo et al. for the rest) -------------------------
@@ -103,9 +103,11 @@ def test_theorem1_thresholds():
     assert TPR.bayes_threshold() == pytest.approx(0.0)
     assert TNR.bayes_threshold() == pytest.approx(1.0)
     assert WA.bayes_threshold() == pytest.approx(0.5)
-    assert Metric.wa(3, 1, 1, 3).bayes_threshold() == pytest.approx(0.25)  # w2 / (w1 + w2)
+    assert GeneralizedMetric.wa(3, 1, 1, 3).bayes_threshold() == pytest.approx(
+        0.25
+    )  # w2 / (w1 + w2)
     for p in (0.01, 0.1, 0.3, 0.5, 0.9):
-        assert Metric.am(p).bayes_threshold() == pytest.approx(p)
+        assert GeneralizedMetric.am(p).bayes_threshold() == pytest.approx(p)
     assert PPV.bayes_threshold(optimum=0.8) == pytest.approx(0.8)
     assert F1.bayes_threshold(optimum=0.6) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="optimum"):
@@ -122,7 +124,16 @@ def test_threshold_rule_is_optimal_by_enumeration(seed):
     eta = prior * pm / (prior * pm + (1 - prior) * qm)
     rules = np.array(list(itertools.product([0.0, 1.0], repeat=k)))  # (256, 8)
     tpr, fpr = rules @ pm, rules @ qm
-    for metric in (ACC, PPV, TPR, TNR, F1, WA, Metric.wa(1, 3, 2, 1), Metric.am(prior)):
+    for metric in (
+        ACC,
+        PPV,
+        TPR,
+        TNR,
+        F1,
+        WA,
+        GeneralizedMetric.wa(1, 3, 2, 1),
+        GeneralizedMetric.am(prior),
+    ):
         vals = metric.value(*_confusion(prior, tpr, fpr))
         best = np.nanmax(vals)
         t = (
@@ -157,7 +168,7 @@ def test_lemma7_corners_and_switching_line_match_grid_search():
     for _ in range(40):
         a = rng.uniform(-1, 2, 5)
         b = np.r_[rng.uniform(0.2, 1), rng.uniform(0, 2, 4)]
-        metric = Metric(
+        metric = GeneralizedMetric(
             a0=a[0], a11=a[1], a10=a[2], a01=a[3], a00=a[4],
             b0=b[0], b11=b[1], b10=b[2], b01=b[3], b00=b[4],
         )  # fmt: skip
@@ -211,7 +222,16 @@ def test_lemma7_combination_is_the_population_metric_at_exact_eta(seed):
     w = prior * pm + (1 - prior) * qm  # the experiment's mixture mass of each cell
     t = float(np.median(eta))
     rule = (eta >= t).astype(float)
-    for metric in (ACC, TPR, TNR, Metric.am(prior), PPV, F1, WA, Metric.wa(1, 3, 2, 1)):
+    for metric in (
+        ACC,
+        TPR,
+        TNR,
+        GeneralizedMetric.am(prior),
+        PPV,
+        F1,
+        WA,
+        GeneralizedMetric.wa(1, 3, 2, 1),
+    ):
         truth = metric.value(*_confusion(prior, rule @ pm, rule @ qm))
         lo, hi = _lemma7_bounds(_population_form(metric, prior), t, eta, eta, w)
         assert lo == pytest.approx(truth, abs=1e-9) and hi == pytest.approx(truth, abs=1e-9)
@@ -222,9 +242,10 @@ def test_box_minimum_sits_at_a_corner():
     rng = np.random.default_rng(3)
     for _ in range(30):
         prior = rng.uniform(0.05, 0.95)
-        metric = Metric(a11=rng.uniform(0, 2), a00=rng.uniform(0, 2), a10=rng.uniform(-1, 1),
-                        b0=0.1, b11=rng.uniform(0, 2), b10=rng.uniform(0, 2),
-                        b01=rng.uniform(0, 2), b00=rng.uniform(0, 2))  # fmt: skip
+        metric = GeneralizedMetric(a11=rng.uniform(0, 2), a00=rng.uniform(0, 2),
+                                   a10=rng.uniform(-1, 1), b0=0.1, b11=rng.uniform(0, 2),
+                                   b10=rng.uniform(0, 2), b01=rng.uniform(0, 2),
+                                   b00=rng.uniform(0, 2))  # fmt: skip
         t_lo, t_hi = np.sort(rng.uniform(0, 1, 2))
         f_lo, f_hi = np.sort(rng.uniform(0, 1, 2))
         tt, ff = np.meshgrid(np.linspace(t_lo, t_hi, 101), np.linspace(f_lo, f_hi, 101))
@@ -348,7 +369,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="metric"):
         generalized_advantage(m, h, metric=42)
     with pytest.raises(ValueError, match="prior"):
-        generalized_advantage(m, h, metric=Metric.am(0.3), prior=0.1)
+        generalized_advantage(m, h, metric=GeneralizedMetric.am(0.3), prior=0.1)
     with pytest.raises(ValueError, match="method"):
         generalized_advantage(m, h, metric=ACC, method="exact")
     with pytest.raises(ValueError, match="bins"):
@@ -360,18 +381,18 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="dimension"):
         generalized_advantage(m, np.c_[h, h], metric=ACC)
     with pytest.raises(ValueError, match="prior"):
-        Metric.preset("am")
+        GeneralizedMetric.preset("am")
     with pytest.raises(ValueError, match="prior"):
-        Metric.am(0.0)
+        GeneralizedMetric.am(0.0)
     with pytest.raises(ValueError, match="a11"):
-        Metric(a11=float("nan"))
+        GeneralizedMetric(a11=float("nan"))
     with pytest.raises(ValueError, match="w3"):
-        Metric.wa(2, 2, -1, 1)
+        GeneralizedMetric.wa(2, 2, -1, 1)
     with pytest.raises(ValueError, match="metric"):
-        generalized_advantage(m, h, metric=Metric(a11=1.0, b11=-1.0, b01=-1.0))
+        generalized_advantage(m, h, metric=GeneralizedMetric(a11=1.0, b11=-1.0, b01=-1.0))
 
 
 def test_preset_names():
-    assert Metric.preset("ACC") is ACC and Metric.preset("recall") is TPR
-    assert Metric.preset("precision") is PPV and Metric.preset("wa") is WA
-    assert Metric.preset("am", prior=0.25) == Metric.am(0.25)
+    assert GeneralizedMetric.preset("ACC") is ACC and GeneralizedMetric.preset("recall") is TPR
+    assert GeneralizedMetric.preset("precision") is PPV and GeneralizedMetric.preset("wa") is WA
+    assert GeneralizedMetric.preset("am", prior=0.25) == GeneralizedMetric.am(0.25)

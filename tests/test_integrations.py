@@ -150,7 +150,7 @@ def _trainer(pl, callbacks, max_steps=MAX_STEPS, **kw):
         callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
-        logger=False,
+        logger=kw.pop("logger", False),
         enable_checkpointing=kw.pop("enable_checkpointing", False),
         **kw,
     )
@@ -264,14 +264,16 @@ class DictDataset(torch.utils.data.Dataset):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
-def _hf_trainer(hf, model, data, callbacks, output_dir, max_steps=MAX_STEPS, save_steps=None):
+def _hf_trainer(
+    hf, model, data, callbacks, output_dir, max_steps=MAX_STEPS, save_steps=None, report_to=()
+):
     args = hf.TrainingArguments(
         output_dir=str(output_dir),
         max_steps=max_steps,
         per_device_train_batch_size=BATCH,
         learning_rate=0.05,
         lr_scheduler_type="constant",
-        report_to=[],
+        report_to=list(report_to),
         use_cpu=True,
         save_strategy="no" if save_steps is None else "steps",
         save_steps=save_steps or 500,
@@ -430,3 +432,161 @@ def test_ignite_checkpoint_carries_the_monitor(ignite, data, tmp_path):
     engine2.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
     assert _steps(second) == [5, 10, 15, 20]  # the restored wait trips patience=3 at 20
     assert engine2.state.iteration == 20
+
+
+# --------------------------------------------------------------------------------------------------
+# The figures reach the frameworks' own loggers (read back from the loggers' files)
+# --------------------------------------------------------------------------------------------------
+def _finite(report):
+    return {k: v for k, v in report.scalars.items() if np.isfinite(v)}
+
+
+def _event_scalars(logdir, prefix=""):
+    """{tag: {step: value}} of every scalar in the event files under logdir."""
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={event_accumulator.SCALARS: 0}
+    )
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["scalars"]:
+        if tag.startswith(prefix):
+            out[tag[len(prefix) :]] = {e.step: e.value for e in acc.Scalars(tag)}
+    return out
+
+
+def _assert_tb_matches(monitor, by_tag):
+    """Every finite scalar of every report, at the report's step (float32 in event files)."""
+    for report in monitor.history:
+        for tag, value in _finite(report).items():
+            assert by_tag[tag][report.step] == pytest.approx(value, rel=1e-6, abs=1e-7), tag
+
+
+def test_lightning_writes_the_figures_to_every_trainer_logger(pl, data, tmp_path):
+    import csv
+
+    from privmon.integrations.lightning import PrivacyMonitorCallback
+
+    pl.seed_everything(0, verbose=False)
+    lit = _lit(pl)
+    monitor = _monitor(lit, data)
+    loggers = [
+        pl.loggers.CSVLogger(tmp_path, name="csv", version=0),
+        pl.loggers.TensorBoardLogger(tmp_path, name="tb", version=0),
+    ]
+    trainer = _trainer(pl, [PrivacyMonitorCallback(monitor)], logger=loggers, log_every_n_steps=1)
+    trainer.fit(lit, _loader(data))
+    assert _steps(monitor) == _expected(MAX_STEPS)
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["privacy/loss/histogram/value"]]
+    assert [int(r["step"]) for r in rows] == _expected(MAX_STEPS)  # the checks' global steps
+    for row, report in zip(rows, monitor.history, strict=True):
+        expected = _finite(report)
+        assert len(expected) >= 10  # value, lower, plugin, upper, auc, tpr@fpr, risk/…
+        assert {k: float(row[k]) for k in expected} == expected  # CSV keeps repr(): exact
+    _assert_tb_matches(monitor, _event_scalars(tmp_path / "tb" / "version_0"))
+
+
+def test_lightning_log_to_loggers_false_leaves_the_loggers_alone(pl, data, tmp_path):
+    import csv
+
+    from privmon.integrations.lightning import PrivacyMonitorCallback
+
+    with pytest.raises(ValueError, match="log_to_loggers must be True or False"):
+        PrivacyMonitorCallback(_monitor(_mlp(), data), log_to_loggers=1)
+    pl.seed_everything(0, verbose=False)
+    lit = _lit(pl)
+    monitor = _monitor(lit, data)
+    csv_logger = pl.loggers.CSVLogger(tmp_path, name="csv", version=0)
+    callback = PrivacyMonitorCallback(monitor, log_to_loggers=False)
+    trainer = _trainer(pl, [callback], logger=csv_logger, log_every_n_steps=1)
+    trainer.fit(lit, _loader(data))
+    assert _steps(monitor) == _expected(MAX_STEPS)
+    path = tmp_path / "csv" / "version_0" / "metrics.csv"
+    header = next(csv.reader(open(path, newline=""))) if path.exists() else []
+    assert not [h for h in header if h.startswith("privacy/")]
+
+
+def test_transformers_logs_through_the_trainer_to_log_history_and_report_to(hf, data, tmp_path):
+    from privmon.integrations.transformers import attach
+
+    model = TinyClassifier()
+    monitor = _monitor(model, data, as_dict=True)
+    trainer = _hf_trainer(hf, model, data, [], tmp_path, report_to=["tensorboard"])
+    callback = attach(trainer, monitor)
+    assert callback in trainer.callback_handler.callbacks
+    trainer.train()
+    assert _steps(monitor) == _expected(MAX_STEPS)
+    logged = [e for e in trainer.state.log_history if "privacy/loss/histogram/value" in e]
+    assert [e["step"] for e in logged] == _expected(MAX_STEPS)
+    for entry, report in zip(logged, monitor.history, strict=True):
+        expected = _finite(report)
+        assert {k: entry[k] for k in expected} == expected
+    (run_dir,) = (tmp_path / "runs").iterdir()  # TensorBoardCallback's default logging_dir
+    # The HF TensorBoard integration prefixes training logs with "train/".
+    _assert_tb_matches(monitor, _event_scalars(run_dir, "train/"))
+
+
+def test_transformers_callback_without_trainer_warns_once_and_still_steps(
+    hf, data, tmp_path, caplog
+):
+    from privmon.integrations.transformers import PrivacyMonitorCallback
+
+    model = TinyClassifier()
+    monitor = _monitor(model, data, as_dict=True)
+    trainer = _hf_trainer(
+        hf, model, data, [PrivacyMonitorCallback(monitor)], tmp_path, max_steps=10
+    )
+    with caplog.at_level("WARNING", logger="privmon"):
+        trainer.train()
+    assert _steps(monitor) == [5, 10]
+    assert sum("does not know its Trainer" in r.message for r in caplog.records) == 1
+    assert not [e for e in trainer.state.log_history if "privacy/loss/auc" in e]
+
+
+def test_ignite_writes_the_figures_into_state_metrics_and_attached_loggers(ignite, data, tmp_path):
+    from ignite.handlers.tensorboard_logger import OutputHandler, TensorboardLogger
+
+    from privmon.integrations.ignite import attach
+
+    torch.manual_seed(0)
+    model = _mlp().train()
+    monitor = _monitor(model, data)
+    engine, _ = _engine(ignite, model)
+    attach(engine, monitor)
+    seen = {}  # what a handler attached after privmon's reads from state.metrics, per check
+    engine.add_event_handler(
+        ignite.Events.ITERATION_COMPLETED(every=EVERY),
+        lambda e: seen.__setitem__(e.state.iteration, dict(e.state.metrics)),
+    )
+    tb = TensorboardLogger(log_dir=str(tmp_path / "tb"))
+    tb.attach(
+        engine,
+        OutputHandler(tag="ignite", metric_names="all"),
+        ignite.Events.ITERATION_COMPLETED(every=EVERY),
+    )
+    engine.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    tb.close()
+    assert sorted(seen) == _expected(MAX_STEPS) == _steps(monitor)
+    for report in monitor.history:
+        expected = _finite(report)
+        assert {k: seen[report.step][k] for k in expected} == expected
+    assert {k: engine.state.metrics[k] for k in _finite(monitor.history[-1])} == _finite(
+        monitor.history[-1]
+    )
+    _assert_tb_matches(monitor, _event_scalars(tmp_path / "tb", "ignite/"))
+
+
+def test_logging_options_are_checked(hf, ignite, data):
+    from privmon.integrations.ignite import attach as attach_ignite
+    from privmon.integrations.transformers import PrivacyMonitorCallback, attach
+
+    monitor = _monitor(TinyClassifier(), data, as_dict=True)
+    with pytest.raises(ValueError, match=r"trainer must be a transformers\.Trainer"):
+        attach(object(), monitor)
+    with pytest.raises(ValueError, match=r"trainer must be a transformers\.Trainer"):
+        PrivacyMonitorCallback(monitor, trainer="trainer")
+    with pytest.raises(ValueError, match="log_to_trainer must be True or False"):
+        PrivacyMonitorCallback(monitor, log_to_trainer="yes")
+    engine, _ = _engine(ignite, _mlp())
+    with pytest.raises(ValueError, match="metrics must be True or False"):
+        attach_ignite(engine, monitor, metrics=None)

@@ -16,13 +16,13 @@ import random
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import check_int, check_open_unit
+from privmon._validation import check_int, check_open_unit, check_subset
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
@@ -31,6 +31,7 @@ from privmon.estimators.advantage import METHODS, describe_error
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.spending import check_delta
 from privmon.report import Report
+from privmon.sinks.base import Sink
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
 
@@ -39,11 +40,6 @@ logger = logging.getLogger("privmon")
 
 class PrivacyViolationWarning(UserWarning):
     """A certified lower bound on the measured advantage exceeds the DP ceiling."""
-
-
-class Sink(Protocol):
-    def write(self, report: Report) -> None: ...
-    def close(self) -> None: ...
 
 
 def _save_rng() -> dict[str, Any]:
@@ -143,9 +139,7 @@ class PrivacyMonitor:
             if not isinstance(obj, Iterable):
                 raise ValueError(f"{name} must be an iterable of batches (a DataLoader, a list)")
         every_n_steps = check_int(every_n_steps, name="every_n_steps", minimum=1)
-        methods = tuple(methods)
-        if not methods or any(m not in METHODS for m in methods):
-            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods!r}")
+        methods = check_subset(methods, METHODS, name="methods")
         if max_batches is not None:
             max_batches = check_int(max_batches, name="max_batches", minimum=1)
         if planned_checks is not None:

@@ -2,6 +2,7 @@
 individual risk, generalized metrics, ROC, densities, streaming states. Functions take numpy
 arrays or torch tensors on any device."""
 
+from privmon.estimators import generalized as _generalized
 from privmon.estimators.advantage import (
     AdvantageEstimate,
     StreamingAdvantage,
@@ -10,7 +11,11 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.density import GaussianKDE
-from privmon.estimators.generalized import GeneralizedEstimate, Metric, generalized_advantage
+from privmon.estimators.generalized import (
+    GeneralizedEstimate,
+    GeneralizedMetric,
+    generalized_advantage,
+)
 from privmon.estimators.risk import IndividualRisk, individual_risk
 from privmon.estimators.roc import (
     accuracy_at_median,
@@ -27,8 +32,8 @@ __all__ = [
     "BinnedScores",
     "GaussianKDE",
     "GeneralizedEstimate",
+    "GeneralizedMetric",
     "IndividualRisk",
-    "Metric",
     "QueryResult",
     "StreamingAdvantage",
     "accuracy_at_median",
@@ -43,3 +48,8 @@ __all__ = [
     "top_q_precision",
     "tpr_at_fpr",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # privmon.estimators.Metric: the deprecated alias of GeneralizedMetric (warns)
+    return _generalized.deprecated_alias(__name__, name)

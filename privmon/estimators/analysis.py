@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, check_int, check_open_unit
+from privmon._validation import as_scores, check_int, check_open_unit, check_subset
 from privmon.estimators.advantage import (
     METHODS,
     AdvantageEstimate,
@@ -102,13 +102,6 @@ class QueryResult:
         return out
 
 
-def _check_methods(methods: Sequence[str]) -> tuple[str, ...]:
-    chosen = (methods,) if isinstance(methods, str) else tuple(methods)
-    if not chosen or any(m not in METHODS for m in chosen) or len(set(chosen)) != len(chosen):
-        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods!r}")
-    return chosen
-
-
 def analyse(
     member_scores: Any,
     nonmember_scores: Any,
@@ -145,7 +138,7 @@ def analyse(
     Returns:
         :class:`QueryResult`.
     """
-    methods = _check_methods(methods)
+    methods = check_subset(methods, METHODS, name="methods")
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     lower_delta = (

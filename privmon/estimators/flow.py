@@ -1,6 +1,7 @@
 """Normalizing-flow density estimation in torch: a Block Neural Autoregressive Flow (BNAF).
 
-DOMIAS (``domias-density-ratio-mia.txt``, Sec. 5 and App. A.3) estimates the synthetic and the
+DOMIAS (van Breugel et al., "Membership Inference Attacks against Synthetic Data through
+Overfitting Detection", AISTATS 2023, Sec. 5 and App. A.3) estimates the synthetic and the
 reference densities with BNAF (De Cao, Aziz & Titov, UAI 2019), "chosen for its training
 efficiency". This module implements BNAF itself, not a stand-in: BNAF is a few masked matrix
 products and a log-sum-exp per layer, cheap enough on a CPU for tabular data.
@@ -65,7 +66,7 @@ import copy
 import itertools
 import math
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -93,6 +94,8 @@ class _MaskedLinear(nn.Module):
     Diagonal blocks are ``exp(W)`` (positive), strictly-lower blocks are ``W``, upper blocks are
     zero; each row is then rescaled to norm ``exp(s)`` (weight normalization).
     """
+
+    mask_o: torch.Tensor  # a buffer
 
     def __init__(self, dim: int, a: int, b: int, *, dtype: torch.dtype, device: Any):
         super().__init__()
@@ -148,8 +151,11 @@ class _BNAFBlock(nn.Module):
         )
         self.gate = nn.Parameter(torch.zeros(1, dtype=dtype, device=device))
 
+    def _layers(self) -> list[_MaskedLinear]:
+        return [cast(_MaskedLinear, lin) for lin in self.linears]
+
     def reset_parameters(self, generator: torch.Generator) -> None:
-        for lin in self.linears:
+        for lin in self._layers():
             lin.reset_parameters(generator)
         with torch.no_grad():
             self.gate.copy_(torch.randn(1, generator=generator, dtype=torch.float64))
@@ -158,7 +164,7 @@ class _BNAFBlock(nn.Module):
         """The block network f(x) and, optionally, log df_i/dx_i of shape (n, dim)."""
         n, last = x.shape[0], len(self.linears) - 1
         h, g = x, None
-        for k, lin in enumerate(self.linears):
+        for k, lin in enumerate(self._layers()):
             w, logw = lin.weights()
             h = torch.addmm(lin.bias, h, w.T)
             if with_logdet:
@@ -170,13 +176,15 @@ class _BNAFBlock(nn.Module):
                     prod = torch.bmm(e, torch.exp(logw).transpose(1, 2)).transpose(0, 1)
                     g = m + torch.log(prod.clamp_min(torch.finfo(prod.dtype).tiny))
             if k < last:
-                if with_logdet:
+                if g is not None:  # with_logdet: set at the first layer
                     g = g + _log_dtanh(h).view(n, self.dim, -1)
                 h = torch.tanh(h)
         return h, (None if g is None else g.reshape(n, self.dim))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         f, g = self._f(x, with_logdet=True)
+        if g is None:  # unreachable: with_logdet=True always returns the log-Jacobian
+            raise RuntimeError("the block returned no log-Jacobian")
         y = torch.sigmoid(self.gate) * f + torch.sigmoid(-self.gate) * x
         # log(a f' + 1 - a) = softplus(log f' + gate) - softplus(gate), with a = sigmoid(gate)
         logdet = (F.softplus(g + self.gate) - F.softplus(self.gate)).sum(-1)
@@ -188,7 +196,7 @@ class _BNAFBlock(nn.Module):
         y_i is strictly increasing in x_i). Since |f_i - bias_i| <= sum_j |W_ij| (tanh is in
         (-1, 1)), x_i is bracketed exactly."""
         a, c = torch.sigmoid(self.gate), torch.sigmoid(-self.gate)
-        last = self.linears[-1]
+        last = self._layers()[-1]
         w, _ = last.weights()
         span = w.abs().sum(-1)
         x = torch.zeros_like(y)
@@ -215,6 +223,9 @@ class FlowDensity(nn.Module):
     the architecture from the state dict). ``forward(x)`` is the log density with autograd;
     :meth:`log_density` is the same without autograd, evaluated in chunks.
     """
+
+    mean: torch.Tensor  # buffers: the standardization
+    std: torch.Tensor
 
     def __init__(
         self,
@@ -250,13 +261,16 @@ class FlowDensity(nn.Module):
     def config(self) -> dict[str, int]:
         return {"dim": self.dim, "hidden": self.hidden, "layers": self.layers, "flows": self.flows}
 
+    def _blocks(self) -> list[_BNAFBlock]:
+        return [cast(_BNAFBlock, block) for block in self.blocks]
+
     @property
     def dtype(self) -> torch.dtype:
-        return self.blocks[0].gate.dtype
+        return self._blocks()[0].gate.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.blocks[0].gate.device
+        return self._blocks()[0].gate.device
 
     def get_extra_state(self) -> dict[str, int]:
         return self.config
@@ -279,7 +293,7 @@ class FlowDensity(nn.Module):
         return flow
 
     def reset_parameters(self, generator: torch.Generator) -> None:
-        for block in self.blocks:
+        for block in self._blocks():
             block.reset_parameters(generator)
 
     def standardize(self, x: torch.Tensor) -> torch.Tensor:
@@ -343,7 +357,7 @@ class FlowDensity(nn.Module):
         for k in range(len(self.blocks) - 1, -1, -1):
             if k < len(self.blocks) - 1:
                 z = z.flip(-1)
-            z = self.blocks[k].inverse(z, iters)
+            z = self._blocks()[k].inverse(z, iters)
         return z.to(torch.float64) * self.std + self.mean
 
     def sample(self, m: int, *, generator: torch.Generator) -> torch.Tensor:

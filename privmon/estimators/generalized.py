@@ -20,6 +20,7 @@ score), Lemma 7's per-record intervals combined as in App. D, and a certified lo
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,7 +41,7 @@ __all__ = [
     "TPR",
     "WA",
     "GeneralizedEstimate",
-    "Metric",
+    "GeneralizedMetric",
     "generalized_advantage",
 ]
 
@@ -50,16 +51,18 @@ _TOL = 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
-class Metric:
-    """A generalized metric: the coefficients of MACE eq. 4 (all default 0).
+class GeneralizedMetric:
+    """The coefficients of a generalized metric ℓ (MACE eq. 4; all default 0): a record that
+    :func:`generalized_advantage` reads, not a stateful metric object (privmon has no
+    ``update`` / ``compute`` metrics). Formerly ``privmon.Metric`` (a deprecated alias).
 
     ``name`` labels the metric in estimates. ``prior`` is set only for metrics whose coefficients
     were built for one prior (AM, :meth:`am`); :func:`generalized_advantage` refuses to use such a
     metric at another prior.
 
     Presets (MACE App. B, §3.3): :data:`ACC`, :data:`PPV`, :data:`TPR`, :data:`TNR`, :data:`F1`,
-    :data:`WA` (weights 2, 2, 1, 1), ``Metric.am(prior)``, ``Metric.wa(w1, w2, w3, w4)``, or by
-    name with :meth:`preset`.
+    :data:`WA` (weights 2, 2, 1, 1), ``GeneralizedMetric.am(prior)``,
+    ``GeneralizedMetric.wa(w1, w2, w3, w4)``, or by name with :meth:`preset`.
     """
 
     a0: float = 0.0
@@ -167,7 +170,7 @@ class Metric:
 
     # -- presets (MACE App. B, §3.3) ------------------------------------------------------------
     @classmethod
-    def am(cls, prior: float) -> Metric:
+    def am(cls, prior: float) -> GeneralizedMetric:
         """AM = (TPR + TNR)/2 = TP/(2p) + TN/(2(1−p)) at prior p: linear, Thm 1 threshold t = p.
 
         TPR = TP/p depends on the prior, so AM is a metric of eq. 4 only once p is fixed.
@@ -176,7 +179,9 @@ class Metric:
         return cls(a11=1 / (2 * p), a00=1 / (2 * (1 - p)), b0=1.0, name=f"AM(p={p:g})", prior=p)
 
     @classmethod
-    def wa(cls, w1: float = 2.0, w2: float = 2.0, w3: float = 1.0, w4: float = 1.0) -> Metric:
+    def wa(
+        cls, w1: float = 2.0, w2: float = 2.0, w3: float = 1.0, w4: float = 1.0
+    ) -> GeneralizedMetric:
         """Weighted accuracy (w1·TP + w2·TN) / (w1·TP + w2·TN + w3·FP + w4·FN) (MACE App. B).
 
         Not linear in Thm 1's sense; its threshold is ℓ*-free (t = w2/(w1 + w2)) when
@@ -189,11 +194,13 @@ class Metric:
         return cls(a11=w1, a00=w2, b11=w1, b00=w2, b10=w3, b01=w4, name=name)
 
     @classmethod
-    def preset(cls, name: str, *, prior: float | None = None) -> Metric:
+    def preset(cls, name: str, *, prior: float | None = None) -> GeneralizedMetric:
         """A preset by name: acc, ppv (precision), tpr (recall), tnr, am (needs prior), wa, f1."""
         key = name.lower() if isinstance(name, str) else None
         if key not in _PRESETS:
-            raise ValueError(f"metric must be a Metric or one of {_PRESETS}, got {name!r}")
+            raise ValueError(
+                f"metric must be a GeneralizedMetric or one of {_PRESETS}, got {name!r}"
+            )
         if key == "am":
             if prior is None:
                 raise ValueError("metric 'am' depends on the prior: pass prior=p")
@@ -210,17 +217,17 @@ class Metric:
         }[key]
 
 
-ACC = Metric(a11=1, a00=1, b11=1, b10=1, b01=1, b00=1, name="ACC")
+ACC = GeneralizedMetric(a11=1, a00=1, b11=1, b10=1, b01=1, b00=1, name="ACC")
 """Accuracy (TP + TN)/(TP + FP + FN + TN); Thm 1 threshold 1/2; equals (1 + Adv_p)/2 (eq. 2)."""
-PPV = Metric(a11=1, b11=1, b10=1, name="PPV")
+PPV = GeneralizedMetric(a11=1, b11=1, b10=1, name="PPV")
 """Positive predictive value (precision) TP/(TP + FP); not linear (t = ℓ*)."""
-TPR = Metric(a11=1, b11=1, b01=1, name="TPR")
+TPR = GeneralizedMetric(a11=1, b11=1, b01=1, name="TPR")
 """Recall TP/(TP + FN) = TP/p; linear, Thm 1 threshold 0 (always say member)."""
-TNR = Metric(a00=1, b10=1, b00=1, name="TNR")
+TNR = GeneralizedMetric(a00=1, b10=1, b00=1, name="TNR")
 """Specificity TN/(FP + TN); linear, Thm 1 threshold 1."""
-F1 = Metric(a11=2, b11=2, b10=1, b01=1, name="F1")
+F1 = GeneralizedMetric(a11=2, b11=2, b10=1, b01=1, name="F1")
 """F1 = 2TP/(2TP + FP + FN); not linear (t = ℓ*/2)."""
-WA = Metric.wa()
+WA = GeneralizedMetric.wa()
 """Weighted accuracy (2TP + 2TN)/(2TP + 2TN + FP + FN) (MACE §3.3); threshold 1/2."""
 
 
@@ -255,20 +262,20 @@ class GeneralizedEstimate(Estimate):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _resolve_metric(metric: Any, prior: float) -> Metric:
+def _resolve_metric(metric: Any, prior: float) -> GeneralizedMetric:
     if isinstance(metric, str):
-        return Metric.preset(metric, prior=prior)
-    if not isinstance(metric, Metric):
-        raise ValueError(f"metric must be a Metric or one of {_PRESETS}, got {metric!r}")
+        return GeneralizedMetric.preset(metric, prior=prior)
+    if not isinstance(metric, GeneralizedMetric):
+        raise ValueError(f"metric must be a GeneralizedMetric or one of {_PRESETS}, got {metric!r}")
     if metric.prior is not None and abs(metric.prior - prior) > 1e-12:
         raise ValueError(
             f"metric {metric.name} was built for prior={metric.prior:g} but prior={prior:g}: "
-            f"build it at this prior (Metric.am({prior:g}) or metric='am')"
+            f"build it at this prior (GeneralizedMetric.am({prior:g}) or metric='am')"
         )
     return metric
 
 
-def _population_form(metric: Metric, prior: float) -> Metric:
+def _population_form(metric: GeneralizedMetric, prior: float) -> GeneralizedMetric:
     """A linear metric with its constant denominator D = b0 + b11·p + b10·(1−p) moved into b0.
 
     Equal to ``metric`` on every confusion at prior p (TP + FN = p, FP + TN = 1 − p), and the form
@@ -298,7 +305,9 @@ def _confusion(prior: float, tpr, fpr):
     return prior * tpr, (1 - prior) * fpr, prior * (1 - tpr), (1 - prior) * (1 - fpr)
 
 
-def _search_threshold(metric: Metric, prior: float, eta_m: np.ndarray, eta_h: np.ndarray):
+def _search_threshold(
+    metric: GeneralizedMetric, prior: float, eta_m: np.ndarray, eta_h: np.ndarray
+):
     """Algorithm 2 step 3: argmax over t of the empirical ℓ of "member when η̂ ≥ t" on part 2.
 
     Candidates: 0 (all member), the midpoints between consecutive distinct η̂, and 1; ties on
@@ -315,7 +324,7 @@ def _search_threshold(metric: Metric, prior: float, eta_m: np.ndarray, eta_h: np
     return float(cand[best[len(best) // 2]])
 
 
-def _num_den(metric: Metric, tp, fp, fn, tn):
+def _num_den(metric: GeneralizedMetric, tp, fp, fn, tn):
     num = metric.a0 + metric.a11 * tp + metric.a10 * fp + metric.a01 * fn + metric.a00 * tn
     den = metric.b0 + metric.b11 * tp + metric.b10 * fp + metric.b01 * fn + metric.b00 * tn
     return num, den
@@ -334,7 +343,7 @@ def _ratio_min(num: np.ndarray, den: np.ndarray) -> float:
     return float(vals.min()) if vals.size else math.nan
 
 
-def _metric_range(metric: Metric, prior: float) -> tuple[float, float]:
+def _metric_range(metric: GeneralizedMetric, prior: float) -> tuple[float, float]:
     """The least and greatest ℓ of any rule at prior p: ℓ over the corners of (TPR, FPR) ∈ [0, 1]²
     (quasi-linearity, see :func:`_certified_lower`). Lemma-7 figures are clipped to it."""
     tt, ff = np.meshgrid([0.0, 1.0], [0.0, 1.0])
@@ -342,7 +351,9 @@ def _metric_range(metric: Metric, prior: float) -> tuple[float, float]:
     return _ratio_min(num, den), -_ratio_min(-num, den)
 
 
-def _certified_lower(metric: Metric, prior: float, k1, n1, k2, n2, delta: float) -> float:
+def _certified_lower(
+    metric: GeneralizedMetric, prior: float, k1, n1, k2, n2, delta: float
+) -> float:
     """Level 1 − δ lower bound on ℓ of a fixed rule from its part-3 hits (exact binomial).
 
     ℓ(TPR, FPR) at prior p is linear-fractional in (TPR, FPR), hence quasi-linear: over a box its
@@ -365,7 +376,7 @@ def _certified_lower(metric: Metric, prior: float, k1, n1, k2, n2, delta: float)
     return _ratio_min(*_num_den(metric, *_confusion(prior, tt.ravel(), ff.ravel())))
 
 
-def _local(metric: Metric, eta: np.ndarray, member: np.ndarray):
+def _local(metric: GeneralizedMetric, eta: np.ndarray, member: np.ndarray):
     """Lemma 7's numerator and denominator divided by x·p + y·(1−p): functions of η only.
 
     n(η) = a0 + I·(a11·η + a10·(1−η)) + (1−I)·(a01·η + a00·(1−η)), d likewise with b.
@@ -378,7 +389,7 @@ def _local(metric: Metric, eta: np.ndarray, member: np.ndarray):
     return n, d
 
 
-def _lemma7_candidates(metric: Metric, t: float, eta_lo: np.ndarray, eta_hi: np.ndarray):
+def _lemma7_candidates(metric: GeneralizedMetric, t: float, eta_lo: np.ndarray, eta_hi: np.ndarray):
     """Per record (rows), the 4 points where Lemma 7's objective can reach its extremes.
 
     Lemma 7's objective is homogeneous of degree 0 in (x, y), so it depends on the box only through
@@ -423,7 +434,7 @@ def _ratio_of_sums_max(n, d, valid, w) -> float:
     return lam
 
 
-def _lemma7_bounds(metric: Metric, t: float, eta_lo, eta_hi, w) -> tuple[float, float]:
+def _lemma7_bounds(metric: GeneralizedMetric, t: float, eta_lo, eta_hi, w) -> tuple[float, float]:
     """MACE Lemma 7 per record, combined over the evaluation records as in App. D.
 
     Linear metrics (population form, denominator the constant D): ℓ is the weighted average of
@@ -448,7 +459,7 @@ def generalized_advantage(
     member_scores: Any,
     nonmember_scores: Any,
     *,
-    metric: Metric | str,
+    metric: GeneralizedMetric | str,
     prior: float = 0.5,
     method: Method = "histogram",
     delta: float = 0.05,
@@ -465,10 +476,11 @@ def generalized_advantage(
     2. η(q) = p·P/(p·P + (1−p)·Q) = (1 + f_p)/2 is the posterior of
        :func:`~privmon.estimators.risk.individual_risk` (``method``: histogram, Lemma 5; kde,
        Lemma 6 / 11) fitted on part 1.
-    3. Threshold: if ℓ's Bayes threshold is known in closed form (:meth:`Metric.bayes_threshold`:
-       Thm 1 for linear metrics, and e.g. WA(2,2,1,1)) it is used, no data are needed to choose it,
-       and η is fitted on parts 1 + 2 together. Otherwise t maximizes the empirical ℓ of
-       "member when η̂ ≥ t" on part 2 over every distinct η̂ there (η fitted on part 1 only).
+    3. Threshold: if ℓ's Bayes threshold is known in closed form
+       (:meth:`GeneralizedMetric.bayes_threshold`: Thm 1 for linear metrics, and e.g.
+       WA(2,2,1,1)) it is used, no data are needed to choose it, and η is fitted on parts 1 + 2
+       together. Otherwise t maximizes the empirical ℓ of "member when η̂ ≥ t" on part 2 over
+       every distinct η̂ there (η fitted on part 1 only).
     4. ``value``: ℓ of that rule on part 3, TP = p·TPR̂, FP = (1−p)·FPR̂, FN = p·(1−TPR̂),
        TN = (1−p)·(1−FPR̂). NaN where ℓ is 0/0 (PPV of a rule that never says member).
 
@@ -497,8 +509,8 @@ def generalized_advantage(
     Args:
         member_scores, nonmember_scores: query outputs, numpy or torch on any device, (n,) or
             (n, d); NaN / inf rows are dropped and counted. Each class needs >= 6 finite rows.
-        metric: a :class:`Metric` or a preset name ("acc", "ppv", "tpr", "tnr", "am", "wa",
-            "f1"); "am" is built at ``prior``.
+        metric: a :class:`GeneralizedMetric` or a preset name ("acc", "ppv", "tpr", "tnr", "am",
+            "wa", "f1"); "am" is built at ``prior``.
         prior: P(member) in the experiment, in (0, 1).
         method: "histogram" or "kde", the estimator of P, Q and η (as in ``individual_risk``).
         delta: 1 − confidence level, in (0, 1).
@@ -557,6 +569,8 @@ def generalized_advantage(
         bandwidth=bandwidth,
     )
     eta = np.split(risk.posterior, np.cumsum(sizes)[:-1])
+    if risk.signed_lower is None or risk.signed_upper is None:  # individual_risk sets both
+        raise RuntimeError("individual_risk returned no signed interval")
     eta_lo = (1 + risk.signed_lower[-(sizes[2] + sizes[3]) :]) / 2
     eta_hi = (1 + risk.signed_upper[-(sizes[2] + sizes[3]) :]) / 2
 
@@ -599,3 +613,22 @@ def generalized_advantage(
         n_nonmembers=int(h.shape[0]),
         n_dropped=dm + dh,
     )
+
+
+def deprecated_alias(module: str, name: str) -> Any:
+    """``<module>.Metric``, the old name of :class:`GeneralizedMetric`, with a DeprecationWarning
+    pointing at the code that asked for it (kept for one release); AttributeError for any other
+    name. Called from a module's ``__getattr__``."""
+    if name == "Metric":
+        warnings.warn(
+            "privmon.Metric is renamed privmon.GeneralizedMetric (the coefficients of a MACE "
+            "eq. 4 metric); the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=3,  # past this function and the module's __getattr__
+        )
+        return GeneralizedMetric
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, check_open_unit, to_numpy
+from privmon._validation import as_scores, check_not_label_order, check_open_unit, to_numpy
 
 __all__ = [
     "accuracy_at_median",
@@ -258,10 +258,17 @@ def auc(member_scores: Any, nonmember_scores: Any) -> float:
     equals ``sklearn.metrics.roc_auc_score`` on the pooled scores with members labelled 1.
     NaN / infinite scores are dropped before ranking.
 
+    The arguments are the two score sets, not scikit-learn's ``(y_true, y_score)``: for labels
+    and scores call ``privmon.auc(y_score[y_true == 1], y_score[y_true == 0])``. A call in the
+    scikit-learn order (a 0/1 first argument as long as a second one with other values) is
+    refused rather than answered wrongly.
+
     Raises:
         ValueError: a score argument is empty, has no finite value, or has more than one
-            dimension per record; the message names the argument.
+            dimension per record (the message names the argument); the arguments look like
+            scikit-learn's ``(y_true, y_score)``.
     """
+    check_not_label_order(member_scores, nonmember_scores, fn="auc")
     return _auc_from(_rank(member_scores, nonmember_scores))
 
 
@@ -273,7 +280,12 @@ def roc_curve(
     Same convention as ``sklearn.metrics.roc_curve(..., drop_intermediate=False)``: the first
     point is (0, 0) with threshold +inf, then one point per distinct finite score, thresholds
     decreasing, ending at (1, 1). Arrays are float64 numpy arrays of equal length.
+
+    Like :func:`auc` it takes the two score sets, not ``(y_true, y_score)``: call
+    ``privmon.roc_curve(y_score[y_true == 1], y_score[y_true == 0])``; the scikit-learn order is
+    refused with a ValueError that says so.
     """
+    check_not_label_order(member_scores, nonmember_scores, fn="roc_curve")
     return _roc_from(_rank(member_scores, nonmember_scores))
 
 

@@ -14,6 +14,13 @@ so ``min_epochs`` / ``min_steps`` still apply and validation still runs at the e
 Lightning's ``EarlyStopping``. ``trainer.global_step`` counts optimizer steps, so with gradient
 accumulation a check runs once per optimizer step, not once per batch.
 
+Loggers: like Lightning's ``LearningRateMonitor``, the callback writes each new report's finite
+scalars (``privacy/<query>/<method>/value``, ``…/lower``, ``privacy/<query>/auc``, …) to every
+logger in ``trainer.loggers`` — TensorBoardLogger, CSVLogger, MLFlowLogger, WandbLogger, … —
+with ``logger.log_metrics(scalars, step=report.step)``, the check's global step, from global rank
+0 only. ``PrivacyMonitorCallback(monitor, log_to_loggers=False)`` turns that off (the monitor's
+own sinks still write).
+
 The monitor's state (history of scalars, early-stopping counters, last checked step) travels in
 Lightning checkpoints through the callback's ``state_dict`` / ``load_state_dict``: resuming with
 ``trainer.fit(module, ckpt_path=...)`` and a fresh monitor continues the history without checking
@@ -26,20 +33,26 @@ either: only importing this module does.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-try:
+if TYPE_CHECKING:  # one of the two at type-checking time
     from lightning.pytorch.callbacks import Callback
-except ImportError:  # the standalone package
+else:
     try:
-        from pytorch_lightning.callbacks import Callback
-    except ImportError as err:
-        raise ImportError(
-            "privmon.integrations.lightning needs PyTorch Lightning: "
-            "pip install 'privmon[lightning]' (or pip install lightning)"
-        ) from err
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:  # the standalone package
+        try:
+            from pytorch_lightning.callbacks import Callback
+        except ImportError as err:
+            raise ImportError(
+                "privmon.integrations.lightning needs PyTorch Lightning: "
+                "pip install 'privmon[lightning]' (or pip install lightning)"
+            ) from err
 
+from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
+from privmon.integrations._common import new_report, publish
 
 __all__ = ["PrivacyMonitorCallback"]
 
@@ -49,6 +62,8 @@ class PrivacyMonitorCallback(Callback):
 
     Args:
         monitor: the :class:`~privmon.PrivacyMonitor` to step.
+        log_to_loggers: write each new report's finite scalars to every entry of
+            ``trainer.loggers`` at the check's global step (rank 0 only). Default True.
 
     Under a distributed strategy every rank steps its own monitor (the monitor decides what each
     rank queries and writes); the stop decision of a due check is combined across ranks with the
@@ -56,7 +71,7 @@ class PrivacyMonitorCallback(Callback):
     does, so that no rank waits for another that has left the loop.
     """
 
-    def __init__(self, monitor: PrivacyMonitor) -> None:
+    def __init__(self, monitor: PrivacyMonitor, *, log_to_loggers: bool = True) -> None:
         if not callable(getattr(monitor, "step", None)) or not callable(
             getattr(monitor, "state_dict", None)
         ):
@@ -65,6 +80,7 @@ class PrivacyMonitorCallback(Callback):
                 f"got {monitor!r}"
             )
         self.monitor = monitor
+        self.log_to_loggers = check_flag(log_to_loggers, name="log_to_loggers")
 
     @property
     def state_key(self) -> str:
@@ -78,7 +94,13 @@ class PrivacyMonitorCallback(Callback):
         step = int(trainer.global_step)
         if step == 0:  # no optimizer step yet (gradient accumulation): nothing trained to audit
             return
+        before = self.monitor.last_report
         stop = bool(self.monitor.step(step))
+        report = new_report(self.monitor, before)
+        if report is not None and self.log_to_loggers and trainer.is_global_zero:
+            for lg in trainer.loggers:
+                write = functools.partial(lg.log_metrics, step=int(report.step))
+                publish(self.monitor, report, write, what=type(lg).__name__)
         if step % self.monitor.every_n_steps == 0:  # the same steps on every rank
             stop = bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
         if stop:

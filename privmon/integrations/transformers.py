@@ -1,9 +1,10 @@
 """Hugging Face ``transformers`` adapter: run a :class:`~privmon.PrivacyMonitor` from a ``Trainer``.
 
 ```python
-from privmon.integrations.transformers import PrivacyMonitorCallback
+from privmon.integrations.transformers import attach
 
-trainer = transformers.Trainer(..., callbacks=[PrivacyMonitorCallback(monitor)])
+trainer = transformers.Trainer(..., args=TrainingArguments(..., report_to=["tensorboard"]))
+attach(trainer, monitor)  # adds a PrivacyMonitorCallback that knows its trainer
 trainer.train()
 ```
 
@@ -11,6 +12,15 @@ The callback is thin: at the end of every optimizer step (``on_step_end``) it ca
 ``monitor.step(state.global_step)`` — the monitor decides whether a check is due and protects the
 model's mode and every RNG — and when the monitor says stop it sets
 ``control.should_training_stop = True``, the Trainer's own mechanism.
+
+Logging: after each check the callback passes the report's finite scalars to ``trainer.log`` —
+the Trainer's own logging path — so they land in ``trainer.state.log_history`` (with ``step`` =
+the check's global step) and reach every ``report_to`` integration (TensorBoard, MLflow, Weights &
+Biases, …) through its ``on_log``. A ``TrainerCallback`` is not given the Trainer, so the callback
+must be told it: :func:`attach` does that, as does ``PrivacyMonitorCallback(monitor,
+trainer=trainer)`` added with ``trainer.add_callback``. A callback built without a trainer (e.g.
+in ``Trainer(callbacks=[...])``) still steps the monitor and warns once that the figures do not
+reach the Trainer's loggers; ``log_to_trainer=False`` opts out of the logging and the warning.
 
 Checkpoints: when the Trainer saves a checkpoint (``on_save``) the monitor's state is written
 with ``torch.save`` as ``privmon_monitor.pt`` into that checkpoint folder
@@ -41,9 +51,11 @@ except ImportError as err:
         "pip install 'privmon[transformers]'"
     ) from err
 
+from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
+from privmon.integrations._common import new_report, publish
 
-__all__ = ["STATE_FILE", "PrivacyMonitorCallback"]
+__all__ = ["STATE_FILE", "PrivacyMonitorCallback", "attach"]
 
 logger = logging.getLogger("privmon")
 
@@ -55,9 +67,14 @@ class PrivacyMonitorCallback(TrainerCallback):
 
     Args:
         monitor: the :class:`~privmon.PrivacyMonitor` to step.
+        trainer: the ``transformers.Trainer`` whose ``log`` receives each report's finite
+            scalars (set by :func:`attach`).
+        log_to_trainer: log the figures through ``trainer.log`` (default True).
     """
 
-    def __init__(self, monitor: PrivacyMonitor) -> None:
+    def __init__(
+        self, monitor: PrivacyMonitor, *, trainer: Any = None, log_to_trainer: bool = True
+    ) -> None:
         if not callable(getattr(monitor, "step", None)) or not callable(
             getattr(monitor, "state_dict", None)
         ):
@@ -65,11 +82,23 @@ class PrivacyMonitorCallback(TrainerCallback):
                 f"monitor must be a privmon.PrivacyMonitor (with step and state_dict), "
                 f"got {monitor!r}"
             )
+        if trainer is not None:
+            check_has_methods(trainer, "log", name="trainer", expected="a transformers.Trainer")
         self.monitor = monitor
+        self.trainer = trainer
+        self.log_to_trainer = check_flag(log_to_trainer, name="log_to_trainer")
+        self._warned = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        before = self.monitor.last_report
         if self.monitor.step(int(state.global_step)):
             control.should_training_stop = True
+        report = new_report(self.monitor, before)
+        if report is not None and self.log_to_trainer and self.trainer is not None:
+            # Trainer.log adds "epoch" to the dict it is given and appends a copy with "step"
+            # (state.global_step, the check's step) to state.log_history, then calls every
+            # callback's on_log: the report_to integrations write the figures there.
+            publish(self.monitor, report, self.trainer.log, what="the Trainer's log")
         return control
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -85,6 +114,14 @@ class PrivacyMonitorCallback(TrainerCallback):
         return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.log_to_trainer and self.trainer is None and not self._warned:
+            self._warned = True
+            logger.warning(
+                "privmon: the PrivacyMonitorCallback does not know its Trainer, so the privacy "
+                "figures reach neither log_history nor report_to; use "
+                "privmon.integrations.transformers.attach(trainer, monitor) (or "
+                "log_to_trainer=False to silence this)"
+            )
         step = int(state.global_step)
         if step == 0:  # a fresh run
             return control
@@ -110,3 +147,18 @@ class PrivacyMonitorCallback(TrainerCallback):
             candidates,
         )
         return control
+
+
+def attach(trainer: Any, monitor: PrivacyMonitor, *, log_to_trainer: bool = True) -> Any:
+    """Add a :class:`PrivacyMonitorCallback` for ``monitor`` to ``trainer`` and return it.
+
+    The callback steps the monitor after every optimizer step and, unless ``log_to_trainer`` is
+    False, logs each report's finite scalars through ``trainer.log`` (``log_history`` and every
+    ``report_to`` integration).
+    """
+    check_has_methods(
+        trainer, "log", "add_callback", name="trainer", expected="a transformers.Trainer"
+    )
+    callback = PrivacyMonitorCallback(monitor, trainer=trainer, log_to_trainer=log_to_trainer)
+    trainer.add_callback(callback)
+    return callback

@@ -1,6 +1,13 @@
-"""Where reports go: TensorBoard event files and JSON lines."""
+"""Where reports go: the :class:`Sink` protocol, TensorBoard event files, JSON lines, MLflow.
 
+Any object with ``write(report)`` and ``close()`` is a sink (:class:`Sink`); pass it as
+``PrivacyMonitor(..., sinks=[...])``. Framework loggers (Lightning's ``trainer.loggers``, Hugging
+Face's ``report_to``, Ignite's ``engine.state.metrics``) are fed by :mod:`privmon.integrations`.
+"""
+
+from privmon.sinks.base import Sink, finite_scalars
 from privmon.sinks.jsonl import JsonlSink
+from privmon.sinks.mlflow import MlflowSink
 from privmon.sinks.tensorboard import TensorBoardSink
 
-__all__ = ["JsonlSink", "TensorBoardSink"]
+__all__ = ["JsonlSink", "MlflowSink", "Sink", "TensorBoardSink", "finite_scalars"]

@@ -1,0 +1,98 @@
+"""MLflow sink: each report's scalars as MLflow metrics at the check's step.
+
+```python
+import mlflow
+from privmon.sinks import MlflowSink
+
+with mlflow.start_run():
+    monitor = privmon.PrivacyMonitor(query, members, nonmembers, sinks=[MlflowSink()])
+    ...  # train; monitor.step(step) logs every check to the active run
+```
+
+Or name the run and the tracking server explicitly:
+``MlflowSink(run_id=run.info.run_id, tracking_uri="sqlite:///mlflow.db")``. The sink never starts
+or ends a run: the run belongs to the caller.
+
+MLflow metric names allow letters, digits and ``_ - . : / space`` only, so a tag such as
+``privacy/loss/tpr@fpr=0.01`` is logged as ``privacy/loss/tpr_at_fpr_0.01`` (:func:`mlflow_key`).
+NaN / infinite values are left out. ``mlflow`` (or ``mlflow-skinny``) is imported at the first
+write, never by ``import privmon``: ``pip install 'privmon[mlflow]'``. Any tracking backend
+works; MLflow 3 keeps the plain file store (``file:///…/mlruns``) behind
+``MLFLOW_ALLOW_FILE_STORE=true`` and recommends ``sqlite:///mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from privmon._validation import check_optional_str
+from privmon.report import Report
+from privmon.sinks.base import finite_scalars
+
+__all__ = ["MlflowSink", "mlflow_key"]
+
+_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+
+
+def mlflow_key(tag: str) -> str:
+    """A privmon tag as a valid MLflow metric name: ``@`` becomes ``_at_``, any other character
+    MLflow refuses becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", tag.replace("@", "_at_"))
+
+
+class MlflowSink:
+    """Log every report's finite scalars to an MLflow run.
+
+    Args:
+        run_id: the run to log to; ``None`` logs to the run active at each write
+            (``mlflow.start_run()``).
+        tracking_uri: the tracking server or store; ``None`` uses MLflow's current one
+            (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``).
+    """
+
+    def __init__(self, *, run_id: str | None = None, tracking_uri: str | None = None) -> None:
+        self.run_id = check_optional_str(run_id, name="run_id")
+        self.tracking_uri = check_optional_str(tracking_uri, name="tracking_uri")
+        self._client: Any = None
+
+    def _mlflow(self) -> Any:
+        try:
+            import mlflow
+        except ImportError as err:
+            raise ImportError(
+                "privmon.sinks.MlflowSink needs MLflow: pip install 'privmon[mlflow]'"
+            ) from err
+        return mlflow
+
+    def _target(self) -> tuple[Any, str]:
+        mlflow = self._mlflow()
+        if self._client is None:
+            self._client = mlflow.MlflowClient(tracking_uri=self.tracking_uri)
+        run_id = self.run_id
+        if run_id is None:
+            active = mlflow.active_run()
+            if active is None:
+                raise RuntimeError(
+                    "MlflowSink has no run to log to: start one with mlflow.start_run() or "
+                    "pass MlflowSink(run_id=...)"
+                )
+            run_id = active.info.run_id
+        return self._client, run_id
+
+    def write(self, report: Report) -> None:
+        """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000)."""
+        from mlflow.entities import Metric
+
+        client, run_id = self._target()
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(mlflow_key(tag), value, now, int(report.step))
+            for tag, value in finite_scalars(report).items()
+        ]
+        for i in range(0, len(metrics), _BATCH):
+            client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
+
+    def close(self) -> None:
+        """Nothing to release: the run stays open for its owner to end."""

@@ -1,0 +1,199 @@
+"""The command line: ``privmon --version``, ``privmon audit`` on saved scores (.npy, .csv, .pt;
+figures equal to the functional API's; one-line errors with exit code 2), and the demo's
+messages for a missing optional dependency."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import privmon
+from privmon.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def scores():
+    rng = np.random.default_rng(1)
+    return rng.normal(0.6, 1.0, 800), rng.normal(0.0, 1.0, 900)
+
+
+def _save(tmp_path, name, arr):
+    path = tmp_path / name
+    if name.endswith(".npy"):
+        np.save(path, arr)
+    elif name.endswith(".csv"):
+        np.savetxt(path, arr, delimiter=",", header="score", comments="")
+    else:
+        torch.save(torch.as_tensor(arr), path)
+    return str(path)
+
+
+def _audit_json(capsys, *argv):
+    assert main(["audit", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv", ".pt"])
+def test_audit_json_equals_the_functional_api(tmp_path, capsys, scores, suffix):
+    m, h = scores
+    out = _audit_json(
+        capsys, _save(tmp_path, "m" + suffix, m), _save(tmp_path, "h" + suffix, h), "--delta", "0.1"
+    )
+    assert out["n_members"] == 800 and out["n_nonmembers"] == 900 and out["dim"] == 1
+    for method in ("histogram", "kde"):
+        # each method certified at delta / 2: the two lower bounds hold jointly at 0.9
+        est = privmon.optimal_advantage(m, h, method=method, delta=0.05)
+        got = out["advantage"][method]
+        assert got["delta"] == 0.05
+        for field in ("value", "lower", "plugin", "upper"):
+            assert got[field] == pytest.approx(getattr(est, field), abs=1e-12), (method, field)
+        assert out["epsilon_lower_bound"][method] == pytest.approx(
+            privmon.epsilon_lower_bound(est.lower), abs=1e-12
+        )
+    assert out["roc"] == pytest.approx(privmon.roc_summary(m, h))
+    assert 0.6 < out["roc"]["auc"] < 0.72  # N(0.6, 1) vs N(0, 1): Phi(0.6 / sqrt 2) = 0.664
+
+
+def test_audit_text_names_bounds_and_estimates(tmp_path, capsys, scores):
+    m, h = scores
+    argv = ["audit", _save(tmp_path, "m.npy", m), _save(tmp_path, "h.npy", h)]
+    assert main([*argv, "--methods", "histogram", "--fpr", "0.01"]) == 0
+    text = capsys.readouterr().out
+    est = privmon.optimal_advantage(m, h, method="histogram", delta=0.05)
+    row = next(line for line in text.splitlines() if line.strip().startswith("histogram "))
+    assert [float(v) for v in row.split()[1:]] == pytest.approx(
+        [est.value, est.lower, est.plugin, est.upper], abs=6e-5
+    )
+    assert "certified LOWER BOUND" in text and "NOT a certified upper bound" in text
+    assert "TPR at FPR 0.01" in text and "epsilon >=" in text and "exchangeable" in text
+
+
+def test_audit_orientation_and_multidimensional_scores(tmp_path, capsys, scores):
+    m, h = scores
+    fm, fh = _save(tmp_path, "m.npy", m), _save(tmp_path, "h.npy", h)
+    lower = _audit_json(capsys, fm, fh, "--orientation", "lower", "--methods", "histogram")
+    assert lower["roc"]["auc"] == pytest.approx(1 - privmon.auc(m, h), abs=1e-12)
+    rng = np.random.default_rng(2)
+    m2 = np.c_[m, rng.normal(size=800)]
+    h2 = np.c_[h, rng.normal(size=900)]
+    two = _audit_json(
+        capsys, _save(tmp_path, "m2.npy", m2), _save(tmp_path, "h2.npy", h2), "--methods", "kde"
+    )
+    assert two["dim"] == 2 and two["roc"] is None
+    est = privmon.optimal_advantage(m2, h2, method="kde", delta=0.05)
+    assert two["advantage"]["kde"]["value"] == pytest.approx(est.value, abs=1e-12)
+
+
+def test_audit_json_writes_non_finite_as_null(tmp_path, capsys):
+    # members and non-members perfectly separated: advantage 1, epsilon lower bound inf
+    out = _audit_json(
+        capsys,
+        _save(tmp_path, "m.npy", np.linspace(10, 11, 300)),
+        _save(tmp_path, "h.npy", np.linspace(0, 1, 300)),
+        "--methods",
+        "histogram",
+        "--delta",
+        "0.5",
+    )
+    eps = out["epsilon_lower_bound"]["histogram"]
+    assert eps is None or eps > 3  # null where the bound is infinite
+    assert out["roc"]["auc"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: str(p / "missing.npy"), "missing.npy: no such file"),
+        (lambda p: _write(p / "s.txt", "1\n2\n"), "must be a .npy, .csv, .pt file"),
+        (lambda p: _write(p / "s.csv", "a,b\nx,y\n"), "s.csv: cannot read scores"),
+        (lambda p: _write(p / "s.csv", ""), "s.csv"),
+        (lambda p: _npy(p / "s.npy", np.zeros((3, 2, 2))), "shape (n,) or (n, d)"),
+        (lambda p: _npy(p / "o.npy", np.array([{"a": 1}], dtype=object)), "o.npy: cannot read"),
+        (lambda p: _pt(p / "d.pt", {"scores": torch.ones(3)}), "expected a saved tensor"),
+        (lambda p: _write(p / "x.pt", "not a zip"), "x.pt: cannot read scores"),
+    ],
+)
+def test_audit_bad_files_one_line_exit_2(tmp_path, capsys, scores, make, message):
+    good = _save(tmp_path, "good.npy", scores[1])
+    assert main(["audit", make(tmp_path), good]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("privmon audit: error: ")
+    assert message in err and "Traceback" not in err
+
+
+def test_audit_bad_data_one_line_exit_2(tmp_path, capsys):
+    nan = _save(tmp_path, "nan.npy", np.full(5, np.nan))
+    good = _save(tmp_path, "good.npy", np.arange(5.0))
+    assert main(["audit", nan, good]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "member_scores has no finite scores" in err
+
+
+def test_console_script_errors_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "privmon.cli", "audit", str(tmp_path / "a.npy"), "b.csv"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"privmon audit: error: {tmp_path}/a.npy: no such file"
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "privmon.cli", "audit", "a.npy", "b.npy", "--prior", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--prior: must be in the open interval (0, 1)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"privmon {privmon.__version__}"
+    from importlib.metadata import version
+
+    assert privmon.__version__ == version("privmon")
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing", "extra"), [([], "sklearn", "demo"), (["--dp"], "opacus", "dp")]
+)
+def test_demo_without_an_optional_dependency_says_what_to_install(
+    monkeypatch, capsys, tmp_path, argv, missing, extra
+):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a)
+    )
+    assert main(["demo", "--logdir", str(tmp_path), "--steps", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"pip install 'privmon[{extra}]'" in err
+    assert not list(tmp_path.iterdir())  # nothing was started
+
+
+def _write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def _npy(path, arr):
+    np.save(path, arr, allow_pickle=True)
+    return str(path)
+
+
+def _pt(path, obj):
+    torch.save(obj, path)
+    return str(path)

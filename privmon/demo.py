@@ -227,6 +227,8 @@ def _run(config: DemoConfig) -> dict[str, Any]:
         [members[i : i + 256] for i in range(0, len(members), 256)],
         [nonmembers[i : i + 256] for i in range(0, len(nonmembers), 256)],
         every_n_steps=config.every_n_steps,
+        # the run's length is known: its δ is spent evenly over the checks it will make
+        planned_checks=max(1, config.steps // config.every_n_steps),
         writer=config.logdir,
         sinks=[JsonlSink(os.path.join(config.logdir, "checks.jsonl"))],
         accountant=engine,

@@ -254,3 +254,45 @@ def test_null_value_is_unbiased_in_every_dimension(dim):
             values[method].append(est.value)
     for method, v in values.items():
         assert np.mean(v) <= 0.03, (method, v)
+
+
+def test_one_dimensional_figures_do_not_depend_on_how_a_score_is_scaled():
+    # s, log s, s³ and −1/s carry the same information: the value, the certified bound, the
+    # per-record risks and the ROC agree (the ranks are identical, so they agree exactly); the
+    # paper's plug-ins do not, and are not asked to.
+    rng = np.random.default_rng(11)
+    s_m, s_h = np.exp(rng.normal(0.4, 1.0, 1000)), np.exp(rng.normal(0.0, 1.0, 1000))
+    results = [
+        privmon.analyse(f(s_m), f(s_h), higher_is_member=True)
+        for f in (lambda s: s, np.log, lambda s: s**3, lambda s: -1 / s)
+    ]
+    base = results[0]
+    assert base.estimates["kde"].value > 0.1
+    for res in results[1:]:
+        for method in ("histogram", "kde"):
+            for field in ("value", "lower", "lower_check"):
+                got, want = (
+                    getattr(res.estimates[method], field),
+                    getattr(base.estimates[method], field),
+                )
+                assert abs(got - want) <= 0.01, (method, field)
+        np.testing.assert_allclose(res.member_risk, base.member_risk, atol=0.01)
+        assert res.roc == pytest.approx(base.roc, abs=1e-12)
+
+
+def test_one_far_score_moves_the_figures_by_one_record():
+    # A finite member score of 1e6 — or 1e200, whose variance overflows — among 400: the rules
+    # read ranks, so the record only moves to the top rank; the plug-in U_N, defined on the raw
+    # scale, is lost at 1e200 (NaN, reported), never the check.
+    rng = np.random.default_rng(12)
+    mem, non = rng.normal(0.6, 1.0, 400), rng.normal(0.0, 1.0, 400)
+    base = privmon.analyse(mem, non)
+    for far in (1e6, 1e200):
+        moved = mem.copy()
+        moved[np.argmax(mem)] = far  # the top member goes further up: the ranks are unchanged
+        res = privmon.analyse(moved, non)
+        for method in ("histogram", "kde"):
+            assert res.estimates[method].value == base.estimates[method].value
+            assert res.estimates[method].lower == base.estimates[method].lower
+    assert np.isnan(res.estimates["kde"].plugin)
+    assert res.failures["kde/plugin"].startswith("ValueError")

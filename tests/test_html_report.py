@@ -61,6 +61,7 @@ def _run(logdir, *, leak, accountant=None, jsonl=True, writer=True):
         [members],
         [nonmembers],
         every_n_steps=EVERY,
+        planned_checks=STEPS // EVERY,  # the run's length is known: spend δ evenly
         writer=str(logdir) if writer else None,
         sinks=[JsonlSink(logdir / "checks.jsonl")] if jsonl else [],
         accountant=accountant,
@@ -71,7 +72,7 @@ def _run(logdir, *, leak, accountant=None, jsonl=True, writer=True):
         F.cross_entropy(model(train[0]), train[1]).backward()
         opt.step()
         if accountant is not None:
-            accountant.step(noise_multiplier=5.0, sample_rate=0.01)
+            accountant.step(noise_multiplier=20.0, sample_rate=0.01)
         monitor.step(step)
     monitor.close()
     return monitor
@@ -154,11 +155,14 @@ def test_clean_run_report(mpl, runs, tmp_path):
 
 
 def test_dp_violation_report(mpl, runs):
+    # The run's certified bounds (level 1 − δ over all its checks) pass the ceiling ε ≈ 0.1
+    # allows once the model has memorised its members.
     logdir, monitor = runs["dp"]
-    assert all(r.dp_violation for r in monitor.history)
+    flagged = [r for r in monitor.history if r.dp_violation]
+    assert flagged and flagged[-1].step == STEPS
     page = open(write_report(logdir), encoding="utf-8").read()
-    first = monitor.history[0]
-    assert "DP violation: at step 50 the certified lower bound" in page
+    first = flagged[0]
+    assert f"DP violation: at step {first.step} the certified lower bound" in page
     assert f"exceeds the ceiling {first.scalars['privacy/ceiling/eps_delta']:.3f}" in page
     assert "exchangeable" in page  # the caveat every ceiling statement carries
     assert len(_pngs(page)) >= 4  # + ε: accountant vs measured lower bounds

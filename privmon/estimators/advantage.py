@@ -12,6 +12,11 @@ trivial attack that always guesses the more likely class reaches it without look
   Gaussian KDE; grid quadrature in 1-2 dimensions, importance sampling from the mixture KDE above).
   Plug-ins over-report small leaks: sampling noise never cancels inside |·| (two identical
   distributions with 1,000 + 1,000 samples give W_N ≈ 0.14).
+* In 1-D the rules below read the records' pooled ranks scaled into (0, 1) instead of the
+  scores: the optimal advantage of a 1-D query is invariant under any strictly monotone
+  transform of the score (loss, log-loss, confidence and logit-confidence of one model carry the
+  same information), and so are ``value``, ``lower`` and the per-record risks. The plug-ins
+  W_N / U_N stay the paper's, on the scores as given (they are not invariant).
 * ``value`` — the debiased estimate, by cross-fitting: the records are split in ``folds``; on each
   fold the Bayes rule sign(p·P̂ − (1−p)·Q̂) is learned from the other folds and its accuracy
   advantage 2p·TPR − 2(1−p)·FPR + 1 − 2p is measured on the held-out fold. The learned rule never
@@ -48,7 +53,13 @@ from privmon._validation import as_scores, check_open_unit
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 from privmon.estimators.learned import learned_rule_counts
-from privmon.estimators.streaming import BinnedRecords, BinnedScores, fold_of, small_tensor
+from privmon.estimators.streaming import (
+    BinnedRecords,
+    BinnedScores,
+    bin_records,
+    fold_of,
+    small_tensor,
+)
 
 __all__ = [
     "AdvantageEstimate",
@@ -484,8 +495,10 @@ def _grid_estimates(
     bandwidth: str | float,
     n_dropped: int,
     certify_delta: float | None,
+    plugins: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities]]:
-    """:func:`estimates_from_selections` and each method's :class:`RuleDensities`."""
+    """:func:`estimates_from_selections` and each method's :class:`RuleDensities`; ``plugins``
+    replace the methods' W_N / U_N (see :func:`raw_plugins`)."""
     first, (_, ns, _) = next(iter(grids.values()))
     n1, n2 = ns[:, 0].tolist()
     if n1 == 0 or n2 == 0:
@@ -495,7 +508,13 @@ def _grid_estimates(
     parts, densities = [], {}
     for method, (state, selections) in grids.items():
         figures, mass = _method_figures(
-            state, selections, method, prior=prior, bandwidth=bandwidth, n=(n1, n2)
+            state,
+            selections,
+            method,
+            prior=prior,
+            bandwidth=bandwidth,
+            n=(n1, n2),
+            plugin=(plugins or {}).get(method),
         )
         parts.append(figures)
         densities[method] = RuleDensities(mass[:, :k], selections[1][:, 1 : k + 1])
@@ -526,11 +545,19 @@ def _grid_estimates(
 
 
 def _method_figures(
-    state: BinnedScores, selections: Selections, method: str, *, prior: float, bandwidth, n
+    state: BinnedScores,
+    selections: Selections,
+    method: str,
+    *,
+    prior: float,
+    bandwidth,
+    n,
+    plugin: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """W_N / U_N, the held-out true / false positives of the cross-fitted rules and those of
     the certificate's rule, as a (5,) tensor on the state's device (no sync), and the rules'
-    smoothed densities (2, K + 1, cells). ``n``: the classes' record counts."""
+    smoothed densities (2, K + 1, cells). ``n``: the classes' record counts. ``plugin``: W_N /
+    U_N computed elsewhere (1-D: on the raw scores, while the rules read their ranks)."""
     k = state.folds
     counts, ns, covs = selections
     total = counts[:, 0]
@@ -538,17 +565,15 @@ def _method_figures(
     rows = counts[:, 1:].reshape(2 * t, -1)
     row_ns = ns[:, 1:].reshape(-1)
     row_covs = covs[:, 1:].flatten(0, 1)
-    if method == "kde":  # U_N needs the full-data KDEs on the extended grid: two more rows
+    extended = 2 if method == "kde" and plugin is None else 0
+    if extended:  # U_N needs the full-data KDEs on the extended grid: two more rows
         rows = torch.cat([total, rows])
         row_ns = torch.cat([ns[:, 0], row_ns])
         row_covs = torch.cat([covs[:, 0], row_covs])
-    extended = 2 if method == "kde" else 0
     plug_rows, mass = _smooth(state, rows, row_ns, row_covs, method, bandwidth, extended)
     mass = mass.reshape(2, t, -1)
-    if method == "kde":
-        plugin = (prior * plug_rows[0] - (1 - prior) * plug_rows[1]).abs().sum()
-    else:
-        plugin = (total[0] * (prior / n[0]) - total[1] * ((1 - prior) / n[1])).abs().sum()
+    if plugin is None:
+        plugin = _plugin_from(total, plug_rows, method, prior=prior, n=n)
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
     # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side
     rules = _rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
@@ -562,6 +587,71 @@ def _method_figures(
         ]
     )
     return figures, mass
+
+
+def _plugin_from(total: torch.Tensor, kde_rows: torch.Tensor, method: str, *, prior, n):
+    """W_N from the classes' cell counts ``total`` (2, cells), or U_N from their KDEs' masses
+    on the extended grid ``kde_rows`` (2, cells')."""
+    if method == "kde":
+        return (prior * kde_rows[0] - (1 - prior) * kde_rows[1]).abs().sum()
+    return (total[0] * (prior / n[0]) - total[1] * ((1 - prior) / n[1])).abs().sum()
+
+
+def raw_plugins(
+    binned: BinnedRecords,
+    members: torch.Tensor,
+    nonmembers: torch.Tensor,
+    methods: Sequence[str],
+    *,
+    prior: float,
+    bandwidth: str | float = "scott",
+    hist_bins: int = 100,
+    n_samples: int = 16384,
+    seed: int = 0,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The paper's W_N / U_N of 1-D scores on their own scale (``binned.raw``), 0-d tensors:
+    the rules read the scores' ranks, but the plug-ins are defined on the query as given.
+    U_N takes exact kernel sums (importance sampling) when a class's bandwidth is below one
+    cell of the raw grid (heavy-tailed scores). A plug-in that cannot be computed (scores so
+    extreme that their variance overflows) is NaN, its error in the second dict."""
+    raw = binned.raw
+    total = raw.class_counts()
+    n = total.sum(dim=1).tolist()
+    out, failed = {}, {}
+    if "histogram" in methods:
+        coarse = total.reshape(2, hist_bins, -1).sum(dim=-1)
+        out["histogram"] = _plugin_from(coarse, coarse, "histogram", prior=prior, n=n)
+    if "kde" in methods:
+        try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
+            ns, _, covs = raw.moments()
+            if kde_grid_too_coarse(ns, covs, binned.extent / raw.bins[0], bandwidth):
+                ridge = 1e-6 * (binned.extent / 4) ** 2
+                out["kde"] = members.new_tensor(
+                    _sampled_kde_plugin(
+                        members, nonmembers, prior=prior, bandwidth=bandwidth, ridge=ridge,
+                        n_samples=n_samples, seed=seed,
+                    )
+                )  # fmt: skip
+            else:
+                rows, _ = _smooth(raw, total, ns, covs, "kde", bandwidth, 2)
+                out["kde"] = _plugin_from(total, rows, "kde", prior=prior, n=n)
+        except (ValueError, RuntimeError) as err:
+            out["kde"] = members.new_tensor(math.nan)
+            failed["kde"] = describe_error(err)
+    return out, failed
+
+
+def _sampled_kde_plugin(m, h, *, prior, bandwidth, ridge, n_samples, seed) -> float:
+    """U_N = E_mix |p·p̂ − (1−p)·q̂| / mix with mix = (p̂ + q̂)/2, by importance sampling from the
+    mixture KDE (exact kernel sums; a local generator seeded by ``seed``)."""
+    gen = torch.Generator(device=m.device).manual_seed(seed)
+    kp = GaussianKDE(m, bandwidth=bandwidth, ridge=ridge)
+    kq = GaussianKDE(h, bandwidth=bandwidth, ridge=ridge)
+    half = n_samples // 2
+    x = torch.cat([kp.sample(half, generator=gen), kq.sample(n_samples - half, generator=gen)])
+    lp, lq = kp.log_density(x), kq.log_density(x)
+    lmix = torch.logaddexp(lp, lq) - math.log(2)
+    return float((prior * torch.exp(lp - lmix) - (1 - prior) * torch.exp(lq - lmix)).abs().mean())
 
 
 # -- high-dimensional path (d >= 3, all scores in memory) -------------------------------------
@@ -639,7 +729,6 @@ def _high_dim(
     pooled = torch.cat([m, h])
     low, high = pooled.min(0).values, pooled.max(0).values
     span = torch.where(high > low, high - low, torch.ones_like(high))
-    gen = torch.Generator(device=m.device).manual_seed(seed)
 
     # The tiny ridge gives degenerate classes (point masses, dead units, collinear scores) a
     # kernel without changing regular ones.
@@ -654,15 +743,8 @@ def _high_dim(
             deltas=deltas,
         )  # fmt: skip
     if method == "kde":
-        kp = GaussianKDE(m, bandwidth=bandwidth, ridge=ridge)
-        kq = GaussianKDE(h, bandwidth=bandwidth, ridge=ridge)
-        half = n_samples // 2
-        x = torch.cat([kp.sample(half, generator=gen), kq.sample(n_samples - half, generator=gen)])
-        lp, lq = kp.log_density(x), kq.log_density(x)
-        lmix = torch.logaddexp(lp, lq) - math.log(2)
-        # U_N = E_mix |p p̂ − (1−p) q̂| / mix, with mix = (p̂ + q̂)/2 (importance sampling)
-        plugin = float(
-            (prior * torch.exp(lp - lmix) - (1 - prior) * torch.exp(lq - lmix)).abs().mean()
+        plugin = _sampled_kde_plugin(
+            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, n_samples=n_samples, seed=seed
         )
     else:
         nb = torch.full((d,), bins, dtype=torch.int64, device=m.device)
@@ -807,14 +889,31 @@ def estimate_from_scores(
     ``rule`` may carry the :func:`learned_rule` figures already learned."""
     d = m.shape[1]
     nbins = bins if bins is not None else default_bins(method, d)
+    if d == 1:  # the rule reads the pooled ranks; the plug-in the scores (bin_records)
+        binned = bin_records(
+            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
+        )
+        plugins, _ = raw_plugins(  # a lost plug-in reads NaN; the rule's figures stand
+            binned, m, h, [method], prior=prior, bandwidth=bandwidth, hist_bins=nbins,
+            n_samples=n_samples, seed=seed,
+        )  # fmt: skip
+        return _grid_estimates(
+            {method: (binned.grid, fold_selections(binned.grid))},
+            prior=prior,
+            delta=delta,
+            bandwidth=bandwidth,
+            n_dropped=n_dropped,
+            certify_delta=lower_delta,
+            plugins=plugins,
+        )[0][method]
     exact = False
-    if d <= 2 and method == "kde" and m.shape[0] >= 2 and h.shape[0] >= 2:
+    if d == 2 and method == "kde" and m.shape[0] >= 2 and h.shape[0] >= 2:
         pooled = torch.cat([m, h])
         width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / nbins
         covs = torch.stack([torch.cov(m.T).reshape(d, d), torch.cov(h.T).reshape(d, d)])
         ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
         exact = kde_grid_too_coarse(ns, covs, width, bandwidth)
-    if d <= 2 and not exact:
+    if d == 2 and not exact:
         state = BinnedScores(
             bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
         )
@@ -884,17 +983,25 @@ def estimate_methods(
         factor = fine.bins[0] // grid.bins[0]
         coarse = counts.reshape(*counts.shape[:2], grid.bins[0], factor).sum(dim=-1)
         selections["histogram"] = (grid, (coarse, ns, covs))
-        width = binned.extent / fine.bins[0]
-        if not kde_grid_too_coarse(ns[:, 0], covs[:, 0], width, "scott"):
-            selections["kde"] = (fine, fine_folds)
+        selections["kde"] = (fine, fine_folds)
+    plugins = None
+    failures: dict[str, str] = {}
+    if binned is not None and binned.raw is not None:  # 1-D: rules on ranks, plug-ins raw
+        plugins, lost = raw_plugins(
+            binned, members, nonmembers, [m for m in selections if m in methods], prior=prior
+        )
+        failures.update({f"{m}/plugin": e for m, e in lost.items()})
     shared = {"prior": prior, "delta": delta, "n_dropped": n_dropped}
     estimates: dict[str, AdvantageEstimate] = {}
     densities: dict[str, RuleDensities] = {}
-    failures: dict[str, str] = {}
     if selections:
         try:  # every grid method in one pass (one device transfer)
             found, densities = _grid_estimates(
-                selections, bandwidth="scott", certify_delta=lower_delta, **shared
+                selections,
+                bandwidth="scott",
+                certify_delta=lower_delta,
+                plugins=plugins,
+                **shared,
             )
             estimates.update(found)
         except Exception:
@@ -903,7 +1010,11 @@ def estimate_methods(
             for method, one in selections.items():  # again one by one, to isolate the failure
                 try:
                     found, dens = _grid_estimates(
-                        {method: one}, bandwidth="scott", certify_delta=lower_delta, **shared
+                        {method: one},
+                        bandwidth="scott",
+                        certify_delta=lower_delta,
+                        plugins=plugins,
+                        **shared,
                     )
                     estimates.update(found)
                     densities.update(dens)
@@ -940,19 +1051,23 @@ def estimate_methods(
                 raise
             failures[method] = describe_error(err)
     reported = {m: estimates[m] for m in methods if m in estimates}
-    return reported, {m: e for m, e in failures.items() if m in methods}, densities.get("histogram")
+    reported_failures = {k: e for k, e in failures.items() if k.split("/")[0] in methods}
+    return reported, reported_failures, densities.get("histogram")
 
 
 class StreamingAdvantage:
     """Stateful, mergeable form of :func:`optimal_advantage` (torchmetrics style).
 
     ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device;
-    ``compute()`` returns the same :class:`AdvantageEstimate` the functional form gives for the
-    same records in the same order when the grid is the same (pass ``low`` / ``high``, or let the
-    first batch fix it, see :class:`~privmon.estimators.streaming.BinnedScores`) — with one
-    exception: when a class's KDE bandwidth is narrower than a grid cell, the functional KDE
-    switches to exact kernel sums, which a stream cannot (it keeps no records); the stream then
-    stays on the grid. Choose a finer grid (``bins``) for very concentrated scores. State tensors
+    ``compute()`` returns the same :class:`AdvantageEstimate` as :func:`advantage_from_state` on
+    the same records binned at once. In 2-D that is the functional form's estimate when the grid
+    is the same (pass ``low`` / ``high``, or let the first batch fix it, see
+    :class:`~privmon.estimators.streaming.BinnedScores`), except where a class's KDE bandwidth is
+    narrower than a grid cell (the functional KDE then takes exact kernel sums, which a stream
+    keeping no records cannot). In 1-D the functional rule reads the pooled ranks of all records,
+    which a stream cannot know: the stream's rule reads its fixed grid on the scores' own scale,
+    so its ``value`` and ``lower`` depend on how the scores are scaled; its plug-ins equal the
+    functional ones. Choose a finer grid (``bins``) for very concentrated scores. State tensors
     reduce by sum across ranks (``state.reducible``); ``state_dict`` is persistent.
     """
 

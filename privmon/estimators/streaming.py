@@ -484,16 +484,34 @@ def _mean_cov(n: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor):
     return mean, cov
 
 
+def pooled_ranks(sorted_values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The pooled mid-ranks of 1-D scores scaled into (0, 1), in the scores' own order, from
+    their ascending sort (``sorted_values``, ``order``): a score at sorted positions [s, e) of n
+    (a group of ties) maps to (s + e) / (2n). A strictly increasing transform of the scores
+    leaves these unchanged, so every figure computed from them is invariant under it."""
+    n = sorted_values.shape[0]
+    _, counts = torch.unique_consecutive(sorted_values, return_counts=True)
+    ends = torch.cumsum(counts, 0)
+    mid = (2 * ends - counts).to(torch.float64) / (2 * n)
+    ranks = torch.empty(n, dtype=torch.float64, device=sorted_values.device)
+    ranks[order] = torch.repeat_interleave(mid, counts)
+    return ranks
+
+
 @dataclass(frozen=True)
 class BinnedRecords:
     """Every record of one check binned once (:func:`bin_records`).
 
-    ``fine`` is the state the records were binned into; ``grid`` the histogram's state (``fine``
-    itself, or ``fine`` coarsened when the KDE's finer grid serves both); ``cell`` / ``inside``
-    each record's cell in ``grid`` and whether it fell inside the grid's range; ``fold`` each
-    record's cross-fitting fold (by its position within its class); ``extent`` the
-    pooled data range per dimension (max − min); ``ascending`` (1-D only) the pooled scores
-    sorted ascending and the sorting indices: the one sort of the check, which the ROC reads.
+    ``fine`` is the state the records were binned into for the rules; ``grid`` the histogram's
+    state (``fine`` itself, or ``fine`` coarsened when the KDE's finer grid serves both);
+    ``cell`` / ``inside`` each record's cell in ``grid`` and whether it fell inside the grid's
+    range; ``fold`` each record's cross-fitting fold (by its position within its class). In
+    1-D the rules' states hold the pooled ranks (:func:`pooled_ranks`) on [0, 1], and ``raw``
+    holds the scores themselves on their robust range, for the paper's plug-ins (W_N / U_N are
+    defined on the query's own scale); in 2-D the rules' states hold the scores and ``raw`` is
+    None. ``extent`` is the raw scores' range per dimension (max − min); ``ascending`` (1-D) the
+    pooled scores sorted ascending and the sorting indices: the one sort of the check, which
+    the ranks and the ROC read.
     """
 
     fine: BinnedScores
@@ -503,31 +521,50 @@ class BinnedRecords:
     fold: torch.Tensor
     extent: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
+    raw: BinnedScores | None
 
 
 def bin_records(
-    x: torch.Tensor, n_members: int, *, bins: int, fine_bins: int | None = None
+    x: torch.Tensor,
+    n_members: int,
+    *,
+    bins: int,
+    fine_bins: int | None = None,
+    folds: int = 4,
+    low: Any = None,
+    high: Any = None,
 ) -> BinnedRecords:
-    """Bin finite float64 scores (n, d ≤ 2), the first ``n_members`` of them members, on one
-    grid over their robust range (:func:`robust_range`, margin 0: the grid
-    :func:`~privmon.estimators.advantage.optimal_advantage` builds for the same records), in one
-    pass. ``fine_bins`` (1-D, a multiple of ``bins``): bin on that finer grid and coarsen it to
-    ``bins`` for the histogram. In 1-D one sort gives the range and the ROC's ranking."""
-    ascending = None
+    """Bin finite float64 scores (n, d ≤ 2), the first ``n_members`` of them members, in one
+    pass per grid (margin 0). ``fine_bins`` (a multiple of ``bins``): bin the rules' records on
+    that finer grid and coarsen it to ``bins`` for the histogram. In 1-D one sort gives the
+    ranks the rules read, the raw grid's range and the ROC's ranking. ``low`` / ``high``: the raw
+    scores' grid (default their robust range, :func:`robust_range`)."""
+    sizes = (n_members, x.shape[0] - n_members)
+    ascending = raw = None
     if x.shape[1] == 1:
         ascending = argsort_ascending(x[:, 0])
         sorted_x = ascending[0][:, None]
-        low, high = robust_range(sorted_x, presorted=True)
         extent = sorted_x[-1] - sorted_x[0]
+        if low is None:
+            low, high = robust_range(sorted_x, presorted=True)
+        raw = BinnedScores(
+            bins=fine_bins or bins, folds=folds, margin=0.0, low=low, high=high, device=x.device
+        )
+        raw._add(x, sizes)
+        rule_x, low, high = pooled_ranks(*ascending)[:, None], 0.0, 1.0
     else:
-        low, high = robust_range(x)
         extent = x.amax(dim=0) - x.amin(dim=0)
-    fine = BinnedScores(bins=fine_bins or bins, margin=0.0, low=low, high=high, device=x.device)
-    cell, inside, group = fine._add(x, (n_members, x.shape[0] - n_members))
+        if low is None:
+            low, high = robust_range(x)
+        rule_x = x
+    fine = BinnedScores(
+        bins=fine_bins or bins, folds=folds, margin=0.0, low=low, high=high, device=x.device
+    )
+    cell, inside, group = fine._add(rule_x, sizes)
     grid = fine
     if fine_bins is not None and fine_bins != bins:
         factor = fine_bins // bins
         grid = fine.coarsen(factor)
         cell = torch.div(cell, factor, rounding_mode="floor")
     fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
-    return BinnedRecords(fine, grid, cell, inside, fold, extent, ascending)
+    return BinnedRecords(fine, grid, cell, inside, fold, extent, ascending, raw)

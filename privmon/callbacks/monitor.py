@@ -364,8 +364,8 @@ class PrivacyMonitor:
         )
 
     def _analyse(self, q: Any, mem: torch.Tensor, non: torch.Tensor, lower_delta: float):
-        """One query's figures, or None when its analysis failed (logged; re-raised when
-        strict)."""
+        """One query's figures, or the error (a string) when its analysis failed (logged;
+        re-raised when strict)."""
         try:
             result = analyse(
                 mem,

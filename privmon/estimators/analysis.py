@@ -5,9 +5,13 @@ functional twin); offline users call it on saved scores. It is a pipeline in whi
 pass through each estimator module once, in this order:
 
 1. bin (:mod:`~privmon.estimators.streaming`): in 1-2 dimensions every record is binned once on
-   one grid; in 1-D one sort gives the grid's range and the ROC's ranking;
+   the rules' grid; in 1-D one sort gives the pooled ranks the rules read (so the 1-D figures
+   do not depend on how the score is scaled), the raw scores' grid for the paper's plug-ins,
+   and the ROC's ranking;
 2. learn and measure the rule per method, then certify (:mod:`~privmon.estimators.advantage`):
-   the grid methods read the binned records, the others (exact KDE, above 2-D) the scores;
+   the grid methods read the binned records; in 2-D a KDE narrower than a cell takes exact
+   kernel sums; above 2-D a classifier learns the rule once for both methods
+   (:mod:`~privmon.estimators.learned`);
 3. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
    the median, from the sort of step 1;
 4. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D), out of sample: f_p of a

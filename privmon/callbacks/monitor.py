@@ -30,6 +30,7 @@ from privmon.callbacks.records import RecordTracker
 from privmon.estimators.advantage import METHODS, describe_error
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.spending import check_delta
+from privmon.queries import CallableQuery
 from privmon.report import Report
 from privmon.sinks.base import Sink
 
@@ -61,6 +62,30 @@ def _restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _as_queries(given: list[Any]) -> list[Any]:
+    """The monitor's queries: :mod:`privmon.queries` queries as they are, any other callable
+    ``batch -> scores`` wrapped in a :class:`~privmon.queries.CallableQuery` named by its
+    ``__name__`` (lambdas: ``query``, ``query_1``, …)."""
+    if not given:
+        raise ValueError("query must be a query or a non-empty sequence of queries")
+    out, unnamed = [], 0
+    for q in given:
+        if not callable(q):
+            raise ValueError(
+                f"query {q!r} is not callable: pass a privmon.queries query (e.g. "
+                "privmon.queries.LossQuery(model)) or any function batch -> scores"
+            )
+        if isinstance(getattr(q, "name", None), str):
+            out.append(q)
+            continue
+        name = getattr(q, "__name__", "<lambda>")
+        if name == "<lambda>" or not isinstance(name, str):
+            name = "query" if unnamed == 0 else f"query_{unnamed}"
+            unnamed += 1
+        out.append(CallableQuery(q, name=name))
+    return out
+
+
 def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
     return (
         f"privmon: at step {step} the certified lower bound on the membership advantage "
@@ -76,7 +101,10 @@ class PrivacyMonitor:
     """Watch a model's membership leakage during training.
 
     Args:
-        query: a :mod:`privmon.queries` query, or a sequence of them (names must differ).
+        query: a :mod:`privmon.queries` query, any callable ``batch -> scores`` (named by its
+            ``__name__``; lambdas ``query``, ``query_1``, …), or a sequence of them (names must
+            differ). List the modules a plain function runs in ``modules`` so a check can
+            protect their train / eval mode.
         members: iterable of batches of training records (the audit member set; keep its order
             fixed — per-record indices refer to the order it yields).
         nonmembers: iterable of batches of held-out records, drawn from the same distribution.
@@ -126,12 +154,7 @@ class PrivacyMonitor:
         top_k: int = 10,
         strict: bool = False,
     ) -> None:
-        queries = list(query) if isinstance(query, (list, tuple)) else [query]
-        if not queries:
-            raise ValueError("query must be a query or a non-empty sequence of queries")
-        for q in queries:
-            if not callable(q) or not isinstance(getattr(q, "name", None), str):
-                raise ValueError(f"query {q!r} must be callable and have a string name")
+        queries = _as_queries(list(query) if isinstance(query, (list, tuple)) else [query])
         names = [q.name for q in queries]
         if len(set(names)) != len(names):
             raise ValueError(f"query names must be unique, got {names}")

@@ -442,5 +442,5 @@ def test_any_callable_is_a_query():
     assert len(compared) > 10
     for tag in compared:
         assert rep.scalars[tag] == pytest.approx(wrapped.scalars[tag], abs=1e-12), tag
-    with pytest.raises(ValueError, match="privmon.queries"):
+    with pytest.raises(ValueError, match=r"privmon\.queries"):
         PrivacyMonitor("loss", members, nonmembers)

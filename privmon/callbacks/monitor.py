@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import check_int, check_open_unit, check_subset
+from privmon._validation import check_has_methods, check_int, check_open_unit, check_subset
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
@@ -114,7 +114,7 @@ class PrivacyMonitor:
             queries.
         modules: modules the check must protect besides those the queries declare.
         writer: a ``torch.utils.tensorboard.SummaryWriter`` or a log directory.
-        sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`).
+        sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
         interval_delta: the run's confidence budget, in (0, 1). Every figure called certified
@@ -144,7 +144,7 @@ class PrivacyMonitor:
         methods: Sequence[str] = ("histogram", "kde"),
         modules: Sequence[nn.Module] | None = None,
         writer: Any = None,
-        sinks: Sequence[Sink] = (),
+        sinks: Sink | Sequence[Sink] | None = (),
         accountant: Any = None,
         delta: float = 1e-5,
         interval_delta: float = 0.05,
@@ -181,7 +181,14 @@ class PrivacyMonitor:
         self.prior = check_open_unit(prior, name="prior")
         self.methods = methods
         self.modules = tuple(modules or ())
-        self.sinks: list[Sink] = list(sinks)
+        if sinks is None or callable(getattr(sinks, "write", None)):  # none, or a single sink
+            sinks = () if sinks is None else (sinks,)
+        self.sinks: list[Sink] = [
+            check_has_methods(
+                sink, "write", "close", name="sinks", expected="sinks with write() and close()"
+            )
+            for sink in sinks
+        ]
         if writer is not None:
             from privmon.sinks.tensorboard import TensorBoardSink
 
@@ -218,9 +225,10 @@ class PrivacyMonitor:
 
     def check(self, global_step: int) -> Report | None:
         """Run one check now. Returns its report, or None when it failed (logged, skipped)."""
+        global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
         self._last_step = global_step
         try:
-            report = self._check(int(global_step))
+            report = self._check(global_step)
         except Exception:
             self.n_failed += 1
             if self.strict:
@@ -254,8 +262,9 @@ class PrivacyMonitor:
             self._stop = True
         return report
 
-    def _guarded(self, fn: Any, *args: Any, what: str, step: int) -> Any:
-        """Run a sink or the stopping rule; a failure is logged (re-raised when strict)."""
+    def _guarded(self, fn: Any, *args: Any, what: str, step: int | None = None) -> Any:
+        """Run a sink, a release or the stopping rule; a failure is logged (re-raised when
+        strict)."""
         try:
             return fn(*args)
         except Exception:
@@ -279,8 +288,9 @@ class PrivacyMonitor:
         return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
+        """Close every sink; one that raises is logged and the others are still closed."""
         for sink in self.sinks:
-            sink.close()
+            self._guarded(sink.close, what=f"closing sink {sink!r}")
 
     # -- one check ----------------------------------------------------------------------------
     def _modules(self) -> list[nn.Module]:
@@ -344,11 +354,15 @@ class PrivacyMonitor:
                     forward += time.perf_counter() - t
                 return out, failed, forward
         finally:
-            for q in self.queries:
-                getattr(q, "release", lambda: None)()
+            # training's state first: a query's release() that raises must not leave the
+            # model in eval mode or the RNGs advanced
             for m, training in modes.items():
                 m.training = training
             _restore_rng(rng)
+            for q in self.queries:
+                self._guarded(
+                    getattr(q, "release", lambda: None), what=f"release of query {q.name!r}"
+                )
 
     def _gathered_scores(
         self,

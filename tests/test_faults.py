@@ -1,0 +1,109 @@
+"""Fault injection: a failure stays inside the check, bad configuration fails at construction.
+
+(A first part of the reliability work; queries and methods that fail inside a check are in
+test_certificates.py.)"""
+
+import io
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import privmon
+from privmon.queries import CallableQuery
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class ReleaseRaises(CallableQuery):
+    """A query whose release() (run after every check) raises."""
+
+    def release(self) -> None:
+        raise RuntimeError("release exploded")
+
+
+def _monitor(query, **kwargs):
+    return privmon.PrivacyMonitor(query, [np.ones(50)], [np.zeros(50)], **kwargs)
+
+
+def _scores(model):
+    def fn(batch):
+        torch.rand(1)  # draws from the global RNG, as dropout would
+        return model(torch.as_tensor(batch, dtype=torch.float32)[:, None])[:, 0]
+
+    return fn
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_raising_release_leaves_training_untouched(strict, caplog):
+    model = nn.Sequential(nn.Linear(1, 4), nn.Dropout(0.5), nn.Linear(4, 1))
+    model.train()
+    mon = _monitor(ReleaseRaises(_scores(model), name="q", modules=model), strict=strict)
+    torch.manual_seed(3)
+    random.seed(3)
+    expected = (torch.rand(3), random.random())
+    torch.manual_seed(3)
+    random.seed(3)
+    with caplog.at_level(logging.ERROR, logger="privmon"):
+        if strict:
+            with pytest.raises(RuntimeError, match="release exploded"):
+                mon.check(1)
+        else:
+            assert mon.check(1) is not None  # the check itself succeeded
+            assert "release exploded" in caplog.text
+    assert all(m.training for m in model.modules())
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+class Recording:
+    def __init__(self, fail_close: bool = False):
+        self.reports, self.closed, self.fail_close = [], False, fail_close
+
+    def write(self, report):
+        self.reports.append(report.step)
+
+    def close(self):
+        self.closed = True
+        if self.fail_close:
+            raise OSError("disk gone")
+
+
+def test_sinks_are_checked_at_construction_and_all_closed(caplog):
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+
+    class NoWrite:
+        def close(self):
+            pass
+
+    with pytest.raises(ValueError, match=r"sinks must be sinks with write\(\) and close\(\)"):
+        _monitor(query, sinks=[NoWrite()])
+    assert _monitor(query, sinks=None).sinks == []
+    single = Recording()
+    mon = _monitor(query, sinks=single)  # one sink, not in a list
+    assert mon.sinks == [single]
+    first, second = Recording(fail_close=True), Recording()
+    mon = _monitor(query, sinks=[first, second])
+    mon.check(1)
+    assert first.reports == second.reports == [1]
+    with caplog.at_level(logging.ERROR, logger="privmon"):
+        mon.close()  # the first sink's close raises: the second is still closed
+    assert first.closed and second.closed and "disk gone" in caplog.text
+
+
+def test_numpy_integer_steps_keep_the_checkpoint_loadable():
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+    mon = _monitor(query, every_n_steps=np.int64(10))
+    assert mon.every_n_steps == 10 and type(mon.every_n_steps) is int
+    mon.step(np.int64(10))
+    assert type(mon.last_report.step) is int and type(mon.state_dict()["last_step"]) is int
+    buf = io.BytesIO()
+    torch.save(mon.state_dict(), buf)
+    buf.seek(0)
+    fresh = _monitor(query)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.history[0].step == 10 and fresh.n_certified_checks == 1
+    with pytest.raises(ValueError, match="global_step must be an integer"):
+        mon.check(2.5)

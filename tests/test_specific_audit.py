@@ -11,6 +11,7 @@ real training run.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import random
@@ -415,17 +416,25 @@ def test_nonfinite_scores_are_dropped_per_target():
     assert r.ranking("auc")[-1] == 1  # NaN ranks last
 
 
-def test_progress_bar_on_stderr_only_when_asked(capsys):
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_when_asked_and_on_a_terminal(monkeypatch):
+    # tqdm on stderr: shown when asked and stderr is a terminal, never in CI logs or pipes
     data, ref = _data()
     kw = dict(n_models=5, seed=0, reference=ref, score_fn=lookup_score)
-    specific(memorise, data, [0], progress=True, **kw)
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "5/5 models" in captured.err and "[" + "#" * 24 + "]" in captured.err
-    assert captured.err.endswith("\n")
-    specific(memorise, data, [0], progress=False, **kw)
-    captured = capsys.readouterr()
-    assert captured.err == "" and captured.out == ""
+    for stream, progress, shown in (
+        (_Terminal(), True, True),
+        (_Terminal(), False, False),
+        (io.StringIO(), True, False),  # not a terminal
+    ):
+        monkeypatch.setattr(sys, "stderr", stream)
+        specific(memorise, data, [0], progress=progress, **kw)
+        text = stream.getvalue()
+        assert ("privmon specific audit" in text and "5/5" in text) == shown, text
+        assert "\r" not in text or shown
 
 
 def test_table_lists_the_riskiest_targets_first():

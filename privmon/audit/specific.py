@@ -49,16 +49,16 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from privmon._validation import check_callable, check_int
 from privmon.attacks.reference import leave_one_out
@@ -449,38 +449,6 @@ def _seeded_global_rng(seed: int) -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-# --- progress -------------------------------------------------------------------------------------
-
-
-class _Progress:
-    """One-line text progress bar on stderr (no tqdm): ``label [####----] k/n  3.1s  eta 4.0s``."""
-
-    def __init__(self, total: int, label: str, enabled: bool, stream: TextIO | None = None):
-        self.total, self.label, self.enabled = total, label, bool(enabled)
-        self.stream = stream if stream is not None else sys.stderr
-        self.start = time.perf_counter()
-        if self.enabled:
-            self.update(0)
-
-    def update(self, done: int) -> None:
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * done / self.total) if self.total else width
-        elapsed = time.perf_counter() - self.start
-        eta = f"  eta {elapsed / done * (self.total - done):.1f}s" if 0 < done < self.total else ""
-        bar = "#" * filled + "-" * (width - filled)
-        self.stream.write(
-            f"\r{self.label} [{bar}] {done}/{self.total} models  {elapsed:.1f}s{eta}   "
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 # --- scoring --------------------------------------------------------------------------------------
 
 
@@ -578,7 +546,13 @@ def _run(
 ) -> np.ndarray:
     n_models, n_targets = mask.shape
     scores = np.empty((n_models, n_targets), dtype=np.float64)
-    bar = _Progress(n_models, f"privmon {setup} audit", progress)
+    # tqdm on stderr; disable=None turns it off when stderr is not a terminal (CI logs, pipes)
+    bar = tqdm(
+        total=n_models,
+        desc=f"privmon {setup} audit",
+        unit="model",
+        disable=None if progress else True,
+    )
     try:
         for k in range(n_models):
             x_k, y_k = build(k)
@@ -590,7 +564,7 @@ def _run(
                 )
             scores[k] = _scores_row(out, n_targets)
             del model, out
-            bar.update(k + 1)
+            bar.update(1)
     finally:
         bar.close()
     return scores
@@ -698,7 +672,7 @@ def specific(
             ``len(targets)`` records. Required.
         score_fn: ``score_fn(model, x, y) -> scores`` of shape ``(len(targets),)``, higher =
             more likely a member. Default: :func:`default_score` (negative cross-entropy).
-        progress: print a progress bar on stderr.
+        progress: show a progress bar (tqdm) on stderr when it is a terminal.
         fpr: the low false-positive rate of the TPR figure (the paper's 0.1).
         attack: ``"threshold"`` (default): the per-target risk reads the ``score_fn`` scores
             directly (§3.1's threshold on one score). ``"lira"`` / ``"lira_offline"``: LiRA

@@ -6,6 +6,7 @@ test_certificates.py.)"""
 import io
 import logging
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -107,3 +108,20 @@ def test_numpy_integer_steps_keep_the_checkpoint_loadable():
     assert fresh.history[0].step == 10 and fresh.n_certified_checks == 1
     with pytest.raises(ValueError, match="global_step must be an integer"):
         mon.check(2.5)
+
+
+def test_an_early_stopping_metric_no_report_has_is_loud():
+    # "loss/histgram" (a typo) names no reported figure: the privacy budget could never fire
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="loss")
+    typo = privmon.PrivacyEarlyStopping("loss/histgram", 0.1)
+    mon = _monitor(query, early_stopping=typo)
+    with pytest.warns(UserWarning, match="early stopping can never fire.*loss/histgram"):
+        mon.check(1)
+    strict = _monitor(query, early_stopping=privmon.PrivacyEarlyStopping("loss/histgram", 0.1),
+                      strict=True)  # fmt: skip
+    with pytest.raises(ValueError, match="early stopping can never fire"):
+        strict.check(1)
+    fine = _monitor(query, early_stopping=privmon.PrivacyEarlyStopping("loss/histogram", 0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fine.check(1)

@@ -244,6 +244,8 @@ class PrivacyMonitor:
         if rank == 0:  # every rank holds the same report; one writes it
             for sink in self.sinks:
                 self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
+        if self.early_stopping is not None and len(self.history) == 1:
+            self._check_stopping_metric(report)
         stop = self.early_stopping is not None and bool(
             self._guarded(
                 self.early_stopping.update,
@@ -261,6 +263,19 @@ class PrivacyMonitor:
                 logger.warning("privmon: early stopping at step %s — %s", global_step, reason)
             self._stop = True
         return report
+
+    def _check_stopping_metric(self, report: Report) -> None:
+        """At the first report, say loudly when early stopping watches a figure no report has
+        (a typo in the metric would otherwise switch the privacy budget off, check after check):
+        an error with ``strict``, else an error log and a warning."""
+        try:
+            self.early_stopping.figure(report.scalars)
+        except KeyError as err:
+            message = f"privmon: early stopping can never fire: {err.args[0]}"
+            if self.strict:
+                raise ValueError(message) from None
+            logger.error(message)
+            warnings.warn(message, UserWarning, stacklevel=4)
 
     def _guarded(self, fn: Any, *args: Any, what: str, step: int | None = None) -> Any:
         """Run a sink, a release or the stopping rule; a failure is logged (re-raised when

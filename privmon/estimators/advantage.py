@@ -56,6 +56,7 @@ from privmon.estimators.learned import learned_rule_counts
 from privmon.estimators.streaming import (
     BinnedRecords,
     BinnedScores,
+    ClassCounts,
     bin_records,
     fold_of,
     small_tensor,
@@ -375,7 +376,15 @@ def _bandwidth_factors(bandwidth, ns: torch.Tensor, d: int, *, like: torch.Tenso
     return small_tensor(factors, np.float64, like.device).to(like.dtype)
 
 
-def _smooth(state: BinnedScores, counts: torch.Tensor, ns, covs, method: str, bandwidth, extended):
+def _smooth(
+    state: BinnedScores | ClassCounts,
+    counts: torch.Tensor,
+    ns,
+    covs,
+    method: str,
+    bandwidth,
+    extended,
+):
     """Smoothed probability masses per cell for rows of counts (R, cells), in one FFT pass.
 
     The first ``extended`` rows are U_N's KDEs, on the extended grid; the others are the rule's
@@ -615,15 +624,15 @@ def raw_plugins(
     cell of the raw grid (heavy-tailed scores). A plug-in that cannot be computed (scores so
     extreme that their variance overflows) is NaN, its error in the second dict."""
     raw = binned.raw
-    total = raw.class_counts()
-    n = total.sum(dim=1).tolist()
+    total = raw.counts
+    n = raw.n.tolist()
     out, failed = {}, {}
     if "histogram" in methods:
         coarse = total.reshape(2, hist_bins, -1).sum(dim=-1)
         out["histogram"] = _plugin_from(coarse, coarse, "histogram", prior=prior, n=n)
     if "kde" in methods:
         try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
-            ns, _, covs = raw.moments()
+            ns, covs = raw.n, raw.cov
             if kde_grid_too_coarse(ns, covs, binned.extent / raw.bins[0], bandwidth):
                 ridge = 1e-6 * (binned.extent / 4) ** 2
                 out["kde"] = members.new_tensor(

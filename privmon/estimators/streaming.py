@@ -499,6 +499,38 @@ def pooled_ranks(sorted_values: torch.Tensor, order: torch.Tensor) -> torch.Tens
 
 
 @dataclass(frozen=True)
+class ClassCounts:
+    """Scores counted per class on a fixed grid, without folds: all the paper's plug-ins need.
+    ``counts`` (2, cells), ``n`` (2,) records and ``cov`` (2, d, d) unbiased covariances per
+    class; ``bins`` and ``width`` the grid's (as on :class:`BinnedScores`)."""
+
+    counts: torch.Tensor
+    n: torch.Tensor
+    cov: torch.Tensor
+    bins: tuple[int, ...]
+    width: torch.Tensor
+
+
+def count_classes(
+    x: torch.Tensor, n_members: int, *, bins: int, low: torch.Tensor, high: torch.Tensor
+) -> ClassCounts:
+    """1-D scores ``x`` (n, 1), the first ``n_members`` members, counted per class on ``bins``
+    equal cells over [low, high] (records outside land in the edge cells, as in
+    :meth:`BinnedScores.cell_index`): one bincount."""
+    low, high = (
+        _on(torch.as_tensor(low, dtype=x.dtype), x.device),
+        _on(torch.as_tensor(high, dtype=x.dtype), x.device),
+    )
+    width = _cell_width(low.reshape(1), high.reshape(1), (bins,))
+    cell = torch.floor((x[:, 0] - low) / width).to(torch.int64).clamp(0, bins - 1)
+    cell[n_members:] += bins  # non-members count in the second row
+    counts = torch.bincount(cell, minlength=2 * bins).reshape(2, bins).to(x.dtype)
+    cov = torch.stack([x[:n_members, 0].var(), x[n_members:, 0].var()]).reshape(2, 1, 1)
+    n = small_tensor([n_members, x.shape[0] - n_members], np.float64, x.device)
+    return ClassCounts(counts, n, cov, (bins,), width)
+
+
+@dataclass(frozen=True)
 class BinnedRecords:
     """Every record of one check binned once (:func:`bin_records`).
 
@@ -521,7 +553,7 @@ class BinnedRecords:
     fold: torch.Tensor
     extent: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
-    raw: BinnedScores | None
+    raw: ClassCounts | None
 
 
 def bin_records(
@@ -547,10 +579,7 @@ def bin_records(
         extent = sorted_x[-1] - sorted_x[0]
         if low is None:
             low, high = robust_range(sorted_x, presorted=True)
-        raw = BinnedScores(
-            bins=fine_bins or bins, folds=folds, margin=0.0, low=low, high=high, device=x.device
-        )
-        raw._add(x, sizes)
+        raw = count_classes(x, n_members, bins=fine_bins or bins, low=low, high=high)
         rule_x, low, high = pooled_ranks(*ascending)[:, None], 0.0, 1.0
     else:
         extent = x.amax(dim=0) - x.amin(dim=0)

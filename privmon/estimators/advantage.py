@@ -633,8 +633,8 @@ def raw_plugins(
     if "kde" in methods:
         try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
             ns, covs = raw.n, raw.cov
-            if kde_grid_too_coarse(ns, covs, binned.extent / raw.bins[0], bandwidth):
-                ridge = 1e-6 * (binned.extent / 4) ** 2
+            if kde_grid_too_coarse(ns, covs, raw.extent / raw.bins[0], bandwidth):
+                ridge = 1e-6 * (raw.extent / 4) ** 2
                 out["kde"] = members.new_tensor(
                     _sampled_kde_plugin(
                         members, nonmembers, prior=prior, bandwidth=bandwidth, ridge=ridge,
@@ -669,9 +669,11 @@ def _cells(x: torch.Tensor, low, width, bins: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.floor((x - low) / width).to(torch.int64).clamp_min(0), bins - 1)
 
 
-def _kde_rule_counts(m, h, fm, fh, *, prior, bandwidth, ridge, folds, deltas):
+def _kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
     """The cross-fitted Gaussian-KDE rules' held-out true / false positives and the certificate
-    (at both δ) from exact kernel sums; ``fm`` / ``fh`` the records' folds."""
+    (at both δ) from exact kernel sums."""
+    fm = fold_of(torch.arange(m.shape[0], device=m.device), folds)
+    fh = fold_of(torch.arange(h.shape[0], device=m.device), folds)
 
     def predict(train_m, train_h, test, tie):
         """Rule on test points learned from the training records; (len(test),) in {0, tie, 1}."""
@@ -733,8 +735,6 @@ def _high_dim(
     deltas = (lower_delta, delta)
     n1, n2 = m.shape[0], h.shape[0]
     d = m.shape[1]
-    fm = fold_of(torch.arange(n1, device=m.device), folds)
-    fh = fold_of(torch.arange(n2, device=m.device), folds)
     pooled = torch.cat([m, h])
     low, high = pooled.min(0).values, pooled.max(0).values
     span = torch.where(high > low, high - low, torch.ones_like(high))
@@ -748,8 +748,7 @@ def _high_dim(
         tp, fp, cert, cert_check = learned_rule(m, h, prior=prior, folds=folds, deltas=deltas)
     else:  # 1-2 D with a bandwidth below a grid cell: exact Gaussian kernel sums
         tp, fp, cert, cert_check = _kde_rule_counts(
-            m, h, fm, fh, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds,
-            deltas=deltas,
+            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds, deltas=deltas,
         )  # fmt: skip
     if method == "kde":
         plugin = _sampled_kde_plugin(
@@ -927,8 +926,6 @@ def estimate_from_scores(
             bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
         )
         state.update(m, h)
-        if not state.initialized:
-            raise ValueError("the state holds no scores yet")
         return estimates_from_selections(
             {method: (state, fold_selections(state))},
             prior=prior,

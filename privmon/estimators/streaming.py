@@ -502,21 +502,29 @@ def pooled_ranks(sorted_values: torch.Tensor, order: torch.Tensor) -> torch.Tens
 class ClassCounts:
     """Scores counted per class on a fixed grid, without folds: all the paper's plug-ins need.
     ``counts`` (2, cells), ``n`` (2,) records and ``cov`` (2, d, d) unbiased covariances per
-    class; ``bins`` and ``width`` the grid's (as on :class:`BinnedScores`)."""
+    class; ``bins`` and ``width`` the grid's (as on :class:`BinnedScores`); ``extent`` the
+    scores' range (max − min)."""
 
     counts: torch.Tensor
     n: torch.Tensor
     cov: torch.Tensor
     bins: tuple[int, ...]
     width: torch.Tensor
+    extent: torch.Tensor
 
 
 def count_classes(
-    x: torch.Tensor, n_members: int, *, bins: int, low: torch.Tensor, high: torch.Tensor
+    x: torch.Tensor,
+    n_members: int,
+    *,
+    bins: int,
+    low: torch.Tensor,
+    high: torch.Tensor,
+    extent: torch.Tensor,
 ) -> ClassCounts:
     """1-D scores ``x`` (n, 1), the first ``n_members`` members, counted per class on ``bins``
     equal cells over [low, high] (records outside land in the edge cells, as in
-    :meth:`BinnedScores.cell_index`): one bincount."""
+    :meth:`BinnedScores.cell_index`): one bincount. ``extent``: the scores' max − min."""
     low, high = (
         _on(torch.as_tensor(low, dtype=x.dtype), x.device),
         _on(torch.as_tensor(high, dtype=x.dtype), x.device),
@@ -527,7 +535,7 @@ def count_classes(
     counts = torch.bincount(cell, minlength=2 * bins).reshape(2, bins).to(x.dtype)
     cov = torch.stack([x[:n_members, 0].var(), x[n_members:, 0].var()]).reshape(2, 1, 1)
     n = small_tensor([n_members, x.shape[0] - n_members], np.float64, x.device)
-    return ClassCounts(counts, n, cov, (bins,), width)
+    return ClassCounts(counts, n, cov, (bins,), width, extent)
 
 
 @dataclass(frozen=True)
@@ -536,22 +544,20 @@ class BinnedRecords:
 
     ``fine`` is the state the records were binned into for the rules; ``grid`` the histogram's
     state (``fine`` itself, or ``fine`` coarsened when the KDE's finer grid serves both);
-    ``cell`` / ``inside`` each record's cell in ``grid`` and whether it fell inside the grid's
-    range; ``fold`` each record's cross-fitting fold (by its position within its class). In
+    ``cell`` each record's cell in ``grid`` (records beyond its range in the edge cells, where
+    they were counted); ``fold`` each record's cross-fitting fold (by its position within its
+    class). In
     1-D the rules' states hold the pooled ranks (:func:`pooled_ranks`) on [0, 1], and ``raw``
     holds the scores themselves on their robust range, for the paper's plug-ins (W_N / U_N are
     defined on the query's own scale); in 2-D the rules' states hold the scores and ``raw`` is
-    None. ``extent`` is the raw scores' range per dimension (max − min); ``ascending`` (1-D) the
-    pooled scores sorted ascending and the sorting indices: the one sort of the check, which
-    the ranks and the ROC read.
+    None. ``ascending`` (1-D) the pooled scores sorted ascending and the sorting indices: the
+    one sort of the check, which the ranks and the ROC read.
     """
 
     fine: BinnedScores
     grid: BinnedScores
     cell: torch.Tensor
-    inside: torch.Tensor
     fold: torch.Tensor
-    extent: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
     raw: ClassCounts | None
 
@@ -576,24 +582,29 @@ def bin_records(
     if x.shape[1] == 1:
         ascending = argsort_ascending(x[:, 0])
         sorted_x = ascending[0][:, None]
-        extent = sorted_x[-1] - sorted_x[0]
         if low is None:
             low, high = robust_range(sorted_x, presorted=True)
-        raw = count_classes(x, n_members, bins=fine_bins or bins, low=low, high=high)
+        raw = count_classes(
+            x,
+            n_members,
+            bins=fine_bins or bins,
+            low=low,
+            high=high,
+            extent=sorted_x[-1] - sorted_x[0],
+        )
         rule_x, low, high = pooled_ranks(*ascending)[:, None], 0.0, 1.0
     else:
-        extent = x.amax(dim=0) - x.amin(dim=0)
         if low is None:
             low, high = robust_range(x)
         rule_x = x
     fine = BinnedScores(
         bins=fine_bins or bins, folds=folds, margin=0.0, low=low, high=high, device=x.device
     )
-    cell, inside, group = fine._add(rule_x, sizes)
+    cell, _, group = fine._add(rule_x, sizes)
     grid = fine
     if fine_bins is not None and fine_bins != bins:
         factor = fine_bins // bins
         grid = fine.coarsen(factor)
         cell = torch.div(cell, factor, rounding_mode="floor")
     fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
-    return BinnedRecords(fine, grid, cell, inside, fold, extent, ascending, raw)
+    return BinnedRecords(fine, grid, cell, fold, ascending, raw)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -14,12 +15,14 @@ __all__ = [
     "as_mask",
     "as_scores",
     "as_tensor",
+    "check_audit_set",
     "check_callable",
     "check_flag",
     "check_int",
     "check_open_unit",
     "check_positive",
     "check_unit",
+    "check_writable_dir",
     "to_numpy",
 ]
 
@@ -82,6 +85,53 @@ def check_has_methods(obj: Any, *methods: str, name: str, expected: str) -> Any:
     if not all(callable(getattr(obj, m, None)) for m in methods):
         raise ValueError(f"{name} must be {expected}, got {obj!r}")
     return obj
+
+
+def check_audit_set(data: Any, *, name: str) -> Any:
+    """Return ``data`` after checking it can be iterated once per check, batch by batch: an
+    iterable that is not a one-shot iterator, a string, a mapping or an array, and is not
+    empty when it has a length."""
+    what = f"{name} must be an iterable of batches that can be iterated again at every check "
+    what += "(a DataLoader, a list of batches)"
+    if isinstance(data, (str, bytes)):
+        raise ValueError(f"{what}, got a {type(data).__name__} ({data!r:.40})")
+    if isinstance(data, Mapping):
+        raise ValueError(f"{what}, got a {type(data).__name__}; one batch: pass [batch]")
+    if isinstance(data, (torch.Tensor, np.ndarray)):
+        raise ValueError(
+            f"{what}, got a {type(data).__name__}: iterating it yields single rows; "
+            "one batch: pass [tensor], or a DataLoader over a TensorDataset"
+        )
+    if not isinstance(data, Iterable):
+        raise ValueError(f"{what}, got {type(data).__name__}")
+    if isinstance(data, Iterator):  # a generator, map, zip, iter(...)
+        raise ValueError(
+            f"{what}, got a one-shot iterator ({type(data).__name__}), which would be exhausted "
+            "after the first check; pass list(...) of it"
+        )
+    try:
+        empty = len(data) == 0
+    except TypeError:  # no length (an iterable dataset): the first check tells
+        empty = False
+    if empty:
+        raise ValueError(f"{name} is empty: it must yield at least one batch")
+    return data
+
+
+def check_writable_dir(path: str, *, name: str) -> str:
+    """Return ``path`` after checking a directory exists there, or can be created there and
+    written to (the nearest existing ancestor is a writable directory)."""
+    target = os.path.abspath(path)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise ValueError(f"{name} must be a directory path, but {path!r} is a file")
+    ancestor = target
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(f"{name} {path!r} cannot be created: {ancestor!r} is a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {path!r} is not writable: no write permission on {ancestor!r}")
+    return path
 
 
 def check_optional_str(value: Any, *, name: str) -> str | None:

@@ -125,3 +125,52 @@ def test_an_early_stopping_metric_no_report_has_is_loud():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fine.check(1)
+
+
+def _gen():
+    yield np.ones(50)
+
+
+ITERABLE = "must be an iterable of batches that can be iterated again at every check"
+
+
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        (_gen(), f"{ITERABLE}.*got a one-shot iterator"),
+        (map(np.asarray, [[1.0, 2.0]]), f"{ITERABLE}.*got a one-shot iterator"),
+        ([], "is empty: it must yield at least one batch"),
+        ("data.csv", f"{ITERABLE}.*got a str"),
+        ({"x": np.ones(5)}, rf"{ITERABLE}.*got a dict; one batch: pass \[batch\]"),
+        (torch.ones(50), f"{ITERABLE}.*got a Tensor: iterating it yields single rows"),
+        (np.ones(50), f"{ITERABLE}.*got a ndarray: iterating it yields single rows"),
+        (42, f"{ITERABLE}.*got int"),
+    ],
+)
+def test_audit_sets_that_cannot_be_audited_every_check_fail_at_construction(members, message):
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+    with pytest.raises(ValueError, match=f"^members {message}"):
+        privmon.PrivacyMonitor(query, members, [np.zeros(50)])
+    with pytest.raises(ValueError, match=f"^nonmembers {message}"):
+        privmon.PrivacyMonitor(query, [np.ones(50)], members)
+
+
+def test_modules_and_log_directories_are_checked_at_construction(tmp_path):
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+    with pytest.raises(ValueError, match=r"modules must be torch\.nn\.Module objects, got a str"):
+        _monitor(query, modules=["model"])
+    with pytest.raises(ValueError, match=r"modules must be torch\.nn\.Module objects"):
+        _monitor(query, modules=[nn.Linear(1, 1), nn.Linear(1, 1).weight])
+    single = nn.Linear(1, 1)
+    assert _monitor(query, modules=single).modules == (single,)  # one module, not in a list
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    # a log directory under a regular file cannot be created, even by root
+    with pytest.raises(
+        ValueError, match=r"writer .*afile.* cannot be created: .*afile.* is a file"
+    ):
+        _monitor(query, writer=str(afile / "runs"))
+    with pytest.raises(ValueError, match=r"writer must be a directory path, but .* is a file"):
+        _monitor(query, writer=afile)
+    _monitor(query, writer=tmp_path / "new" / "runs")  # creatable: fine, and nothing written yet
+    assert not (tmp_path / "new").exists()

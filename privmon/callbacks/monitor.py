@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -22,8 +21,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import check_has_methods, check_int, check_open_unit, check_subset
+from privmon._validation import (
+    check_audit_set,
+    check_has_methods,
+    check_int,
+    check_open_unit,
+    check_subset,
+)
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
+from privmon.callbacks._protect import audit_view, untouched_training, warn_if_shuffled
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.records import RecordTracker
@@ -41,25 +47,6 @@ logger = logging.getLogger("privmon")
 
 class PrivacyViolationWarning(UserWarning):
     """A certified lower bound on the measured advantage exceeds the DP ceiling."""
-
-
-def _save_rng() -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),  # noqa: NPY002 (the global RNG is what we protect)
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])  # noqa: NPY002
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _as_queries(given: list[Any]) -> list[Any]:
@@ -142,7 +129,7 @@ class PrivacyMonitor:
         every_n_steps: int = 100,
         prior: float = 0.5,
         methods: Sequence[str] = ("histogram", "kde"),
-        modules: Sequence[nn.Module] | None = None,
+        modules: nn.Module | Sequence[nn.Module] | None = None,
         writer: Any = None,
         sinks: Sink | Sequence[Sink] | None = (),
         accountant: Any = None,
@@ -158,9 +145,15 @@ class PrivacyMonitor:
         names = [q.name for q in queries]
         if len(set(names)) != len(names):
             raise ValueError(f"query names must be unique, got {names}")
-        for obj, name in ((members, "members"), (nonmembers, "nonmembers")):
-            if not isinstance(obj, Iterable):
-                raise ValueError(f"{name} must be an iterable of batches (a DataLoader, a list)")
+        for data, name in ((members, "members"), (nonmembers, "nonmembers")):
+            check_audit_set(data, name=name)
+        warn_if_shuffled(members, name="members")
+        modules = (modules,) if isinstance(modules, nn.Module) else tuple(modules or ())
+        for module in modules:
+            if not isinstance(module, nn.Module):
+                raise ValueError(
+                    f"modules must be torch.nn.Module objects, got a {type(module).__name__}"
+                )
         every_n_steps = check_int(every_n_steps, name="every_n_steps", minimum=1)
         methods = check_subset(methods, METHODS, name="methods")
         if max_batches is not None:
@@ -180,7 +173,8 @@ class PrivacyMonitor:
         self.every_n_steps = every_n_steps
         self.prior = check_open_unit(prior, name="prior")
         self.methods = methods
-        self.modules = tuple(modules or ())
+        self.modules = modules
+        self._audit_sets = (audit_view(members), audit_view(nonmembers))
         if sinks is None or callable(getattr(sinks, "write", None)):  # none, or a single sink
             sinks = () if sinks is None else (sinks,)
         self.sinks: list[Sink] = [
@@ -328,19 +322,15 @@ class PrivacyMonitor:
         queries that raised (name -> error: the others are still scored); and the seconds
         spent in the queries themselves (the forward passes)."""
         device = self._device()
-        rng = _save_rng()
-        modes = {m: m.training for root in self._modules() for m in root.modules()}
         try:
-            with torch.no_grad():
-                for root in self._modules():
-                    root.eval()
+            with untouched_training(self._modules(), self._audit_sets), torch.no_grad():
                 for q in self.queries:
                     getattr(q, "prepare", lambda device: None)(device)
                 out, failed, forward = {}, {}, 0.0
                 scores: dict[str, list[list[torch.Tensor]]] = {
                     q.name: [[], []] for q in self.queries
                 }
-                for side, data in enumerate((self.members, self.nonmembers)):
+                for side, data in enumerate(self._audit_sets):
                     for i, batch in enumerate(data):
                         if self.max_batches is not None and i >= self.max_batches:
                             break
@@ -369,11 +359,8 @@ class PrivacyMonitor:
                     forward += time.perf_counter() - t
                 return out, failed, forward
         finally:
-            # training's state first: a query's release() that raises must not leave the
+            # after training's state is restored: a release() that raises cannot leave the
             # model in eval mode or the RNGs advanced
-            for m, training in modes.items():
-                m.training = training
-            _restore_rng(rng)
             for q in self.queries:
                 self._guarded(
                     getattr(q, "release", lambda: None), what=f"release of query {q.name!r}"

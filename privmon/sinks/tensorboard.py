@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from privmon._validation import check_writable_dir
 from privmon.report import Report
 
 __all__ = ["TensorBoardSink"]
@@ -19,7 +20,7 @@ class TensorBoardSink:
 
     def __init__(self, writer: Any) -> None:
         if isinstance(writer, (str, os.PathLike)):
-            self._logdir: str | None = os.fspath(writer)
+            self._logdir: str | None = check_writable_dir(os.fspath(writer), name="writer")
             writer = None  # opened at the first report: ranks that never write leave no file
         elif callable(getattr(writer, "add_scalar", None)):
             self._logdir = None

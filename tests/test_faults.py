@@ -4,13 +4,17 @@
 test_certificates.py.)"""
 
 import io
+import json
 import logging
 import random
+import subprocess
+import sys
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 import privmon
@@ -174,3 +178,52 @@ def test_modules_and_log_directories_are_checked_at_construction(tmp_path):
         _monitor(query, writer=afile)
     _monitor(query, writer=tmp_path / "new" / "runs")  # creatable: fine, and nothing written yet
     assert not (tmp_path / "new").exists()
+
+
+DISK_FULL_RUN = """
+import os, resource, signal, sys
+import numpy as np, torch
+import privmon
+from privmon.queries import CallableQuery
+from privmon.sinks import JsonlSink
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+torch.set_num_threads(1)
+logdir = sys.argv[1]
+rng = np.random.default_rng(0)
+monitor = privmon.PrivacyMonitor(
+    CallableQuery(lambda b: torch.as_tensor(b, dtype=torch.float32), name="s"),
+    [rng.normal(0.3, 1, 200)], [rng.normal(0, 1, 200)], every_n_steps=1, methods=("histogram",),
+    writer=logdir, sinks=[JsonlSink(os.path.join(logdir, "checks.jsonl"))],
+)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+for step in range(1, 16):
+    if step == 4:  # the disk is full for five checks: no file can grow
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))
+    if step == 9:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    monitor.step(step)
+monitor.close()
+print(monitor.n_failed, len(monitor.history))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE fault injection is Linux-only")
+def test_sinks_recover_from_a_full_disk_and_lose_no_check(tmp_path):
+    # a real fault: the kernel refuses every write for five checks (RLIMIT_FSIZE), in a child
+    # process so that the limit cannot touch the test run
+    done = subprocess.run(
+        [sys.executable, "-c", DISK_FULL_RUN, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "15"]  # no check failed: only the sinks' writes did
+    assert "File too large" in done.stderr  # the faults were real and logged
+    lines = (tmp_path / "checks.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 16))  # whole lines only
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("privacy/s/histogram/value")]
+    assert sorted(set(steps)) == list(range(1, 16))

@@ -23,12 +23,17 @@ monitor = privmon.PrivacyMonitor(query, members, nonmembers, sinks=[PrintSink()]
 
 from __future__ import annotations
 
+import logging
 import math
+from collections import deque
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from privmon.report import Report
 
-__all__ = ["Sink", "finite_scalars"]
+__all__ = ["Backlog", "Sink", "finite_scalars"]
+
+logger = logging.getLogger("privmon")
 
 
 @runtime_checkable
@@ -47,3 +52,35 @@ class Sink(Protocol):
 def finite_scalars(report: Report) -> dict[str, float]:
     """The report's scalars without NaN / infinite values (e.g. an ε lower bound of ``inf``)."""
     return {k: float(v) for k, v in report.scalars.items() if math.isfinite(v)}
+
+
+class Backlog:
+    """Reports a sink could not write yet, written first at its next write.
+
+    A transient fault (a full disk, a lost mount) then delays figures instead of losing them: each
+    report stays queued until written, oldest first. At most ``limit`` are kept (the oldest beyond
+    are dropped, counted in ``n_dropped`` and logged); queued reports keep their per-record arrays
+    only for the newest, so a long outage holds scalars, not records' risks.
+    """
+
+    def __init__(self, limit: int = 1000) -> None:
+        self._queue: deque[Report] = deque()
+        self.limit = limit
+        self.n_dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def write(self, report: Report, write_one: Callable[[Report], None]) -> None:
+        """Queue ``report``, then write every queued report with ``write_one`` in order; one that
+        raises stays queued with those after it, and the error propagates."""
+        if self._queue:
+            self._queue[-1] = self._queue[-1].without_arrays()
+        self._queue.append(report)
+        while len(self._queue) > self.limit:
+            dropped = self._queue.popleft()
+            self.n_dropped += 1
+            logger.error("privmon: a sink's backlog is full; step %s is lost", dropped.step)
+        while self._queue:
+            write_one(self._queue[0])
+            self._queue.popleft()

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from privmon.report import Report
+from privmon.sinks.base import Backlog
 
 __all__ = ["JsonlSink"]
 
@@ -24,16 +25,33 @@ def _clean(obj: Any) -> Any:
 
 
 class JsonlSink:
-    """Append one JSON object per report to ``path`` (created with its parent directory)."""
+    """Append one JSON object per report to ``path`` (created with its parent directory).
+
+    Every line is written whole or not at all: a write that fails (a full disk) is cut back to the
+    last complete line, and the report is written again, before the next one, at the next check
+    (:class:`~privmon.sinks.base.Backlog`).
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # kept open across checks
+        # unbuffered: a failed write leaves nothing in a buffer to surface later
+        self._file = open(self.path, "ab", buffering=0)  # kept open across checks
+        self._backlog = Backlog()
+
+    def _write_line(self, report: Report) -> None:
+        line = (json.dumps(_clean(report.to_json()), allow_nan=False) + "\n").encode()
+        end = os.fstat(self._file.fileno()).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[self._file.write(view) :]
+        except BaseException:
+            os.ftruncate(self._file.fileno(), end)  # no partial line stays behind
+            raise
 
     def write(self, report: Report) -> None:
-        self._file.write(json.dumps(_clean(report.to_json()), allow_nan=False) + "\n")
-        self._file.flush()
+        self._backlog.write(report, self._write_line)
 
     def close(self) -> None:
         self._file.close()

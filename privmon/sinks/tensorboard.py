@@ -4,6 +4,7 @@ DP ceilings on one chart."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -11,12 +12,22 @@ import numpy as np
 
 from privmon._validation import check_writable_dir
 from privmon.report import Report
+from privmon.sinks.base import Backlog
 
 __all__ = ["TensorBoardSink"]
 
+logger = logging.getLogger("privmon")
+
 
 class TensorBoardSink:
-    """Write reports to TensorBoard. ``writer``: a SummaryWriter or a log directory path."""
+    """Write reports to TensorBoard. ``writer``: a SummaryWriter or a log directory path.
+
+    A SummaryWriter whose write fails (a full disk) is dead for good: its writer thread keeps
+    the error. The sink then starts a new event file in the same log directory (TensorBoard reads
+    every event file of a run) and writes the reports it could not write, before the next one
+    (:class:`~privmon.sinks.base.Backlog`); a figure written just before the fault may then
+    appear twice at its step, with the same value.
+    """
 
     def __init__(self, writer: Any) -> None:
         if isinstance(writer, (str, os.PathLike)):
@@ -29,6 +40,8 @@ class TensorBoardSink:
         self._owned = self._logdir is not None
         self._writer = writer
         self._layout_written = False
+        self._backlog = Backlog()
+        self._failed = False
 
     @property
     def writer(self) -> Any:
@@ -59,7 +72,28 @@ class TensorBoardSink:
         self.writer.add_custom_scalars({"privacy": charts})
         self._layout_written = True
 
+    def _reopen(self) -> None:
+        """A new SummaryWriter in the failed one's log directory (closed without flushing the
+        dead writer's queue: its error is already known)."""
+        if self._logdir is None:
+            self._logdir = self._writer.get_logdir()
+        if self._owned:
+            try:
+                self._writer.close()
+            except Exception:  # the dead writer raises its stored error again
+                logger.debug("privmon: closing the failed SummaryWriter raised", exc_info=True)
+        self._writer, self._owned, self._failed = None, True, False
+
     def write(self, report: Report) -> None:
+        if self._failed:
+            self._reopen()
+        try:
+            self._backlog.write(report, self._write_one)
+        except Exception:
+            self._failed = True
+            raise
+
+    def _write_one(self, report: Report) -> None:
         if not self._layout_written:
             self._layout(report)
         w, step = self.writer, report.step

@@ -13,7 +13,6 @@ measured advantage are shown together.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import math
@@ -32,7 +31,6 @@ from tqdm import tqdm
 from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
-from privmon.report import Report
 from privmon.sinks import JsonlSink
 
 __all__ = [
@@ -268,10 +266,6 @@ def _finite(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _peak_value(report: Report, tag: str) -> float:
-    return report.scalars.get(tag, -1.0)
-
-
 def _summary(
     monitor: PrivacyMonitor, config: DemoConfig, steps: int, stopped_at: int | None, seconds: float
 ) -> dict[str, Any]:
@@ -288,8 +282,9 @@ def _summary(
             }
             if f"privacy/{name}/auc" in last.scalars:
                 final[key]["auc"] = last.scalars[f"privacy/{name}/auc"]
-            best = max(monitor.history, key=functools.partial(_peak_value, tag=f"{base}/value"))
-            peak[key] = {"step": best.step, "value": best.scalars[f"{base}/value"]}
+            values = np.nan_to_num(monitor.history.column(f"{base}/value"), nan=-1.0)
+            best = int(values.argmax())  # the first check with the largest value
+            peak[key] = {"step": int(monitor.history.steps[best]), "value": float(values[best])}
         final[f"{name}/top_records"] = list(q.top_records)
     es = monitor.early_stopping
     return {

@@ -89,7 +89,7 @@ def test_final_and_peak_figures(demo):
         values = [c["scalars"][f"privacy/{key}/value"] for c in checks]
         peak = summary["peak"][key]
         assert peak["step"] in (50, 100, 150)
-        assert peak["value"] == max(values)
+        assert peak["value"] == pytest.approx(max(values), rel=1e-7)  # the history's float32
         assert peak["step"] == 50 * (values.index(max(values)) + 1)
     for q in QUERIES:
         top = summary["final"][f"{q}/top_records"]

@@ -265,9 +265,20 @@ def test_nan_scores_are_dropped_and_counted():
     assert np.isnan(rep.queries["q"].member_risk).sum() == 9
 
 
-def test_history_keeps_arrays_only_for_the_last_report():
+def test_history_keeps_the_last_report_whole_and_earlier_ones_as_figures():
     x, y = _data()
     model = _net()
+
+    class Keep:  # a sink sees every report whole, at float64
+        def __init__(self):
+            self.reports = []
+
+        def write(self, report):
+            self.reports.append(report)
+
+        def close(self):
+            pass
+
     mon = PrivacyMonitor(
         LossQuery(model),
         _batches(x[:120], y[:120]),
@@ -275,13 +286,29 @@ def test_history_keeps_arrays_only_for_the_last_report():
         every_n_steps=1,
         strict=True,
         methods=("histogram",),
+        sinks=(keep := Keep()),
     )
     for s in range(1, 5):
         mon.step(s)
-    assert [r.step for r in mon.history] == [1, 2, 3, 4]
-    assert all(r.queries["loss"].member_risk is None for r in mon.history[:-1])
+    assert [r.step for r in mon.history] == [1, 2, 3, 4] and mon.history.steps.tolist() == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert mon.history[-1] is keep.reports[-1]  # the latest: per-query results and arrays
     assert mon.history[-1].queries["loss"].member_risk is not None
+    for kept, full in zip(mon.history[:-1], keep.reports[:-1], strict=True):
+        assert kept.queries == {}  # earlier checks: their figures only
+        assert kept.scalars.keys() == full.scalars.keys()
+        for tag, value in full.scalars.items():  # to float32 precision
+            assert kept.scalars[tag] == pytest.approx(value, rel=1e-7, abs=1e-30), tag
+    values = mon.history.column("privacy/loss/histogram/value")
+    assert values == pytest.approx(
+        [r.scalars["privacy/loss/histogram/value"] for r in keep.reports]
+    )
     assert mon.step(4) is False and len(mon.history) == 4  # a step is checked once
+    assert mon.step(3) is False and len(mon.history) == 4  # and never an earlier one again
 
 
 def test_early_stopping_and_state_round_trip(tmp_path):
@@ -308,7 +335,8 @@ def test_early_stopping_and_state_round_trip(tmp_path):
     fresh = make()
     fresh.load_state_dict(torch.load(path, weights_only=True))
     assert fresh.should_stop and [r.step for r in fresh.history] == [2, 4]
-    assert fresh.history[-1].scalars == mon.history[-1].scalars
+    assert list(fresh.history) == list(fresh.history.from_state_dict(mon.history.state_dict()))
+    assert fresh.history[-1].scalars == pytest.approx(mon.history[-1].scalars, rel=1e-7)
     assert fresh.step(4) is True and len(fresh.history) == 2  # no duplicate step after resume
 
 
@@ -392,7 +420,9 @@ def test_per_record_risk_is_tracked_across_checks(tmp_path):
     # the tracks survive a checkpoint
     path = tmp_path / "m.pt"
     torch.save(mon.state_dict(), path)
-    fresh = PrivacyMonitor(CallableQuery(fn, name="q"), members, nonmembers, strict=True)
+    fresh = PrivacyMonitor(
+        CallableQuery(fn, name="q"), members, nonmembers, methods=("histogram",), strict=True
+    )
     fresh.load_state_dict(torch.load(path, weights_only=True))
     assert fresh.top_records(5) == top
     with pytest.raises(ValueError, match="by"):

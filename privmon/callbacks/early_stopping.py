@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from privmon._validation import check_int
+
 __all__ = ["PrivacyEarlyStopping", "should_stop"]
 
 USES = ("lower", "value")
@@ -143,14 +145,25 @@ class PrivacyEarlyStopping:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counters. ``metric``, ``threshold`` and ``use`` must match (another figure
         or budget would make the saved wait meaningless); ``patience`` and ``min_checks`` are
-        this callback's own, so a resumed run may change them."""
+        this callback's own, so a resumed run may change them. Every field is checked before any
+        is applied."""
+        missing = [key for key in self.state_dict() if key not in state]
+        if missing:
+            raise ValueError(f"early-stopping state lacks {missing}")
         for key in ("metric", "threshold", "use"):
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"early-stopping state has {key}={state[key]!r}, this callback "
                     f"{getattr(self, key)!r}"
                 )
-        self.wait = int(state["wait"])
-        self.checks_seen = int(state["checks_seen"])
-        self.stopped_step = state["stopped_step"]
-        self.reason = state["reason"]
+        wait = check_int(state["wait"], name="early-stopping state wait")
+        checks_seen = check_int(state["checks_seen"], name="early-stopping state checks_seen")
+        stopped_step, reason = state["stopped_step"], state["reason"]
+        if stopped_step is not None:
+            stopped_step = check_int(stopped_step, name="early-stopping state stopped_step")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(
+                f"early-stopping state reason must be None or a string, got {reason!r}"
+            )
+        self.wait, self.checks_seen = wait, checks_seen
+        self.stopped_step, self.reason = stopped_step, reason

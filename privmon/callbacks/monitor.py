@@ -10,6 +10,7 @@ the sinks and to early stopping.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -32,6 +33,7 @@ from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks._protect import audit_view, untouched_training, warn_if_shuffled
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RecordTracker
 from privmon.estimators.advantage import METHODS, describe_error
 from privmon.estimators.analysis import QueryResult, analyse
@@ -194,19 +196,32 @@ class PrivacyMonitor:
         self.max_batches = max_batches
         self.top_k = top_k
         self.strict = strict
-        self.history: list[Report] = []
+        self.history = ReportHistory()
         self.records = RecordTracker()
         self.n_failed = 0
         self.planned_checks = planned_checks
         self.n_certified_checks = 0  # checks that spent a share of interval_delta
         self._last_step: int | None = None
+        self._warned_order = False
         self._stop = False
 
     # -- training-loop API ------------------------------------------------------------------
     def step(self, global_step: int) -> bool:
-        """Run a check when one is due; True when training should stop."""
-        if global_step % self.every_n_steps == 0 and global_step != self._last_step:
-            self.check(global_step)
+        """Run a check when one is due — ``global_step`` a multiple of ``every_n_steps`` and past
+        the last checked step — ; True when training should stop."""
+        if global_step % self.every_n_steps != 0:
+            return self._stop
+        if self._last_step is not None and global_step <= self._last_step:
+            if global_step < self._last_step and not self._warned_order:
+                self._warned_order = True  # once: a restarted loop repeats this every step
+                logger.warning(
+                    "privmon: step %s comes before the last checked step %s: no check until the "
+                    "steps pass it (was training restarted without monitor.load_state_dict?)",
+                    global_step,
+                    self._last_step,
+                )
+            return self._stop
+        self.check(global_step)
         return self._stop
 
     @property
@@ -231,8 +246,6 @@ class PrivacyMonitor:
                 "privmon: the privacy check at step %s failed and was skipped", global_step
             )
             return None
-        if self.history:  # keep arrays for the latest report only: memory flat over checks
-            self.history[-1] = self.history[-1].without_arrays()
         self.history.append(report)
         rank, world = rank_and_world()
         if rank == 0:  # every rank holds the same report; one writes it
@@ -502,17 +515,22 @@ class PrivacyMonitor:
         )
 
     # -- persistence --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def _config(self) -> dict[str, Any]:
+        """What a saved state was measured under; a state loads only into the same setup."""
         return {
-            "history": [
-                {
-                    "step": r.step,
-                    "scalars": dict(r.scalars),
-                    "epsilon": r.epsilon,
-                    "dp_violation": r.dp_violation,
-                }
-                for r in self.history
-            ],
+            "queries": [q.name for q in self.queries],
+            "methods": list(self.methods),
+            "prior": self.prior,
+            "interval_delta": self.interval_delta,
+            "planned_checks": self.planned_checks,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs, as tensors and plain containers (loads with
+        ``torch.load(..., weights_only=True)``)."""
+        return {
+            "config": self._config(),
+            "history": self.history.state_dict(),
             "last_step": self._last_step,
             "stop": self._stop,
             "n_failed": self.n_failed,
@@ -524,23 +542,48 @@ class PrivacyMonitor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        es = state.get("early_stopping")
+        """Resume from :meth:`state_dict`. The state must come from a monitor with the same
+        queries, methods, prior, ``interval_delta`` and ``planned_checks`` (the run's confidence
+        budget goes on where it stopped); every field is checked before any is applied, so a
+        state that does not fit raises a ValueError naming the field and changes nothing."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        required = ("history", "last_step", "stop", "n_failed", "records", "early_stopping")
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise ValueError(f"state lacks {missing}: is it a PrivacyMonitor.state_dict()?")
+        config = state.get("config")  # states saved before the config was kept have none
+        if config is not None and config != self._config():
+            diff = {k: (config.get(k), v) for k, v in self._config().items() if config.get(k) != v}
+            raise ValueError(
+                "state was saved by a monitor with another setup (saved, this monitor): "
+                + ", ".join(f"{k}: {a!r} != {b!r}" for k, (a, b) in diff.items())
+            )
+        history = ReportHistory.from_state_dict(state["history"])
+        last_step = state["last_step"]
+        if last_step is not None:
+            last_step = check_int(last_step, name="state last_step")
+        if not isinstance(state["stop"], bool):
+            raise ValueError(f"state stop must be True or False, got {state['stop']!r}")
+        n_failed = check_int(state["n_failed"], name="state n_failed")
+        # a resumed run goes on spending where it stopped (older states: one per kept check)
+        n_certified = check_int(
+            state.get("n_certified_checks", len(history)), name="state n_certified_checks"
+        )
+        if n_certified < len(history):
+            raise ValueError(
+                f"state n_certified_checks ({n_certified}) is below its {len(history)} checks"
+            )
+        es = state["early_stopping"]
         if (es is None) != (self.early_stopping is None):
             raise ValueError("state_dict and monitor disagree on whether early stopping is set")
-        if es is not None:
+        if self.early_stopping is not None:
+            copy.deepcopy(self.early_stopping).load_state_dict(es)  # raises on a bad field
+        records = RecordTracker()
+        records.load_state_dict(state["records"])
+        # every field checked: apply them all
+        if self.early_stopping is not None:
             self.early_stopping.load_state_dict(es)
-        self.history = [
-            Report(
-                step=int(h["step"]),
-                scalars=dict(h["scalars"]),
-                epsilon=h["epsilon"],
-                dp_violation=bool(h["dp_violation"]),
-            )
-            for h in state["history"]
-        ]
-        self._last_step = state["last_step"]
-        self._stop = bool(state["stop"])
-        self.n_failed = int(state["n_failed"])
-        # a resumed run goes on spending where it stopped (older states: one per kept check)
-        self.n_certified_checks = int(state.get("n_certified_checks", len(self.history)))
-        self.records.load_state_dict(state.get("records", {}))
+        self.history, self.records = history, records
+        self._last_step, self._stop = last_step, state["stop"]
+        self.n_failed, self.n_certified_checks = n_failed, n_certified

@@ -119,11 +119,22 @@ class RecordTracker:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the tracks; every one is checked (fields, 1-D float tensors of one length)
+        before any replaces the current ones."""
+        if not isinstance(state, dict):
+            raise ValueError(f"records state must be a dict of tracks, got {type(state).__name__}")
         tracks = {}
         for q, t in state.items():
-            if set(t) != set(FIELDS):
+            if not isinstance(t, dict) or set(t) != set(FIELDS):
                 raise ValueError(f"record track {q!r} must hold {FIELDS}, got {sorted(t)}")
-            tracks[q] = {k: torch.as_tensor(v).double().numpy().copy() for k, v in t.items()}
+            arrays = {}
+            for k, v in t.items():
+                if not isinstance(v, torch.Tensor) or v.ndim != 1 or not v.is_floating_point():
+                    raise ValueError(f"record track {q!r} field {k!r} must be a 1-D float tensor")
+                arrays[k] = v.double().numpy().copy()
+            if len({a.shape[0] for a in arrays.values()}) != 1:
+                raise ValueError(f"record track {q!r} fields differ in length")
+            tracks[q] = arrays
         self._tracks = tracks
 
 

@@ -306,3 +306,20 @@ def test_debug_variable_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("PRIVMON_DEBUG", "1")
     with pytest.raises(FileNotFoundError):
         main(["report", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("target_epsilon", float("nan"), "target_epsilon must be finite and > 0"),
+        ("target_epsilon", -1.0, "target_epsilon must be finite and > 0"),
+        ("seed", -1, "seed must be an integer >= 0"),
+    ],
+)
+def test_run_demo_checks_its_config_before_anything_runs(tmp_path, field, value, message):
+    from privmon.demo import DemoConfig, run_demo
+
+    logdir = tmp_path / "logs"
+    with pytest.raises(ValueError, match=message):
+        run_demo(DemoConfig(logdir=str(logdir), steps=1, progress=False, **{field: value}))
+    assert not logdir.exists()

@@ -1,9 +1,15 @@
-"""Command line: ``privmon demo``, ``privmon report``, ``privmon audit``."""
+"""Command line: ``privmon demo``, ``privmon report``, ``privmon audit``.
+
+Bad arguments end with argparse's usage line and one error line; bad files, unwritable paths
+and failed writes end with one line, ``privmon <command>: error: ...``; both exit with code 2.
+An interrupt exits with 130. ``PRIVMON_DEBUG=1`` re-raises the error with its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any
 
@@ -17,17 +23,55 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _threads(text: str) -> int:
+    """Threads for torch: at most this machine's CPUs (torch crashes on absurd counts)."""
+    v = _positive_int(text)
+    most = os.cpu_count() or 1
+    if v > most:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in [1, {most}] (the CPUs of this machine), got {text}"
+        )
+    return v
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+
+
 def _positive_float(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    v = _float(text)
+    if not 0.0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
     return v
 
 
 def _unit_interval(text: str) -> float:
-    v = float(text)
+    v = _float(text)
     if not 0.0 < v < 1.0:
         raise argparse.ArgumentTypeError(f"must be in the open interval (0, 1), got {text}")
+    return v
+
+
+def _advantage(text: str) -> float:
+    v = _float(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be an advantage in [0, 1], got {text}")
+    return v
+
+
+_MAX_SEED = 2**64 - 1  # torch.manual_seed's range; numpy's generators take any seed >= 0
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= v <= _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**64 - 1], got {text}")
     return v
 
 
@@ -75,7 +119,7 @@ def _add_audit(sub: Any) -> None:
         "better of the two (optimistic)",
     )
     audit.add_argument("--json", action="store_true", help="print one JSON object")
-    audit.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    audit.add_argument("--threads", type=_threads, default=1, help="torch threads (default 1)")
 
 
 def _run_audit(args: argparse.Namespace) -> int:
@@ -86,21 +130,16 @@ def _run_audit(args: argparse.Namespace) -> int:
     from privmon.offline import audit_scores, format_audit, load_scores
 
     torch.set_num_threads(args.threads)
-    try:
-        members, nonmembers = load_scores(args.members), load_scores(args.nonmembers)
-        result = audit_scores(
-            members,
-            nonmembers,
-            prior=args.prior,
-            delta=args.delta,
-            methods=args.methods,
-            fpr=args.fpr,
-            higher_is_member={"higher": True, "lower": False, "best": None}[args.orientation],
-        )
-    except ValueError as err:  # bad files or data: one line, exit 2 (argparse's usage code)
-        message = " ".join(str(err).split())
-        print(f"privmon audit: error: {message}", file=sys.stderr)
-        return 2
+    members, nonmembers = load_scores(args.members), load_scores(args.nonmembers)
+    result = audit_scores(
+        members,
+        nonmembers,
+        prior=args.prior,
+        delta=args.delta,
+        methods=args.methods,
+        fpr=args.fpr,
+        higher_is_member={"higher": True, "lower": False, "best": None}[args.orientation],
+    )
     if args.json:
         print(json.dumps(_finite_json(result), indent=2, allow_nan=False))
     else:
@@ -118,10 +157,7 @@ def _finite_json(obj: Any) -> Any:
     return obj
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="privmon", description=__doc__)
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_demo(sub: Any) -> None:
     demo = sub.add_parser("demo", help="train a small GAN on the digits under the monitor")
     demo.add_argument("--logdir", default="runs/privmon-demo", help="TensorBoard log directory")
     demo.add_argument("--steps", type=_positive_int, default=3000, help="training steps")
@@ -129,25 +165,70 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dp", action="store_true", help="train the discriminator with Opacus")
     demo.add_argument(
         "--epsilon",
-        type=float,
+        type=_positive_float,
         default=3.0,
         help="with --dp: the ε budget Opacus spends over the run (default 3)",
     )
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_seed, default=0)
     demo.add_argument(
         "--budget",
-        type=float,
+        type=_advantage,
         default=None,
         help="stop when the certified advantage of the discriminator query "
-        "stays above this for two checks",
+        "stays above this, in [0, 1], for two checks",
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_threads,
         default=1,
         help="torch intra-op threads (default 1: the models are tiny, more threads only spin)",
     )
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from privmon.demo import DemoConfig, format_summary, run_demo
+
+    summary = run_demo(
+        DemoConfig(
+            logdir=args.logdir,
+            steps=args.steps,
+            dp=args.dp,
+            seed=args.seed,
+            every_n_steps=args.every,
+            budget=args.budget,
+            target_epsilon=args.epsilon,
+            progress=not args.quiet,
+            num_threads=args.threads,
+        )
+    )
+    print(format_summary(summary))
+    print(f"\nsummary: {args.logdir}/summary.json\nopen:    tensorboard --logdir {args.logdir}")
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from privmon.html_report import run_report
+
+    return run_report(args)
+
+
+def _error_line(err: BaseException) -> str:
+    """One line for an error: an OSError as "path: reason", anything else its message."""
+    if isinstance(err, OSError) and err.strerror and err.filename is not None:
+        return f"{os.fsdecode(err.filename)}: {err.strerror}"
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="privmon",
+        description=__doc__.split("\n\n", 1)[0],
+        epilog="PRIVMON_DEBUG=1 shows the traceback of an error.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
     from privmon.html_report import add_report_arguments
 
     add_report_arguments(
@@ -155,42 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_audit(sub)
     args = parser.parse_args(argv)
-    if args.command == "audit":
-        return _run_audit(args)
-    if args.command == "report":
-        from privmon.html_report import run_report
-
-        return run_report(args)
-    if args.command == "demo":
-        from privmon.demo import (
-            DemoConfig,
-            MissingDependencyError,
-            check_requirements,
-            format_summary,
-            run_demo,
-        )
-
-        try:
-            check_requirements(dp=args.dp)
-        except MissingDependencyError as err:
-            print(f"privmon demo: error: {err}", file=sys.stderr)
-            return 2
-        summary = run_demo(
-            DemoConfig(
-                logdir=args.logdir,
-                steps=args.steps,
-                dp=args.dp,
-                seed=args.seed,
-                every_n_steps=args.every,
-                budget=args.budget,
-                target_epsilon=args.epsilon,
-                progress=not args.quiet,
-                num_threads=args.threads,
-            )
-        )
-        print(format_summary(summary))
-        print(f"\nsummary: {args.logdir}/summary.json\nopen:    tensorboard --logdir {args.logdir}")
-    return 0
+    run = {"audit": _run_audit, "demo": _run_demo, "report": _run_report}[args.command]
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(f"privmon {args.command}: interrupted", file=sys.stderr)
+        return 130
+    # Bad files, unwritable paths, failed writes, missing optional packages: one line, exit 2
+    # (argparse's code). Other exceptions are bugs and keep their traceback.
+    except (OSError, ValueError, ImportError, OverflowError) as err:
+        if os.environ.get("PRIVMON_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"privmon {args.command}: error: {_error_line(err)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import os
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
+from privmon._validation import check_int, check_positive
 from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
@@ -159,6 +161,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     afterwards; ``num_threads=None`` leaves it alone.
     """
     check_requirements(dp=config.dp)
+    check_positive(config.target_epsilon, name="target_epsilon")
+    check_int(config.seed, name="seed")
+    _prepare_logdir(config.logdir)  # before any training: a bad path fails in a moment
     previous = torch.get_num_threads()
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
@@ -171,6 +176,20 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             return _run(config)
     finally:
         torch.set_num_threads(previous)
+
+
+def _prepare_logdir(logdir: str) -> None:
+    """Create ``logdir`` and write (and remove) a file there; ValueError naming it if either
+    fails (a path under a regular file, a read-only directory, a full disk)."""
+    if os.path.exists(logdir) and not os.path.isdir(logdir):
+        raise ValueError(f"logdir {logdir!r} is a file, not a directory")
+    try:
+        os.makedirs(logdir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=logdir) as probe:
+            probe.write(b"privmon")
+            probe.flush()
+    except OSError as err:
+        raise ValueError(f"logdir {logdir!r} cannot be written: {err.strerror or err}") from None
 
 
 def _run(config: DemoConfig) -> dict[str, Any]:
@@ -216,7 +235,6 @@ def _run(config: DemoConfig) -> dict[str, Any]:
         name="domias",
     )
     queries = [disc_q, near_q, HybridQuery(disc_q, near_q), domias_q]
-    os.makedirs(config.logdir, exist_ok=True)
     stopping = None
     if config.budget is not None:
         stopping = PrivacyEarlyStopping("disc/histogram", config.budget, use="lower", patience=1)

@@ -18,7 +18,15 @@ Sources, in order: ``LOGDIR/checks.jsonl`` (written by :class:`~privmon.sinks.Js
 may also be the ``.jsonl`` file itself), else the TensorBoard event files in ``LOGDIR`` or in the
 one direct sub-directory that holds privacy scalars (read with TensorBoard's
 ``EventAccumulator``). Lines of the JSONL that repeat a step (a run resumed from a checkpoint
-re-runs the steps after it) are replaced by the later line.
+re-runs the steps after it) are replaced by the later line. A last line with no newline that
+does not parse was cut off mid-write (a crash, a full disk): it is skipped and the page and the
+command say so. Any other line that is not a check (not UTF-8, not JSON, a field of the wrong
+type, a step outside [0, 2**63 - 1]) is an error naming the line and the field, never skipped:
+the verdict speaks for every check, and the one dropped could be the one that certifies leakage.
+
+The page is written to a temporary file beside the output path and renamed over it, so a failed
+write leaves the previous report whole; a symbolic link or a directory at the output path is
+refused (the link and what it points to are left untouched).
 
 ROC — a decision, documented here: the JSON lines hold only scalar ROC figures (AUC, TPR at fixed
 FPRs of the threshold attack on the raw score). When TensorBoard event files sit beside the JSONL
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime as _dt
 import html
 import io
@@ -52,6 +61,8 @@ import json
 import math
 import os
 import re
+import secrets
+import stat
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -106,6 +117,7 @@ class Checks:
     # query -> (step, fpr, tpr) of the ROC at the last check, when a PR curve was found
     roc: dict[str, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    skipped_line: int | None = None  # the JSONL's last line, when it was cut off mid-write
 
     @property
     def steps(self) -> list[int]:
@@ -144,44 +156,147 @@ class Checks:
         return any(tag in r["scalars"] for r in self.records)
 
 
-def _num(v: Any) -> float:
-    """JSON null (the sink's NaN / inf) -> nan."""
+_MAX_STEP = 2**63 - 1  # steps are plotted as int64
+_RESUMED = re.compile(r'\{"step":')
+
+
+class _BadLine(ValueError):
+    """A line of the JSON lines that is not a privmon check; the message names the field."""
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number_or_null(v: Any, field: str) -> float:
+    """A JSON number (the literals NaN / Infinity too) or null (the sink's NaN / inf) -> float."""
+    if v is None:
+        return math.nan
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _BadLine(f"{field} must be a number or null, got {_shown(v)}")
     try:
         return float(v)
-    except (TypeError, ValueError):
-        return math.nan
+    except OverflowError:  # an integer literal beyond the float range
+        raise _BadLine(f"{field} is out of range for a float: {_shown(v)}") from None
 
 
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
+def _count(v: Any, field: str, maximum: int = _MAX_STEP) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= maximum:
+        raise _BadLine(f"{field} must be an integer >= 0, got {_shown(v)}")
+    return v
+
+
+def _mapping(obj: dict[str, Any], field: str) -> dict[str, Any]:
+    """``obj[field]`` as a dict; missing or null -> {}."""
+    v = obj.get(field)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise _BadLine(f"{field} must be a JSON object, got {_shown(v)}")
+    return v
+
+
+def _list(v: Any, field: str, what: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise _BadLine(f"{field} must be a list of {what}, got {_shown(v)}")
+    return v
+
+
+def _check_record(obj: Any) -> dict[str, Any]:
+    """One line's JSON value as a check record, every field type checked (JsonlSink's format:
+    ``privmon.report.Report.to_json``; other keys are ignored)."""
+    if not isinstance(obj, dict):
+        raise _BadLine(f"a check must be a JSON object, got {type(obj).__name__}")
+    if "step" not in obj:
+        raise _BadLine("step is missing")
+    step = obj["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
+        raise _BadLine(f"step must be an integer in [0, 2**63 - 1], got {_shown(step)}")
+    scalars = {
+        k: _number_or_null(v, f"scalars[{k!r}]") for k, v in _mapping(obj, "scalars").items()
+    }
+    eps = obj.get("epsilon")
+    dp_violation = obj.get("dp_violation", False)
+    if not isinstance(dp_violation, bool):
+        raise _BadLine(f"dp_violation must be true or false, got {_shown(dp_violation)}")
+    top_records = {}
+    for k, v in _mapping(obj, "top_records").items():
+        field = f"top_records[{k!r}]"
+        indices = _list(v, field, "record indices (integers >= 0)")
+        top_records[k] = [_count(i, f"{field}[{j}]") for j, i in enumerate(indices)]
+    top_risks = {}
+    for k, v in _mapping(obj, "top_risks").items():
+        field = f"top_risks[{k!r}]"
+        risks = _list(v, field, "numbers or null")
+        top_risks[k] = [_number_or_null(r, f"{field}[{j}]") for j, r in enumerate(risks)]
+    messages = _list(obj.get("messages") or [], "messages", "strings")
+    if not all(isinstance(m, str) for m in messages):
+        raise _BadLine(f"messages must be a list of strings, got {_shown(messages)}")
+    return {
+        "step": step,
+        "scalars": scalars,
+        "epsilon": None if eps is None else _number_or_null(eps, "epsilon"),
+        "dp_violation": dp_violation,
+        "top_records": top_records,
+        "top_risks": top_risks,
+        "top_tied": {
+            k: _count(v, f"top_tied[{k!r}]") for k, v in _mapping(obj, "top_tied").items()
+        },
+        "messages": messages,
+        "seconds": _number_or_null(obj.get("seconds"), "seconds"),
+    }
+
+
+def _parse_line(raw: bytes) -> Any:
+    """One line's JSON value; _BadLine when it is not UTF-8 text or not valid JSON."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _BadLine(f"not UTF-8 text (byte {err.start + 1})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:  # nested too deep for the parser
+        raise _BadLine("not valid JSON (nested too deep)") from None
+    except ValueError as err:
+        hint = ""
+        if len(_RESUMED.findall(text)) > 1:
+            hint = (
+                "; it holds the start of a line cut off mid-write and, after it, a whole line "
+                "written when the run was resumed: delete the cut-off part"
+            )
+        raise _BadLine(f"not valid JSON ({err}){hint}") from None
+
+
+def _read_jsonl(path: str) -> tuple[list[dict[str, Any]], int | None]:
+    """The check records of a JSON-lines file (one per step: a later line for a step wins, as in
+    a resumed run) and the number of the line skipped, if any.
+
+    Only a last line with no newline that does not parse is skipped: the writer was interrupted
+    mid-line (a crash, a full disk). Any other bad line is an error naming the line and the
+    field, never skipped: the verdict is a statement about every check, and a dropped check
+    could be the one that certifies leakage.
+    """
     by_step: dict[int, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            line = line.strip()
-            if not line:
+    skipped = None
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
+            cut_off = not raw.endswith(b"\n")  # only the last line can lack its newline
             try:
-                obj = json.loads(line)
-                step = int(obj["step"])
-            except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{lineno}: not a privmon check line ({err})") from None
-            scalars = {str(k): _num(v) for k, v in (obj.get("scalars") or {}).items()}
-            eps = obj.get("epsilon")
-            by_step[step] = {  # a later line for the same step wins (resumed runs)
-                "step": step,
-                "scalars": scalars,
-                "epsilon": None if eps is None else _num(eps),
-                "dp_violation": bool(obj.get("dp_violation", False)),
-                "top_records": {
-                    str(k): [int(i) for i in v] for k, v in (obj.get("top_records") or {}).items()
-                },
-                "top_risks": {
-                    str(k): [_num(r) for r in v] for k, v in (obj.get("top_risks") or {}).items()
-                },
-                "top_tied": {str(k): int(v) for k, v in (obj.get("top_tied") or {}).items()},
-                "messages": [str(m) for m in obj.get("messages") or []],
-                "seconds": _num(obj.get("seconds")),
-            }
-    return [by_step[s] for s in sorted(by_step)]
+                obj = _parse_line(raw)
+            except _BadLine as err:
+                if cut_off:
+                    skipped = lineno
+                    continue
+                raise ValueError(f"{path}, line {lineno}: {err}") from None
+            try:
+                record = _check_record(obj)
+            except _BadLine as err:
+                raise ValueError(f"{path}, line {lineno}: {err}") from None
+            by_step[record["step"]] = record  # a later line for the same step wins
+    return [by_step[s] for s in sorted(by_step)], skipped
 
 
 def _event_dirs(root: str) -> list[str]:
@@ -284,7 +399,16 @@ def read_checks(logdir: str | os.PathLike[str]) -> Checks:
     event_dirs = _event_dirs(root)
     notes: list[str] = []
     if jsonl is not None:
-        checks = Checks(source=jsonl, kind="jsonl", records=_read_jsonl(jsonl), notes=notes)
+        records, skipped = _read_jsonl(jsonl)
+        if skipped is not None:
+            notes.append(
+                f"Line {skipped} of {jsonl}, the last, was cut off mid-write (the run was "
+                "interrupted while writing it) and is skipped: the report covers the checks "
+                "before it."
+            )
+        checks = Checks(
+            source=jsonl, kind="jsonl", records=records, notes=notes, skipped_line=skipped
+        )
         # ROC curves from a PR curve beside the JSONL, when exactly one event directory has them.
         with_pr = []
         for d in event_dirs:
@@ -915,17 +1039,75 @@ def _write(
     out: str | os.PathLike[str] | None,
     title: str | None,
 ) -> str:
-    page = render_html(checks, title=title)
     if out is None:
         base = os.fspath(logdir)
         folder = os.path.dirname(os.path.abspath(base)) if os.path.isfile(base) else base
         out = os.path.join(folder, REPORT_NAME)
     out = os.fspath(out)
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(page)
+    if not out or out.endswith(("/", os.sep)):
+        raise ValueError(f"the output path {out!r} is not a file name: pass e.g. {REPORT_NAME}")
+    existing = _output_status(out)  # refused before the plots are drawn
+    if existing is not None and checks.kind == "jsonl" and os.path.samefile(out, checks.source):
+        raise ValueError(f"the output path {out!r} is the input file: pass another --out")
+    try:
+        _write_file(out, render_html(checks, title=title).encode("utf-8"), existing)
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror, out) from err  # a failed write: name the file
     return out
+
+
+def _output_status(path: str) -> os.stat_result | None:
+    """``lstat`` of the output path (None when it does not exist); a symbolic link or a
+    directory there is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise ValueError(
+            f"the output path {path!r} is a symbolic link: privmon report does not write "
+            "through links (remove it, or pass the file it points to)"
+        )
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(
+            f"the output path {path!r} is a directory: pass a file name, e.g. "
+            f"{os.path.join(path, REPORT_NAME)}"
+        )
+    return st
+
+
+def _write_file(path: str, data: bytes, existing: os.stat_result | None) -> None:
+    """Write ``data`` to ``path`` (``existing``: its ``lstat``) without following a link there.
+
+    A regular file (or a new one) is written to a temporary file beside it and renamed over
+    it: readers never see half a page, and a failed write (a full disk) leaves the previous
+    report whole, with its permission bits kept. A device or a pipe (``/dev/null``) is
+    written in place.
+    """
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    temp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+    # O_EXCL: never an existing file or link; mode 0o666 less the umask, as open() gives
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it the report
+        if existing is not None:
+            os.chmod(temp, stat.S_IMODE(existing.st_mode))
+        os.replace(temp, path)  # a link created at ``path`` meanwhile is replaced, not followed
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 # --------------------------------------------------------------------------------------------------
@@ -946,26 +1128,28 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Run ``privmon report`` from parsed arguments; prints the path; returns the exit code."""
-    try:
-        checks = read_checks(args.logdir)
-        path = _write(checks, args.logdir, args.out, args.title)
-    except (FileNotFoundError, ValueError, ImportError) as err:
-        print(f"privmon report: {err}", file=sys.stderr)
-        return 2
+    """Run ``privmon report`` from parsed arguments: prints the verdict, the path and a warning
+    line for each skipped line on stderr; returns 0. Bad input raises OSError, ValueError or
+    ImportError, which :func:`privmon.cli.main` turns into one error line and exit code 2."""
+    checks = read_checks(args.logdir)
+    path = _write(checks, args.logdir, args.out, args.title)
+    if checks.skipped_line is not None:
+        print(
+            f"privmon report: warning: skipped 1 line of {checks.source}: line "
+            f"{checks.skipped_line} was cut off mid-write (the run was interrupted while "
+            "writing it)",
+            file=sys.stderr,
+        )
     print(verdict(checks).headline)
     print(f"report: {path}")
     return 0
 
 
 def main_report(argv: Sequence[str] | None = None) -> int:
-    """``privmon report LOGDIR [--out FILE] [--title TEXT]``."""
-    parser = add_report_arguments(
-        argparse.ArgumentParser(
-            prog="privmon report", description="Write a self-contained HTML privacy report."
-        )
-    )
-    return run_report(parser.parse_args(argv))
+    """``privmon report LOGDIR [--out FILE] [--title TEXT]``; returns the exit code."""
+    from privmon.cli import main
+
+    return main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -227,3 +227,111 @@ def test_sinks_recover_from_a_full_disk_and_lose_no_check(tmp_path):
     events.Reload()
     steps = [e.step for e in events.Scalars("privacy/s/histogram/value")]
     assert sorted(set(steps)) == list(range(1, 16))
+
+
+def _checked_monitor(**kwargs):
+    rng = np.random.default_rng(0)
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+    es = privmon.PrivacyEarlyStopping("s/histogram", 0.9, use="value", patience=2)
+    mon = privmon.PrivacyMonitor(
+        query,
+        [rng.normal(0.5, 1, 300)],
+        [rng.normal(0, 1, 300)],
+        every_n_steps=1,
+        early_stopping=es,
+        **kwargs,
+    )
+    return mon
+
+
+def _saved(mon):
+    buf = io.BytesIO()
+    torch.save(mon.state_dict(), buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"methods": ("histogram",)}, "methods"),
+        ({"prior": 0.3}, "prior"),
+        ({"interval_delta": 0.01}, "interval_delta"),
+        ({"planned_checks": 10}, "planned_checks"),
+    ],
+)
+def test_a_state_loads_only_into_the_same_setup(kwargs, field):
+    mon = _checked_monitor()
+    for step in (1, 2):
+        mon.step(step)
+    state = _saved(mon)
+    other = _checked_monitor(**kwargs)
+    with pytest.raises(ValueError, match=rf"another setup .*{field}"):
+        other.load_state_dict(state)
+    renamed = privmon.PrivacyMonitor(
+        CallableQuery(lambda b: torch.as_tensor(b), name="t"), [np.ones(5)], [np.zeros(5)]
+    )
+    with pytest.raises(ValueError, match="queries"):
+        renamed.load_state_dict({**state, "early_stopping": None})
+
+
+def _corrupt(state, path, value):
+    """A copy of the state with the field at ``path`` (keys) set to ``value``."""
+    state = {k: v for k, v in state.items()}
+    node = state
+    for key in path[:-1]:
+        node[key] = dict(node[key])
+        node = node[key]
+    node[path[-1]] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        (("last_step",), -3, "last_step"),
+        (("last_step",), "10", "last_step"),
+        (("stop",), "yes", "stop"),
+        (("n_failed",), 1.5, "n_failed"),
+        (("n_certified_checks",), 1, "n_certified_checks"),
+        (("history", "fields", "steps"), torch.tensor([1]), "'epsilon' has 2 entries, .* 1 checks"),
+        (("history", "fields", "epsilon"), torch.zeros(2, dtype=torch.float32), "epsilon"),
+        (("history", "tagsets"), [["x"]], "scalars|tagset"),
+        (("history", "scalars"), {}, "scalars"),
+        (("early_stopping", "wait"), -1, "wait"),
+        (("early_stopping", "threshold"), 0.5, "threshold"),
+        (("records",), {"s": {"last": torch.zeros(3)}}, "record track"),
+        (("records", "s", "max"), torch.zeros(7, dtype=torch.float64), "differ in length"),
+    ],
+)
+def test_a_bad_state_raises_naming_the_field_and_changes_nothing(path, value, match):
+    mon = _checked_monitor()
+    for step in (1, 2):
+        mon.step(step)
+    state = _saved(mon)
+    fresh = _checked_monitor()
+    fresh.step(1)  # some progress of its own, which a failed load must keep
+    before = _saved(fresh)
+    with pytest.raises(ValueError, match=match):
+        fresh.load_state_dict(_corrupt(state, path, value))
+    after = _saved(fresh)
+    assert after["history"]["fields"]["steps"].tolist() == [1]
+    assert after["early_stopping"] == before["early_stopping"]
+    assert after["last_step"] == 1 and after["n_certified_checks"] == 1
+    assert torch.equal(after["records"]["s"]["max"], before["records"]["s"]["max"])
+    fresh.load_state_dict(state)  # the intact state still loads
+    assert [r.step for r in fresh.history] == [1, 2]
+
+
+def test_a_state_from_before_the_columns_still_loads():
+    mon = _checked_monitor()
+    mon.step(1)
+    state = _saved(mon)
+    report = mon.history[-1]
+    legacy = {k: v for k, v in state.items() if k != "config"}
+    legacy["history"] = [
+        {"step": 1, "scalars": dict(report.scalars), "epsilon": None, "dp_violation": False}
+    ]
+    fresh = _checked_monitor()
+    fresh.load_state_dict(legacy)
+    assert fresh.history[0].scalars == pytest.approx(report.scalars, rel=1e-7)

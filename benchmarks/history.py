@@ -58,7 +58,7 @@ def main() -> None:
     tracemalloc.stop()
     timed = ReportHistory()
     t0 = time.perf_counter()
-    for i in range(args.checks):
+    for _ in range(args.checks):
         timed.append(report)
     seconds = time.perf_counter() - t0
     monitor.history, monitor.n_certified_checks = history, args.checks

@@ -335,3 +335,17 @@ def test_a_state_from_before_the_columns_still_loads():
     fresh = _checked_monitor()
     fresh.load_state_dict(legacy)
     assert fresh.history[0].scalars == pytest.approx(report.scalars, rel=1e-7)
+
+
+def test_top_records_across_checks_say_when_ties_decided_the_list():
+    # four members measured at one risk, one above it: a top 3 holds the first and two of
+    # the four tied ones, chosen by index — the result must say two more share that risk
+    tracker = privmon.callbacks.records.RecordTracker()
+    tracker.update("q", 1, np.array([0.2, 0.5, 0.5, 0.9, 0.5, 0.5, np.nan]))
+    top = tracker.top(3)
+    assert top == [(3, 0.9), (1, 0.5), (2, 0.5)] and top.tied_beyond == 2
+    assert tracker.top(2).tied_beyond == 3
+    assert tracker.top(6).tied_beyond == 0 and tracker.top(0).tied_beyond == 0
+    tracker.update("q", 2, np.array([0.1, 0.6, 0.5, 0.2, 0.4, 0.3, 0.1]))
+    by_last = tracker.top(2, by="last")
+    assert by_last == [(1, 0.6), (2, 0.5)] and by_last.tied_beyond == 0

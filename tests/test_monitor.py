@@ -405,6 +405,10 @@ def test_per_record_risk_is_tracked_across_checks(tmp_path):
     expected = np.argsort(-stacked.max(axis=0), kind="stable")[:5]
     assert [i for i, _ in top] == expected.tolist()
     assert [r for _, r in top] == pytest.approx(stacked.max(axis=0)[expected].tolist())
+    peak = stacked.max(axis=0)
+    assert top.tied_beyond == int((peak == peak[expected[-1]]).sum()) - int(
+        (peak[expected] == peak[expected[-1]]).sum()
+    )
     last, mean = mon.top_records(3, by="last"), mon.top_records(3, by="mean")
     assert [i for i, _ in last] == [i for i, _ in mean]
     assert [r for _, r in last] == pytest.approx([r for _, r in mean], abs=1e-12)

@@ -34,7 +34,7 @@ from privmon.callbacks._protect import audit_view, untouched_training, warn_if_s
 from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
-from privmon.callbacks.records import RecordTracker
+from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.estimators.advantage import METHODS, describe_error
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.spending import check_delta
@@ -297,11 +297,13 @@ class PrivacyMonitor:
 
     def top_records(
         self, k: int = 10, *, query: str | None = None, by: str = "max"
-    ) -> list[tuple[int, float]]:
+    ) -> RankedRecords:
         """The k most exposed member records across checks: (index, risk), highest first.
 
         ``by``: "max" (highest risk any check measured), "last" or "mean". ``query`` may be
         omitted when one query is monitored. Indices refer to the members' iteration order.
+        ``.tied_beyond`` on the result: how many records left out share the last one's risk
+        (then index, not risk, decided which of them made the list).
         """
         return self.records.top(k, query=query, by=by)
 

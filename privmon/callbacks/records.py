@@ -9,10 +9,26 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RecordTracker"]
+from privmon._validation import check_int
+from privmon.estimators.risk import most_exposed, tied_beyond
+
+__all__ = ["RankedRecords", "RecordTracker"]
 
 FIELDS = ("last", "max", "max_step", "sum", "count")
 ORDERS = ("max", "last", "mean")
+
+
+class RankedRecords(list[tuple[int, float]]):
+    """(index, risk) pairs, highest risk first, and ``tied_beyond``: how many records outside the
+    list share the last one's risk. When it is positive the list is not a ranking at its end:
+    which of the tied records made it was decided by index, not by risk."""
+
+    def __init__(self, pairs: list[tuple[int, float]], *, tied_beyond: int) -> None:
+        super().__init__(pairs)
+        self.tied_beyond = tied_beyond
+
+    def __repr__(self) -> str:
+        return f"RankedRecords({list(self)!r}, tied_beyond={self.tied_beyond})"
 
 
 class RecordTracker:
@@ -72,16 +88,15 @@ class RecordTracker:
                 return np.where(t["count"] > 0, t["sum"] / t["count"], np.nan)
         raise ValueError(f"by must be one of {ORDERS}, got {by!r}")
 
-    def top(
-        self, k: int = 10, *, query: str | None = None, by: str = "max"
-    ) -> list[tuple[int, float]]:
-        """The k most exposed member indices with their risk, highest first (ties: lower index)."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    def top(self, k: int = 10, *, query: str | None = None, by: str = "max") -> RankedRecords:
+        """The k most exposed member indices with their risk, highest first; records of equal
+        risk in index order, and ``tied_beyond`` says how many more share the last one's risk."""
+        k = check_int(k, name="k")
         _, t = self._pick(query)
         col = self._column(t, by)
-        order = np.argsort(-np.nan_to_num(col, nan=-np.inf), kind="stable")[:k]
-        return [(int(i), float(col[i])) for i in order]
+        top = most_exposed(col, k)
+        ties = tied_beyond(np.nan_to_num(col, nan=-1.0), top)
+        return RankedRecords([(i, float(col[i])) for i in top], tied_beyond=ties)
 
     def to_csv(self, path: str | os.PathLike[str], *, query: str | None = None) -> str:
         """Write index, last, max, step of max, mean and checks per member record (no records)."""

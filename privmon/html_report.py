@@ -775,7 +775,8 @@ def _plot_risk(checks: Checks, q: str) -> str | None:
     a1.set_ylabel("|f_p| of member records")
     a1.set_title(f"{q}: per-record risk quantiles")
     a1.grid(alpha=0.3)
-    a1.legend(fontsize=7)
+    if quant:  # a legend without lines warns
+        a1.legend(fontsize=7)
     for tag in counts:
         s, v = checks.series(tag)
         a2.plot(s, v, "-o", ms=3, label=f"risk > {tag.rsplit('_', 1)[1]}")
@@ -783,7 +784,8 @@ def _plot_risk(checks: Checks, q: str) -> str | None:
     a2.set_ylabel("member records")
     a2.set_title(f"{q}: records above each risk level")
     a2.grid(alpha=0.3)
-    a2.legend(fontsize=7)
+    if counts:
+        a2.legend(fontsize=7)
     return _png(fig)
 
 

@@ -349,3 +349,26 @@ def test_top_records_across_checks_say_when_ties_decided_the_list():
     tracker.update("q", 2, np.array([0.1, 0.6, 0.5, 0.2, 0.4, 0.3, 0.1]))
     by_last = tracker.top(2, by="last")
     assert by_last == [(1, 0.6), (2, 0.5)] and by_last.tied_beyond == 0
+
+
+def test_an_accountant_whose_epsilon_is_not_a_number_fails_at_construction():
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+
+    class Accountant:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def get_epsilon(self, delta):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    for answer in ("3.2 nats", None, float("nan"), -1.0, torch.tensor([1.0, 2.0])):
+        with pytest.raises(ValueError, match="accountant: accountant returned"):
+            _monitor(query, accountant=Accountant(answer))
+    # no answer before training (as Opacus' PRV accountant on an empty history): the checks read it
+    late = _monitor(query, accountant=Accountant(RuntimeError("no steps yet")))
+    late.accountant.answer = 2.0
+    assert late.check(1).epsilon == 2.0
+    opacus = pytest.importorskip("opacus")
+    assert _monitor(query, accountant=opacus.accountants.RDPAccountant()).check(1).epsilon == 0.0

@@ -75,6 +75,18 @@ def _as_queries(given: list[Any]) -> list[Any]:
     return out
 
 
+def _check_epsilon_readable(accountant: Any, *, delta: float) -> None:
+    """Read ε once at construction: an accountant that answers with something other than a
+    number is refused now rather than at every check. One that cannot answer before training
+    (it raises) is left for the checks to read."""
+    try:
+        epsilon_from_opacus(accountant, delta=delta)
+    except ValueError as err:
+        raise ValueError(f"accountant: {err}") from None
+    except Exception:  # e.g. no step accounted yet: the first check reads it
+        logger.debug("privmon: the accountant gave no ε before training", exc_info=True)
+
+
 def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
     return (
         f"privmon: at step {step} the certified lower bound on the membership advantage "
@@ -170,6 +182,8 @@ class PrivacyMonitor:
                 "accountant must be an Opacus PrivacyEngine or accountant "
                 "(an object with get_epsilon(delta))"
             )
+        if accountant is not None:
+            _check_epsilon_readable(accountant, delta=check_open_unit(delta, name="delta"))
         self.queries = queries
         self.members, self.nonmembers = members, nonmembers
         self.every_n_steps = every_n_steps

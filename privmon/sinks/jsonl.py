@@ -32,8 +32,10 @@ class JsonlSink:
         self._file = open(self.path, "a", encoding="utf-8")  # kept open across checks
 
     def write(self, report: Report) -> None:
+        """Append the report's :meth:`~privmon.report.Report.to_json` as one line (flushed)."""
         self._file.write(json.dumps(_clean(report.to_json()), allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
+        """Close the file."""
         self._file.close()

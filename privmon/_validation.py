@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -110,7 +110,7 @@ def check_audit_set(data: Any, *, name: str) -> Any:
             "after the first check; pass list(...) of it"
         )
     try:
-        empty = len(data) == 0
+        empty = isinstance(data, Sized) and len(data) == 0
     except TypeError:  # no length (an iterable dataset): the first check tells
         empty = False
     if empty:

@@ -134,7 +134,9 @@ class Checks:
                 m = _ADV_RE.match(tag)
                 if m:
                     found.setdefault(m.group(1), set()).add(m.group(2))
-        index = {q: [m for m in ("histogram", "kde") if m in ms] for q, ms in found.items()}
+        index: dict[str, list[str]] = {
+            q: [m for m in ("histogram", "kde") if m in ms] for q, ms in found.items()
+        }
         self._qm = (len(self.records), index)
         return index
 
@@ -744,7 +746,8 @@ def _plot_roc(checks: Checks, q: str) -> tuple[str, str]:
 
 
 def _risk_tags(checks: Checks, q: str) -> tuple[list[str], list[str]]:
-    quant, counts = set(), set()
+    quant: set[str] = set()
+    counts: set[str] = set()
     for r in checks.records:
         for tag in r["scalars"]:
             m = _RISK_RE.match(tag)
@@ -1003,10 +1006,10 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     )
     any_risk = False
     for q in checks.queries():
-        img = _plot_risk(checks, q)
-        if img is not None:
+        risk_img = _plot_risk(checks, q)
+        if risk_img is not None:
             any_risk = True
-            out.append(_img(img, f"{q}: per-record risk"))
+            out.append(_img(risk_img, f"{q}: per-record risk"))
     if not any_risk:
         out.append("<p>No per-record risk was recorded (queries of more than two dimensions).</p>")
     out.append("<h2>Most exposed records</h2>")

@@ -37,6 +37,7 @@ from privmon.estimators.roc import roc_summary
 __all__ = ["SCORE_SUFFIXES", "ScoreFileError", "audit_scores", "format_audit", "load_scores"]
 
 SCORE_SUFFIXES = (".npy", ".csv", ".pt")
+"""The score files :func:`load_scores` reads: numpy, comma-separated text, a saved tensor."""
 
 
 class ScoreFileError(ValueError):

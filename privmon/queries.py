@@ -132,8 +132,8 @@ def _module_device(modules: Iterable[nn.Module], fallback: Any = None) -> torch.
     for m in modules:
         for t in m.parameters():
             return t.device
-        for t in m.buffers():
-            return t.device
+        for b in m.buffers():
+            return b.device
     return torch.device(fallback) if fallback is not None else torch.device("cpu")
 
 
@@ -196,7 +196,9 @@ def _digest(x: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
         t = t.cpu()
     t = t.contiguous().reshape(-1)
     raw = t.view(torch.uint8).numpy() if t.numel() else b""
-    return str(x.dtype), tuple(x.shape), hashlib.blake2b(raw, digest_size=16).digest()
+    # numpy's stubs do not declare ndarray a Buffer; at run time it is one (no copy is made)
+    digest = hashlib.blake2b(raw, digest_size=16).digest()  # type: ignore[arg-type]
+    return str(x.dtype), tuple(x.shape), digest
 
 
 def _forward(module: nn.Module, x: Any) -> Any:
@@ -265,7 +267,7 @@ class Query(abc.ABC):
         self,
         *,
         name: str,
-        modules: Iterable[nn.Module] = (),
+        modules: nn.Module | Iterable[nn.Module] = (),
         transform: Transform | None = None,
     ) -> None:
         self.name = _check_name(name)
@@ -675,7 +677,9 @@ class NearestGeneratedQuery(Query):
                 raise ValueError("latent_dim is required unless sample_fn is given")
             dims = (latent_dim,) if isinstance(latent_dim, (int, np.integer)) else latent_dim
             try:
-                self.latent_shape = tuple(_check_positive_int(v, "latent_dim") for v in dims)
+                self.latent_shape: tuple[int, ...] | None = tuple(
+                    _check_positive_int(v, "latent_dim") for v in dims
+                )
             except TypeError:
                 raise ValueError(
                     f"latent_dim must be an int or a tuple of ints, got {latent_dim!r}"
@@ -700,6 +704,8 @@ class NearestGeneratedQuery(Query):
 
     @torch.no_grad()
     def prepare(self, device: Any = None) -> None:
+        """Draw this check's ``n_samples`` generated records (from ``sample_fn``, or the
+        generator on N(0, I) latents from the global torch RNG, which the monitor restores)."""
         dev = _module_device(self.modules, fallback=device)
         if self.sample_fn is not None:
             g = _first_tensor(self.sample_fn(self.n_samples, dev), "sample_fn")
@@ -738,6 +744,7 @@ class NearestGeneratedQuery(Query):
         return out
 
     def release(self) -> None:
+        """Drop the check's generated records."""
         self._samples = None
 
 
@@ -764,6 +771,7 @@ class HybridQuery(Query):
         )
 
     def prepare(self, device: Any = None) -> None:
+        """Prepare every part query."""
         for q in self.queries:
             q.prepare(device)
 
@@ -780,6 +788,7 @@ class HybridQuery(Query):
         return torch.cat([c.reshape(n, -1) for c in cols], dim=1)
 
     def release(self) -> None:
+        """Release every part query."""
         for q in self.queries:
             q.release()
 
@@ -961,10 +970,10 @@ class ReferenceModelQuery(_ClassifierQuery):
             raise RuntimeError(f"{type(self).__name__}.prepare() must run before scoring")
         if self.attack == "lira":
             var = values[1]
-            if self.fixed_variance:
+            if self.fixed_variance and pop is not None:  # None raised above
                 var = pop.to(var.device).expand_as(var)
             return lira_offline_score(phi, values[0], var)
-        if self.attack == "rmia":
+        if self.attack == "rmia" and pop is not None:  # None raised above
             rz = pop.to(phi.device)
             ratio = torch.where(torch.isfinite(phi), torch.sigmoid(phi) / values, math.nan)
             return rmia_score(ratio, rz, self.gamma)

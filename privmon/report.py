@@ -35,6 +35,8 @@ class Report:
     query_seconds: float = 0.0  # of which inside the queries (the forward passes)
 
     def without_arrays(self) -> Report:
+        """A copy whose query results hold no per-record arrays
+        (:meth:`QueryResult.without_arrays`)."""
         return dataclasses.replace(
             self, queries={k: q.without_arrays() for k, q in self.queries.items()}
         )

@@ -1,6 +1,7 @@
 """Baseline membership-inference attacks against synthetic data, as DOMIAS compares them.
 
-Source: ``domias-density-ratio-mia.txt`` (Sec. 4, Table 1, Sec. 5.1) and the definitions of its
+Source: van Breugel et al., "Membership Inference Attacks against Synthetic Data through
+Overfitting Detection" (DOMIAS; Sec. 4, Table 1, Sec. 5.1) and the definitions of its
 published code (``baselines.py`` of github.com/vanderschaarlab/DOMIAS), which every function here
 reproduces in score order, vectorized in torch on the test records' device. Distances are
 *squared* Euclidean distances, as in that code (``d(x, Y) = sum((x - Y)**2, axis=1)``).
@@ -26,7 +27,7 @@ records with a distance within rounding of eps), so its counts equal the per-rec
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,9 @@ def _rows_per_block(n: int, device: torch.device, dtype: torch.dtype) -> int:
     return max(1, budget // max(n, 1))
 
 
-def _augment(left: torch.Tensor, right: torch.Tensor, dtype: torch.dtype):
+def _augment(
+    left: Sequence[torch.Tensor], right: Sequence[torch.Tensor], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack columns: ``torch.mm(A, B)`` then computes sum_k left_k * right_k per pair."""
     a = torch.cat([c.reshape(c.shape[0], -1) for c in left], dim=1).to(dtype)
     b = torch.cat([c.reshape(c.shape[0], -1) for c in right], dim=1).to(dtype).T.contiguous()

@@ -1,7 +1,7 @@
 """DOMIAS: membership inference against synthetic data by density-ratio (overfitting) detection.
 
 Source: van Breugel, Sun, Qian & van der Schaar, "Membership Inference Attacks against Synthetic
-Data through Overfitting Detection" (``domias-density-ratio-mia.txt``). The attacker holds the
+Data through Overfitting Detection" (AISTATS 2023). The attacker holds the
 synthetic data set D_syn (drawn from the generator's distribution p_G), a reference set D_ref of
 real records drawn independently from the population p_R, and test records x. Eq. 2 scores
 

@@ -13,7 +13,8 @@
 With ``name="domias"`` the monitor writes ``privacy/domias/histogram/value``, ...,
 ``privacy/domias/auc`` and the other figures of a scalar query.
 
-Attacks (``attack=``), in the DOMIAS paper's terms (``domias-density-ratio-mia.txt``):
+Attacks (``attack=``), in the terms of the DOMIAS paper (van Breugel et al., "Membership
+Inference Attacks against Synthetic Data through Overfitting Detection"):
 
 - ``"domias"``: ``log p_G(x) - log p_R(x)`` (Eq. 2), p_R a Gaussian KDE of the reference set;
   equal to :func:`privmon.domias_scores` on the same synthetic sample.
@@ -243,13 +244,15 @@ class GeneratorQuery(Query):
         if self._pca is not None:
             mean, axes = self._pca
             return (x - mean.to(x.device)) @ axes.to(x.device)
+        assert not isinstance(self.embed, str)  # "pca" has its axes from the constructor
         out = _apply_encoder(self.embed, x, name=name)
         return out.to(device=x.device)
 
-    def _reference_state(self, dev: torch.device) -> None:
-        """Embedded reference set (and p_R for DOMIAS) on ``dev``; rebuilt only on a new device."""
+    def _reference_state(self, dev: torch.device) -> torch.Tensor:
+        """Embedded reference set (and p_R for DOMIAS) on ``dev``; rebuilt only on a new device.
+        Returns the embedded reference set."""
         if self._ref_device == dev and self._ref_emb is not None:
-            return
+            return self._ref_emb
         ref = self._embed(self.reference.to(dev), name="reference")
         k = ref.shape[1]
         if self.embed_dim is None:  # a callable encoder: check its output once
@@ -266,6 +269,7 @@ class GeneratorQuery(Query):
             self._kde_r = _kde(ref, name="reference", bandwidth=self.bandwidth)
         self._ref_emb = ref
         self._ref_device = dev
+        return ref
 
     # -- one check ---------------------------------------------------------------------------------
     @property
@@ -275,6 +279,9 @@ class GeneratorQuery(Query):
 
     @torch.no_grad()
     def prepare(self, device: Any = None) -> None:
+        """Draw this check's synthetic set on ``device`` (the generator's when None), embed it and
+        fit p_G (the KDE attacks) or MC's distance threshold; the monitor calls this before
+        scoring and :meth:`release` after."""
         if self._open:  # the previous check was not released: close it first
             self.release()
         self._sampler.prepare(device)
@@ -289,12 +296,12 @@ class GeneratorQuery(Query):
                 f"{self.name}: the generator's samples have {g.shape[1]} values per record but "
                 f"reference has {self.dim}; pass the reference in the generator's representation"
             )
-        self._reference_state(dev)
+        ref = self._reference_state(dev)
         syn = self._embed(_records(g, name="synthetic"), name="synthetic")
         if self.attack in _KDE_ATTACKS:
             self._kde_g = _kde(syn, name="synthetic", bandwidth=self.bandwidth)
         elif self.attack == "monte_carlo":
-            self._mc_eps = _median(_SquaredDistances(self._ref_emb, syn).min())
+            self._mc_eps = _median(_SquaredDistances(ref, syn).min())
         self._syn = syn
         self._open = True
 
@@ -305,6 +312,7 @@ class GeneratorQuery(Query):
         if self.attack == "domias":
             assert self._kde_r is not None
             return self._kde_r.log_density(e, method="matmul")
+        assert self._ref_emb is not None
         return _SquaredDistances(e, self._ref_emb).min()
 
     def _embedded(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -314,6 +322,7 @@ class GeneratorQuery(Query):
         if bool(finite.all()):
             e = self._embed(x64, name="batch")
             return e, self._reference_values(e)
+        assert self.embed_dim is not None  # known from the constructor or the first prepare
         e = torch.full(
             (x64.shape[0], self.embed_dim), math.nan, dtype=torch.float64, device=x64.device
         )
@@ -377,12 +386,17 @@ class GeneratorQuery(Query):
         if self.attack in _KDE_ATTACKS:
             assert self._kde_g is not None
             log_g = self._kde_g.log_density(e, method="matmul")
-            return log_g - r if self.attack == "domias" else log_g
+            if self.attack != "domias":
+                return log_g
+            assert r is not None  # DOMIAS reads log p_R of every record (_CACHED_REFERENCE)
+            return log_g - r
         assert self._syn is not None
         if self.attack == "gan_leaks":
             return -_SquaredDistances(e, self._syn).min()
         if self.attack == "gan_leaks_cal":
+            assert r is not None  # the distance to the reference set (_CACHED_REFERENCE)
             return r - _SquaredDistances(e, self._syn).min()
+        assert self._mc_eps is not None  # monte_carlo: set by prepare
         counts = _count_within(e, self._syn, self._mc_eps)
         return counts.to(torch.float64) / self._syn.shape[0]
 

@@ -259,11 +259,12 @@ def lira(
 
     Raises:
         ValueError naming the argument: arrays of the wrong dimension or shape, empty arrays,
-        a ``shadow_in`` that is not boolean, ``online`` / ``fixed_variance`` not a bool.
+            a ``shadow_in`` that is not boolean, ``online`` / ``fixed_variance`` not a bool.
     """
     online = check_flag(online, name="online")
     fixed_variance = _check_fixed_variance(fixed_variance)
     t, s, m = reference_inputs(target_scores, shadow_scores, shadow_in, kind="scores")
+    assert m is not None  # mask_required (the default): a missing shadow_in raised
     return to_numpy(lira_tensor(t, s, m, online=online, fixed_variance=fixed_variance))
 
 
@@ -368,6 +369,7 @@ def population_mask(population: Any, *, n: int, device: torch.device) -> torch.T
 
 
 LOMO_ATTACKS = ("loss", "lira", "lira_offline", "rmia", "rmia_offline", "calibrated")
+"""The attacks :func:`leave_one_out` evaluates (its ``attack`` argument)."""
 
 
 def leave_one_out(

@@ -1,6 +1,7 @@
 """Membership-inference risk per subgroup of the records (DOMIAS §5.3).
 
-DOMIAS (``domias-density-ratio-mia.txt``, Sec. 5.3, Fig. 5, App. A.3) shows that an attack's
+DOMIAS (van Breugel et al., "Membership Inference Attacks against Synthetic Data through
+Overfitting Detection", Sec. 5.3, Fig. 5, App. A.3) shows that an attack's
 success can differ sharply between groups of records: a generator overfits sparse regions, so an
 under-represented group (there: heart-failure patients on ARB medication) can be far more exposed
 than the population, while a global AUC near 0.5 hides it. "It is advisable data publishers

@@ -304,9 +304,9 @@ def train_ensemble(
 
     Raises:
         ValueError / TypeError naming the argument: malformed ``data`` or ``masks``, a model
-        without records, ``epochs`` / ``batch_size`` out of range, a ``loss_fn`` that does not
-        return one loss per record, with ``stacked`` models that cannot be stacked or member
-        counts that give the models different numbers of batches per epoch.
+            without records, ``epochs`` / ``batch_size`` out of range, a ``loss_fn`` that does
+            not return one loss per record, with ``stacked`` models that cannot be stacked or
+            member counts that give the models different numbers of batches per epoch.
     """
     check_callable(model_fn, name="model_fn")
     check_callable(loss_fn, name="loss_fn")

@@ -64,10 +64,12 @@ class ShadowAudit:
 
     @property
     def n_models(self) -> int:
+        """Number of shadow models (rows of ``masks``)."""
         return int(self.masks.shape[0])
 
     @property
     def n_records(self) -> int:
+        """Number of audited records (columns of ``masks``)."""
         return int(self.masks.shape[1])
 
     def tpr(self, attack: str, fpr: float) -> float:

@@ -2,8 +2,8 @@
 comparison between the two.
 
 Source: Krčo, Guépin, Meeus, de Montjoye, "Lost in the Averages: A New Specific Setup to Evaluate
-Membership Inference Attacks Against Machine Learning Models" (``papers/specific-setup-mia-
-evaluation.txt``; section numbers below refer to it).
+Membership Inference Attacks Against Machine Learning Models" (section numbers below refer to
+it).
 
 Why. The usual (*average*, §3.2) evaluation trains each evaluation model on a dataset resampled
 from a larger pool, with the target record in half of them. Its per-record risk is the risk
@@ -163,10 +163,12 @@ class AuditResult:
 
     @property
     def n_models(self) -> int:
+        """Number of models trained (rows of ``mask``)."""
         return int(self.mask.shape[0])
 
     @property
     def n_targets(self) -> int:
+        """Number of target records (columns of ``mask``)."""
         return int(self.mask.shape[1])
 
     def risk(self, metric: str = "auc") -> np.ndarray:
@@ -691,10 +693,10 @@ def specific(
         An :class:`AuditResult` with ``setup="specific"``.
 
     Raises:
-        ValueError / TypeError naming the argument: ``n_models < 2``, a negative or non-integer
-        ``seed``, targets out of range or repeated, ``reference`` missing, smaller than
-        ``len(targets)`` or of another feature shape, a non-callable ``train_fn`` /
-        ``score_fn``, a ``score_fn`` returning the wrong shape.
+        ValueError / TypeError naming the argument: ``n_models < 2``, a negative or
+            non-integer ``seed``, targets out of range or repeated, ``reference`` missing,
+            smaller than ``len(targets)`` or of another feature shape, a non-callable
+            ``train_fn`` / ``score_fn``, a ``score_fn`` returning the wrong shape.
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
@@ -717,10 +719,12 @@ def specific(
             f"reference records must have the dataset's feature shape {tuple(x.shape[1:])}, "
             f"got {tuple(rx.shape[1:])}"
         )
-    if (y is None) != (ry is None) or (y is not None and ry.shape[1:] != y.shape[1:]):
+    if (y is None) != (ry is None) or (
+        y is not None and ry is not None and ry.shape[1:] != y.shape[1:]
+    ):
         raise ValueError("reference must be labelled like dataset (both (x, y) or both unlabelled)")
     rx = rx.to(device=x.device, dtype=x.dtype)
-    if y is not None:
+    if y is not None and ry is not None:  # both or neither (checked above)
         ry = ry.to(device=y.device, dtype=y.dtype)
 
     mask = _balanced_mask(seed, n_models, t.size)
@@ -743,7 +747,7 @@ def specific(
         x_k = x.clone()
         x_k[pos] = rx[src]
         y_k = None
-        if y is not None:
+        if y is not None and ry is not None:
             y_k = y.clone()
             y_k[pos] = ry[src]
         return x_k, y_k

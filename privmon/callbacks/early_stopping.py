@@ -98,6 +98,7 @@ class PrivacyEarlyStopping:
 
     @property
     def tag(self) -> str:
+        """The full scalar tag watched, e.g. ``"privacy/loss/histogram/lower"``."""
         if self.metric.startswith("privacy/"):
             return self.metric
         return f"privacy/{self.metric}/{self.use}"
@@ -130,6 +131,8 @@ class PrivacyEarlyStopping:
         return stop
 
     def state_dict(self) -> dict[str, Any]:
+        """The configuration and the counters (checks seen, wait, where it stopped): a
+        checkpoint for :meth:`load_state_dict`."""
         return {
             "metric": self.metric,
             "threshold": self.threshold,

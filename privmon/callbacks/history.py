@@ -43,8 +43,10 @@ class ReportHistory(Sequence[Report]):
     """Every kept check's :class:`~privmon.report.Report`, oldest first (a read-only sequence)."""
 
     def __init__(self) -> None:
-        self._fields = {name: array.array(code) for name, code in _COLUMNS.items()}
-        self._scalars: dict[str, array.array] = {}  # tag -> float32 column
+        self._fields: dict[str, array.array[Any]] = {
+            name: array.array(code) for name, code in _COLUMNS.items()
+        }
+        self._scalars: dict[str, array.array[float]] = {}  # tag -> float32 column
         self._tagsets: list[tuple[str, ...]] = []
         self._tagset_index: dict[tuple[str, ...], int] = {}
         self._notes: dict[int, tuple[tuple[str, ...], dict[str, str]]] = {}
@@ -206,12 +208,12 @@ def _decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def _tensor(col: array.array) -> torch.Tensor:
+def _tensor(col: array.array[Any]) -> torch.Tensor:
     np_dtype, _ = _DTYPES[col.typecode]
     return torch.from_numpy(np.frombuffer(col.tobytes(), dtype=np_dtype).copy())
 
 
-def _column(values: Any, what: str, code: str, n: int | None) -> array.array:
+def _column(values: Any, what: str, code: str, n: int | None) -> array.array[Any]:
     dtype = _DTYPES[code][1]
     if not isinstance(values, torch.Tensor) or values.ndim != 1 or values.dtype != dtype:
         raise ValueError(f"{what} must be a 1-D {dtype} tensor")

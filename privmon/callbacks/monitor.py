@@ -1,6 +1,6 @@
 """PrivacyMonitor: audit a model's membership leakage while it trains.
 
-One check (DESIGN.md, "the flow of one check"): save every RNG and the train/eval mode of every
+One check: save every RNG and the train/eval mode of every
 module involved; run the member and non-member batches through each query under
 ``torch.no_grad()`` with the modules in eval mode; restore everything; estimate the optimal
 advantage per query and method, AUC and TPR at low FPR, per-record risk; read ε from the Opacus
@@ -16,7 +16,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -191,13 +191,17 @@ class PrivacyMonitor:
         self.methods = methods
         self.modules = modules
         self._audit_sets = (audit_view(members), audit_view(nonmembers))
-        if sinks is None or callable(getattr(sinks, "write", None)):  # none, or a single sink
-            sinks = () if sinks is None else (sinks,)
+        if sinks is None:
+            given: Sequence[Sink] = ()
+        elif callable(getattr(sinks, "write", None)):  # a single sink
+            given = (cast(Sink, sinks),)
+        else:
+            given = cast("Sequence[Sink]", sinks)
         self.sinks: list[Sink] = [
             check_has_methods(
                 sink, "write", "close", name="sinks", expected="sinks with write() and close()"
             )
-            for sink in sinks
+            for sink in given
         ]
         if writer is not None:
             from privmon.sinks.tensorboard import TensorBoardSink
@@ -240,10 +244,12 @@ class PrivacyMonitor:
 
     @property
     def should_stop(self) -> bool:
+        """True once early stopping has fired (what the last :meth:`step` returned)."""
         return self._stop
 
     @property
     def last_report(self) -> Report | None:
+        """The latest successful check's report (None before the first)."""
         return self.history[-1] if self.history else None
 
     def check(self, global_step: int) -> Report | None:
@@ -266,7 +272,7 @@ class PrivacyMonitor:
             for sink in self.sinks:
                 self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
         if self.early_stopping is not None and len(self.history) == 1:
-            self._check_stopping_metric(report)
+            self._check_stopping_metric(self.early_stopping, report)
         stop = self.early_stopping is not None and bool(
             self._guarded(
                 self.early_stopping.update,
@@ -285,12 +291,12 @@ class PrivacyMonitor:
             self._stop = True
         return report
 
-    def _check_stopping_metric(self, report: Report) -> None:
+    def _check_stopping_metric(self, stopping: PrivacyEarlyStopping, report: Report) -> None:
         """At the first report, say loudly when early stopping watches a figure no report has
         (a typo in the metric would otherwise switch the privacy budget off, check after check):
         an error with ``strict``, else an error log and a warning."""
         try:
-            self.early_stopping.figure(report.scalars)
+            stopping.figure(report.scalars)
         except KeyError as err:
             message = f"privmon: early stopping can never fire: {err.args[0]}"
             if self.strict:
@@ -408,7 +414,9 @@ class PrivacyMonitor:
         _, world = rank_and_world()
         if world == 1:
             return self._collect()
-        local, failed, forward, error = {}, {}, 0.0, None
+        local: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        failed: dict[str, str] = {}
+        forward, error = 0.0, None
         try:
             local, failed, forward = self._collect()
         except Exception as err:
@@ -508,7 +516,11 @@ class PrivacyMonitor:
                 scalars[f"privacy/{q.name}/{method}/epsilon_lower_bound"] = eps_bound
             for method, est in result.estimates.items():
                 tag = f"{q.name}/{method}"
-                if "eps_delta" in ceilings and est.lower > ceilings["eps_delta"] + 1e-12:
+                if (
+                    eps is not None
+                    and "eps_delta" in ceilings
+                    and est.lower > ceilings["eps_delta"] + 1e-12
+                ):
                     violation = True
                     msg = _violation_message(step, tag, est.lower, ceilings["eps_delta"], eps)
                     messages.append(msg)
@@ -542,8 +554,9 @@ class PrivacyMonitor:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs, as tensors and plain containers (loads with
-        ``torch.load(..., weights_only=True)``)."""
+        """Everything a resumed run needs — the setup it was measured under, the history's
+        figures, counters, early stopping's and the record tracker's state — as tensors and
+        plain containers (loads with ``torch.load(..., weights_only=True)``)."""
         return {
             "config": self._config(),
             "history": self.history.state_dict(),

@@ -44,7 +44,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -79,11 +79,14 @@ class Estimate:
     """Shared behaviour of the estimate records: ``float(est)`` is ``est.value``."""
 
     value: float
+    # set by @dataclass on every subclass; declared so that type checkers accept asdict(self)
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def __float__(self) -> float:
         return self.value
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict (``dataclasses.asdict``)."""
         return asdict(self)
 
 
@@ -118,10 +121,11 @@ class AdvantageEstimate(Estimate):
     floor: float
 
 
-def check_method(method: str) -> str:
+def check_method(method: str) -> Method:
+    """``method`` if it is one of "histogram" and "kde", else a ValueError naming them."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return method
+    return cast(Method, method)
 
 
 def check_bins(bins: int | None) -> None:
@@ -390,7 +394,8 @@ def _smooth(
     The first ``extended`` rows are U_N's KDEs, on the extended grid; the others are the rule's
     densities, cropped to the grid, with a robust scale. Returns (extended rows, cropped rows).
     """
-    bins, width = state.bins, state.width
+    bins = state.allocated().bins if isinstance(state, BinnedScores) else state.bins
+    width = state.width
     d = len(bins)
     # The rule's smoothing uses a robust scale (Silverman): min(σ, IQR/1.349) per axis, so a
     # few far-out scores do not blur the bulk where the records are. U_N's rows keep σ.
@@ -445,7 +450,8 @@ def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, to
     """Cell counts (2, K+2, cells), record counts (2, K+2) and covariances (2, K+2, d, d) of the
     fold selections an estimate uses: all folds (the plug-in), the complement of each fold
     (cross-fitting), then folds 2.. (the certificate's rule) — one matrix product each."""
-    counts, ns, _, covs = state.pooled(_selection_weights(state.folds, state.counts.device))
+    device = state.allocated().counts.device
+    counts, ns, _, covs = state.pooled(_selection_weights(state.folds, device))
     return counts, ns, covs
 
 
@@ -529,8 +535,8 @@ def _grid_estimates(
         densities[method] = RuleDensities(mass[:, :k], selections[1][:, 1 : k + 1])
     n_certified = ns[:, 0] - ns[:, k + 1]  # the certificate's folds: all but its rule's
     dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
-    *figures, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
-    plugin, tp, fp, tpc, fpc = np.asarray(figures).reshape(len(grids), 5).T
+    *values, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
+    plugin, tp, fp, tpc, fpc = np.asarray(values).reshape(len(grids), 5).T
     lower_delta = delta if certify_delta is None else certify_delta
     certs, certs_check = _certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
     estimates = {
@@ -591,7 +597,7 @@ def _method_figures(
     figures = torch.cat(
         [
             plugin.reshape(1),
-            (rule * state.counts).sum(dim=(1, 2)),  # held-out true / false positives
+            (rule * state.allocated().counts).sum(dim=(1, 2)),  # held-out true / false positives
             cert @ cert_rule,
         ]
     )
@@ -624,6 +630,8 @@ def raw_plugins(
     cell of the raw grid (heavy-tailed scores). A plug-in that cannot be computed (scores so
     extreme that their variance overflows) is NaN, its error in the second dict."""
     raw = binned.raw
+    if raw is None:
+        raise ValueError("the plug-ins on the raw scale need 1-D scores (binned.raw is None)")
     total = raw.counts
     n = raw.n.tolist()
     out, failed = {}, {}
@@ -986,8 +994,9 @@ def estimate_methods(
     elif binned is not None:  # 1-D: the KDE's fine grid coarsened into the histogram's
         grid, fine = binned.grid, binned.fine
         counts, ns, covs = fine_folds = fold_selections(fine)
-        factor = fine.bins[0] // grid.bins[0]
-        coarse = counts.reshape(*counts.shape[:2], grid.bins[0], factor).sum(dim=-1)
+        coarse_bins = grid.allocated().bins[0]
+        factor = fine.allocated().bins[0] // coarse_bins
+        coarse = counts.reshape(*counts.shape[:2], coarse_bins, factor).sum(dim=-1)
         selections["histogram"] = (grid, (coarse, ns, covs))
         selections["kde"] = (fine, fine_folds)
     plugins = None
@@ -997,7 +1006,6 @@ def estimate_methods(
             binned, members, nonmembers, [m for m in selections if m in methods], prior=prior
         )
         failures.update({f"{m}/plugin": e for m, e in lost.items()})
-    shared = {"prior": prior, "delta": delta, "n_dropped": n_dropped}
     estimates: dict[str, AdvantageEstimate] = {}
     densities: dict[str, RuleDensities] = {}
     if selections:
@@ -1007,7 +1015,9 @@ def estimate_methods(
                 bandwidth="scott",
                 certify_delta=lower_delta,
                 plugins=plugins,
-                **shared,
+                prior=prior,
+                delta=delta,
+                n_dropped=n_dropped,
             )
             estimates.update(found)
         except Exception:
@@ -1020,7 +1030,9 @@ def estimate_methods(
                         bandwidth="scott",
                         certify_delta=lower_delta,
                         plugins=plugins,
-                        **shared,
+                        prior=prior,
+                        delta=delta,
+                        n_dropped=n_dropped,
                     )
                     estimates.update(found)
                     densities.update(dens)
@@ -1050,7 +1062,9 @@ def estimate_methods(
                 low=low,
                 high=high,
                 rule=rule,
-                **shared,
+                prior=prior,
+                delta=delta,
+                n_dropped=n_dropped,
             )
         except Exception as err:
             if not skip_errors:
@@ -1112,9 +1126,13 @@ class StreamingAdvantage:
         )
 
     def update(self, member_scores: Any = None, nonmember_scores: Any = None) -> None:
+        """Bin a batch of member and / or non-member scores (NaN / inf rows dropped and
+        counted); the first batch fixes the grid unless ``low`` / ``high`` were given."""
         self.state.update(member_scores, nonmember_scores)
 
     def compute(self) -> AdvantageEstimate:
+        """The estimate from every record binned so far (ValueError before the first batch
+        of each class)."""
         return advantage_from_state(
             self.state,
             prior=self.prior,
@@ -1124,13 +1142,16 @@ class StreamingAdvantage:
         )
 
     def reset(self) -> None:
+        """Zero the counts, keeping the grid."""
         self.state.reset()
 
     def merge_(self, other: StreamingAdvantage) -> StreamingAdvantage:
+        """Add another estimator's counts in place (same grid and folds) and return self."""
         self.state.merge_(other.state)
         return self
 
     def state_dict(self) -> dict[str, Any]:
+        """``prior``, ``method``, ``delta`` and the binned state: a checkpoint."""
         return {
             "prior": self.prior,
             "method": self.method,
@@ -1139,6 +1160,7 @@ class StreamingAdvantage:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; ``prior``, ``method`` and ``delta`` must match."""
         for key in ("prior", "method", "delta"):
             if state[key] != getattr(self, key):
                 raise ValueError(

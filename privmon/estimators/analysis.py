@@ -88,6 +88,7 @@ class QueryResult:
     failures: dict[str, str] = field(default_factory=dict)
 
     def without_arrays(self) -> QueryResult:
+        """A copy without the per-record arrays (risks and posteriors): what a history keeps."""
         return dataclasses.replace(
             self, member_risk=None, member_posterior=None, nonmember_posterior=None
         )

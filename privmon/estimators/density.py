@@ -157,6 +157,7 @@ class GaussianKDE:
         return out
 
     def density(self, points: torch.Tensor) -> torch.Tensor:
+        """The KDE's density at ``points`` (exp of :meth:`log_density`)."""
         return self.log_density(points).exp()
 
     def sample(self, m: int, *, generator: torch.Generator) -> torch.Tensor:

@@ -283,7 +283,7 @@ def histogram_risk(
     k1, k2 = _cell_counts(state)
     n1, n2 = float(k1.sum()), float(k2.sum())
     per_cell = _lemma5(k1, k2, n1, n2, prior=prior, delta=delta, n_dropped=n_dropped)
-    index = np.where(to_numpy(inside), to_numpy(cell), state.counts.shape[2])
+    index = np.where(to_numpy(inside), to_numpy(cell), state.allocated().counts.shape[2])
     return _per_query(per_cell, index, finite)
 
 

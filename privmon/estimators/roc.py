@@ -13,10 +13,12 @@ Sources:
 
 - AUC is the Mann–Whitney U statistic over n1 * n0: P(member score > non-member score) plus
   half the probability of a tie (the ROC area with ties traced as diagonal segments).
-- ``tpr_at_fpr`` is the "TPR at low FPR" reading of Carlini et al. (LiRA), reported by the
-  specific-setup paper (``specific-setup-mia-evaluation.txt``).
-- ``accuracy_at_median`` is the DOMIAS threshold rule (``domias-density-ratio-mia.txt``,
-  App. A, algorithm step 4-5): tau = median of the test scores, predict member when score > tau.
+- ``tpr_at_fpr`` is the "TPR at low FPR" reading of Carlini et al., "Membership Inference
+  Attacks From First Principles" (LiRA), reported by Krčo et al., "Lost in the Averages: A New
+  Specific Setup to Evaluate Membership Inference Attacks Against Machine Learning Models".
+- ``accuracy_at_median`` is the DOMIAS threshold rule (van Breugel et al., "Membership Inference
+  Attacks against Synthetic Data through Overfitting Detection", App. A, algorithm steps 4-5):
+  tau = median of the test scores, predict member when score > tau.
 - ``top_q_precision`` is the DOMIAS high-precision attack (App. D): the mean membership of the
   records scored in the top q-quantile.
 """

@@ -29,7 +29,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -86,8 +86,8 @@ def column_quantiles(
     above = [min(b + 1, n - 1) for b in below]
     stats = _order_statistics(x, [*below, *above, *extra], presorted)
     k = len(qs)
-    weights = [[p - b] for p, b in zip(positions, below, strict=True)]
-    weights = small_tensor(weights, np.float64, x.device).to(x.dtype)
+    fractions = [[p - b] for p, b in zip(positions, below, strict=True)]
+    weights = small_tensor(fractions, np.float64, x.device).to(x.dtype)
     # torch.lerp is torch.quantile's interpolation, bit for bit
     return torch.lerp(stats[:k], stats[k : 2 * k], weights), stats[2 * k :]
 
@@ -169,11 +169,27 @@ def _cell_width(low: torch.Tensor, high: torch.Tensor, bins: tuple[int, ...]) ->
     return (high - low) / small_tensor(bins, np.float64, low.device)
 
 
-def small_tensor(values: Sequence[float], dtype: type, device: torch.device) -> torch.Tensor:
+def small_tensor(
+    values: Sequence[float] | Sequence[Sequence[float]], dtype: type, device: torch.device
+) -> torch.Tensor:
     """A tensor of a few Python numbers (numpy ``dtype``) on ``device``: through numpy, several
     times cheaper than torch.tensor on a list (checks run hundreds of small operations)."""
     out = torch.from_numpy(np.asarray(values, dtype=dtype))
     return out if torch.device(device).type == "cpu" else out.to(device)
+
+
+class GridState(NamedTuple):
+    """The grid and sums of a :class:`BinnedScores` whose grid is allocated
+    (:meth:`BinnedScores.allocated`): ``bins`` cells per dimension, ``low`` / ``high`` the grid's
+    edges (d,), ``counts`` (2, folds, cells), ``sum1`` (2, folds, d) and ``sum2``
+    (2, folds, d, d)."""
+
+    bins: tuple[int, ...]
+    low: torch.Tensor
+    high: torch.Tensor
+    counts: torch.Tensor
+    sum1: torch.Tensor
+    sum2: torch.Tensor
 
 
 class BinnedScores:
@@ -230,11 +246,27 @@ class BinnedScores:
     # -- set-up -----------------------------------------------------------------------------
     @property
     def dim(self) -> int | None:
+        """Dimensions per score, None until the grid is allocated."""
         return None if self.low is None else int(self.low.numel())
 
     @property
     def initialized(self) -> bool:
+        """Whether the grid is allocated (``low`` / ``high`` given, or a batch seen)."""
         return self.counts is not None
+
+    def allocated(self) -> GridState:
+        """The grid and sums (each None until the grid is allocated) as non-None tensors;
+        ValueError when the state holds no scores yet."""
+        if (
+            self.bins is None
+            or self.low is None
+            or self.high is None
+            or self.counts is None
+            or self.sum1 is None
+            or self.sum2 is None
+        ):
+            raise ValueError("the state holds no scores yet")
+        return GridState(self.bins, self.low, self.high, self.counts, self.sum1, self.sum2)
 
     def _allocate(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
         d = lo.numel()
@@ -264,11 +296,12 @@ class BinnedScores:
 
     def cell_index(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat cell index of each row of x (clamped into the edge bins) and an in-range mask."""
-        raw = torch.floor((x - self.low) / self.width).to(torch.int64)
-        inside = ((x >= self.low) & (x <= self.high)).all(dim=1)
-        if len(self.bins) == 1:
-            return raw[:, 0].clamp(0, self.bins[0] - 1), inside
-        bins = torch.tensor(self.bins, device=x.device)
+        grid = self.allocated()
+        raw = torch.floor((x - grid.low) / self.width).to(torch.int64)
+        inside = ((x >= grid.low) & (x <= grid.high)).all(dim=1)
+        if len(grid.bins) == 1:
+            return raw[:, 0].clamp(0, grid.bins[0] - 1), inside
+        bins = torch.tensor(grid.bins, device=x.device)
         idx = torch.minimum(raw.clamp_min(0), bins - 1)
         strides = torch.ones_like(bins)
         strides[:-1] = torch.flip(torch.cumprod(torch.flip(bins[1:], [0]), 0), [0])
@@ -285,7 +318,7 @@ class BinnedScores:
                 continue
             dev = self.low.device if self.low is not None else self.device
             try:
-                x, dropped = as_scores(scores, name=name, device=dev)
+                x, n_dropped = as_scores(scores, name=name, device=dev)
             except ValueError as err:
                 if "no finite scores" not in str(err):
                     raise
@@ -295,7 +328,7 @@ class BinnedScores:
                 raise ValueError(
                     f"{name} has {x.shape[1]} dimensions per score, the state holds {self.dim}"
                 )
-            batches.append((cls, x, dropped))
+            batches.append((cls, x, n_dropped))
         if not batches:
             return
         if len({b[1].shape[1] for b in batches}) > 1:
@@ -312,21 +345,25 @@ class BinnedScores:
         x = batches[0][1] if len(batches) == 1 else torch.cat([b[1] for b in batches])
         self._add(x, sizes, dropped)
 
-    def _add(self, x: torch.Tensor, sizes: Sequence[int], dropped: Sequence[int] = (0, 0)):
+    def _add(
+        self, x: torch.Tensor, sizes: Sequence[int], dropped: Sequence[int] = (0, 0)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Bin rows of x, ``sizes[0]`` members then ``sizes[1]`` non-members (finite float64 on
         the state's device, grid allocated), in one pass: one bincount for every (class, fold,
         cell), one index_add per moment. ``dropped``: the non-finite rows already removed.
-        Returns the rows' :meth:`cell_index` and their groups (class · folds + fold)."""
-        dev = self.counts.device
+        Returns the rows' :meth:`cell_index` (cell, in-range mask) and their groups
+        (class · folds + fold)."""
+        grid = self.allocated()
+        dev = grid.counts.device
         seen = self.n_seen.tolist()
         group, cls = _groups(seen[0], sizes[0], seen[1], sizes[1], self.folds, dev)
         cell, inside = self.cell_index(x)
-        cells = self.counts.shape[2]
-        self.counts.view(-1).add_(
-            torch.bincount(group * cells + cell, minlength=self.counts.numel()).to(torch.float64)
+        cells = grid.counts.shape[2]
+        grid.counts.view(-1).add_(
+            torch.bincount(group * cells + cell, minlength=grid.counts.numel()).to(torch.float64)
         )
-        self.sum1.view(-1, self.sum1.shape[-1]).index_add_(0, group, x)
-        self.sum2.flatten(0, 1).index_add_(0, group, x.unsqueeze(2) * x.unsqueeze(1))
+        grid.sum1.view(-1, grid.sum1.shape[-1]).index_add_(0, group, x)
+        grid.sum2.flatten(0, 1).index_add_(0, group, x.unsqueeze(2) * x.unsqueeze(1))
         self.n_seen.add_(small_tensor(sizes, np.int64, dev))
         if any(dropped):
             self.n_dropped.add_(small_tensor(dropped, np.int64, dev))
@@ -349,17 +386,18 @@ class BinnedScores:
             for name, value in kept.items():
                 getattr(self, name).add_(value.to(getattr(self, name).device))
             return self
+        grid, theirs = self.allocated(), other.allocated()
         if (
-            self.bins != other.bins
+            grid.bins != theirs.bins
             or self.folds != other.folds
             or not (
-                torch.equal(self.low, other.low.to(self.low))
-                and torch.equal(self.high, other.high.to(self.high))
+                torch.equal(grid.low, theirs.low.to(grid.low))
+                and torch.equal(grid.high, theirs.high.to(grid.high))
             )
         ):
             raise ValueError("cannot merge states with different grids or folds")
         for name in self.reducible:
-            getattr(self, name).add_(getattr(other, name).to(self.low.device))
+            getattr(self, name).add_(getattr(other, name).to(grid.low.device))
         return self
 
     reducible = ("counts", "sum1", "sum2", "n_seen", "n_dropped", "n_overflow")
@@ -372,13 +410,15 @@ class BinnedScores:
 
     # -- persistence ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The configuration, grid and counts (tensors are not copied): a checkpoint."""
         out: dict[str, Any] = {
             "folds": self.folds,
             "bins": list(self._bins_arg),
             "margin": self.margin,
         }
         if self.initialized:
-            out.update({"grid_bins": list(self.bins), "low": self.low, "high": self.high})
+            grid = self.allocated()
+            out.update({"grid_bins": list(grid.bins), "low": grid.low, "high": grid.high})
         for name in self.reducible:
             t = getattr(self, name)
             if t is not None:
@@ -386,15 +426,17 @@ class BinnedScores:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (same folds); shapes are checked against its grid."""
         if int(state["folds"]) != self.folds:
             raise ValueError(f"state has {state['folds']} folds, this estimator {self.folds}")
         if "low" in state:
             self._bins_arg = tuple(state["grid_bins"])
             self._allocate(state["low"].to(torch.float64), state["high"].to(torch.float64))
+            grid = self.allocated()
             expected = {
-                "counts": self.counts.shape,
-                "sum1": self.sum1.shape,
-                "sum2": self.sum2.shape,
+                "counts": grid.counts.shape,
+                "sum1": grid.sum1.shape,
+                "sum2": grid.sum2.shape,
             }
             for name, shape in expected.items():
                 if tuple(state[name].shape) != tuple(shape):
@@ -416,32 +458,31 @@ class BinnedScores:
         of ``factor`` adjacent cells; moments, folds and counters unchanged), so one binning
         pass can serve a fine KDE grid and the 100-bin histogram at once. The bins of every
         dimension must be multiples of its factor."""
-        if not self.initialized:
-            raise ValueError("the state holds no scores yet")
-        d = len(self.bins)
+        grid = self.allocated()
+        d = len(grid.bins)
         factors = (factor,) * d if isinstance(factor, int) else tuple(factor)
         if len(factors) != d or any(
             isinstance(f, bool) or not isinstance(f, int) or f < 1 or b % f
-            for f, b in zip(factors, self.bins, strict=True)
+            for f, b in zip(factors, grid.bins, strict=True)
         ):
             raise ValueError(
                 f"factor must be a positive integer (or one per dimension) dividing the bins "
-                f"{self.bins}, got {factor!r}"
+                f"{grid.bins}, got {factor!r}"
             )
-        coarse_bins = tuple(b // f for b, f in zip(self.bins, factors, strict=True))
+        coarse_bins = tuple(b // f for b, f in zip(grid.bins, factors, strict=True))
         out = copy.copy(self)  # the grid's edges are shared: they are never changed in place
         out._bins_arg = out.bins = coarse_bins
-        out._width = _cell_width(self.low, self.high, coarse_bins)
+        out._width = _cell_width(grid.low, grid.high, coarse_bins)
         split = [s for b, f in zip(coarse_bins, factors, strict=True) for s in (b, f)]
-        grid = self.counts.reshape(2, self.folds, *split)
-        out.counts = grid.sum(dim=tuple(range(3, 3 + 2 * d, 2))).reshape(2, self.folds, -1)
+        cells = grid.counts.reshape(2, self.folds, *split)
+        out.counts = cells.sum(dim=tuple(range(3, 3 + 2 * d, 2))).reshape(2, self.folds, -1)
         for name in ("sum1", "sum2", "n_seen", "n_dropped", "n_overflow"):
             setattr(out, name, getattr(self, name).clone())
         return out
 
     def fold_weights(self, folds: Sequence[int] | None = None) -> torch.Tensor:
         """A (1, folds) 0/1 row selecting ``folds`` (all when None), for :meth:`pooled`."""
-        w = torch.zeros(1, self.folds, dtype=torch.float64, device=self.counts.device)
+        w = torch.zeros(1, self.folds, dtype=torch.float64, device=self.allocated().counts.device)
         w[0, slice(None) if folds is None else list(folds)] = 1.0
         return w
 
@@ -452,23 +493,25 @@ class BinnedScores:
         cell counts (2, T, cells), record counts (2, T), means (2, T, d) and unbiased covariances
         (2, T, d, d) — one matrix product each, however many selections.
         """
-        counts = torch.matmul(weights, self.counts)
-        d = self.sum1.shape[-1]
+        grid = self.allocated()
+        counts = torch.matmul(weights, grid.counts)
+        d = grid.sum1.shape[-1]
         n = counts.sum(dim=2)
-        s1 = torch.matmul(weights, self.sum1)
-        s2 = torch.matmul(weights, self.sum2.flatten(2)).unflatten(2, (d, d))
+        s1 = torch.matmul(weights, grid.sum1)
+        s2 = torch.matmul(weights, grid.sum2.flatten(2)).unflatten(2, (d, d))
         return (counts, n, *_mean_cov(n, s1, s2))
 
     def class_counts(self, folds: Sequence[int] | None = None) -> torch.Tensor:
         """Counts per class summed over ``folds`` (all when None): shape (2, cells)."""
         if folds is None:
-            return self.counts.sum(dim=1)
+            return self.allocated().counts.sum(dim=1)
         return self.pooled(self.fold_weights(folds))[0][:, 0]
 
     def moments(self, folds: Sequence[int] | None = None):
         """(n, mean, unbiased covariance) per class over ``folds``: shapes (2,), (2,d), (2,d,d)."""
         if folds is None:
-            n, s1, s2 = self.counts.sum(dim=(1, 2)), self.sum1.sum(dim=1), self.sum2.sum(dim=1)
+            grid = self.allocated()
+            n, s1, s2 = grid.counts.sum(dim=(1, 2)), grid.sum1.sum(dim=1), grid.sum2.sum(dim=1)
             return (n, *_mean_cov(n, s1, s2))
         _, n, mean, cov = self.pooled(self.fold_weights(folds))
         return n[:, 0], mean[:, 0], cov[:, 0]

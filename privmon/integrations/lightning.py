@@ -84,13 +84,16 @@ class PrivacyMonitorCallback(Callback):
 
     @property
     def state_key(self) -> str:
-        # Distinct monitors (different queries) keep distinct entries in the checkpoint.
+        """This callback's key in a Lightning checkpoint: distinct monitors (different
+        queries) keep distinct entries."""
         names = tuple(getattr(q, "name", "?") for q in getattr(self.monitor, "queries", ()))
         return self._generate_state_key(queries=names)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        """Step the monitor at ``trainer.global_step``, log a new report to the loggers and set
+        ``trainer.should_stop`` when the monitor (on any rank) says stop."""
         step = int(trainer.global_step)
         if step == 0:  # no optimizer step yet (gradient accumulation): nothing trained to audit
             return
@@ -107,7 +110,9 @@ class PrivacyMonitorCallback(Callback):
             trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:
+        """The monitor's state, saved in Lightning checkpoints."""
         return {"monitor": self.monitor.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the monitor's state from a Lightning checkpoint."""
         self.monitor.load_state_dict(state_dict["monitor"])

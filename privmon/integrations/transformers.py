@@ -60,6 +60,7 @@ __all__ = ["STATE_FILE", "PrivacyMonitorCallback", "attach"]
 logger = logging.getLogger("privmon")
 
 STATE_FILE = "privmon_monitor.pt"
+"""The file in each ``checkpoint-<step>`` folder that holds the monitor's state."""
 
 
 class PrivacyMonitorCallback(TrainerCallback):
@@ -90,6 +91,8 @@ class PrivacyMonitorCallback(TrainerCallback):
         self._warned = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Step the monitor at ``state.global_step``, log a new report through the Trainer and
+        set ``control.should_training_stop`` when the monitor says stop."""
         before = self.monitor.last_report
         if self.monitor.step(int(state.global_step)):
             control.should_training_stop = True
@@ -103,6 +106,7 @@ class PrivacyMonitorCallback(TrainerCallback):
 
     # -- checkpoints ------------------------------------------------------------------------------
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Save the monitor's state as :data:`STATE_FILE` in the checkpoint folder just written."""
         if getattr(args, "should_save", True):
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if os.path.isdir(folder):
@@ -114,6 +118,8 @@ class PrivacyMonitorCallback(TrainerCallback):
         return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """On a resumed run, restore the monitor's state from the checkpoint's
+        :data:`STATE_FILE` (a warning when none is found)."""
         if self.log_to_trainer and self.trainer is None and not self._warned:
             self._warned = True
             logger.warning(

@@ -51,7 +51,10 @@ class JsonlSink:
             raise
 
     def write(self, report: Report) -> None:
+        """Append the report's :meth:`~privmon.report.Report.to_json` as one line, after any
+        earlier ones a fault kept back."""
         self._backlog.write(report, self._write_line)
 
     def close(self) -> None:
+        """Close the file."""
         self._file.close()

@@ -45,6 +45,7 @@ class TensorBoardSink:
 
     @property
     def writer(self) -> Any:
+        """The SummaryWriter (created on first use when a log directory was given)."""
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -85,6 +86,10 @@ class TensorBoardSink:
         self._writer, self._owned, self._failed = None, True, False
 
     def write(self, report: Report) -> None:
+        """Write the report's scalars at its step, each query's member risks as a histogram and
+        its posteriors as a membership PR curve; the first report also writes the Custom
+        Scalars layout (each advantage with its lower bound and the DP ceilings on one chart).
+        Reports a write fault kept back are written first, into a new event file."""
         if self._failed:
             self._reopen()
         try:
@@ -113,6 +118,7 @@ class TensorBoardSink:
         w.flush()
 
     def close(self) -> None:
+        """Flush; close the writer when this sink created it."""
         if self._writer is None:
             return
         if self._owned:

@@ -138,19 +138,20 @@ def test_monitor_sinks_write_scores_and_indices_never_raw_records(tmp_path):
         top_k=5,
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    top = []
+    top, reports = [], []
     for step in (1, 2):
         for xb, yb in members:
             opt.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
         monitor.step(step)
+        reports.append(monitor.last_report)  # whole: the history keeps float32 figures
         top.append(monitor.last_report.queries["loss"].top_records)
     monitor.close()
 
     lines = _read_jsonl(jsonl)
     assert [line["step"] for line in lines] == [1, 2]
-    for line, report, t in zip(lines, monitor.history, top, strict=True):
+    for line, report, t in zip(lines, reports, top, strict=True):
         expected = {k: (v if math.isfinite(v) else None) for k, v in report.scalars.items()}
         assert line["scalars"] == expected
         assert line["top_records"] == {"loss": list(t)}

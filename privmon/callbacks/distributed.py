@@ -96,7 +96,7 @@ def agree(error: BaseException | None, *, stage: str, flags: Sequence[bool] = ()
     Raises on every rank when ``stage`` failed on any (``error`` set there): that rank re-raises
     its ``error``, the others raise a :class:`RankFailure` naming the first rank that failed and
     its error. Otherwise returns, for each of ``flags`` (the same number on every rank), whether
-    it is True on any rank. One all-gather of a few integers; a second collective carries the
+    it is True on any rank. One all-reduce of a few integers; a second collective carries the
     error's message only when a stage failed. Outside a process group: ``error`` is re-raised,
     ``flags`` returned as they are.
     """
@@ -106,18 +106,21 @@ def agree(error: BaseException | None, *, stage: str, flags: Sequence[bool] = ()
             raise error
         return [bool(f) for f in flags]
     dist = torch.distributed
-    local = torch.tensor([error is not None, *flags], dtype=torch.int32, device=_device())
-    parts = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(parts, local)
-    table = torch.stack(parts).cpu()
-    failed = table[:, 0].nonzero().flatten().tolist()
-    if failed:
+    # one MAX all-reduce: world - rank marks a failure, so its maximum names the first rank
+    rank = dist.get_rank()
+    local = torch.tensor(
+        [world - rank if error is not None else 0, *flags], dtype=torch.int64, device=_device()
+    )
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    agreed = local.tolist()
+    if agreed[0]:
+        first = world - agreed[0]
         message = [None if error is None else describe_error(error)]
-        dist.broadcast_object_list(message, src=failed[0])
+        dist.broadcast_object_list(message, src=first)
         if error is not None:
             raise error
-        raise RankFailure(f"privmon: {stage} failed on rank {failed[0]}: {message[0]}")
-    return table[:, 1:].amax(dim=0).bool().tolist()
+        raise RankFailure(f"privmon: {stage} failed on rank {first}: {message[0]}")
+    return [bool(f) for f in agreed[1:]]
 
 
 def agree_on_outcomes(

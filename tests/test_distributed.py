@@ -1,9 +1,23 @@
-"""A real 2-process gloo group: each rank audits its shard; the figures equal one process's."""
+"""Real 2-process gloo groups: each rank audits its shard and the figures equal one process's; a
+failure or a disagreement on one rank skips the check (or the query) on every rank, so that no
+rank is left waiting in a collective, and the group stays usable.
+
+The ranks run every case in one spawn (starting processes is the slow part); each case is
+followed by a healthy check on the same group. Collectives time out after 30 s instead of the
+30-minute default, and the spawn fails the tests when it outlives ``DEADLINE_S``.
+"""
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
+import logging
+import pickle
 import socket
+import time
+import traceback
+import warnings
 
 import pytest
 import torch
@@ -12,9 +26,17 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+import privmon.callbacks.monitor as monitor_module
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.queries import LossQuery
+from privmon.callbacks.monitor import PrivacyViolationWarning
+from privmon.queries import CallableQuery, LossQuery
 from privmon.sinks import JsonlSink
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+GROUP_TIMEOUT = datetime.timedelta(seconds=30)
+MEETING_TIMEOUT = datetime.timedelta(seconds=120)
+DEADLINE_S = 240  # generous for 2 loaded cores; a rank stuck in a collective gives up at 30 s
 
 
 def _model():
@@ -27,8 +49,8 @@ def _audit():
     x = torch.randn(360, 6, generator=g)
     y = torch.randint(0, 2, (360,), generator=g)  # random labels: only memorising fits them
     model = _model()
-    opt = torch.optim.Adam(model.parameters(), lr=0.02)
-    for _ in range(200):  # overfit the member half so there is something to measure
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(60):  # overfit the member half so there is something to measure
         opt.zero_grad()
         F.cross_entropy(model(x[:180]), y[:180]).backward()
         opt.step()
@@ -37,37 +59,226 @@ def _audit():
     return model, members, nonmembers
 
 
-def _monitor(model, members, nonmembers, logdir):
+def _shard(rank, members, nonmembers):
+    """Contiguous shards, uneven on purpose: rank 0 gets 4 member batches, rank 1 gets 2."""
+    return (members[:4], nonmembers[:2]) if rank == 0 else (members[4:], nonmembers[2:])
+
+
+def _monitor(model, members, nonmembers, logdir=None):
     return PrivacyMonitor(
         LossQuery(model),
         members,
         nonmembers,
         strict=True,
-        writer=str(logdir),
-        sinks=[JsonlSink(f"{logdir}/checks.jsonl")],
+        writer=None if logdir is None else str(logdir),
+        sinks=None if logdir is None else JsonlSink(f"{logdir}/checks.jsonl"),
         early_stopping=PrivacyEarlyStopping("loss/histogram", -1.0, use="value"),
     )
 
 
-def _worker(rank, world, port, tmp):
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+class _Accountant:
+    """An accountant that works, or raises as one that lost its history would."""
+
+    def __init__(self, epsilon, *, broken=False):
+        self.epsilon, self.broken = epsilon, broken
+
+    def get_epsilon(self, delta):
+        if self.broken:
+            raise RuntimeError("accountant lost its history")
+        return self.epsilon
+
+
+class _Log(logging.Handler):
+    """privmon's log lines (with the exception's message) on this rank."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        line = record.getMessage()
+        if record.exc_info:
+            line += " | " + "".join(traceback.format_exception_only(record.exc_info[1])).strip()
+        self.lines.append(line)
+
+
+def _outcome(run):
+    """What ``run()`` gave on this rank: its report's scalars and failures, or its error."""
     try:
-        torch.set_num_threads(1)
-        model, members, nonmembers = _audit()
-        # contiguous shards, uneven on purpose: rank 0 gets 4 member batches, rank 1 gets 2
-        m_shard = members[:4] if rank == 0 else members[4:]
-        n_shard = nonmembers[:2] if rank == 0 else nonmembers[2:]
-        mon = _monitor(model, m_shard, n_shard, f"{tmp}/ddp")
+        report = run()
+    except Exception as err:
+        return {"raised": f"{type(err).__name__}: {err}"}
+    if report is None:
+        return {"report": None}
+    return {"report": dict(report.scalars), "failures": dict(report.failures)}
+
+
+def _cases(rank, model, members, nonmembers, restored, tmp):
+    """Every fault case: name -> a function that builds its monitor on this rank and returns it
+    with the call to run."""
+    mem, non = _shard(rank, members, nonmembers)
+
+    def loss(b):
+        return F.cross_entropy(model(b[0]), b[1], reduction="none")
+
+    def make(queries, **kw):
+        return PrivacyMonitor(queries, mem, non, methods=("histogram",), **kw)
+
+    def check(mon):
+        return mon, lambda: mon.check(10)
+
+    def layouts(strict):
+        queries = [
+            LossQuery(model),
+            # float64 on rank 1, float32 on rank 0
+            CallableQuery(lambda b: loss(b).double() if rank else loss(b), name="dtype"),
+            # (n, 4) on rank 1, (n, 3) on rank 0
+            CallableQuery(lambda b: model[0](b[0])[:, : 3 + rank], name="width"),
+            # (n, 1) on rank 1, (n,) on rank 0
+            CallableQuery(lambda b: loss(b)[:, None] if rank else loss(b), name="ndim"),
+            CallableQuery(lambda b: _broken_on(rank, 1, loss(b)), name="flaky"),
+        ]
+        return check(make(queries[:2] if strict else queries, strict=strict))
+
+    def analysis(strict):
+        mon = make([LossQuery(model), CallableQuery(loss, name="margin")], strict=strict)
+
+        def run():
+            original = monitor_module.analyse
+
+            def out_of_memory(*args, name, **kw):  # rank 1 runs out of memory on one query
+                if rank == 1 and name == "margin":
+                    raise MemoryError("simulated: out of memory analysing 'margin'")
+                return original(*args, name=name, **kw)
+
+            monitor_module.analyse = out_of_memory
+            try:
+                return mon.check(10)
+            finally:
+                monitor_module.analyse = original
+
+        return mon, run
+
+    def accountant(strict):
+        return check(
+            make(LossQuery(model), accountant=_Accountant(2.0, broken=rank == 1), strict=strict)
+        )
+
+    def building():
+        # rank 1 turns warnings into errors: the DP-violation warning raises there while it
+        # builds the report (ε = 0 leaves no room for the leak)
+        mon = make(LossQuery(model), accountant=_Accountant(0.0))
+
+        def run():
+            with warnings.catch_warnings():
+                warnings.simplefilter("error" if rank else "ignore", PrivacyViolationWarning)
+                return mon.check(10)
+
+        return mon, run
+
+    def steps():
+        # rank 1 restored the state of a run that already checked at step 100; rank 0 did not.
+        # step(100): rank 1 has checked it, so both pass it by (the ranks decide together).
+        # Explicit checks at different steps (100 on rank 0, 200 on rank 1) meet: both skip,
+        # and rank 0, now behind, passes step 200 by, so both check at 300 together.
+        mon = make(LossQuery(model), every_n_steps=100)
+        if rank == 1:
+            mon.load_state_dict(restored)
+
+        def run():
+            mon.step(100)
+            assert mon.n_failed == 0 and len(mon.history) == rank  # nobody checked step 100
+            mon.check(100 if rank == 0 else 200)
+            for s in (200, 300):
+                mon.step(s)
+            last = mon.last_report
+            return last if last is not None and last.step == 300 else None
+
+        return mon, run
+
+    def setup():  # rank 1 monitors one more query
+        return check(make([LossQuery(model)] + [CallableQuery(loss, name="extra")] * rank))
+
+    def stopping(strict):
+        metric = "loss/histogram" if rank == 0 else "loss/histogrm"  # a typo on rank 1
+        stopper = PrivacyEarlyStopping(metric, -1.0, use="value")
+        return check(make(LossQuery(model), early_stopping=stopper, strict=strict))
+
+    def sink():  # rank 0, the only one that writes, has a sink whose write raises
+        sinks = [JsonlSink(f"{tmp}/sink{rank}.jsonl")] if rank == 0 else []
+        for s in sinks:
+            s.close()
+        return check(make(LossQuery(model), sinks=sinks, strict=True))
+
+    return {
+        "layouts": lambda: layouts(False),
+        "layouts_strict": lambda: layouts(True),
+        "accountant": lambda: accountant(False),
+        "accountant_strict": lambda: accountant(True),
+        "analysis": lambda: analysis(False),
+        "analysis_strict": lambda: analysis(True),
+        "building": building,
+        "steps": steps,
+        "setup": setup,
+        "stopping": lambda: stopping(False),
+        "stopping_strict": lambda: stopping(True),
+        "sink_strict": sink,
+    }
+
+
+def _broken_on(rank, bad, scores):
+    if rank == bad:
+        raise RuntimeError(f"scorer broke on rank {bad}")
+    return scores
+
+
+def _worker(rank, world, port, tmp):
+    torch.set_num_threads(1)
+    model, members, nonmembers = _audit()
+    restored = None
+    if rank == 1:  # a check before the group exists: a state as a restored checkpoint holds
+        early = PrivacyMonitor(
+            LossQuery(model), *_shard(1, members, nonmembers), methods=("histogram",)
+        )
+        early.check(100)
+        restored = early.state_dict()
+    # meeting may take long on loaded cores; collectives give up after GROUP_TIMEOUT
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+    log = _Log()
+    logging.getLogger("privmon").addHandler(log)
+    out = {}
+    try:
+        mon = _monitor(model, *_shard(rank, members, nonmembers), f"{tmp}/ddp")
         stop = mon.step(100)
         rep = mon.last_report
-        torch.save(
-            {"scalars": rep.scalars, "top": list(rep.queries["loss"].top_records), "stop": stop},
-            f"{tmp}/rank{rank}.pt",
-        )
+        out["equal"] = {
+            "scalars": rep.scalars,
+            "top": list(rep.queries["loss"].top_records),
+            "stop": stop,
+        }
         mon.close()
+        cases = _cases(rank, model, members, nonmembers, restored, tmp)
+        for name, case in cases.items():
+            log.lines.clear()
+            started = time.monotonic()
+            mon, run = case()
+            result = _outcome(run)
+            result.update(
+                n_failed=mon.n_failed,
+                should_stop=mon.should_stop,
+                log=list(log.lines),
+                seconds=time.monotonic() - started,
+            )
+            # the group is still alive: a healthy check right after
+            healthy = PrivacyMonitor(
+                LossQuery(model), *_shard(rank, members, nonmembers), methods=("histogram",)
+            )
+            result["after"] = _outcome(functools.partial(healthy.check, 1))
+            out[name] = result
     finally:
+        with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
+            pickle.dump(out, f)
         dist.destroy_process_group()
 
 
@@ -77,21 +288,175 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
-def test_two_gloo_ranks_equal_one_process(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+def _spawn(worker, tmp):
+    """Run ``worker`` on 2 ranks; fail, never hang, when they outlive DEADLINE_S."""
+    ctx = mp.start_processes(
+        worker, args=(2, _free_port(), str(tmp)), nprocs=2, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the ranks were still running after {DEADLINE_S} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gloo")
+    _spawn(_worker, tmp)
+    out = []
+    for rank in (0, 1):
+        with open(tmp / f"rank{rank}.pkl", "rb") as f:
+            out.append(pickle.load(f))
+    return tmp, out
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """One process holding every audit record: the figures both ranks must reach."""
     model, members, nonmembers = _audit()
-    single = _monitor(model, members, nonmembers, tmp_path / "single")
-    single.step(100)
-    expected = single.last_report
-    single.close()
-    assert r0["scalars"] == expected.scalars  # bit-for-bit: same records, same order
-    assert r1["scalars"] == r0["scalars"]
-    assert r0["top"] == list(expected.queries["loss"].top_records) == r1["top"]
-    assert r0["stop"] is True and r1["stop"] is True  # both ranks stop together
-    assert expected.scalars["privacy/loss/histogram/value"] > 0.1  # there is a leak to agree on
-    lines = (tmp_path / "ddp" / "checks.jsonl").read_text().splitlines()
+    report = _monitor(model, members, nonmembers).check(100)
+    healthy = PrivacyMonitor(LossQuery(model), members, nonmembers, methods=("histogram",))
+    return report, healthy.check(1)
+
+
+def test_two_gloo_ranks_equal_one_process(ranks, expected):
+    tmp, (r0, r1) = ranks
+    report = expected[0]
+    assert r0["equal"]["scalars"] == report.scalars  # bit-for-bit: same records, same order
+    assert r1["equal"]["scalars"] == r0["equal"]["scalars"]
+    assert r0["equal"]["top"] == list(report.queries["loss"].top_records) == r1["equal"]["top"]
+    assert r0["equal"]["stop"] is True and r1["equal"]["stop"] is True  # they stop together
+    assert report.scalars["privacy/loss/histogram/value"] > 0.1  # there is a leak to agree on
+    lines = (tmp / "ddp" / "checks.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 100  # rank 0 alone writes
-    assert len(list((tmp_path / "ddp").glob("events.out.tfevents.*"))) == 1
+    assert len(list((tmp / "ddp").glob("events.out.tfevents.*"))) == 1
+
+
+CASES = [
+    "layouts",
+    "layouts_strict",
+    "accountant",
+    "accountant_strict",
+    "analysis",
+    "analysis_strict",
+    "building",
+    "steps",
+    "setup",
+    "stopping",
+    "stopping_strict",
+    "sink_strict",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_group_survives_and_stays_consistent(ranks, expected, case):
+    _, (r0, r1) = ranks
+    a, b = r0[case], r1[case]
+    assert a["n_failed"] == b["n_failed"]
+    assert a["should_stop"] == b["should_stop"]
+    # both return the same report, or both skip the check, or both raise
+    assert a.get("report") == b.get("report") and a.get("failures") == b.get("failures")
+    assert ("raised" in a) == ("raised" in b)
+    # the same group then checks as one process would
+    healthy = expected[1].scalars
+    assert a["after"]["report"] == b["after"]["report"] == healthy
+
+
+def _logged(result, text):
+    return any(text in line for line in result["log"])
+
+
+def test_queries_whose_scores_differ_between_ranks_are_left_out_everywhere(ranks, expected):
+    _, (r0, r1) = ranks
+    a, b = r0["layouts"], r1["layouts"]
+    assert a["n_failed"] == b["n_failed"] == 0
+    assert a["failures"] == b["failures"]
+    reasons = a["failures"]
+    assert set(reasons) == {"dtype", "width", "ndim", "flaky"}
+    assert "rank 0: members float32 (n,)" in reasons["dtype"]
+    assert "rank 1: members float64 (n,)" in reasons["dtype"]
+    assert "float32 (n, 3)" in reasons["width"] and "float32 (n, 4)" in reasons["width"]
+    assert "float32 (n,)" in reasons["ndim"] and "float32 (n, 1)" in reasons["ndim"]
+    assert reasons["flaky"] == "failed on rank 1: RuntimeError: scorer broke on rank 1"
+    # the query every rank agrees on is still measured on all 360 records
+    full = expected[0].scalars["privacy/loss/histogram/value"]
+    assert a["report"]["privacy/loss/histogram/value"] == full
+    assert _logged(a, "'dtype' is left out on every rank") and _logged(b, "'width' is left out")
+    # strict: every rank raises
+    a, b = r0["layouts_strict"], r1["layouts_strict"]
+    assert "differ in dtype or shape" in a["raised"] and a["raised"] == b["raised"]
+    assert a["n_failed"] == b["n_failed"] == 1
+
+
+def test_accountant_failing_on_one_rank_skips_the_check_on_every_rank(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["accountant"], r1["accountant"]
+    assert a["report"] is None and b["report"] is None
+    assert a["n_failed"] == b["n_failed"] == 1
+    assert _logged(a, "failed on rank 1: RuntimeError: accountant lost its history")
+    assert _logged(b, "RuntimeError: accountant lost its history")
+    a, b = r0["accountant_strict"], r1["accountant_strict"]
+    assert b["raised"] == "RuntimeError: accountant lost its history"  # its own error
+    assert a["raised"].startswith("RankFailure: privmon: ") and "failed on rank 1" in a["raised"]
+    assert a["n_failed"] == b["n_failed"] == 1
+
+
+def test_analysis_failing_on_one_rank_leaves_the_query_out_everywhere(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["analysis"], r1["analysis"]
+    assert a["report"] == b["report"] and a["n_failed"] == b["n_failed"] == 0
+    assert "privacy/loss/histogram/value" in a["report"]
+    assert not any("margin" in tag for tag in a["report"])
+    assert "failed on rank 1: MemoryError: simulated" in a["failures"]["margin"]
+    assert _logged(a, "'margin' is left out on every rank")
+    a, b = r0["analysis_strict"], r1["analysis_strict"]
+    assert b["raised"].startswith("MemoryError: simulated")
+    assert "failed on rank 1: MemoryError: simulated" in a["raised"]
+    assert a["n_failed"] == b["n_failed"] == 1
+
+
+def test_building_the_report_failing_on_one_rank_skips_the_check(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["building"], r1["building"]
+    assert a["report"] is None and b["report"] is None
+    assert a["n_failed"] == b["n_failed"] == 1
+    assert _logged(a, "building the report failed on rank 1: PrivacyViolationWarning")
+
+
+def test_ranks_at_different_steps_skip_then_realign(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["steps"], r1["steps"]
+    assert a["n_failed"] == b["n_failed"] == 1  # the check at 100 / 200, on both ranks
+    assert _logged(a, "rank 0 at step 100, rank 1 at step 200")
+    assert _logged(b, "rank 0 at step 100, rank 1 at step 200")
+    # both then check at step 300, with the same share of the run's δ: the same report
+    assert a["report"] is not None and a["report"] == b["report"]
+    assert _logged(a, "rank 0: 0, rank 1: 1")  # the spent checks, aligned on the most
+
+
+def test_monitors_set_up_differently_skip_the_check(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["setup"], r1["setup"]
+    assert a["report"] is None and b["report"] is None
+    assert a["n_failed"] == b["n_failed"] == 1
+    assert _logged(a, "set up differently") and _logged(b, "['loss', 'extra']")
+
+
+def test_stopping_or_a_sink_failing_on_one_rank_raises_on_every_rank_when_strict(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["stopping"], r1["stopping"]  # not strict: logged on rank 1, the others stop it
+    assert a["report"] == b["report"] and a["report"] is not None
+    assert a["should_stop"] and b["should_stop"]
+    assert _logged(b, "early stopping can never fire")
+    a, b = r0["stopping_strict"], r1["stopping_strict"]
+    assert b["raised"].startswith("ValueError: privmon: early stopping can never fire")
+    assert "early stopping failed on rank 1: ValueError" in a["raised"]
+    assert a["n_failed"] == b["n_failed"] == 0  # as one process: the check itself succeeded
+    a, b = r0["sink_strict"], r1["sink_strict"]
+    assert a["raised"].startswith("ValueError: I/O operation on closed file")
+    assert "failed on rank 0: ValueError: I/O operation on closed file" in b["raised"]

@@ -1,12 +1,71 @@
 """torch.distributed glue for the monitor: every rank audits its shard, the scores are gathered
-so every rank computes the same figures as one process holding all audit records would, only
-rank 0 writes, and ranks agree on failures and on stopping."""
+so every rank computes the same figures as one process holding all audit records would, and only
+rank 0 writes.
+
+A collective returns only once every rank has joined it, and gloo aborts the process when ranks
+hand it tensors of different dtypes or shapes. So ranks agree before they exchange scores (on
+the step, the monitor's settings, and each query's dtype and trailing shape: scores of different
+steps would otherwise mix silently) and after every stage each of them ran alone, which may have
+failed on one rank only: a failure anywhere then fails that stage on every rank, and all of them
+leave the check together instead of one waiting in the next collective until the process group
+times out.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-__all__ = ["any_rank", "gather_rows", "rank_and_world"]
+from privmon.estimators.advantage import describe_error
+
+__all__ = [
+    "Agreement",
+    "RankFailure",
+    "StepDisagreement",
+    "agree",
+    "agree_on_outcomes",
+    "agree_on_scores",
+    "gather_scores",
+    "rank_and_world",
+]
+
+logger = logging.getLogger("privmon")
+
+Scores = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+class RankFailure(RuntimeError):
+    """A stage of the check failed on another rank, or the ranks disagree: every rank raises it
+    (a rank where the stage itself failed raises its own error instead)."""
+
+
+class StepDisagreement(RankFailure):
+    """The ranks are in checks of different steps (``steps``: one per rank)."""
+
+    def __init__(self, steps: Sequence[int]) -> None:
+        self.steps = list(steps)
+        at = ", ".join(f"rank {r} at step {s}" for r, s in enumerate(self.steps))
+        super().__init__(
+            f"privmon: the ranks are in checks of different steps ({at}; a monitor state "
+            "restored on some ranks only?): the check is skipped on every rank rather than mix "
+            "their scores"
+        )
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the ranks agreed on before exchanging one check's scores."""
+
+    rows: dict[str, tuple[list[int], list[int]]]
+    """Per query to exchange: its member rows and its non-member rows on each rank."""
+    left_out: dict[str, str]
+    """Per query no rank exchanges: why."""
+    spent: int
+    """The most certified checks any rank has run: every rank goes on from there."""
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -24,25 +83,197 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def any_rank(flag: bool) -> bool:
-    """True on every rank when ``flag`` is True on any rank (a MAX all-reduce)."""
-    t = torch.tensor([1 if flag else 0], device=_device())
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item())
+def _every_rank(obj: Any) -> list[Any]:
+    """Every rank's (picklable) ``obj``, in rank order."""
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
-def gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's rows of ``x``, concatenated in rank order (shards may differ in length)."""
+def agree(error: BaseException | None, *, stage: str, flags: Sequence[bool] = ()) -> list[bool]:
+    """Ranks agree on a stage each ran alone, so that none enters the next collective alone.
+
+    Raises on every rank when ``stage`` failed on any (``error`` set there): that rank re-raises
+    its ``error``, the others raise a :class:`RankFailure` naming the first rank that failed and
+    its error. Otherwise returns, for each of ``flags`` (the same number on every rank), whether
+    it is True on any rank. One all-reduce of a few integers; a second collective carries the
+    error's message only when a stage failed. Outside a process group: ``error`` is re-raised,
+    ``flags`` returned as they are.
+    """
+    _, world = rank_and_world()
+    if world == 1:
+        if error is not None:
+            raise error
+        return [bool(f) for f in flags]
+    dist = torch.distributed
+    # one MAX all-reduce: world - rank marks a failure, so its maximum names the first rank
+    rank = dist.get_rank()
+    local = torch.tensor(
+        [world - rank if error is not None else 0, *flags], dtype=torch.int64, device=_device()
+    )
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    agreed = local.tolist()
+    if agreed[0]:
+        first = world - agreed[0]
+        message = [None if error is None else describe_error(error)]
+        dist.broadcast_object_list(message, src=first)
+        if error is not None:
+            raise error
+        raise RankFailure(f"privmon: {stage} failed on rank {first}: {message[0]}")
+    return [bool(f) for f in agreed[1:]]
+
+
+def agree_on_outcomes(
+    error: BaseException | None, outcomes: Mapping[str, str], *, stage: str
+) -> dict[str, str]:
+    """:func:`agree` on a stage run per item (e.g. each query's analysis), and on each item's
+    outcome: ``outcomes`` maps every item, the same ones in the same order on every rank, to
+    what went wrong with it on this rank ("" for nothing). Returns the items whose outcome
+    differs between ranks, with the reason (logged): the caller leaves them out on every rank,
+    as they would otherwise give different figures on different ranks."""
+    names = list(outcomes)
+    flagged = agree(error, stage=stage, flags=[bool(outcomes[n]) for n in names])
+    if rank_and_world()[1] == 1 or not any(flagged):  # any() is the same on every rank
+        return {}
+    every = _every_rank([outcomes[n] for n in names])
+    reasons = {}
+    for i, name in enumerate(names):
+        seen = [rank_outcomes[i] for rank_outcomes in every]
+        if len(set(seen)) > 1:
+            failed = "; ".join(f"failed on rank {r}: {o}" for r, o in enumerate(seen) if o)
+            reasons[name] = f"its outcome differs between ranks ({failed})"
+            logger.error("privmon: %r is left out on every rank: %s", name, reasons[name])
+    return reasons
+
+
+def _layout(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape[1:])) for t in scores)
+
+
+def _show(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    def shape(trailing: tuple[int, ...]) -> str:
+        return "(n,)" if not trailing else f"(n, {', '.join(map(str, trailing))})"
+
+    (mem_dtype, mem_shape), (non_dtype, non_shape) = layout
+    return f"members {mem_dtype} {shape(mem_shape)}, non-members {non_dtype} {shape(non_shape)}"
+
+
+def agree_on_scores(
+    step: int,
+    *,
+    names: Sequence[str],
+    settings: str,
+    spent: int,
+    error: BaseException | None,
+    scores: Scores,
+    failed: Mapping[str, str],
+    strict: bool,
+) -> Agreement:
+    """Before any scores move, ranks exchange a small descriptor each (one all-gather): the step,
+    the query names and the monitor's ``settings`` (whatever changes the figures), the certified
+    checks ``spent``, whether collecting the scores failed (``error``), and per query its error
+    (``failed``) or its scores' dtype, trailing shape and rows.
+
+    Raises on every rank when the collection failed on any (that rank its own ``error``), when
+    the names or settings differ, and (:class:`StepDisagreement`) when the steps differ. A query
+    that failed on any rank, or whose scores differ in dtype or trailing shape between ranks, is
+    left out on every rank (logged), or with ``strict`` raises on every rank.
+    """
+    mine = {
+        "step": step,
+        "setup": (list(names), settings),
+        "spent": spent,
+        "error": None if error is None else describe_error(error),
+        "failed": dict(failed),
+        "layout": {n: _layout(s) for n, s in scores.items()},
+        "rows": {n: (s[0].shape[0], s[1].shape[0]) for n, s in scores.items()},
+    }
+    ranks = _every_rank(mine)
+    if error is not None:
+        raise error
+    for r, other in enumerate(ranks):
+        if other["error"] is not None:
+            raise RankFailure(
+                f"privmon: collecting the scores failed on rank {r}: {other['error']}"
+            )
+    if any(other["setup"] != mine["setup"] for other in ranks):
+        setups = "; ".join(f"rank {r}: {other['setup']}" for r, other in enumerate(ranks))
+        raise RankFailure(f"privmon: the ranks' monitors are set up differently ({setups})")
+    steps = [other["step"] for other in ranks]
+    if len(set(steps)) > 1:
+        raise StepDisagreement(steps)
+    rows, left_out = {}, {}
+    for name in names:
+        errors = [
+            (r, other["failed"][name]) for r, other in enumerate(ranks) if name in other["failed"]
+        ]
+        if errors:  # the same reason on every rank, as every rank's report is the same
+            left_out[name] = f"failed on rank {errors[0][0]}: {errors[0][1]}"
+            if name not in failed:  # the rank where it failed logged it
+                logger.error(
+                    "privmon: query %r is left out on every rank: %s", name, left_out[name]
+                )
+            continue
+        layouts = [other["layout"][name] for other in ranks]
+        if len(set(layouts)) > 1:
+            shown = "; ".join(f"rank {r}: {_show(layout)}" for r, layout in enumerate(layouts))
+            reason = f"its scores differ in dtype or shape between ranks ({shown})"
+            if strict:
+                raise RankFailure(f"privmon: query {name!r}: {reason}")
+            logger.error("privmon: query %r is left out on every rank: %s", name, reason)
+            left_out[name] = reason
+            continue
+        rows[name] = (
+            [other["rows"][name][0] for other in ranks],
+            [other["rows"][name][1] for other in ranks],
+        )
+    spents = [other["spent"] for other in ranks]
+    if len(set(spents)) > 1:
+        logger.warning(
+            "privmon: the ranks had run different numbers of certified checks (%s; a monitor "
+            "state restored on some ranks only?): every rank goes on from %d",
+            ", ".join(f"rank {r}: {s}" for r, s in enumerate(spents)),
+            max(spents),
+        )
+    return Agreement(rows=rows, left_out=left_out, spent=max(spents))
+
+
+def gather_scores(
+    scores: Scores, rows: Mapping[str, tuple[list[int], list[int]]]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's rows of each query in ``rows``, concatenated in rank order (shards may differ
+    in length; ``rows`` comes from :func:`agree_on_scores`).
+
+    The buffers are allocated before the first exchange, and the results assembled after the
+    last, and ranks :func:`agree` on both: a rank that runs out of memory there fails the check
+    on every rank instead of leaving them in a collective.
+    """
     dist = torch.distributed
     world = dist.get_world_size()
     dev = _device()
-    local = x.detach().to(dev)
-    n = torch.tensor([local.shape[0]], device=dev)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    longest = int(max(int(s.item()) for s in sizes))
-    padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=dev)
-    padded[: local.shape[0]] = local
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes, strict=True)]).to(x.device)
+    buffers: list[tuple[list[int], torch.Tensor, list[torch.Tensor]]] = []
+    error = None
+    try:
+        for name, sides in rows.items():
+            for local, counts in zip(scores[name], sides, strict=True):
+                padded = local.detach().to(dev).new_zeros((max(counts), *local.shape[1:]))
+                padded[: local.shape[0]] = local
+                buffers.append((counts, padded, [torch.empty_like(padded) for _ in range(world)]))
+    except Exception as err:
+        error = err
+    agree(error, stage="gathering the scores")
+    for _, padded, parts in buffers:
+        dist.all_gather(parts, padded)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    try:
+        whole = []
+        while buffers:  # each buffer is dropped once its rows are assembled
+            counts, _, parts = buffers.pop(0)
+            whole.append(torch.cat([p[:k] for p, k in zip(parts, counts, strict=True)]))
+        for i, name in enumerate(rows):
+            mem, non = scores[name]
+            out[name] = (whole[2 * i].to(mem.device), whole[2 * i + 1].to(non.device))
+    except Exception as err:
+        error = err
+    agree(error, stage="gathering the scores")
+    return out

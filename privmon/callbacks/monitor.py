@@ -31,7 +31,14 @@ from privmon._validation import (
 )
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks._protect import audit_view, untouched_training, warn_if_shuffled
-from privmon.callbacks.distributed import any_rank, gather_rows, rank_and_world
+from privmon.callbacks.distributed import (
+    StepDisagreement,
+    agree,
+    agree_on_outcomes,
+    agree_on_scores,
+    gather_scores,
+    rank_and_world,
+)
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RankedRecords, RecordTracker
@@ -131,7 +138,9 @@ class PrivacyMonitor:
         early_stopping: a :class:`PrivacyEarlyStopping`.
         max_batches: audit at most this many batches of each set per check.
         top_k: how many most-exposed member indices to report per query.
-        strict: re-raise exceptions from a check instead of logging and skipping it.
+        strict: re-raise exceptions from a check instead of logging and skipping it. Under
+            torch.distributed a failure on one rank then raises on every rank (the others raise
+            :class:`~privmon.callbacks.distributed.RankFailure` naming the rank and the stage).
     """
 
     def __init__(
@@ -226,11 +235,20 @@ class PrivacyMonitor:
     # -- training-loop API ------------------------------------------------------------------
     def step(self, global_step: int) -> bool:
         """Run a check when one is due — ``global_step`` a multiple of ``every_n_steps`` and past
-        the last checked step — ; True when training should stop."""
+        the last checked step — ; True when training should stop. Under torch.distributed the
+        ranks decide together: a step one rank has already checked (its state restored alone) is
+        skipped on all of them, so no rank waits in a check the others never enter."""
         if global_step % self.every_n_steps != 0:
             return self._stop
-        if self._last_step is not None and global_step <= self._last_step:
-            if global_step < self._last_step and not self._warned_order:
+        checked = self._last_step is not None and global_step <= self._last_step
+        if rank_and_world()[1] > 1:
+            (checked,) = agree(None, stage="deciding on a check", flags=[checked])
+        if checked:
+            if (
+                self._last_step is not None
+                and global_step < self._last_step
+                and not self._warned_order
+            ):
                 self._warned_order = True  # once: a restarted loop repeats this every step
                 logger.warning(
                     "privmon: step %s comes before the last checked step %s: no check until the "
@@ -267,23 +285,26 @@ class PrivacyMonitor:
             )
             return None
         self.history.append(report)
-        rank, world = rank_and_world()
-        if rank == 0:  # every rank holds the same report; one writes it
-            for sink in self.sinks:
-                self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
-        if self.early_stopping is not None and len(self.history) == 1:
-            self._check_stopping_metric(self.early_stopping, report)
-        stop = self.early_stopping is not None and bool(
-            self._guarded(
-                self.early_stopping.update,
-                global_step,
-                report.scalars,
-                what="early stopping",
-                step=global_step,
+        stop, error = False, None
+        try:
+            if rank_and_world()[0] == 0:  # every rank holds the same report; one writes it
+                for sink in self.sinks:
+                    self._guarded(sink.write, report, what=f"sink {sink!r}", step=global_step)
+            if self.early_stopping is not None and len(self.history) == 1:
+                self._check_stopping_metric(self.early_stopping, report)
+            stop = self.early_stopping is not None and bool(
+                self._guarded(
+                    self.early_stopping.update,
+                    global_step,
+                    report.scalars,
+                    what="early stopping",
+                    step=global_step,
+                )
             )
-        )
-        if world > 1:  # all ranks stop together when any says stop
-            stop = any_rank(stop)
+        except Exception as err:  # strict: raised on this rank, so it raises on all of them
+            error = err
+        # all ranks stop together when any says stop
+        (stop,) = agree(error, stage="writing the report or early stopping", flags=[stop])
         if stop:
             if not self._stop:
                 reason = getattr(self.early_stopping, "reason", None) or "another rank said stop"
@@ -402,14 +423,16 @@ class PrivacyMonitor:
                 )
 
     def _gathered_scores(
-        self,
+        self, step: int
     ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str], float]:
         """:meth:`_collect` on this process; under torch.distributed every rank's scores, in
         rank order.
 
-        Ranks first agree that every one of them collected its shard, so one rank's failure
-        makes all of them skip the check instead of leaving the others waiting in a collective;
-        a query that failed on any rank is left out on every rank.
+        Before any scores move, ranks agree that every one of them collected its shard, at the
+        same step, with the same settings, and on each query's dtype and trailing shape
+        (:func:`~privmon.callbacks.distributed.agree_on_scores`): a failure or a disagreement
+        skips the check, or that query, on every rank instead of leaving the others waiting in a
+        collective or mixing scores of different steps.
         """
         _, world = rank_and_world()
         if world == 1:
@@ -421,16 +444,38 @@ class PrivacyMonitor:
             local, failed, forward = self._collect()
         except Exception as err:
             error = err
-        if any_rank(error is not None):
-            raise error or RuntimeError("privmon: the check failed on another rank")
-        gathered = {}
-        for q in self.queries:  # the same order on every rank
-            if any_rank(q.name in failed):
-                failed.setdefault(q.name, "failed on another rank")
-                continue
-            m, n = local[q.name]
-            gathered[q.name] = (gather_rows(m), gather_rows(n))
-        return gathered, failed, forward
+        settings = repr(
+            (
+                self.methods,
+                self.prior,
+                self.interval_delta,
+                self.planned_checks,
+                self.top_k,
+                None if self.accountant is None else self.delta,
+                [
+                    (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
+                    for q in self.queries
+                ],
+            )
+        )
+        try:
+            agreed = agree_on_scores(
+                step,
+                names=[q.name for q in self.queries],
+                settings=settings,
+                spent=self.n_certified_checks,
+                error=error,
+                scores=local,
+                failed=failed,
+                strict=self.strict,
+            )
+        except StepDisagreement as err:
+            # a rank behind must not then enter, alone, the check the others have already left
+            self._last_step = max(err.steps)
+            raise
+        self.n_certified_checks = agreed.spent
+        failed.update(agreed.left_out)
+        return gather_scores(local, agreed.rows), failed, forward
 
     def _figures_per_check(self) -> int:
         """Certified figures per check: one per query and method it applies to."""
@@ -467,80 +512,104 @@ class PrivacyMonitor:
 
     def _check(self, step: int) -> Report:
         t0 = time.perf_counter()
-        scores, failed, t_query = self._gathered_scores()
-        scalars: dict[str, float] = {}
-        results: dict[str, QueryResult] = {}
-        failures: dict[str, str] = {}
-        eps = None
-        ceilings: dict[str, float] = {}
-        if self.accountant is not None:
-            eps = float(epsilon_from_opacus(self.accountant, delta=self.delta))
-            if not math.isnan(eps):  # ε = inf gives the trivial ceiling 1
-                ceilings["tanh"] = float(tanh_bound(eps, prior=self.prior))
-                ceilings["eps_delta"] = float(tanh_bound(eps, prior=self.prior, delta=self.delta))
-            scalars["privacy/epsilon"] = eps
-            for k, v in ceilings.items():
-                scalars[f"privacy/ceiling/{k}"] = v
-        # this check's share of the run's δ, split evenly over its certified figures: every
-        # figure called certified then holds over the whole run (union bound)
+        scores, failed, t_query = self._gathered_scores(step)
+        # Each stage below runs on every rank alone and may fail on one only: ranks agree on its
+        # outcome before going on, so a failure skips the check (or the query) on all of them
+        # and none is left waiting in a later collective.
+        eps, analysed, error = None, {}, None
+        try:
+            if self.accountant is not None:
+                eps = float(epsilon_from_opacus(self.accountant, delta=self.delta))
+            # this check's share of the run's δ, split evenly over its certified figures: every
+            # figure called certified then holds over the whole run (union bound)
+            lower_delta = (
+                check_delta(
+                    self.n_certified_checks + 1,
+                    delta=self.interval_delta,
+                    planned_checks=self.planned_checks,
+                )
+                / self._figures_per_check()
+            )
+            for q in self.queries:
+                if q.name not in failed:
+                    analysed[q.name] = self._analyse(q, *scores[q.name], lower_delta)
+        except Exception as err:
+            error = err
+        # what failed on this rank ("" for nothing), per query still in
+        outcomes = dict.fromkeys((q.name for q in self.queries if q.name not in failed), "")
+        for name, result in analysed.items():
+            outcomes[name] = (
+                result
+                if isinstance(result, str)
+                else "; ".join(f"{what}: {e}" for what, e in result.failures.items())
+            )
+        failed.update(agree_on_outcomes(error, outcomes, stage="reading ε or the analysis"))
         self.n_certified_checks += 1
-        lower_delta = (
-            check_delta(
-                self.n_certified_checks,
-                delta=self.interval_delta,
-                planned_checks=self.planned_checks,
+        results: dict[str, QueryResult] = {}
+        try:
+            scalars: dict[str, float] = {}
+            failures: dict[str, str] = {}
+            ceilings: dict[str, float] = {}
+            if eps is not None:
+                if not math.isnan(eps):  # ε = inf gives the trivial ceiling 1
+                    ceilings["tanh"] = float(tanh_bound(eps, prior=self.prior))
+                    ceilings["eps_delta"] = float(
+                        tanh_bound(eps, prior=self.prior, delta=self.delta)
+                    )
+                scalars["privacy/epsilon"] = eps
+                for k, v in ceilings.items():
+                    scalars[f"privacy/ceiling/{k}"] = v
+            scalars["privacy/certify_delta"] = lower_delta
+            messages: list[str] = []
+            violation = False
+            for q in self.queries:
+                result = failed.get(q.name) or analysed[q.name]
+                if isinstance(result, str):
+                    failures[q.name] = result
+                    continue
+                results[q.name] = result
+                failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
+                scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
+                # ε implied by each certified lower bound, in one call
+                eps_bounds = epsilon_lower_bound(
+                    np.array([est.lower for est in result.estimates.values()]), prior=self.prior
+                )
+                for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
+                    scalars[f"privacy/{q.name}/{method}/epsilon_lower_bound"] = eps_bound
+                for method, est in result.estimates.items():
+                    tag = f"{q.name}/{method}"
+                    if (
+                        eps is not None
+                        and "eps_delta" in ceilings
+                        and est.lower > ceilings["eps_delta"] + 1e-12
+                    ):
+                        violation = True
+                        msg = _violation_message(step, tag, est.lower, ceilings["eps_delta"], eps)
+                        messages.append(msg)
+                        logger.warning(msg)
+                        warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
+            if not results:
+                raise RuntimeError(f"every query's analysis failed: {failures}")
+            if eps is not None:
+                scalars["privacy/dp_violation"] = float(violation)
+            report = Report(
+                step=step,
+                scalars=scalars,
+                queries=results,
+                epsilon=eps,
+                dp_violation=violation,
+                messages=tuple(messages),
+                failures=failures,
+                seconds=time.perf_counter() - t0,
+                query_seconds=t_query,
             )
-            / self._figures_per_check()
-        )
-        scalars["privacy/certify_delta"] = lower_delta
-        messages: list[str] = []
-        violation = False
-        for q in self.queries:
-            if q.name in failed:
-                failures[q.name] = failed[q.name]
-                continue
-            result = self._analyse(q, *scores[q.name], lower_delta)
-            if isinstance(result, str):
-                failures[q.name] = result
-                continue
-            results[q.name] = result
-            failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
+        except Exception as err:
+            error = err
+        agree(error, stage="building the report")
+        for name, result in results.items():  # state changes once every rank has its report
             if result.member_risk is not None:
-                self.records.update(q.name, step, result.member_risk)
-            scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
-            # ε implied by each certified lower bound, in one call
-            eps_bounds = epsilon_lower_bound(
-                np.array([est.lower for est in result.estimates.values()]), prior=self.prior
-            )
-            for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
-                scalars[f"privacy/{q.name}/{method}/epsilon_lower_bound"] = eps_bound
-            for method, est in result.estimates.items():
-                tag = f"{q.name}/{method}"
-                if (
-                    eps is not None
-                    and "eps_delta" in ceilings
-                    and est.lower > ceilings["eps_delta"] + 1e-12
-                ):
-                    violation = True
-                    msg = _violation_message(step, tag, est.lower, ceilings["eps_delta"], eps)
-                    messages.append(msg)
-                    logger.warning(msg)
-                    warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
-        if not results:
-            raise RuntimeError(f"every query's analysis failed: {failures}")
-        if eps is not None:
-            scalars["privacy/dp_violation"] = float(violation)
-        return Report(
-            step=step,
-            scalars=scalars,
-            queries=results,
-            epsilon=eps,
-            dp_violation=violation,
-            messages=tuple(messages),
-            failures=failures,
-            seconds=time.perf_counter() - t0,
-            query_seconds=t_query,
-        )
+                self.records.update(name, step, result.member_risk)
+        return report
 
     # -- persistence --------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:

@@ -248,16 +248,16 @@ def test_accountant_epsilon_ceilings_and_layout(dp):
     assert accountant.history == [(SIGMA, RATE, 9)]
     assert epsilons[0] < epsilons[1] < epsilons[2]
     for report, eps in zip(monitor.history, epsilons, strict=True):
-        s = report.scalars
+        s = report.scalars  # the history's figures: float32, 7 significant digits
         assert report.epsilon == pytest.approx(eps, rel=1e-12)
-        assert s["privacy/epsilon"] == pytest.approx(eps, rel=1e-12)
-        assert s["privacy/ceiling/tanh"] == pytest.approx(privmon.tanh_bound(eps), rel=1e-12)
-        assert s["privacy/ceiling/tanh"] == pytest.approx(math.tanh(eps / 2), rel=1e-12)
+        assert s["privacy/epsilon"] == pytest.approx(eps, rel=1e-7)
+        assert s["privacy/ceiling/tanh"] == pytest.approx(privmon.tanh_bound(eps), rel=1e-7)
+        assert s["privacy/ceiling/tanh"] == pytest.approx(math.tanh(eps / 2), rel=1e-7)
         eps_delta = (math.exp(eps) - 1 + 2 * DELTA) / (math.exp(eps) + 1)
         assert s["privacy/ceiling/eps_delta"] == pytest.approx(
-            privmon.tanh_bound(eps, delta=DELTA), rel=1e-12
+            privmon.tanh_bound(eps, delta=DELTA), rel=1e-7
         )
-        assert s["privacy/ceiling/eps_delta"] == pytest.approx(eps_delta, rel=1e-12)
+        assert s["privacy/ceiling/eps_delta"] == pytest.approx(eps_delta, rel=1e-7)
         violated = any(
             s[f"privacy/loss/{m}/lower"] > s["privacy/ceiling/eps_delta"]
             for m in ("histogram", "kde")

@@ -14,3 +14,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+class RecordingSink:
+    """A sink keeping every report as handed over: whole, at float64, with per-record arrays
+    (the monitor's history keeps earlier checks' figures only, to float32 precision)."""
+
+    def __init__(self):
+        self.reports = []
+
+    def write(self, report):
+        self.reports.append(report)
+
+    def close(self):
+        pass

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import RecordingSink
 from sklearn.datasets import load_breast_cancer
 from tensorboard.backend.event_processing import event_accumulator
 from torch import nn
@@ -68,22 +69,8 @@ def _budget(patience):
     return PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=patience)
 
 
-class _Recorder:
-    """A sink keeping every report whole, as the loggers got it (the monitor's history keeps
-    the earlier checks' figures to float32 precision)."""
-
-    def __init__(self):
-        self.reports = []
-
-    def write(self, report):
-        self.reports.append(report)
-
-    def close(self):
-        pass
-
-
 def _reports(monitor):
-    return next(s for s in monitor.sinks if isinstance(s, _Recorder)).reports
+    return next(s for s in monitor.sinks if isinstance(s, RecordingSink)).reports
 
 
 def _monitor(model, data, logdir=None, patience=None, as_dict=False):
@@ -96,7 +83,7 @@ def _monitor(model, data, logdir=None, patience=None, as_dict=False):
         methods=("histogram",),
         writer=None if logdir is None else str(logdir),
         early_stopping=None if patience is None else _budget(patience),
-        sinks=_Recorder(),
+        sinks=RecordingSink(),
         strict=True,
     )
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import RecordingSink
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -269,16 +270,6 @@ def test_history_keeps_the_last_report_whole_and_earlier_ones_as_figures():
     x, y = _data()
     model = _net()
 
-    class Keep:  # a sink sees every report whole, at float64
-        def __init__(self):
-            self.reports = []
-
-        def write(self, report):
-            self.reports.append(report)
-
-        def close(self):
-            pass
-
     mon = PrivacyMonitor(
         LossQuery(model),
         _batches(x[:120], y[:120]),
@@ -286,7 +277,7 @@ def test_history_keeps_the_last_report_whole_and_earlier_ones_as_figures():
         every_n_steps=1,
         strict=True,
         methods=("histogram",),
-        sinks=(keep := Keep()),
+        sinks=(keep := RecordingSink()),
     )
     for s in range(1, 5):
         mon.step(s)

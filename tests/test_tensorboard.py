@@ -18,6 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingSink
 from opacus.accountants import RDPAccountant
 from sklearn.datasets import load_breast_cancer
 from tensorboard.backend.event_processing import event_accumulator
@@ -54,19 +55,6 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-class Keep:
-    """A sink that keeps every report as handed over (with its per-record arrays)."""
-
-    def __init__(self):
-        self.reports = []
-
-    def write(self, report):
-        self.reports.append(report)
-
-    def close(self):
-        pass
-
-
 def _run(logdir, accountant=None):
     """Train a small classifier on the breast-cancer data for 6 steps, a check every 2."""
     x, y = load_breast_cancer(return_X_y=True)
@@ -76,7 +64,7 @@ def _run(logdir, accountant=None):
     model = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2))
     members = [(x[i : i + 50], y[i : i + 50]) for i in range(0, N_MEM, 50)]
     nonmembers = [(x[i : i + 50], y[i : i + 50]) for i in range(300, 300 + N_NON, 50)]
-    keep = Keep()
+    keep = RecordingSink()
     monitor = PrivacyMonitor(
         LossQuery(model),
         members,

@@ -18,30 +18,33 @@ posterior and the re-estimation α = γ / ‖w‖², γ = Σ_j (1 − α·(H⁻�
 and Machine Learning" (Bishop, 2006; eqs. 3.91-3.92, applied to logistic regression as in
 "The evidence framework applied to classification networks", MacKay, 1992) — interleaved with the
 steps. A block that carries no signal gets a large α and drops out: the rule pays for the
-z² features only where the data ask for them (a 64-D mean shift loses 0.02 of advantage with both
-blocks under evidence, 0.04 with one fixed ridge penalty, measured). Columns that are constant
+z² features only where the data ask for them (a 64-D mean shift lost 0.02 of advantage with both
+blocks under evidence, 0.04 with one fixed ridge penalty, measured with rules learned on 3/4 of
+the records). Columns that are constant
 on the training records (dead ReLU units) get the feature 0; collinear columns are handled by the
 penalty, which keeps the Hessian positive definite. No random numbers are drawn.
 
 **Folds.** The cross-fitted rules are learned round robin: the records are split by position
 within each class (``fold_of``) into R = 9 folds, and rule k is learned on the R // 2 = 4 folds
-after fold k (cyclically: k+1, ..., k+4 mod 9) and applied to fold k. Every pair of folds is
-related one way only: the rule of one of the two never saw the other's records. The held-out
-terms TPR_k − FPR_k are then uncorrelated when members and non-members are exchangeable
-(the term of fold l is a function of the records outside fold k, and given those, fold k's
-term has mean 0), so the value's spread under the null is at most that of one rule fixed in
-advance, sqrt((1/n1 + 1/n2) / 4) at p = 1/2. K-fold cross-fitting, where each rule learns
-from all the other folds, has both rules of each pair learn the chance association between
-the two folds' records and labels and then meet it again on the held-out fold: the fold
-terms are positively correlated ("No unbiased estimator of the variance of K-fold
-cross-validation", Bengio and Grandvalet, 2004, §3), which at d = 64 with 2,000 + 2,000
-identical draws raised the value's standard deviation from 0.014 to 0.018 and the fraction
-of runs above 0.03 from 2 % to 7 % (measured, 240 runs). The price is training data: each
-rule learns from 4/9 of the records instead of 3/4 (a 64-D mean shift with truth 0.311
-reports 0.281 instead of 0.290). The certificate's rule is learned on the caller's folds
-2..K−1 and applied to its folds 0-1. All R + 1 fits run as one batch on the scores' device. A
-fit whose training records lack a class learns nothing: its rule is the prior's alone (a tie
-at p = 1/2).
+after fold k (cyclically: k+1, ..., k+4 mod 9) and applied to fold k. Of any two folds k and l,
+one's rule never saw the other's records, say rule l never saw fold k: then fold l's term
+TPR_l − FPR_l is a function of the records outside fold k, and given those, fold k's term has
+mean 0 when members and non-members are exchangeable, so the two terms are uncorrelated. The
+value's spread under the null is therefore at most that of one rule fixed in advance,
+sqrt((1/n1 + 1/n2) / 4) at p = 1/2. In K-fold cross-fitting each rule learns from all the
+other folds: both rules of a pair learn the chance association between the other's records
+and labels and meet it again on their own fold, so the fold terms are positively correlated
+("No unbiased estimator of the variance of K-fold cross-validation", Bengio and Grandvalet,
+2004), which at d = 64 with 2,000 + 2,000 identical draws raised the value's standard deviation
+from 0.014 to 0.018 and the fraction of runs above 0.03 from 2 % to 7 % (measured, 240 runs).
+The price is training data: with one-way pairs a rule learns, on average, from less than half
+of the records (here 4/9, instead of 3/4 with K = 4), and the learned rule is worse: a 64-D mean
+shift with truth 0.311 reports 0.282 instead of 0.293 (mean of 40 seeds, measured). The
+round robin gives every rule the same share, so none is learned from few records.
+
+The certificate's rule is learned on the caller's folds 2..K−1 and applied to its folds 0-1.
+All R + 1 fits run as one batch on the scores' device. A fit whose training records lack a
+class learns nothing: its rule is the prior's alone (a tie at p = 1/2).
 
 **Ties.** A record whose decision value lies within 1e-9 of 0 counts 1/2 for the cross-fitted
 rules and, for the certificate's, as a member iff p > 1/2 (the prior's side).
@@ -155,18 +158,20 @@ def _fit(phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, start: torch.
     free[0] = INTERCEPT_PENALTY
     centre = torch.zeros(r, f, dtype=phi.dtype, device=phi.device)
     centre[:, 0] = start
-    theta = centre.clone()
     bound = 0.25 * torch.bmm(phi * weight.unsqueeze(1), phi.mT)
     low, high = (math.log(a) for a in ALPHA_RANGE)
-    log_alpha = torch.zeros(r, 2, dtype=phi.dtype, device=phi.device)
-    previous = None
+    # every fit stops at its own convergence: the batch keeps only the fits still iterating
+    # (``active``), so no fit's result depends on how long the others take
+    theta_all, log_alpha_all = centre.clone(), centre.new_zeros(r, 2)
+    active = torch.arange(r, device=phi.device)
+    theta, log_alpha, origin, previous = theta_all, log_alpha_all, centre, None
     for _ in range(MAX_UPDATES):
         penalty = log_alpha.exp() @ block + free
         chol, _ = torch.linalg.cholesky_ex(bound + torch.diag_embed(penalty))
         for _ in range(STEPS_PER_UPDATE):
             eta = torch.bmm(theta.unsqueeze(1), phi).squeeze(1)
             residual = weight * (torch.sigmoid(eta) - y)
-            grad = torch.bmm(residual.unsqueeze(1), phi.mT).squeeze(1) + penalty * (theta - centre)
+            grad = torch.bmm(residual.unsqueeze(1), phi.mT).squeeze(1) + penalty * (theta - origin)
             step = torch.cholesky_solve(grad.unsqueeze(-1), chol).squeeze(-1)
             theta = theta - step
         # evidence re-estimation of each block's penalty, in log α
@@ -186,9 +191,23 @@ def _fit(phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, start: torch.
         move = move.clamp(-MAX_MOVE, MAX_MOVE)
         previous = (log_alpha, gap)
         log_alpha = (log_alpha + move).clamp(low, high)
-        done = torch.stack([step.abs().amax() / STEP_TOLERANCE, gap.abs().amax() / ALPHA_TOLERANCE])
-        if float(done.amax()) <= 1:  # one transfer per update
-            break
+        converged = torch.maximum(
+            step.abs().amax(dim=1) / STEP_TOLERANCE, gap.abs().amax(dim=1) / ALPHA_TOLERANCE
+        ).le(1)
+        finished = converged.tolist()  # one transfer per update
+        if any(finished):
+            theta_all[active], log_alpha_all[active] = theta, log_alpha
+            if all(finished):
+                break
+            going = ~converged
+            active, theta, log_alpha, origin = (
+                t[going] for t in (active, theta, log_alpha, origin)
+            )
+            previous = (previous[0][going], previous[1][going])
+            phi, y, weight, bound = phi[going], y[going], weight[going], bound[going]
+    else:
+        theta_all[active], log_alpha_all[active] = theta, log_alpha
+    theta, log_alpha = theta_all, log_alpha_all
     # a block whose evidence-optimal penalty is unbounded is pruned (its weights are 0); with
     # both pruned the model is the intercept alone, whose maximum-likelihood value is ``start``
     kept = (log_alpha < high).to(phi.dtype)

@@ -127,9 +127,10 @@ def test_float32_full_batch_adam_matches_to_float_tolerance():
     assert ens.params["0.weight"].shape == (8, 32, 16)
 
 
-def test_hooks_and_parametrizations_are_honoured():
-    """A model with a forward hook or a parametrized weight is more than its Linear layers:
-    the stacked models still compute what each model computes alone."""
+def test_hooks_parametrizations_and_bias_free_layers():
+    """A model with a forward hook or a parametrized weight is more than its Linear layers, and
+    a Linear without bias has nothing to stack: the stacked models still compute what each
+    model computes alone."""
     x, y = data()
     masks = random_halves(40, 3, seed=0)
     kw = {**SGD, "epochs": 4}
@@ -144,7 +145,13 @@ def test_hooks_and_parametrizations_are_honoured():
         nn.utils.parametrizations.weight_norm(model[0])
         return model
 
-    for model_fn in (hooked, weight_normed):
+    def no_bias():  # a linear stack too, without a bias term to stack
+        d = torch.float64
+        return nn.Sequential(
+            nn.Linear(6, 8, bias=False, dtype=d), nn.ReLU(), nn.Linear(8, 3, dtype=d)
+        )
+
+    for model_fn in (hooked, weight_normed, no_bias):
         ens = train_ensemble(model_fn, (x, y), masks, **kw)
         alone = train_ensemble(model_fn, (x, y), masks, stacked=False, **kw)
         for i in range(3):

@@ -7,8 +7,8 @@ parameters (``torch.func.stack_module_state``), runs ``torch.func.functional_cal
 ``torch.vmap`` with each model's own mini-batch, and steps one optimizer over the stacked
 tensors (PyTorch's model-ensembling tutorial). When the model is an ``nn.Sequential`` of
 ``nn.Linear`` layers and parameter-free elementwise activations on 2-D inputs, the k models'
-layers run as batched matrix products (``torch.baddbmm``) instead, which computes the same
-functions with less per-step overhead than ``vmap``.
+layers run as batched matrix products (``torch.baddbmm``, gradients by the same products)
+instead, which computes the same functions with less per-step overhead than ``vmap``.
 
 The training protocol (the same in both paths, so ``stacked=True`` reproduces ``stacked=False``
 up to floating-point reassociation). For model i, with seed ``s_i`` (:attr:`Ensemble.seeds`,
@@ -122,6 +122,31 @@ def _linear_stack(template: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return layers
 
 
+class _StackedLinear(torch.autograd.Function):
+    """k linear layers at once: ``h`` (k, b, in), ``weight`` (k, out, in), ``bias`` (k, out) or
+    None -> bias + h @ weightᵀ, (k, b, out). Its backward writes the weight gradient in the
+    weight's own layout (gᵀ h), where autograd through ``weight.mT`` would transpose and copy it."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        ctx.save_for_backward(h, weight)
+        ctx.has_bias = bias is not None
+        if bias is None:
+            return torch.bmm(h, weight.mT)
+        return torch.baddbmm(bias.unsqueeze(1), h, weight.mT)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        h, weight = ctx.saved_tensors
+        grad_h = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.mT, h) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(dim=1) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_h, grad_weight, grad_bias
+
+
 def _stacked_forward(template: nn.Module, x_ndim: int, *, shared: bool) -> StackedForward:
     """``forward(params, buffers, x)``: the k stacked models in ``template``'s mode on inputs of
     ``x_ndim`` dimensions per model, (b, ...) for all models when ``shared``, else (k, b, ...)
@@ -145,8 +170,7 @@ def _stacked_forward(template: nn.Module, x_ndim: int, *, shared: bool) -> Stack
             w = p[f"{name}.weight"]
             if h.ndim == 2:  # shared inputs, before the first linear layer
                 h = h.expand(w.shape[0], *h.shape)
-            bias = p.get(f"{name}.bias")
-            h = torch.bmm(h, w.mT) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w.mT)
+            h = _StackedLinear.apply(h, w, p.get(f"{name}.bias"))
         return h
 
     return linear_stack

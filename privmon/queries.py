@@ -63,6 +63,7 @@ from privmon.attacks.reference import (
     gaussian_fit,
     lira_offline_score,
     log_normal,
+    pooled_variance,
     rmia_marginal,
     rmia_score,
 )
@@ -1029,12 +1030,12 @@ class ReferenceModelQuery(_ClassifierQuery):
                 x, y = self._records(self.reference_data, "reference_data")
                 v = self._reference_values(x, y)
                 self._pooled_variances = torch.stack(
-                    [_pooled_variance(v[1], v[2]), _pooled_variance(v[4], v[5])]
+                    [pooled_variance(v[1], v[2]), pooled_variance(v[4], v[5])]
                 )
             else:
                 x, y = self._records(self.population, "population")
                 v = self._reference_values(x, y)
-                self._population_values = _pooled_variance(v[4], v[5])
+                self._population_values = pooled_variance(v[4], v[5])
         if self.attack != "rmia":
             return
         x, y = self._records(self.population, "population")
@@ -1056,7 +1057,7 @@ class ReferenceModelQuery(_ClassifierQuery):
         if pooled is None:
             raise RuntimeError(f"{type(self).__name__}.prepare() must run before scoring")
         pooled = pooled.reshape(-1)[side if self.online else 0].to(var.device)
-        return fit_variance(torch.where(count >= 1, pooled, math.nan), count, fixed=False)
+        return fit_variance(var, count, fixed=True, pooled=pooled)
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
@@ -1118,13 +1119,6 @@ def _record_digests(x: torch.Tensor, y: torch.Tensor) -> list[bytes]:
         hashlib.blake2b(r.tobytes() + lab.tobytes(), digest_size=16).digest()
         for r, lab in zip(rows, labels, strict=True)
     ]
-
-
-def _pooled_variance(var: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """The mean of the per-record variances over the records with two scores or more (NaN
-    when there is none): LiRA's fixed variance."""
-    ok = count >= 2
-    return var[ok].mean() if bool(ok.any()) else var.new_tensor(math.nan)
 
 
 # --- anything else --------------------------------------------------------------------------------

@@ -122,6 +122,9 @@ def _linear_stack(template: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return layers
 
 
+_NARROW = 16  # output features below which a stacked CPU layer computes (weight @ hᵀ)ᵀ
+
+
 class _StackedLinear(torch.autograd.Function):
     """k linear layers at once: ``h`` (k, b, in), ``weight`` (k, out, in), ``bias`` (k, out) or
     None -> bias + h @ weightᵀ, (k, b, out). Its backward writes the weight gradient in the
@@ -133,6 +136,15 @@ class _StackedLinear(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(h, weight)
         ctx.has_bias = bias is not None
+        if h.device.type == "cpu" and weight.shape[1] < _NARROW:
+            # batched CPU GEMMs (MKL) with so few output columns run 1.3-3x slower than the
+            # transposed product, (weight @ hᵀ)ᵀ, with the batch as columns
+            out = (
+                torch.bmm(weight, h.mT)
+                if bias is None
+                else torch.baddbmm(bias[..., None], weight, h.mT)
+            )
+            return out.mT
         if bias is None:
             return torch.bmm(h, weight.mT)
         return torch.baddbmm(bias.unsqueeze(1), h, weight.mT)
@@ -171,7 +183,7 @@ def _stacked_forward(template: nn.Module, x_ndim: int, *, shared: bool) -> Stack
             if h.ndim == 2:  # shared inputs, before the first linear layer
                 h = h.expand(w.shape[0], *h.shape)
             h = _StackedLinear.apply(h, w, p.get(f"{name}.bias"))
-        return h
+        return h.contiguous()
 
     return linear_stack
 

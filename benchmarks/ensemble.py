@@ -1,4 +1,4 @@
-"""Benchmark shadow-model training: one model after another vs one vmapped ensemble.
+"""Benchmark shadow-model training: one model after another vs one stacked ensemble.
 
 Run from the repository root::
 
@@ -11,17 +11,20 @@ The workload is the one of issue 15 and of ``examples/lira_audit.py``: ``--model
 half of the first ``--records`` digits of sklearn's ``load_digits`` (privmon.audit.random_halves,
 125 records each by default), through :func:`privmon.audit.train_ensemble` with
 ``stacked=False`` (the same protocol, one model at a time: init, Adam, 150 full-batch steps)
-and ``stacked=True`` (``stack_module_state`` + ``vmap`` + one Adam over the stacked tensors).
+and ``stacked=True`` (``stack_module_state``, the MLP's layers as batched matrix products over the
+64 models, one Adam over the stacked tensors).
 
 Both paths run in the same invocation, each training in a fresh child process (spawned one
 after the other, never concurrently), so that its peak memory can be read on its own: on the
 CPU the process's peak resident set (``VmHWM``) and its growth over the resident set just before
 training (after imports, data and a one-epoch warm-up of the same path); on a GPU
 ``torch.cuda.max_memory_allocated``. With ``--repeat r`` the two paths alternate r times (one
-by one, ensemble, one by one, ...), so a change in the machine's load hits both alike; the
-table shows the median wall time, each round's speed-up, and the largest peak. It also prints
-the largest parameter difference between the two paths' models (float32: rounding, amplified
-over the epochs).
+by one, ensemble, one by one, ...; 3 rounds by default), so a change in the machine's load
+hits both alike; the table shows the median wall and CPU time of each path (the child's
+``process_time``: on a machine other processes load, the CPU-time ratio is the steadier
+figure, the wall-time ratio the one a quiet machine shows), each round's speed-up, and the
+largest peak. It also prints the largest parameter difference between the two paths' models
+(float32: rounding, amplified over the epochs).
 """
 
 from __future__ import annotations
@@ -83,9 +86,10 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
     rss_before = _status_kib("VmRSS")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     ens = train(args.epochs)
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     peak = (
         torch.cuda.max_memory_allocated() / 2**20
         if dev.type == "cuda"
@@ -94,6 +98,7 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
     growth = None if dev.type == "cuda" else (_status_kib("VmHWM") - rss_before) / 1024
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "peak_mib": peak,
         "growth_mib": growth,
         "params": {k: v.cpu().numpy() for k, v in ens.params.items()},
@@ -107,7 +112,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=250)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeat", type=int, default=1, help="alternating rounds per path")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating rounds per path")
     args = parser.parse_args()
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -124,26 +129,36 @@ def main() -> None:
                 runs[stacked].append(pool.submit(run, stacked, args).result())
     seq, ens = runs[False][0], runs[True][0]
     diff = max(float(np.abs(seq["params"][k] - ens["params"][k]).max()) for k in seq["params"])
-    t_seq = statistics.median(r["seconds"] for r in runs[False])
+    median = {
+        (stacked, key): statistics.median(r[key] for r in runs[stacked])
+        for stacked in (False, True)
+        for key in ("seconds", "cpu_seconds")
+    }
     rounds = " / ".join(
         f"{a['seconds'] / b['seconds']:.1f}x" for a, b in zip(runs[False], runs[True], strict=True)
     )
     mem = "peak GPU MiB" if args.device.startswith("cuda") else "peak RSS MiB (growth)"
     print()
-    print(f"| path | wall s (median) | ms per model | speed-up (per round) | {mem} |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        f"| path | wall s (median) | CPU s (median) | ms per model | speed-up, wall (per round) "
+        f"| speed-up, CPU | {mem} |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, stacked in (("one by one (stacked=False)", False), ("ensemble (stacked=True)", True)):
         rs = runs[stacked]
-        t = statistics.median(r["seconds"] for r in rs)
+        t, cpu = median[stacked, "seconds"], median[stacked, "cpu_seconds"]
         peak = max(r["peak_mib"] for r in rs)
         growth = (
             "" if rs[0]["growth_mib"] is None else f" (+{max(r['growth_mib'] for r in rs):.1f})"
         )
         each = f" ({rounds})" if stacked else ""
         print(
-            f"| {name} | {t:.2f} | {1e3 * t / args.models:.1f} | {t_seq / t:.1f}x{each} | "
-            f"{peak:.1f}{growth} |"
+            f"| {name} | {t:.2f} | {cpu:.2f} | {1e3 * t / args.models:.1f} | "
+            f"{median[False, 'seconds'] / t:.1f}x{each} | "
+            f"{median[False, 'cpu_seconds'] / cpu:.1f}x | {peak:.1f}{growth} |"
         )
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\nload average after the runs: {load_after:.2f} (CPU time counts this process only)")
     print()
     print(f"largest parameter difference between the two paths: {diff:.2e}")
 

@@ -56,12 +56,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privmon._validation import check_flag, check_positive, check_unit
+from privmon._validation import as_mask, check_flag, check_positive, check_unit
 from privmon.attacks.metric import logit_confidence_from_logits, modified_entropy_from_logits
 from privmon.attacks.reference import (
     fit_variance,
     gaussian_fit,
     lira_offline_score,
+    log_normal,
+    pooled_variance,
     rmia_marginal,
     rmia_score,
 )
@@ -801,27 +803,43 @@ _REFERENCE_ATTACKS = ("lira", "rmia", "calibrated")
 class ReferenceModelQuery(_ClassifierQuery):
     """A reference-model attack on a classifier as a monitor query, shape (n,), higher = member.
 
-    ``references`` are classifiers of the same task that the user trained *without the audit
-    members* (for example on the held-out pool), so every attack is in its offline form
-    (:mod:`privmon.attacks.reference`), with φ the logit-scaled confidence
-    (:class:`LogitConfidenceQuery`), p_y = sigmoid(φ) and the loss −log p_y = softplus(−φ):
+    ``references`` are classifiers of the same task as ``model``, trained by the user. Each
+    attack is the functional one of :mod:`privmon.attacks.reference` on φ, the logit-scaled
+    confidence (:class:`LogitConfidenceQuery`), p_y = sigmoid(φ) and the loss
+    −log p_y = softplus(−φ), with the reference models that trained on a record known from
+    ``reference_data`` and ``reference_in`` (records matched by content: input bytes and label).
+    Without ``reference_data`` every reference counts as trained without every record (for
+    example references trained on a held-out pool, never on the audit records):
 
-    - ``"lira"``: offline LiRA, log Φ((φ_θ(x) − μ(x)) / σ(x)) with μ(x), σ²(x) the mean and
-      (maximum-likelihood) variance of φ over the references (Carlini et al., "Membership
-      Inference Attacks From First Principles", §VI-A); with ``fixed_variance`` one σ² for all
-      records, the mean per-record variance over the ``population`` records;
-    - ``"rmia"``: offline RMIA (Zarifzadeh et al., "Low-Cost High-Power Membership Inference
-      Attacks"): the fraction of ``population`` records z with r(x) / r(z) ≥ ``gamma``,
-      r = p_θ / Pr, Pr(x) = ½((1 + a)·mean of the references' p_y + (1 − a));
+    - ``"lira"``: LiRA (Carlini et al., "Membership Inference Attacks From First Principles").
+      Offline (§VI-A, default): log Φ((φ_θ(x) − μ_out(x)) / σ_out(x)), μ_out and σ²_out the mean
+      and (maximum-likelihood) variance of φ over the references trained without x. Online
+      (``online=True``, eq. 4): log N(φ_θ(x); μ_in, σ²_in) − log N(φ_θ(x); μ_out, σ²_out), the
+      in-Gaussian fitted over the references that trained on x; this needs references trained
+      on the audit records, each record in about half of them (e.g. an ensemble of
+      :func:`privmon.audit.train_ensemble` on :func:`privmon.audit.random_halves` of the
+      members and non-members the monitor audits). The offline test sees only how far φ
+      rises above the out-models; the online one also knows how high training drives φ, so it
+      tells apart a non-member the model gets wrong from a member, as a loss threshold does.
+      With ``fixed_variance`` one σ² per side for all records, the mean per-record variance:
+      offline over the ``population`` records, online over the ``reference_data`` records
+      (the paper advises it below about 64 references);
+    - ``"rmia"``: RMIA (Zarifzadeh et al., "Low-Cost High-Power Membership Inference Attacks"):
+      the fraction of ``population`` records z with r(x) / r(z) ≥ ``gamma``, r = p_θ / Pr;
+      offline Pr(x) = ½((1 + a)·mean of p_y over the references trained without x + (1 − a)),
+      online the mean over all references;
     - ``"calibrated"``: the difficulty-calibrated loss (Watson et al., "On the Importance of
-      Difficulty Calibration in Membership Inference Attacks"), the references' mean loss minus
-      the model's loss.
+      Difficulty Calibration in Membership Inference Attacks"), the mean loss of the
+      references trained without x minus the model's loss.
+
+    A record lacking the reference scores its attack needs (e.g. online LiRA for a record no
+    reference trained on) scores NaN, which the monitor drops and counts.
 
     Cost per check: one forward of ``model`` per batch (and, for RMIA, on the population in
     ``prepare``). The references do not change during training, so their per-record values
-    (μ and σ², Pr(x), the mean loss) are computed once per batch content and cached, keyed like
-    :class:`privmon.attacks.GeneratorQuery`'s cache by dtype, shape and a BLAKE2b digest of the
-    batch's inputs and labels (after ``transform``); inputs that are not a tensor (keyword
+    (Gaussian fits, Pr(x), the mean loss) are computed once per batch content and cached, keyed
+    like :class:`privmon.attacks.GeneratorQuery`'s cache by dtype, shape and a BLAKE2b digest of
+    the batch's inputs and labels (after ``transform``); inputs that are not a tensor (keyword
     inputs) are not cached. ``release()`` keeps only the entries the check used, so memory
     stays O(audit records). Counters: :attr:`n_reference_evaluations` (records run through the
     references), :attr:`cache_hits`, :attr:`cache_misses` (batches).
@@ -832,12 +850,19 @@ class ReferenceModelQuery(_ClassifierQuery):
             puts them in eval mode) or a :class:`privmon.audit.Ensemble`; outputs are logits as
             for every classifier query.
         attack: ``"lira"`` (default), ``"rmia"`` or ``"calibrated"``.
+        online: LiRA's and RMIA's online form (above); needs ``reference_data``.
+        reference_data: the records ``(x, y)`` the references were trained on (their union, as
+            the model takes them, after ``transform``), tensors with one row per record.
+        reference_in: (k, m) bool, reference i trained on record j of ``reference_data``;
+            default: the :class:`~privmon.audit.Ensemble`'s ``masks`` (``reference_data`` is
+            then the data it was trained on). Identical records are merged (a reference
+            trained on any copy trained on the record).
         population: records ``(x, y)`` that neither ``model`` nor the references trained on;
-            required for ``"rmia"`` and for ``fixed_variance``.
-        fixed_variance: LiRA with one variance for all records (advised with few references).
+            required for ``"rmia"`` and for offline ``fixed_variance``.
+        fixed_variance: LiRA with one variance per side for all records.
         a: RMIA's offline slope in [0, 1]; gamma: its likelihood-ratio threshold > 0.
         cache: cache the references' per-record values across checks.
-        name: defaults to ``attack``.
+        name: defaults to ``attack`` (``"lira_online"`` / ``"rmia_online"`` when online).
         transform: ``batch -> (x, y)`` adapter.
     """
 
@@ -849,6 +874,9 @@ class ReferenceModelQuery(_ClassifierQuery):
         references: Sequence[nn.Module] | Ensemble,
         *,
         attack: str = "lira",
+        online: bool = False,
+        reference_data: tuple[Any, Any] | None = None,
+        reference_in: Any = None,
         population: tuple[Any, Any] | None = None,
         fixed_variance: bool = False,
         a: float = 0.3,
@@ -861,6 +889,7 @@ class ReferenceModelQuery(_ClassifierQuery):
             raise ValueError(f"attack must be one of {_REFERENCE_ATTACKS}, got {attack!r}")
         if isinstance(references, Ensemble):
             refs: tuple[nn.Module, ...] = ()
+            n_refs = len(references)
         else:
             if isinstance(references, nn.Module) and not isinstance(
                 references, nn.ModuleList | nn.Sequential
@@ -869,31 +898,65 @@ class ReferenceModelQuery(_ClassifierQuery):
             refs = tuple(_check_module(m, "references") for m in references)
             if not refs:
                 raise ValueError("references must hold at least one reference model")
+            n_refs = len(refs)
         self.references = references
         self.attack = attack
+        self.online = check_flag(online, name="online")
+        if self.online and attack == "calibrated":
+            raise ValueError(
+                "online must be False for attack='calibrated': the calibrated loss compares "
+                "with the references trained without the record"
+            )
+        if self.online and reference_data is None:
+            raise ValueError(
+                "online=True needs reference_data: the records (x, y) the references trained "
+                "on (and reference_in, which reference trained on which, unless references is "
+                "an Ensemble)"
+            )
         self.fixed_variance = check_flag(fixed_variance, name="fixed_variance")
         self.a = check_unit(a, name="a")
         self.gamma = check_positive(gamma, name="gamma")
         self.cache = check_flag(cache, name="cache")
-        if population is None and (attack == "rmia" or self.fixed_variance):
+        offline_fixed = attack == "lira" and self.fixed_variance and not self.online
+        if population is None and (attack == "rmia" or offline_fixed):
             raise ValueError(
-                "population (x, y) is required for attack='rmia' and for fixed_variance: "
-                "records neither the model nor the references trained on"
+                "population (x, y) is required for attack='rmia' and for offline "
+                "fixed_variance: records neither the model nor the references trained on"
             )
-        if population is not None and (
-            not isinstance(population, tuple | list) or len(population) != 2
-        ):
-            raise ValueError("population must be a pair (x, y) of inputs and labels")
-        self.population = population
-        super().__init__(model, name=attack if name is None else name, transform=transform)
+        self.population = _check_pair(population, "population")
+        self.reference_data = _records_on_cpu(_check_pair(reference_data, "reference_data"))
+        self._reference_in = self._check_reference_in(reference_in, n_refs)
+        default = f"{attack}_online" if self.online else attack
+        super().__init__(model, name=default if name is None else name, transform=transform)
         self.modules = _unique_modules((model, *refs))
-        self._population_values: torch.Tensor | None = None  # Pr(z) or per-record σ² of z
+        self._population_values: torch.Tensor | None = None  # Pr(z) or the pooled σ²_out
+        self._pooled_variances: torch.Tensor | None = None  # online fixed: σ²_in, σ²_out
         self._population_ratio: torch.Tensor | None = None  # r(z) of the current check
+        self._columns: dict[bytes, int] | None = None  # record digest -> reference_in column
         self._cache: dict[tuple, torch.Tensor] = {}
         self._used: set[tuple] = set()
         self.n_reference_evaluations = 0
         self.cache_hits = 0
         self.cache_misses = 0
+
+    def _check_reference_in(self, reference_in: Any, n_refs: int) -> torch.Tensor | None:
+        if self.reference_data is None:
+            if reference_in is not None:
+                raise ValueError("reference_in needs reference_data, the records it refers to")
+            return None
+        m = self.reference_data[0].shape[0]
+        if reference_in is None:
+            if not isinstance(self.references, Ensemble):
+                raise ValueError(
+                    "reference_in is required with reference_data unless references is an "
+                    f"Ensemble: a boolean array of shape ({n_refs}, {m})"
+                )
+            reference_in = self.references.masks
+        if not isinstance(reference_in, torch.Tensor):
+            reference_in = np.asarray(reference_in)
+        return as_mask(
+            reference_in, name="reference_in", shape=(n_refs, m), device=torch.device("cpu")
+        )
 
     def _reference_phi(self, x: Any, y: torch.Tensor) -> torch.Tensor:
         """φ of every record under every reference, (k, n) float64 on y's device."""
@@ -908,16 +971,45 @@ class ReferenceModelQuery(_ClassifierQuery):
         logits = torch.stack([self._logits(o).to(y.device, torch.float64) for o in outs])
         return logit_confidence_from_logits(logits, y.expand(len(outs), -1))
 
+    def _shadow_in(self, x: Any, y: torch.Tensor) -> torch.Tensor | None:
+        """(k, n) bool: reference i trained on record j of the batch (matched by content in
+        ``reference_data``); None without ``reference_data``."""
+        if self._reference_in is None or self.reference_data is None:
+            return None
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{self.name}: reference_data matches tensor inputs only")
+        if self._columns is None:
+            rx, ry = self.reference_data
+            keys = _record_digests(rx.to(x.dtype), ry.long())
+            columns: dict[bytes, int] = {}
+            merged = self._reference_in.clone()
+            for j, key in enumerate(keys):
+                first = columns.setdefault(key, j)
+                merged[:, first] |= self._reference_in[:, j]
+            self._columns, self._reference_in = columns, merged
+        cols = torch.tensor([self._columns.get(k, -1) for k in _record_digests(x, y)])
+        found = cols >= 0
+        m = torch.zeros(self._reference_in.shape[0], cols.shape[0], dtype=torch.bool)
+        m[:, found] = self._reference_in[:, cols[found]]
+        return m.to(y.device)
+
     def _reference_values(self, x: Any, y: torch.Tensor) -> torch.Tensor:
-        """The per-record reference values: (2, n) μ and σ² (LiRA), (n,) Pr(x) (RMIA) or the
-        references' mean loss (calibrated)."""
+        """The per-record reference values: (6, n) μ, σ², count of the in and the out side
+        (LiRA), (n,) Pr(x) (RMIA) or the out-references' mean loss (calibrated)."""
         phi = self._reference_phi(x, y)
+        m = self._shadow_in(x, y)
+        out = None if m is None else ~m
         if self.attack == "lira":
-            mean, var, count = gaussian_fit(phi, None)
-            return torch.stack([mean, fit_variance(var, count, fixed=False)])
+            mu_out, var_out, n_out = gaussian_fit(phi, out)
+            if m is None:
+                mu_in, var_in, n_in = torch.full((3, phi.shape[1]), math.nan, dtype=phi.dtype)
+            else:
+                mu_in, var_in, n_in = gaussian_fit(phi, m)
+            counts = (n_in.to(phi.dtype), n_out.to(phi.dtype))
+            return torch.stack([mu_in, var_in, counts[0], mu_out, var_out, counts[1]])
         if self.attack == "rmia":
-            return rmia_marginal(torch.sigmoid(phi), None, online=False, a=self.a)
-        return F.softplus(-phi).mean(dim=0)
+            return rmia_marginal(torch.sigmoid(phi), m, online=self.online, a=self.a)
+        return gaussian_fit(F.softplus(-phi), out)[0]
 
     def _lookup(self, x: Any, y: torch.Tensor) -> torch.Tensor:
         if not (self.cache and isinstance(x, torch.Tensor)):
@@ -933,50 +1025,71 @@ class ReferenceModelQuery(_ClassifierQuery):
         self._cache[key] = values
         return values
 
+    def _records(self, pair: tuple[Any, Any] | None, what: str) -> tuple[Any, torch.Tensor]:
+        if pair is None:
+            raise ValueError(f"{self.name}: this attack needs {what}")
+        x, y = _split_batch(tuple(pair), self.device)
+        if y is None:
+            raise ValueError(f"{what} must be a pair (x, y) of inputs and labels")
+        return x, y.long()
+
     @torch.no_grad()
     def prepare(self, device: Any = None) -> None:
         """RMIA: r(z) of the population under the current model; LiRA with a fixed variance:
-        the references' pooled variance on the population (computed once)."""
-        if self.population is None:
-            return
-        x, y = _split_batch(tuple(self.population), self.device)
-        if y is None:
-            raise ValueError("population must be a pair (x, y) of inputs and labels")
-        if self._population_values is None:
-            phi = self._reference_phi(x, y.long())
-            if self.attack == "rmia":
-                values = rmia_marginal(torch.sigmoid(phi), None, online=False, a=self.a)
+        the references' pooled variances (computed once)."""
+        pooled = self._pooled_variances if self.online else self._population_values
+        if self.attack == "lira" and self.fixed_variance and pooled is None:
+            if self.online:
+                x, y = self._records(self.reference_data, "reference_data")
+                v = self._reference_values(x, y)
+                self._pooled_variances = torch.stack(
+                    [pooled_variance(v[1], v[2]), pooled_variance(v[4], v[5])]
+                )
             else:
-                _, var, count = gaussian_fit(phi, None)
-                values = fit_variance(var, count, fixed=True)[:1]
-            self._population_values = values
-        if self.attack == "rmia":
-            logits = self._logits(_forward(self.model, x))
-            p = torch.sigmoid(
-                logit_confidence_from_logits(logits.double(), self._labels(y, logits))
-            )
-            ratio = p / self._population_values.to(p.device)
-            self._population_ratio = ratio[~torch.isnan(ratio)]
-            if self._population_ratio.numel() == 0:
-                raise ValueError(f"{self.name}: no population record has a finite ratio")
+                x, y = self._records(self.population, "population")
+                v = self._reference_values(x, y)
+                self._population_values = pooled_variance(v[4], v[5])
+        if self.attack != "rmia":
+            return
+        x, y = self._records(self.population, "population")
+        if self._population_values is None:
+            self._population_values = self._reference_values(x, y)
+        logits = self._logits(_forward(self.model, x))
+        p = torch.sigmoid(logit_confidence_from_logits(logits.double(), self._labels(y, logits)))
+        ratio = p / self._population_values.to(p.device)
+        self._population_ratio = ratio[~torch.isnan(ratio)]
+        if self._population_ratio.numel() == 0:
+            raise ValueError(f"{self.name}: no population record has a finite ratio")
+
+    def _variance(self, var: torch.Tensor, count: torch.Tensor, side: int) -> torch.Tensor:
+        """Per-record (two scores or more) or the fixed variance (one or more) of one side
+        (0: in, 1: out), floored as :func:`privmon.attacks.reference.fit_variance`."""
+        if not self.fixed_variance:
+            return fit_variance(var, count, fixed=False)
+        pooled = self._pooled_variances if self.online else self._population_values
+        if pooled is None:
+            raise RuntimeError(f"{type(self).__name__}.prepare() must run before scoring")
+        pooled = pooled.reshape(-1)[side if self.online else 0].to(var.device)
+        return fit_variance(var, count, fixed=True, pooled=pooled)
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
         x, logits, y = self._forward_labelled(batch)
         phi = logit_confidence_from_logits(logits.to(torch.float64), y)
         values = self._lookup(x, y)
-        pop = self._population_values if self.attack == "lira" else self._population_ratio
-        if pop is None and (self.attack == "rmia" or self.fixed_variance):
-            raise RuntimeError(f"{type(self).__name__}.prepare() must run before scoring")
         if self.attack == "lira":
-            var = values[1]
-            if self.fixed_variance and pop is not None:  # None raised above
-                var = pop.to(var.device).expand_as(var)
-            return lira_offline_score(phi, values[0], var)
-        if self.attack == "rmia" and pop is not None:  # None raised above
-            rz = pop.to(phi.device)
+            mu_in, var_in, n_in, mu_out, var_out, n_out = values
+            var_out = self._variance(var_out, n_out, 1)
+            if not self.online:
+                return lira_offline_score(phi, mu_out, var_out)
+            var_in = self._variance(var_in, n_in, 0)
+            score = log_normal(phi, mu_in, var_in) - log_normal(phi, mu_out, var_out)
+            return torch.where(torch.isfinite(phi), score, math.nan)
+        if self.attack == "rmia":
+            if self._population_ratio is None:
+                raise RuntimeError(f"{type(self).__name__}.prepare() must run before scoring")
             ratio = torch.where(torch.isfinite(phi), torch.sigmoid(phi) / values, math.nan)
-            return rmia_score(ratio, rz, self.gamma)
+            return rmia_score(ratio, self._population_ratio.to(phi.device), self.gamma)
         return torch.where(torch.isfinite(phi), values - F.softplus(-phi), math.nan)
 
     def release(self) -> None:
@@ -986,7 +1099,39 @@ class ReferenceModelQuery(_ClassifierQuery):
         self._used = set()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, attack={self.attack!r})"
+        return (
+            f"{type(self).__name__}(name={self.name!r}, attack={self.attack!r}, "
+            f"online={self.online})"
+        )
+
+
+def _check_pair(pair: Any, name: str) -> tuple[Any, Any] | None:
+    if pair is not None and (not isinstance(pair, tuple | list) or len(pair) != 2):
+        raise ValueError(f"{name} must be a pair (x, y) of inputs and labels")
+    return None if pair is None else tuple(pair)
+
+
+def _records_on_cpu(pair: tuple[Any, Any] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``reference_data`` as CPU tensors, checked for one label per input row."""
+    if pair is None:
+        return None
+    x, y = (v.detach().cpu() if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in pair)
+    if x.ndim == 0 or tuple(y.shape) != (x.shape[0],):
+        raise ValueError(
+            "reference_data must be a pair (x, y) with one row per record and labels of shape "
+            f"(n,), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    return x, y
+
+
+def _record_digests(x: torch.Tensor, y: torch.Tensor) -> list[bytes]:
+    """One 128-bit BLAKE2b digest per record of its input row's bytes and its label."""
+    rows = x.detach().cpu().contiguous().reshape(x.shape[0], -1).view(torch.uint8).numpy()
+    labels = y.detach().cpu().long().reshape(-1, 1).view(torch.uint8).numpy()
+    return [
+        hashlib.blake2b(r.tobytes() + lab.tobytes(), digest_size=16).digest()
+        for r, lab in zip(rows, labels, strict=True)
+    ]
 
 
 # --- anything else --------------------------------------------------------------------------------

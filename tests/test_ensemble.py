@@ -25,6 +25,16 @@ def mlp(d=6, h=8, c=3, dtype=torch.float64):
     )
 
 
+def normed_mlp(d=6, h=8, c=3, dtype=torch.float64):
+    """Not a plain linear stack (LayerNorm): the stacked path runs it under vmap."""
+    return lambda: nn.Sequential(
+        nn.Linear(d, h, dtype=dtype),
+        nn.LayerNorm(h, dtype=dtype),
+        nn.Tanh(),
+        nn.Linear(h, c, dtype=dtype),
+    )
+
+
 def data(n=40, d=6, c=3, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g, dtype=dtype)
@@ -60,8 +70,8 @@ def train_alone(model_fn, x, y, rows, *, seed, optimizer, epochs, batch_size):
         (lambda p: torch.optim.RMSprop(p, lr=0.01), 10, "uneven"),  # 3 batches, padded last
     ],
 )
-@pytest.mark.parametrize("stacked", [True, False])
-def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, stacked):
+@pytest.mark.parametrize(("stacked", "model_fn"), [(True, mlp), (True, normed_mlp), (False, mlp)])
+def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, stacked, model_fn):
     x, y = data()
     if masks_kind == "halves":
         masks = random_halves(40, 5, seed=3)
@@ -70,7 +80,7 @@ def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, 
         masks[:, :21] = True
         masks[:, 26:] = False
     ens = train_ensemble(
-        mlp(),
+        model_fn(),
         (x, y),
         masks,
         loss_fn=per_record_ce,
@@ -86,7 +96,7 @@ def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, 
     for i in range(5):
         rows = torch.nonzero(torch.as_tensor(masks[i])).squeeze(1)
         alone = train_alone(
-            mlp(),
+            model_fn(),
             x,
             y,
             rows,
@@ -101,6 +111,7 @@ def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, 
         ):
             torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-10, msg=name)
         assert not torch.equal(alone[0].weight, ens.model((i + 1) % 5)[0].weight)
+        assert ens(x).shape == (5, 40, 3)
         torch.testing.assert_close(ens(x)[i], alone(x).detach(), rtol=1e-9, atol=1e-10)
 
 
@@ -114,6 +125,39 @@ def test_float32_full_batch_adam_matches_to_float_tolerance():
     for name in ens.params:
         torch.testing.assert_close(ens.params[name], seq.params[name], rtol=1e-4, atol=1e-4)
     assert ens.params["0.weight"].shape == (8, 32, 16)
+
+
+def test_hooks_parametrizations_and_bias_free_layers():
+    """A model with a forward hook or a parametrized weight is more than its Linear layers, and
+    a Linear without bias has nothing to stack: the stacked models still compute what each
+    model computes alone."""
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+    kw = {**SGD, "epochs": 4}
+
+    def hooked():
+        model = mlp()()
+        model[0].register_forward_hook(lambda mod, inp, out: 2.0 * out)
+        return model
+
+    def weight_normed():
+        model = mlp()()
+        nn.utils.parametrizations.weight_norm(model[0])
+        return model
+
+    def no_bias():  # a linear stack too, without a bias term to stack
+        d = torch.float64
+        return nn.Sequential(
+            nn.Linear(6, 8, bias=False, dtype=d), nn.ReLU(), nn.Linear(8, 3, dtype=d)
+        )
+
+    for model_fn in (hooked, weight_normed, no_bias):
+        ens = train_ensemble(model_fn, (x, y), masks, **kw)
+        alone = train_ensemble(model_fn, (x, y), masks, stacked=False, **kw)
+        for i in range(3):
+            want = alone.model(i)(x).detach()
+            torch.testing.assert_close(ens(x)[i], want, rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(ens.model(i)(x).detach(), want, rtol=1e-9, atol=1e-10)
 
 
 def test_random_halves():

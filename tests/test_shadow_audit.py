@@ -129,17 +129,19 @@ def test_real_model_canaries_rank_at_the_top(digits_audit):
 
 
 def test_real_model_optimal_advantage_of_lira_is_at_least_the_loss(digits_audit):
+    """Online LiRA only: the offline test ignores how high training drives a member's φ, which
+    is what the loss threshold's advantage on this model comes from (members all fit, some
+    non-members missed); it ties the loss threshold (+0.01 to +0.03 here over seeds 0-2,
+    below it on examples/lira_audit.py's 500 records), online LiRA leads by 0.07 to 0.09."""
     r = digits_audit
 
     def advantage(name):
         s = r.scores[name]
         return privmon.optimal_advantage(s[r.masks], s[~r.masks])
 
-    loss = advantage("loss")
-    for name in ("lira", "lira_offline"):
-        est = advantage(name)
-        assert est.value >= loss.value, (name, est, loss)
-        assert est.lower >= loss.lower, (name, est, loss)
+    loss, est = advantage("loss"), advantage("lira")
+    assert est.value >= loss.value, (est, loss)
+    assert est.lower >= loss.lower, (est, loss)
 
 
 # --- LiRA in the specific-setup audit -------------------------------------------------------------

@@ -127,11 +127,21 @@ def gaussian_fit(
     return mean, var, count
 
 
-def fit_variance(var: torch.Tensor, count: torch.Tensor, *, fixed: bool) -> torch.Tensor:
-    """Per-record variances (NaN below two scores) or the fixed (pooled) variance broadcast to
-    every record with at least one score; floored at 1e-60."""
+def pooled_variance(var: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """LiRA's fixed variance: the mean of the per-record variances ``var`` over the records with
+    at least two scores (``count``), a 0-d tensor; NaN when there is none."""
+    ok = count >= 2
+    return var[ok].mean() if bool(ok.any()) else var.new_tensor(math.nan)
+
+
+def fit_variance(
+    var: torch.Tensor, count: torch.Tensor, *, fixed: bool, pooled: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-record variances (NaN below two scores) or the fixed variance broadcast to every
+    record with at least one score (``pooled``, by default :func:`pooled_variance` of these
+    records); floored at 1e-60."""
     if fixed:
-        pooled = var[count >= 2].mean() if bool((count >= 2).any()) else var.new_tensor(math.nan)
+        pooled = pooled_variance(var, count) if pooled is None else pooled
         var = torch.where(count >= 1, pooled, math.nan)
     else:
         var = torch.where(count >= 2, var, math.nan)

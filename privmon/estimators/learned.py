@@ -36,10 +36,10 @@ other folds: both rules of a pair learn the chance association between the other
 and labels and meet it again on their own fold, so the fold terms are positively correlated
 ("No unbiased estimator of the variance of K-fold cross-validation", Bengio and Grandvalet,
 2004), which at d = 64 with 2,000 + 2,000 identical draws raised the value's standard deviation
-from 0.014 to 0.018 and the fraction of runs above 0.03 from 2 % to 7 % (measured, 240 runs).
+from 0.015 to 0.019 and the fraction of runs above 0.03 from 2.5 % to 11 % (240 runs, measured).
 The price is training data: with one-way pairs a rule learns, on average, from less than half
 of the records (here 4/9, instead of 3/4 with K = 4), and the learned rule is worse: a 64-D mean
-shift with truth 0.311 reports 0.282 instead of 0.293 (mean of 40 seeds, measured). The
+shift with truth 0.311 reports 0.281 instead of 0.293 (mean of 40 seeds, measured). The
 round robin gives every rule the same share, so none is learned from few records.
 
 The certificate's rule is learned on the caller's folds 2..K−1 and applied to its folds 0-1.

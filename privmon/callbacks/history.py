@@ -93,7 +93,8 @@ class ReportHistory(Sequence[Report]):
         if tag not in self._scalars:
             raise KeyError(f"no check reported {tag!r}")
         values = np.array(self._scalars[tag], dtype=np.float32).astype(str).astype(np.float64)
-        present = np.array([tag in self._tagsets[t] for t in self._fields["tagset"]], dtype=bool)
+        reports_tag = np.array([tag in tags for tags in self._tagsets], dtype=bool)
+        present = reports_tag[np.frombuffer(self._fields["tagset"], dtype=np.int32)]
         return np.where(present, values, np.nan)
 
     def append(self, report: Report) -> None:

@@ -1009,9 +1009,10 @@ def estimate_methods(
     estimates: dict[str, AdvantageEstimate] = {}
     densities: dict[str, RuleDensities] = {}
     if selections:
-        try:  # every grid method in one pass (one device transfer)
-            found, densities = _grid_estimates(
-                selections,
+
+        def estimate(chosen: dict[str, Any]) -> None:
+            found, dens = _grid_estimates(
+                chosen,
                 bandwidth="scott",
                 certify_delta=lower_delta,
                 plugins=plugins,
@@ -1020,22 +1021,16 @@ def estimate_methods(
                 n_dropped=n_dropped,
             )
             estimates.update(found)
+            densities.update(dens)
+
+        try:  # every grid method in one pass (one device transfer)
+            estimate(selections)
         except Exception:
             if not skip_errors:
                 raise
             for method, one in selections.items():  # again one by one, to isolate the failure
                 try:
-                    found, dens = _grid_estimates(
-                        {method: one},
-                        bandwidth="scott",
-                        certify_delta=lower_delta,
-                        plugins=plugins,
-                        prior=prior,
-                        delta=delta,
-                        n_dropped=n_dropped,
-                    )
-                    estimates.update(found)
-                    densities.update(dens)
+                    estimate({method: one})
                 except Exception as err:
                     failures[method] = describe_error(err)
     low = high = rule = None

@@ -68,9 +68,6 @@ class Backlog:
         self.limit = limit
         self.n_dropped = 0
 
-    def __len__(self) -> int:
-        return len(self._queue)
-
     def write(self, report: Report, write_one: Callable[[Report], None]) -> None:
         """Queue ``report``, then write every queued report with ``write_one`` in order; one that
         raises stays queued with those after it, and the error propagates."""

@@ -191,8 +191,6 @@ class PrivacyMonitor:
                 "accountant must be an Opacus PrivacyEngine or accountant "
                 "(an object with get_epsilon(delta))"
             )
-        if accountant is not None:
-            _check_epsilon_readable(accountant, delta=check_open_unit(delta, name="delta"))
         self.queries = queries
         self.members, self.nonmembers = members, nonmembers
         self.every_n_steps = every_n_steps
@@ -218,6 +216,8 @@ class PrivacyMonitor:
             self.sinks.insert(0, TensorBoardSink(writer))
         self.accountant = accountant
         self.delta = check_open_unit(delta, name="delta")
+        if accountant is not None:
+            _check_epsilon_readable(accountant, delta=self.delta)
         self.interval_delta = check_open_unit(interval_delta, name="interval_delta")
         self.early_stopping = early_stopping
         self.max_batches = max_batches

@@ -29,9 +29,9 @@ Student-t₃ inputs, so heavy tails; 8 units dead and about half of the rest zer
 It reads the learned rule's counts (``learned_rule_counts``, what ``optimal_advantage`` reads
 above 2-D) to report the raw value tp/n1 − fp/n2 before ``optimal_advantage`` floors it at 0:
 its mean and standard deviation against the bound sqrt((1/n1 + 1/n2) / 4) that a rule fixed in
-advance has (the round-robin cross-fitted value stays within it,
-:mod:`privmon.estimators.learned`), the fraction of runs with value > 0.03, and the fraction
-with a certified lower bound (δ = 0.05) > 0.
+advance has (most cross-fitted rules keep no block under the null and add exactly 0, so the value
+spreads far less, :mod:`privmon.estimators.learned`), the fraction of runs with value > 0.03, and
+the fraction with a certified lower bound (δ = 0.05) > 0.
 """
 
 from __future__ import annotations

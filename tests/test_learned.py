@@ -10,14 +10,18 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2, norm
+from scipy.stats import chi2, chi2_contingency, norm
+from sklearn.linear_model import LinearRegression
 
 from privmon.estimators.advantage import accuracy_advantage, certified_advantage
 from privmon.estimators.learned import (
-    ROUND_ROBIN_FOLDS,
+    SELECTION_LEVEL,
     RuleCounts,
+    _chosen_features,
+    _score_tests,
     _splits,
     learned_rule_counts,
 )
@@ -70,27 +74,25 @@ def learnable_shift_advantage(d: int, shift: float, n_train: float) -> float:
     return float(2 * norm.cdf(norm2 / math.sqrt(norm2 + 2 * d / n_train) / 2) - 1)
 
 
-# d, shift, scale, truth, the figure the mean value is held to, and how closely
-TRAIN = 2000 * (ROUND_ROBIN_FOLDS // 2) / ROUND_ROBIN_FOLDS  # records per class a rule learns on
+# d, shift, scale, truth
+TRAIN = 2000 * 3 / 4  # records per class a cross-fitted rule learns on (K = 4 folds)
 CASES = {
-    "shift 16": (16, 0.1, 1.0, 2 * norm.cdf(0.1 * 4 / 2) - 1, "learnable", 0.02),
-    "shift 64": (64, 0.1, 1.0, 2 * norm.cdf(0.1 * 8 / 2) - 1, "learnable", 0.02),
-    "scale 16": (16, 0.0, 1.25, scale_truth(16, 1.25), "truth", 0.03),
+    "shift 16": (16, 0.1, 1.0, 2 * norm.cdf(0.1 * 4 / 2) - 1),
+    "shift 64": (64, 0.1, 1.0, 2 * norm.cdf(0.1 * 8 / 2) - 1),
+    "scale 16": (16, 0.0, 1.25, scale_truth(16, 1.25)),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_recovers_the_truth_at_2000_per_class(case):
-    """Eight seeds; one run's value spreads by ~0.02 (standard deviation over seeds, measured)
-    at this size, so a single run gets 0.08 from the truth. The held-out rules learn from 4/9 of
-    the records (the round robin that keeps the null spread within that of a fixed rule, module
-    docstring), and on a mean shift no rule learned from 889 + 889 records gets much closer
-    than :func:`learnable_shift_advantage`: 0.143 and 0.282 against truths 0.159 and 0.311. The
-    mean value is held to that figure within 0.02 (measured over 40 seeds at d = 64: 0.281,
-    0.029 below the truth, at the edge of the issue's 0.03); the scale change, whose learned
-    rule loses little, to the truth within 0.03."""
-    d, shift, scale, truth, reference, tolerance = CASES[case]
-    target = learnable_shift_advantage(d, shift, TRAIN) if reference == "learnable" else truth
+    """Eight seeds; one run's value spreads by ~0.015 (standard deviation over seeds, measured)
+    at this size, so a single run gets 0.08 from the truth. The mean value is held to the
+    truth within 0.03 (the issue's bar) and, for the mean shifts, to
+    :func:`learnable_shift_advantage` at 1,500 + 1,500 training records within 0.02: no rule
+    learned from the 3/4 of the records a cross-fitted rule sees gets much closer to the truth
+    (0.150 and 0.293 against 0.159 and 0.311). Measured means over 20 seeds: 0.146, 0.297 and
+    0.467 (truth 0.467)."""
+    d, shift, scale, truth = CASES[case]
     values = []
     for seed in range(8):
         m, h = draw(2000, 2000, d, seed, shift=shift, scale=scale)
@@ -98,16 +100,17 @@ def test_recovers_the_truth_at_2000_per_class(case):
         values.append(value(c, 2000, 2000))
         assert abs(values[-1] - truth) <= 0.08
         assert 0 < lower(c) <= truth + 0.03
-    assert abs(statistics.mean(values) - target) <= tolerance
+    assert abs(statistics.mean(values) - truth) <= 0.03
+    if shift:
+        assert abs(statistics.mean(values) - learnable_shift_advantage(d, shift, TRAIN)) <= 0.02
     assert statistics.mean(values) <= truth + 0.01
 
 
 def test_nothing_leaking_at_d64_is_neither_reported_nor_certified():
-    """Identical N(0, I) at d = 64, 2,000 + 2,000, 20 seeded runs. The round-robin fold terms
-    are uncorrelated under the null, so the value spreads at most like one rule fixed in
-    advance, sqrt((1/n1 + 1/n2) / 4) = 0.016, and P(value > 0.03) ≲ 3 %, which 20 runs cannot
-    tell from 5 %: value ≤ 0.03 in ≥ 18 runs here; the 240-run rate is in benchmarks/learned.py
-    and the spread is tested below. The certificate is at δ = 0.05: lower ≤ 0 in ≥ 19."""
+    """Identical N(0, I) at d = 64, 2,000 + 2,000, 20 seeded runs. Most rules keep no block
+    (their score tests do not reject), so the value is mostly exactly 0: measured standard
+    deviation 0.009 and no run above 0.03 in 240 (benchmarks/learned.py). Asserted: value ≤ 0.03
+    in ≥ 19 runs, the certificate (δ = 0.05) ≤ 0 in ≥ 19."""
     small, uncertified, values = 0, 0, []
     for seed in range(20):
         m, h = draw(2000, 2000, 64, 100 + seed)
@@ -115,42 +118,96 @@ def test_nothing_leaking_at_d64_is_neither_reported_nor_certified():
         values.append(value(c, 2000, 2000))
         small += values[-1] <= 0.03
         uncertified += lower(c) <= 0
-    assert small >= 18
+    assert small >= 19
     assert uncertified >= 19
     assert abs(statistics.mean(values)) <= 0.01
 
 
-def test_each_pair_of_folds_is_related_one_way_only():
-    """The round-robin split: every record is held out by exactly one cross-fitted rule, which
-    did not learn on it, and of any two rules at most one learned on the other's held-out fold.
-    That is what makes the fold terms uncorrelated under the null (module docstring); K-fold
-    cross-fitting, where each rule learns on all other folds, relates every pair both ways."""
-    n1, n2, r = 1000, 700, ROUND_ROBIN_FOLDS
-    train, test = _splits(n1, n2, 4, torch.device("cpu"))
-    assert torch.equal(test[:r].sum(dim=0), torch.ones(n1 + n2, dtype=torch.int64))
+def test_each_record_is_held_out_once_by_a_rule_that_did_not_learn_on_it():
+    """K-fold cross-fitting on the caller's folds, and the certificate's rule learned on folds
+    2..K−1 and applied to folds 0-1."""
+    n1, n2, k = 1000, 700, 4
+    train, test = _splits(n1, n2, k, torch.device("cpu"))
+    fold = fold_of(torch.cat([torch.arange(n1), torch.arange(n2)]), k)
+    assert torch.equal(test[:k].sum(dim=0), torch.ones(n1 + n2, dtype=torch.int64))
     assert not (train & test).any()
-    saw = (train[:r].double() @ test[:r].double().T) > 0  # saw[k, l]: rule k learned on fold l
-    assert not (saw & saw.T).any()
-    assert saw.sum(dim=1).tolist() == [r // 2] * r
-    fold = fold_of(torch.cat([torch.arange(n1), torch.arange(n2)]), 4)
-    assert torch.equal(test[r], fold < 2) and torch.equal(train[r], fold >= 2)
+    for rule in range(k):
+        assert torch.equal(test[rule], fold == rule)
+    assert torch.equal(test[k], fold < 2) and torch.equal(train[k], fold >= 2)
 
 
-def test_null_spread_is_within_that_of_a_rule_fixed_in_advance():
-    """Identical draws, 200 + 200 at d = 32, 80 seeded runs: E[value²] ≤ B² = (1/n1 + 1/n2)/4,
-    the binomial variance bound of a rule fixed in advance, because the round-robin fold terms
-    have mean 0 and are uncorrelated. If value ~ N(0, σ² ≤ B²), 80·mean(value²)/B² is at most a
-    χ²₈₀ variable: asserted below its 99 % quantile (mean ≤ 1.40·B²). Measured: 1.08·B² on these
-    80 runs, 0.88·B² over 300 (ties lower it); K-fold cross-fitting, where the pairs of folds
-    that learned on each other's records correlate, gave 1.74·B² on these 80 and 1.45·B² over
-    the 300."""
-    runs, n = 80, 200
-    bound = (1 / n + 1 / n) / 4
-    squares = []
-    for seed in range(runs):
-        m, h = draw(n, n, 32, seed)
-        squares.append(value(learned_rule_counts(m, h, prior=0.5), n, n) ** 2)
-    assert statistics.mean(squares) <= chi2.ppf(0.99, runs) / runs * bound
+def _training_features(x: torch.Tensor, y: torch.Tensor):
+    """One fit over all rows of x (T, d): its [1, z, z²] features (1, F, T), labels, weights
+    and Gram matrix, as learned_rule_counts builds them for each fit."""
+    from privmon.estimators.learned import _features, _Scaling
+
+    x = x.unsqueeze(0)
+    everyone = torch.ones(1, x.shape[1], dtype=torch.float64)
+    z = _Scaling.fitted(x, everyone).fits(x)
+    phi = _features(z, _Scaling.fitted(z**2, everyone).fits(z**2)).transpose(1, 2).contiguous()
+    y = y.to(torch.float64).unsqueeze(0)
+    return phi, y, everyone, torch.bmm(phi, phi.mT)
+
+
+def test_score_test_of_one_binary_column_is_pearsons_chi_square():
+    """For one binary column the score test against the intercept alone is Pearson's χ² of the
+    2 × 2 table (scipy, no continuity correction); its square is collinear with it, so the
+    quadratic block and both blocks have the same statistic with 1 degree of freedom (the
+    three columns are the same feature repeated)."""
+    gen = torch.Generator().manual_seed(3)
+    y = (torch.rand(300, generator=gen) < 0.4).to(torch.int64)
+    column = (torch.rand(300, generator=gen) < 0.3 + 0.2 * y).to(torch.float64)
+    x = torch.stack([column, column, column], dim=1)  # d = 3, all columns equal
+    statistic, dof = _score_tests(*_training_features(x, y))
+    table = [[int(((column == a) & (y == b)).sum()) for b in (0, 1)] for a in (0, 1)]
+    pearson = chi2_contingency(table, correction=False)[0]
+    assert dof.tolist() == [[1.0, 1.0, 1.0]]
+    assert statistic[0].tolist() == pytest.approx([pearson] * 3, rel=1e-9)
+
+
+def test_score_test_is_n_times_r_squared():
+    """At the intercept-only fit Rao's statistic is n·R² of the least-squares regression of the
+    0/1 labels on the block's columns (scikit-learn): the scores, the squares of the centred
+    scores, or both; the block's rank is the degrees of freedom: constant columns drop out."""
+    gen = torch.Generator().manual_seed(4)
+    n, d = 400, 6
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    x[:, 5] = 3.0  # a dead unit
+    y = (torch.rand(n, generator=gen) < torch.sigmoid(x[:, 0] + x[:, 1] ** 2 - 1)).to(torch.int64)
+    statistic, dof = _score_tests(*_training_features(x, y))
+    live = x[:, :5].numpy()
+    squares = (live - live.mean(axis=0)) ** 2
+    for j, columns in enumerate([live, squares, np.hstack([live, squares])]):
+        r2 = LinearRegression().fit(columns, y.numpy()).score(columns, y.numpy())
+        assert float(statistic[0, j]) == pytest.approx(n * r2, rel=1e-8)
+    assert dof.tolist() == [[5.0, 5.0, 10.0]]
+
+
+@pytest.mark.parametrize(
+    ("shift", "scale", "chosen"),
+    [(0.3, 1.0, "linear"), (0.0, 1.5, "quadratic"), (0.5, 1.5, "both")],
+)
+def test_the_block_that_carries_the_leak_is_chosen(shift, scale, chosen):
+    """800 + 800 at d = 8: a mean shift chooses z, a scale change z², both together both; the
+    columns of the unchosen block are 0 in every fit."""
+    m, h = draw(800, 800, 8, 11, shift=shift, scale=scale)
+    y = torch.cat([torch.ones(800), torch.zeros(800)]).to(torch.int64)
+    features = _chosen_features(*_training_features(torch.cat([m, h]), y))[0]
+    expected = {"linear": [1] * 8 + [0] * 8, "quadratic": [0] * 8 + [1] * 8, "both": [1] * 16}
+    assert features.tolist() == [1.0] + [float(f) for f in expected[chosen]]
+
+
+def test_blocks_are_chosen_at_the_selection_level_under_the_null():
+    """Identical draws (300 + 300, d = 6, 400 seeds): each of the three score tests rejects
+    with probability ≈ SELECTION_LEVEL, so some block is chosen in at most 3·5 % of fits and
+    at least 5 %; a binomial 99.9 % band around what was measured (12 %) would be too tight
+    to be a property, so the assertion is the union bound and the single test's level."""
+    chosen = 0
+    y = torch.cat([torch.ones(300), torch.zeros(300)]).to(torch.int64)
+    for seed in range(400):
+        m, h = draw(300, 300, 6, 5000 + seed)
+        chosen += int(_chosen_features(*_training_features(torch.cat([m, h]), y))[0, 1:].any())
+    assert 400 * SELECTION_LEVEL * 0.6 <= chosen <= 400 * 3 * SELECTION_LEVEL * 1.25
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 8, 64])
@@ -177,7 +234,8 @@ def test_in_sample_measurement_would_fail_the_null_test():
         everyone = torch.ones(1, 400, dtype=torch.float64)
         z = _Scaling.fitted(x, everyone).fits(x)
         phi = _features(z, _Scaling.fitted(z**2, everyone).fits(z**2))
-        theta = _fit(phi.transpose(1, 2).contiguous(), y, everyone, torch.zeros(1))
+        phi_t = phi.transpose(1, 2).contiguous()
+        theta = _fit(phi_t, y, everyone, torch.zeros(1), torch.bmm(phi_t, phi_t.mT))
         said = (phi @ theta.unsqueeze(-1)).squeeze() > 0
         values.append(float(said[:200].double().mean() - said[200:].double().mean()))
     assert statistics.mean(values) > 0.05

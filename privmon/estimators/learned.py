@@ -11,47 +11,52 @@ prior: with ℓ(x) the fitted logit under the training class balance n1/n2,
 
 so the rule targets the accuracy advantage 2p·TPR − 2(1−p)·FPR + 1 − 2p at prior p.
 
+**Which blocks.** Before it is fitted, each rule chooses, on its own training records, the
+features it uses: the linear block z, the quadratic block z², or both, by Rao's score test of
+each against the intercept alone ("Large sample tests of statistical hypotheses concerning
+several parameters with applications to problems of estimation", Rao, 1948; see
+:func:`_score_tests`). The set with the smallest p-value enters if that p-value is below
+``SELECTION_LEVEL`` = 5 %; otherwise the rule is the prior's alone, and every record it is
+applied to is a tie. The choice reads the training records only, so each held-out count is
+still that of a rule fixed before its fold is read. What it buys is a quiet null: a rule fitted
+to pure noise calls half the records members and half not, so each fold's term TPR − FPR
+spreads like a fair coin, and with K-fold cross-fitting the terms of two rules that learned on
+each other's folds are positively correlated (each learned the chance association between the
+other's records and labels: "No unbiased estimator of the variance of K-fold cross-validation",
+Bengio and Grandvalet, 2004). With the choice, under the null most rules keep no block and add
+exactly 0. Measured at d = 64 with 2,000 + 2,000 identical draws over 240 seeded runs: the
+value's standard deviation is 0.0066 and 3 runs exceed 0.03 (with both blocks always fitted:
+0.019 and 11 %). That is what lets each rule learn on all the other folds (**Folds**).
+
 **Fit.** Penalised maximum likelihood by minorise-maximise steps (see :func:`_fit`). The
 ridge penalty of each block of coefficients (the linear block z, the quadratic block z²; the
 intercept is free) is set by the evidence approximation — the Laplace approximation of the
 posterior and the re-estimation α = γ / ‖w‖², γ = Σ_j (1 − α·(H⁻¹)_jj) of "Pattern Recognition
 and Machine Learning" (Bishop, 2006; eqs. 3.91-3.92, applied to logistic regression as in
 "The evidence framework applied to classification networks", MacKay, 1992) — interleaved with the
-steps. A block that carries no signal gets a large α and drops out: the rule pays for the
-z² features only where the data ask for them (a 64-D mean shift lost 0.02 of advantage with both
-blocks under evidence, 0.04 with one fixed ridge penalty, measured with rules learned on 3/4 of
-the records). Columns that are constant
-on the training records (dead ReLU units) get the feature 0; collinear columns are handled by the
-penalty, which keeps the Hessian positive definite. No random numbers are drawn.
+steps; a chosen block whose evidence-optimal penalty is unbounded still drops out. Columns that
+are constant on the training records (dead ReLU units) get the feature 0; collinear columns
+lower the score test's rank and are handled in the fit by the penalty, which keeps the Hessian
+positive definite. No random numbers are drawn.
 
-**Folds.** The cross-fitted rules are learned round robin: the records are split by position
-within each class (``fold_of``) into R = 9 folds, and rule k is learned on the R // 2 = 4 folds
-after fold k (cyclically: k+1, ..., k+4 mod 9) and applied to fold k. Of any two folds k and l,
-one's rule never saw the other's records, say rule l never saw fold k: then fold l's term
-TPR_l − FPR_l is a function of the records outside fold k, and given those, fold k's term has
-mean 0 when members and non-members are exchangeable, so the two terms are uncorrelated. The
-value's spread under the null is therefore at most that of one rule fixed in advance,
-sqrt((1/n1 + 1/n2) / 4) at p = 1/2. In K-fold cross-fitting each rule learns from all the
-other folds: both rules of a pair learn the chance association between the other's records
-and labels and meet it again on their own fold, so the fold terms are positively correlated
-("No unbiased estimator of the variance of K-fold cross-validation", Bengio and Grandvalet,
-2004), which at d = 64 with 2,000 + 2,000 identical draws raised the value's standard deviation
-from 0.015 to 0.019 and the fraction of runs above 0.03 from 2.5 % to 11 % (240 runs, measured).
-The price is training data: with one-way pairs a rule learns, on average, from less than half
-of the records (here 4/9, instead of 3/4 with K = 4), and the learned rule is worse: a 64-D mean
-shift with truth 0.311 reports 0.281 instead of 0.293 (mean of 40 seeds, measured). The
-round robin gives every rule the same share, so none is learned from few records.
-
-The certificate's rule is learned on the caller's folds 2..K−1 and applied to its folds 0-1.
-All R + 1 fits run as one batch on the scores' device. A fit whose training records lack a
-class learns nothing: its rule is the prior's alone (a tie at p = 1/2).
+**Folds.** K-fold cross-fitting on the caller's folds: the records are split by position within
+each class (``fold_of``) into K folds, and rule k is learned on the other K − 1 folds and
+applied to fold k. An earlier version learned each rule on fewer records so that no two rules
+learned on each other's folds (a round robin over 9 folds, each rule on 4 of them); with the
+choice of blocks the null spread no longer needs that, and learning on 3/4 of the records
+instead of 4/9 brings a 64-D mean shift with truth 0.311 from 0.281 to 0.297 and a 16-D one
+with truth 0.159 from 0.131 to 0.146 (means over 20 seeds, ``benchmarks/learned.py``). The
+certificate's rule is learned on folds 2..K−1 and applied to folds 0-1. All K + 1 fits, their
+choices of blocks included, run as one batch on the scores' device. A fit whose training
+records lack a class learns nothing: its rule is the prior's alone (a tie at p = 1/2).
 
 **Ties.** A record whose decision value lies within 1e-9 of 0 counts 1/2 for the cross-fitted
 rules and, for the certificate's, as a member iff p > 1/2 (the prior's side).
 
-**Cost.** F = 2d + 1 features; each of the R + 1 fits forms one curvature bound (F × F, over its
-training records, under half of the N records), O(N·F²), then per update of the penalties
-factors it, O(F³), and takes a few steps, O(N·F) each; typically a few updates.
+**Cost.** F = 2d + 1 features; each of the K + 1 fits forms one Gram matrix (F × F, over its
+training records), O(N·F²), takes three eigendecompositions of its blocks for the score tests,
+O(F³), then per update of the penalties factors the bound, O(F³), and takes a few steps,
+O(N·F) each; typically a few updates.
 """
 
 from __future__ import annotations
@@ -75,13 +80,14 @@ MAX_MOVE = math.log(10.0)  # at most a factor 10 per update of α
 SECANT_FLOOR = 0.1  # slowest contraction the secant assumes: moves up to 10 gaps
 INTERCEPT_PENALTY = 1e-8  # keeps a fit without training records well posed
 CONSTANT = 1e-12  # relative spread below which a training column counts as constant
-ROUND_ROBIN_FOLDS = 9  # odd: each rule learns from the 4 folds after its own (module docstring)
+SELECTION_LEVEL = 0.05  # a block enters a rule only if its score test rejects at this level
+RANK_TOLERANCE = 1e-9  # eigenvalues of a block's Gram matrix below this share of its largest: 0
 
 
 @dataclass(frozen=True)
 class RuleCounts:
-    """Held-out positives of the learned rules. ``tp`` / ``fp``: members / non-members the R
-    round-robin rules call members on their held-out folds, summed over folds (ties 1/2).
+    """Held-out positives of the learned rules. ``tp`` / ``fp``: members / non-members the K
+    cross-fitted rules call members on their held-out folds, summed over folds (ties 1/2).
     ``cert_tp`` / ``cert_fp``: the same for the certificate's rule (learned on folds 2..K−1)
     on folds 0-1, which hold ``n1_cert`` members and ``n2_cert`` non-members (ties on the
     prior's side)."""
@@ -135,13 +141,19 @@ def _features(z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.ones_like(z[..., :1]), z, z2], dim=-1)
 
 
-def _fit(phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, start: torch.Tensor):
+def _fit(
+    phi: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    start: torch.Tensor,
+    gram: torch.Tensor,
+):
     """Evidence-penalised logistic regression of y on phi, batched over fits.
 
     phi (R, F, T) training features ([1, z, z²], features first: batched products with a
     row vector are several times faster in this layout), y (R, T) labels, weight (R, T) 0/1 (padding
-    rows 0), ``start`` (R,) the intercept the penalty shrinks towards. Returns the coefficients
-    (R, F).
+    rows 0), ``start`` (R,) the intercept the penalty shrinks towards, ``gram`` (R, F, F) the
+    weighted Gram matrix ΦᵀWΦ of the training features. Returns the coefficients (R, F).
 
     The penalised likelihood is maximised by minorise-maximise steps with the fixed curvature
     bound B = ¼·ΦᵀΦ ≥ −∇²(log-likelihood) ("Monotonicity of quadratic-approximation
@@ -158,7 +170,7 @@ def _fit(phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, start: torch.
     free[0] = INTERCEPT_PENALTY
     centre = torch.zeros(r, f, dtype=phi.dtype, device=phi.device)
     centre[:, 0] = start
-    bound = 0.25 * torch.bmm(phi * weight.unsqueeze(1), phi.mT)
+    bound = 0.25 * gram
     low, high = (math.log(a) for a in ALPHA_RANGE)
     # every fit stops at its own convergence: the batch keeps only the fits still iterating
     # (``active``), so no fit's result depends on how long the others take
@@ -216,18 +228,75 @@ def _fit(phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, start: torch.
 
 
 def _splits(n1: int, n2: int, folds: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training and held-out records of each fit, two (R + 1, n1 + n2) boolean masks over the
-    members then the non-members: rows 0..R−1 the round-robin rules (rule k learns on the
-    R // 2 folds after fold k and is applied to fold k), row R the certificate's rule (learns
-    on the caller's folds 2..K−1 of ``folds``, applied to folds 0-1)."""
+    """Training and held-out records of each fit, two (K + 1, n1 + n2) boolean masks over the
+    members then the non-members, K = ``folds``: rows 0..K−1 the cross-fitted rules (rule k
+    learns on every fold but k and is applied to fold k), row K the certificate's rule (learns
+    on folds 2..K−1, applied to folds 0-1)."""
     position = torch.cat([torch.arange(n1, device=device), torch.arange(n2, device=device)])
-    rounds = ROUND_ROBIN_FOLDS
-    ks = torch.arange(rounds, device=device)
-    ahead = (fold_of(position, rounds) - ks.unsqueeze(1)) % rounds  # folds after k, (R, N)
-    certify = fold_of(position, folds) < 2
-    train = torch.cat([(ahead >= 1) & (ahead <= rounds // 2), ~certify.unsqueeze(0)])
-    test = torch.cat([ahead == 0, certify.unsqueeze(0)])
-    return train, test
+    fold = fold_of(position, folds)
+    held_out = torch.cat(
+        [fold == torch.arange(folds, device=device).unsqueeze(1), (fold < 2).unsqueeze(0)]
+    )
+    return ~held_out, held_out
+
+
+def _block_masks(f: int, *, dtype, device) -> torch.Tensor:
+    """The candidate feature sets over [1, z, z²] (F = 2d + 1 features), (3, F) 0/1: the linear
+    block, the quadratic block, both. The intercept is in none (it is in every rule)."""
+    d = (f - 1) // 2
+    masks = torch.zeros(3, f, dtype=dtype, device=device)
+    masks[0, 1 : 1 + d] = 1
+    masks[1, 1 + d :] = 1
+    masks[2, 1:] = 1
+    return masks
+
+
+def _score_tests(
+    phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, gram: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rao's score test of each candidate block set (:func:`_block_masks`) against the
+    intercept-only model, on each fit's training records: statistics and degrees of freedom,
+    two (R, 3) tensors.
+
+    At the intercept-only fit the members' share is p̄ = n1/n, the score of the block's
+    coefficients is U = Φ_bᵀW(y − p̄) and their information p̄(1 − p̄)·Φ_bᵀWΦ_b (the
+    features are centred on the training records, so the intercept's share of the information
+    is 0); the statistic Uᵀ I⁻¹ U is asymptotically χ² with rank(Φ_bᵀWΦ_b) degrees of freedom
+    when the block carries nothing. Constant and collinear columns only lower the rank (the
+    inverse is taken on the eigenvalues above ``RANK_TOLERANCE`` of the largest). For a single
+    binary column the statistic is Pearson's χ² of the 2 × 2 table."""
+    count = weight.sum(dim=1)
+    share = (weight * y).sum(dim=1) / count.clamp_min(1)
+    score = torch.bmm(phi, (weight * (y - share.unsqueeze(1))).unsqueeze(2)).squeeze(2)
+    masks = _block_masks(phi.shape[1], dtype=phi.dtype, device=phi.device).unsqueeze(1)
+    block_gram = gram.unsqueeze(0) * masks.unsqueeze(-1) * masks.unsqueeze(-2)  # (3, R, F, F)
+    eigenvalues, eigenvectors = torch.linalg.eigh(block_gram)
+    kept = eigenvalues > RANK_TOLERANCE * eigenvalues.amax(dim=-1, keepdim=True)
+    projection = (eigenvectors.mT @ (score.unsqueeze(0) * masks).unsqueeze(-1)).squeeze(-1)
+    quadratic = torch.where(
+        kept, projection**2 / torch.where(kept, eigenvalues, 1.0), torch.zeros_like(eigenvalues)
+    ).sum(dim=-1)
+    variance = share * (1 - share)
+    statistic = torch.where(variance > 0, quadratic / variance.clamp_min(1e-300), 0.0)
+    return statistic.T, kept.sum(dim=-1).T.to(phi.dtype)
+
+
+def _chosen_features(
+    phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, gram: torch.Tensor
+) -> torch.Tensor:
+    """Each fit's features, (R, F) 0/1: the intercept, and the candidate block set
+    (:func:`_block_masks`) whose score test (:func:`_score_tests`) has the smallest p-value if
+    that is below ``SELECTION_LEVEL``; the intercept alone otherwise."""
+    statistic, dof = _score_tests(phi, y, weight, gram)
+    # χ²_ν survival function: the regularised upper incomplete gamma Q(ν/2, s/2)
+    p_value = torch.where(
+        dof > 0, torch.special.gammaincc(dof.clamp_min(1) / 2, statistic / 2), 1.0
+    )
+    best, choice = p_value.min(dim=1)
+    masks = _block_masks(phi.shape[1], dtype=phi.dtype, device=phi.device)
+    chosen = masks[choice] * (best < SELECTION_LEVEL).to(phi.dtype).unsqueeze(1)
+    chosen[:, 0] = 1
+    return chosen
 
 
 def learned_rule_counts(
@@ -239,10 +308,10 @@ def learned_rule_counts(
         m, h: member / non-member scores (n1, d) and (n2, d), finite float64 on one device,
             already validated (n1, n2 ≥ 1, d ≥ 1).
         prior: P(member) in (0, 1), which the rule's decision threshold includes.
-        folds: the caller's fold split K (4 in privmon's callers): the certificate's rule is
-            learned on its folds 2..K−1 and applied to folds 0-1. The cross-fitted rules use
-            their own round-robin split (module docstring). The fit draws no random numbers:
-            the counts are a function of the scores.
+        folds: the fold split K ≥ 3 (4 in privmon's callers): cross-fitted rule k learns on
+            every fold but k; the certificate's rule learns on folds 2..K−1 and is applied to
+            folds 0-1. The fit draws no random numbers: the counts are a function of the
+            scores.
 
     Returns:
         :class:`RuleCounts`.
@@ -251,7 +320,6 @@ def learned_rule_counts(
     device, dtype = m.device, m.dtype
     x = torch.cat([m, h])
     y = torch.cat([torch.ones(n1, dtype=dtype, device=device), h.new_zeros(n2)])
-    rounds = ROUND_ROBIN_FOLDS
     train, test = _splits(n1, n2, folds, device)
     # each fit's training rows, gathered and padded with weight 0: the fit and its feature
     # scaling read only these
@@ -268,7 +336,16 @@ def learned_rule_counts(
     n2_train = counts.to(dtype) - n1_train
     learns = (n1_train > 0) & (n2_train > 0)
     balance = torch.where(learns, torch.log(n1_train / n2_train), torch.zeros_like(n1_train))
-    theta = _fit(phi_train, y[order], weight, balance)
+    y_train = y[order]
+    gram = torch.bmm(phi_train * weight.unsqueeze(1), phi_train.mT)
+    chosen = _chosen_features(phi_train, y_train, weight, gram)
+    theta = _fit(
+        phi_train * chosen.unsqueeze(2),
+        y_train,
+        weight,
+        balance,
+        gram * chosen.unsqueeze(2) * chosen.unsqueeze(1),
+    )
     # the held-out (fit, record) pairs, each record scored with its own fit's scaling
     fit, record = test.nonzero(as_tuple=True)
     z = linear.rows(x[record], fit)
@@ -276,10 +353,10 @@ def learned_rule_counts(
     logit = (phi * theta[fit]).sum(dim=-1) - balance[fit]
     score = torch.where(learns[fit], logit, torch.zeros_like(logit))
     score = score + math.log(prior / (1 - prior))
-    tie = torch.where(fit < rounds, 0.5, float(prior > 0.5)).to(dtype)
+    tie = torch.where(fit < folds, 0.5, float(prior > 0.5)).to(dtype)
     said = torch.where(score.abs() <= TIE_TOLERANCE, tie, (score > 0).to(dtype))
     member = record < n1
-    cross = fit < rounds
+    cross = fit < folds
     figures = torch.stack(
         [
             (said * (cross & member)).sum(),

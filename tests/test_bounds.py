@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
@@ -35,12 +35,21 @@ def theorem4(eps: float, p: float) -> float:
 
 
 def lp_bruteforce(eps: float, delta: float, p: float) -> float:
-    """max 2p*TPR - 2(1-p)*FPR + 1 - 2p over the (eps, delta) region, by scipy linprog."""
+    """max 2p*TPR - 2(1-p)*FPR + 1 - 2p over the (eps, delta) region, by scipy linprog.
+
+    HiGHS's default feasibility tolerance (1e-7) let it return FPR = -6e-8 at eps = 0,
+    delta = 6e-8, p = 1/16, off by 1e-7 in the value: the tolerances are tightened to 1e-10."""
     e = math.exp(eps)
     a_ub = [[-e, 1.0], [-1.0, e], [1.0, -e], [e, -1.0]]  # variables (FPR, TPR)
     b_ub = [delta, e - 1 + delta, delta, e - 1 + delta]
+    tight = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
     res = linprog(
-        c=[2 * (1 - p), -2 * p], A_ub=a_ub, b_ub=b_ub, bounds=[(0, 1), (0, 1)], method="highs"
+        c=[2 * (1 - p), -2 * p],
+        A_ub=a_ub,
+        b_ub=b_ub,
+        bounds=[(0, 1), (0, 1)],
+        method="highs",
+        options=tight,
     )
     assert res.status == 0
     return -res.fun + 1 - 2 * p
@@ -130,6 +139,7 @@ def test_inverse_property(e, p):
 
 @settings(max_examples=150, deadline=None)
 @given(e=st.floats(min_value=0.0, max_value=8.0), d=delta_st, p=prior_st)
+@example(e=0.0, d=5.960464477539063e-08, p=0.0625)  # linprog was off at its default tolerance
 def test_lp_vertex_formula_matches_linprog(e, d, p):
     brute = lp_bruteforce(e, d, p)
     assert float(_lp_ceiling(np.asarray(e), p, d)) == pytest.approx(brute, abs=1e-7)

@@ -210,19 +210,28 @@ def test_monitor_runs_the_strong_attackers(world):
 def halves_world(one_torch_thread):
     """Carlini et al.'s setup: 2N audit records, the target trained on a random half (the
     members), 16 references on random halves of all 2N."""
+    return _halves(16, pick=5, member=7, target=1, halves=3, refs=4)
+
+
+def _halves(n_refs: int, *, pick: int, member: int, target: int, halves: int, refs: int):
+    """2N digits (a permutation seeded ``pick``), the target MLP trained on a random half
+    (seed ``member``; the model's seed ``target``) and ``n_refs`` references on random halves
+    of all 2N (masks seeded ``halves``, models ``refs``), full-batch Adam for 150 epochs."""
     d = sklearn_datasets.load_digits()
-    perm = np.random.default_rng(5).permutation(len(d.target))
-    x = torch.tensor(d.data[perm[: 2 * N]] / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target[perm[: 2 * N]])
-    member = random_halves(2 * N, 1, seed=7)[0]
+    perm = np.random.default_rng(pick).permutation(len(d.target))[: 2 * N]
+    x = torch.tensor(d.data[perm] / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target[perm])
+    is_member = random_halves(2 * N, 1, seed=member)[0]
     kw = {
         "loss_fn": lambda out, t: F.cross_entropy(out, t, reduction="none"),
         "optimizer": lambda p: torch.optim.Adam(p, lr=1e-2),
         "epochs": 150,
     }
-    target = train_ensemble(mlp, (x[member], y[member]), np.ones((1, N), bool), seed=1, **kw)
-    refs = train_ensemble(mlp, (x, y), random_halves(2 * N, 16, seed=3), seed=4, **kw)
-    return {"target": target.model(0), "refs": refs, "x": x, "y": y, "member": member}
+    xm, ym = x[is_member], y[is_member]
+    model = train_ensemble(mlp, (xm, ym), np.ones((1, N), bool), seed=target, **kw).model(0)
+    masks = random_halves(2 * N, n_refs, seed=halves)
+    references = train_ensemble(mlp, (x, y), masks, seed=refs, **kw)
+    return {"target": model, "refs": references, "x": x, "y": y, "member": is_member}
 
 
 @pytest.mark.parametrize("fixed_variance", [False, True])
@@ -311,19 +320,8 @@ def test_online_lira_sees_at_least_the_loss_thresholds_advantage(one_torch_threa
     this model the offline test ties the loss threshold (below it here by the KDE estimate),
     and with 64 references the online per-record fits are noisy enough to drop below it in
     about one setup in ten."""
-    d = sklearn_datasets.load_digits()
-    perm = np.random.default_rng(0).permutation(len(d.target))[: 2 * N]
-    x = torch.tensor(d.data[perm] / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target[perm])
-    member = random_halves(2 * N, 1, seed=0)[0]
-    kw = {
-        "loss_fn": lambda out, t: F.cross_entropy(out, t, reduction="none"),
-        "optimizer": lambda p: torch.optim.Adam(p, lr=1e-2),
-        "epochs": 150,
-    }
-    target = train_ensemble(mlp, (x[member], y[member]), np.ones((1, N), bool), seed=100, **kw)
-    target = target.model(0)
-    refs = train_ensemble(mlp, (x, y), random_halves(2 * N, 128, seed=1000), seed=200, **kw)
+    w = _halves(128, pick=0, member=0, target=100, halves=1000, refs=200)
+    target, refs, x, y, member = (w[k] for k in ("target", "refs", "x", "y", "member"))
     lira_q = ReferenceModelQuery(target, refs, online=True, reference_data=(x, y))
     monitor = privmon.PrivacyMonitor(
         [lira_q, LossQuery(target)],

@@ -224,19 +224,15 @@ def test_mean_value_under_the_null_is_zero_in_every_dimension(d):
 def test_in_sample_measurement_would_fail_the_null_test():
     """The null test above has teeth: the same classifier fitted on all 200 + 200 records at
     d = 8 and measured on them reports a clear advantage."""
-    from privmon.estimators.learned import _features, _fit, _Scaling
+    from privmon.estimators.learned import _fit
 
     values = []
+    labels = torch.cat([torch.ones(200), torch.zeros(200)]).to(torch.int64)
     for seed in range(10):
         m, h = draw(200, 200, 8, 1000 * 8 + seed)
-        x = torch.cat([m, h]).unsqueeze(0)
-        y = torch.cat([torch.ones(200), torch.zeros(200)]).to(torch.float64).unsqueeze(0)
-        everyone = torch.ones(1, 400, dtype=torch.float64)
-        z = _Scaling.fitted(x, everyone).fits(x)
-        phi = _features(z, _Scaling.fitted(z**2, everyone).fits(z**2))
-        phi_t = phi.transpose(1, 2).contiguous()
-        theta = _fit(phi_t, y, everyone, torch.zeros(1), torch.bmm(phi_t, phi_t.mT))
-        said = (phi @ theta.unsqueeze(-1)).squeeze() > 0
+        phi, y, everyone, gram = _training_features(torch.cat([m, h]), labels)
+        theta = _fit(phi, y, everyone, torch.zeros(1), gram)
+        said = (theta @ phi[0]).squeeze() > 0
         values.append(float(said[:200].double().mean() - said[200:].double().mean()))
     assert statistics.mean(values) > 0.05
 

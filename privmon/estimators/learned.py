@@ -162,10 +162,7 @@ def _fit(
     penalty is re-estimated from the evidence, α = γ / ‖w‖² with γ = Σ_j (1 − α·Σ_jj) and
     Σ = (B + A)⁻¹, by a safeguarded secant iteration on log α."""
     r, f, _ = phi.shape
-    d = (f - 1) // 2
-    block = torch.zeros(2, f, dtype=phi.dtype, device=phi.device)  # (blocks, F) indicators
-    block[0, 1 : 1 + d] = 1
-    block[1, 1 + d :] = 1
+    block = _block_masks(f, dtype=phi.dtype, device=phi.device)[:2]  # linear, quadratic
     free = torch.zeros(f, dtype=phi.dtype, device=phi.device)
     free[0] = INTERCEPT_PENALTY
     centre = torch.zeros(r, f, dtype=phi.dtype, device=phi.device)

@@ -199,6 +199,9 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
     def setup():  # rank 1 monitors one more query
         return check(make([LossQuery(model)] + [CallableQuery(loss, name="extra")] * rank))
 
+    def settings():  # the same queries, another prior on rank 1
+        return check(make(LossQuery(model), prior=0.5 + 0.1 * rank))
+
     def stopping(strict):
         metric = "loss/histogram" if rank == 0 else "loss/histogrm"  # a typo on rank 1
         stopper = PrivacyEarlyStopping(metric, -1.0, use="value")
@@ -220,6 +223,7 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         "building": building,
         "steps": steps,
         "setup": setup,
+        "settings": settings,
         "stopping": lambda: stopping(False),
         "stopping_strict": lambda: stopping(True),
         "sink_strict": sink,
@@ -347,6 +351,7 @@ CASES = [
     "building",
     "steps",
     "setup",
+    "settings",
     "stopping",
     "stopping_strict",
     "sink_strict",
@@ -445,6 +450,10 @@ def test_monitors_set_up_differently_skip_the_check(ranks):
     assert a["report"] is None and b["report"] is None
     assert a["n_failed"] == b["n_failed"] == 1
     assert _logged(a, "set up differently") and _logged(b, "['loss', 'extra']")
+    a, b = r0["settings"], r1["settings"]  # the same queries under another prior
+    assert a["report"] is None and b["report"] is None
+    assert a["n_failed"] == b["n_failed"] == 1
+    assert _logged(a, "set up differently") and _logged(b, "'prior': 0.6")
 
 
 def test_stopping_or_a_sink_failing_on_one_rank_raises_on_every_rank_when_strict(ranks):

@@ -446,10 +446,7 @@ class PrivacyMonitor:
             error = err
         settings = repr(
             (
-                self.methods,
-                self.prior,
-                self.interval_delta,
-                self.planned_checks,
+                self._config(),
                 self.top_k,
                 None if self.accountant is None else self.delta,
                 [

@@ -160,6 +160,56 @@ def test_hooks_parametrizations_and_bias_free_layers():
             torch.testing.assert_close(ens.model(i)(x).detach(), want, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    "layers",
+    [
+        # an activation on the inputs (which must stay untouched), consecutive and trailing
+        # activations, an Identity, a narrow output layer
+        lambda d: [
+            nn.ReLU(),
+            nn.Linear(6, 20, dtype=d),
+            nn.Tanh(),
+            nn.ReLU(),
+            nn.Linear(20, 8, dtype=d),
+            nn.ReLU(),
+            nn.ReLU(),
+            nn.Identity(),
+            nn.Linear(8, 3, dtype=d),
+            nn.Sigmoid(),
+        ],
+        # a ReLU after an activation whose backward reads its output; a wide output layer
+        lambda d: [nn.Linear(6, 20, dtype=d), nn.GELU(), nn.ReLU(), nn.Linear(20, 17, dtype=d)],
+        lambda d: [
+            nn.Linear(6, 8, bias=False, dtype=d),
+            nn.LeakyReLU(0.1),
+            nn.Linear(8, 3, dtype=d),
+            nn.ReLU(),
+        ],
+    ],
+)
+def test_linear_stacks_train_as_each_model_alone(layers):
+    """The linear-stack path (batched products, its backward written by hand) gives every
+    model the parameters autograd gives it alone, whatever the activations around its layers."""
+    x, y = data(c=3)
+    x_before = x.clone()
+    masks = random_halves(40, 4, seed=2)
+    model_fn = lambda: nn.Sequential(*layers(torch.float64))  # noqa: E731
+    kw = {
+        "loss_fn": per_record_ce,
+        "optimizer": lambda p: torch.optim.Adam(p, lr=0.05),
+        "epochs": 6,
+        "batch_size": 7,
+        "seed": 1,
+    }
+    ens = train_ensemble(model_fn, (x, y), masks, **kw)
+    alone = train_ensemble(model_fn, (x, y), masks, stacked=False, **kw)
+    assert torch.equal(x, x_before)
+    for name in alone.params:
+        torch.testing.assert_close(ens.params[name], alone.params[name], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(ens(x), alone(x), rtol=1e-9, atol=1e-10)
+    assert torch.equal(x, x_before)
+
+
 def test_random_halves():
     m = random_halves(11, 200, seed=1)
     assert m.shape == (200, 11) and m.dtype == bool

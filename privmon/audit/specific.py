@@ -452,8 +452,8 @@ def _seed_global_rngs(seed: int) -> None:
     """Seed the global RNGs :func:`_global_rngs_restored` guards with ``seed``."""
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002
-    # the CPU generator alone: torch.manual_seed also queues lazy seeds for every other
-    # backend, 0.2 ms a call, and those generators are not restored
+    # not torch.manual_seed: it also queues lazy seeds for MPS / XPU / MTIA, 0.2 ms a call,
+    # on generators this module does not restore
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)

@@ -210,6 +210,51 @@ def test_linear_stacks_train_as_each_model_alone(layers):
     assert torch.equal(x, x_before)
 
 
+def test_a_loss_may_modify_the_outputs_in_place_where_autograd_allows_it():
+    """The stacked outputs are an autograd node's, as the model's own are: a loss that clamps
+    them in place trains each model as it trains alone, and where the backward reads the
+    outputs (a trailing ReLU on a wide layer) autograd refuses it in both paths alike."""
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+
+    def clamped_ce(out, t):
+        out.clamp_(-0.5, 0.5)
+        return per_record_ce(out, t)
+
+    kw = {**SGD, "loss_fn": clamped_ce, "epochs": 3, "batch_size": 7}
+    d = torch.float64
+    for width in (3, 20):  # the narrow and the wide product
+        model_fn = lambda w=width: nn.Sequential(  # noqa: E731
+            nn.Linear(6, 8, dtype=d), nn.ReLU(), nn.Linear(8, w, dtype=d)
+        )
+        ens = train_ensemble(model_fn, (x, y), masks, **kw)
+        alone = train_ensemble(model_fn, (x, y), masks, stacked=False, **kw)
+        for name in alone.params:
+            torch.testing.assert_close(ens.params[name], alone.params[name], rtol=1e-9, atol=0)
+    trailing_relu = lambda: nn.Sequential(nn.Linear(6, 20, dtype=d), nn.ReLU())  # noqa: E731
+    for stacked in (True, False):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            train_ensemble(trailing_relu, (x, y), masks, stacked=stacked, **kw)
+
+
+@pytest.mark.parametrize("width", [3, 20])
+@pytest.mark.parametrize("trailing", [[nn.ReLU], []])
+def test_the_stack_leaves_autograds_gradient_alone(width, trailing):
+    """A per-record sum of the outputs hands the stack an expanded gradient (one value seen
+    through every element); a trailing ReLU must not write its mask into it."""
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+    d = torch.float64
+    model_fn = lambda: nn.Sequential(  # noqa: E731
+        nn.Linear(6, 8, dtype=d), nn.Tanh(), nn.Linear(8, width, dtype=d), *(m() for m in trailing)
+    )
+    kw = {**SGD, "loss_fn": lambda out, t: out.sum(1), "epochs": 3}
+    ens = train_ensemble(model_fn, (x, y), masks, **kw)
+    alone = train_ensemble(model_fn, (x, y), masks, stacked=False, **kw)
+    for name in alone.params:
+        torch.testing.assert_close(ens.params[name], alone.params[name], rtol=1e-9, atol=1e-12)
+
+
 def test_random_halves():
     m = random_halves(11, 200, seed=1)
     assert m.shape == (200, 11) and m.dtype == bool

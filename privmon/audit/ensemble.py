@@ -7,8 +7,8 @@ parameters (``torch.func.stack_module_state``), runs ``torch.func.functional_cal
 ``torch.vmap`` with each model's own mini-batch, and steps one optimizer over the stacked
 tensors (PyTorch's model-ensembling tutorial). When the model is an ``nn.Sequential`` of
 ``nn.Linear`` layers and parameter-free elementwise activations on 2-D inputs, the k models'
-layers run as batched matrix products instead (``torch.baddbmm``, and a backward written out
-by the same products, autograd running through the loss alone), which computes the same
+layers run as batched matrix products instead (``torch.baddbmm``, and one autograd node for
+the whole stack whose backward is written out by the same products), which computes the same
 functions with less per-step overhead than ``vmap``.
 
 The training protocol (the same in both paths, so ``stacked=True`` reproduces ``stacked=False``
@@ -151,15 +151,15 @@ class _LinearStack:
     """k plain ``nn.Sequential`` MLPs (:func:`_linear_stack`) as batched matrix products, with
     their backward written out.
 
-    ``stack(params, buffers, x)`` is a :data:`StackedForward` (no graph is recorded). In
-    training, ``stack.train_forward(params, x)`` also keeps what each layer's backward reads, and
-    ``stack.backward(params, saved, grad)`` turns the gradient of the outputs into each
-    parameter's: per linear layer ``grad_W = gradᵀ h``, ``grad_b = Σ_rows grad`` and
-    ``grad_h = grad @ W``. Autograd then records and replays the loss alone: the layers run as
-    plain tensor operations with no graph to build, ReLU runs in place on the hidden
-    activations privmon made (its backward keeps the units whose output is positive), and other
-    activations are differentiated by autograd one layer at a time. On 64 MLPs 64-32-10 this
-    takes about a tenth off each step (``benchmarks/ensemble.py``).
+    ``stack(params, buffers, x)`` is a :data:`StackedForward`. Under autograd (parameters that
+    require grad) the whole stack is one node, :class:`_LinearStackFunction`: its forward runs
+    the layers as plain tensor operations and keeps what each layer's backward reads, and its
+    backward turns the gradient of the outputs into each parameter's, per linear layer
+    ``grad_W = gradᵀ h``, ``grad_b = Σ_rows grad`` and ``grad_h = grad @ W``. ReLU runs in
+    place on the hidden activations privmon made (its backward keeps the units whose output is
+    positive); other activations are differentiated by autograd one layer at a time. Against
+    one autograd node per layer and activation, this takes about a tenth off each step of 64
+    MLPs 64-32-10 (``benchmarks/ensemble.py``).
     """
 
     def __init__(self, layers: list[tuple[str, nn.Module]]) -> None:
@@ -168,18 +168,10 @@ class _LinearStack:
     def __call__(
         self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
     ) -> torch.Tensor:
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params.values()):
+            return _LinearStackFunction.apply(self, x, tuple(params), *params.values())
         with torch.no_grad():
             return self._run(params, x, None)
-
-    def train_forward(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor
-    ) -> tuple[torch.Tensor, list[Any]]:
-        """The outputs (k, b, ...), computed without a graph, and what each layer's backward
-        reads: a linear layer's input, a ReLU's output, another activation's input and output."""
-        saved: list[Any] = []
-        with torch.no_grad():
-            out = self._run(params, x, saved)
-        return out, saved
 
     def _run(self, params: dict[str, torch.Tensor], x: torch.Tensor, saved: list[Any] | None):
         h, owned = x, False  # owned: h is a hidden activation privmon made, free to overwrite
@@ -209,13 +201,13 @@ class _LinearStack:
                 h, owned = h_out.detach(), False  # its backward may read the output
         return h.contiguous()
 
-    @torch.no_grad()
     def backward(
         self, params: dict[str, torch.Tensor], saved: list[Any], grad: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Each parameter's gradient, given ``grad``, the gradient of the outputs (k, b, ...)."""
         grads: dict[str, torch.Tensor] = {}
         first = next(i for i, (_, layer) in enumerate(self.layers) if type(layer) is nn.Linear)
+        owned = False  # grad is one privmon computed (autograd's may be shared or expanded)
         for i in range(len(self.layers) - 1, first - 1, -1):
             name, layer = self.layers[i]
             kept = saved[i]
@@ -225,13 +217,52 @@ class _LinearStack:
                 if f"{name}.bias" in params:
                     grads[f"{name}.bias"] = grad.sum(dim=1)
                 if i > first:
-                    grad = torch.bmm(grad, w)
-            elif type(layer) is nn.ReLU:  # in place: the gradient is privmon's or a fresh out.grad
-                grad = torch.ops.aten.threshold_backward.grad_input(grad, kept, 0, grad_input=grad)
+                    grad, owned = torch.bmm(grad, w), True
+            elif type(layer) is nn.ReLU:
+                threshold = torch.ops.aten.threshold_backward
+                grad = (
+                    threshold.grad_input(grad, kept, 0, grad_input=grad)
+                    if owned
+                    else threshold(grad, kept, 0)
+                )
+                owned = True
             elif type(layer) is not nn.Identity:
                 h_in, h_out = kept
                 (grad,) = torch.autograd.grad(h_out, h_in, grad)
+                owned = True
         return grads
+
+
+class _LinearStackFunction(torch.autograd.Function):
+    """A :class:`_LinearStack` as one autograd node; inputs ``(stack, x, names, *params)``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, stack: _LinearStack, x: torch.Tensor, names: tuple[str, ...], *tensors: Any
+    ) -> torch.Tensor:
+        params = dict(zip(names, tensors, strict=True))
+        saved: list[Any] = []
+        out = stack._run(params, x, saved)  # autograd.Function runs forward without a graph
+        ctx.stack, ctx.params, ctx.kept = stack, params, saved
+        kept_storages = {
+            t.untyped_storage().data_ptr()
+            for item in saved
+            for t in (item if isinstance(item, tuple) else (item,))
+            if t is not None
+        }
+        if out.untyped_storage().data_ptr() in kept_storages:
+            # an output the backward reads (a trailing ReLU's): saved, so that autograd refuses
+            # a loss that modifies it in place, as it would for the model alone
+            ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        _ = ctx.saved_tensors  # raises if the loss modified a saved output in place
+        grads = ctx.stack.backward(ctx.params, ctx.kept, grad)
+        ctx.kept = None
+        return (None, None, None, *(grads.get(name) for name in ctx.params))
 
 
 def _stacked_forward(template: nn.Module, x_ndim: int, *, shared: bool) -> StackedForward:
@@ -392,7 +423,6 @@ def _train_stacked(
     k = len(models)
     params, buffers = stack_module_state(models)
     forward = _stacked_forward(copy.deepcopy(models[0]).train(), x.ndim, shared=False)
-    stack = forward if isinstance(forward, _LinearStack) else None
     opt = optimizer(list(params.values()))
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     sizes = [r.shape[0] for r in rows]
@@ -410,20 +440,13 @@ def _train_stacked(
             if all(batch_size >= n for n in sizes):  # full batch: the same step every epoch
                 fixed = steps[0]
         for xb, yb, w, count in steps:
-            if stack is not None:  # autograd runs through the loss only; the layers' is ours
-                out, saved = stack.train_forward(params, xb)
-                out.requires_grad_(True)
-            else:
-                out = forward(params, buffers, xb)
+            out = forward(params, buffers, xb)
             b = xb.shape[1]
             flat = loss_fn(out.reshape(k * b, *out.shape[2:]), yb.reshape(k * b, *yb.shape[2:]))
             losses = _per_record_loss(flat, k * b).reshape(k, b)
             per_model_mean = losses.mean(dim=1) if w is None else (losses * w).sum(1) / count
             opt.zero_grad(set_to_none=True)
             per_model_mean.sum().backward()
-            if stack is not None and out.grad is not None:  # None: the loss ignores outputs
-                for name, grad in stack.backward(params, saved, out.grad).items():
-                    params[name].grad = grad
             opt.step()
     return params, buffers
 

@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import logging
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -68,6 +70,8 @@ from privmon.attacks.reference import (
     rmia_score,
 )
 from privmon.audit.ensemble import Ensemble
+
+logger = logging.getLogger("privmon")
 
 __all__ = [
     "CallableQuery",
@@ -859,7 +863,10 @@ class ReferenceModelQuery(_ClassifierQuery):
             trained on any copy trained on the record).
         population: records ``(x, y)`` that neither ``model`` nor the references trained on;
             required for ``"rmia"`` and for offline ``fixed_variance``.
-        fixed_variance: LiRA with one variance per side for all records.
+        fixed_variance: LiRA with one variance per side for all records. False by default
+            (per-record variances, at least two references a side), unlike
+            :func:`privmon.attacks.lira`, whose default turns to the fixed variance below
+            64 references; Carlini et al. advise it below about 64 references.
         a: RMIA's offline slope in [0, 1]; gamma: its likelihood-ratio threshold > 0.
         cache: cache the references' per-record values across checks.
         name: defaults to ``attack`` (``"lira_online"`` / ``"rmia_online"`` when online).
@@ -891,15 +898,19 @@ class ReferenceModelQuery(_ClassifierQuery):
             refs: tuple[nn.Module, ...] = ()
             n_refs = len(references)
         else:
-            if isinstance(references, nn.Module) and not isinstance(
-                references, nn.ModuleList | nn.Sequential
-            ):
-                raise ValueError("references must be a sequence of modules or an Ensemble")
+            if isinstance(references, nn.Module) and not isinstance(references, nn.ModuleList):
+                raise ValueError(
+                    "references must be a sequence of modules or an Ensemble, got one "
+                    f"{type(references).__name__}: pass a single reference as [reference]"
+                )
             refs = tuple(_check_module(m, "references") for m in references)
             if not refs:
                 raise ValueError("references must hold at least one reference model")
             n_refs = len(refs)
-        self.references = references
+        # the modules themselves: an iterator passed as references is read once, here
+        self.references: tuple[nn.Module, ...] | Ensemble = (
+            references if isinstance(references, Ensemble) else refs
+        )
         self.attack = attack
         self.online = check_flag(online, name="online")
         if self.online and attack == "calibrated":
@@ -923,11 +934,14 @@ class ReferenceModelQuery(_ClassifierQuery):
                 "population (x, y) is required for attack='rmia' and for offline "
                 "fixed_variance: records neither the model nor the references trained on"
             )
-        self.population = _check_pair(population, "population")
-        self.reference_data = _records_on_cpu(_check_pair(reference_data, "reference_data"))
+        self.population = _records_on_cpu(_check_pair(population, "population"), "population")
+        self.reference_data = _records_on_cpu(
+            _check_pair(reference_data, "reference_data"), "reference_data"
+        )
         self._reference_in = self._check_reference_in(reference_in, n_refs)
         default = f"{attack}_online" if self.online else attack
         super().__init__(model, name=default if name is None else name, transform=transform)
+        self._check_reference_counts(n_refs)
         self.modules = _unique_modules((model, *refs))
         self._population_values: torch.Tensor | None = None  # Pr(z) or the pooled σ²_out
         self._pooled_variances: torch.Tensor | None = None  # online fixed: σ²_in, σ²_out
@@ -958,18 +972,66 @@ class ReferenceModelQuery(_ClassifierQuery):
             reference_in, name="reference_in", shape=(n_refs, m), device=torch.device("cpu")
         )
 
-    def _reference_phi(self, x: Any, y: torch.Tensor) -> torch.Tensor:
-        """φ of every record under every reference, (k, n) float64 on y's device."""
-        self.n_reference_evaluations += y.shape[0]
-        if isinstance(self.references, Ensemble):
-            outs = list(self.references(x).unbind(0))
+    def _check_reference_counts(self, n_refs: int) -> None:
+        """Fail when no record can have the references its attack needs on each side (LiRA's
+        per-record variances need two scores a side, a fixed variance one; the offline attacks
+        need out-references); warn when only some records can (the others score NaN)."""
+        if self.attack == "lira":
+            per_side = 1 if self.fixed_variance else 2
+            need_in, need_out = (per_side if self.online else 0), per_side
+        else:  # RMIA's Pr(x), the calibrated loss: means over the references
+            need_in, need_out = 0, (0 if self.online else 1)
+        if self._reference_in is None:
+            ins = torch.zeros(1, dtype=torch.long)  # every reference trained without every record
+            outs = torch.full((1,), n_refs)
         else:
-            outs = []
-            for m in self.references:
-                xm = _to_device(x, _module_device((m,)))
-                outs.append(self._logits(_forward(m, xm)))
-        logits = torch.stack([self._logits(o).to(y.device, torch.float64) for o in outs])
-        return logit_confidence_from_logits(logits, y.expand(len(outs), -1))
+            ins = self._reference_in.sum(dim=0)
+            outs = n_refs - ins
+        usable = (ins >= need_in) & (outs >= need_out)
+        form = "online" if self.online else "offline"
+        needs = (
+            f"{form} {self.attack} needs {need_in} references trained on a record and "
+            f"{need_out} trained without it"
+        )
+        if not bool(usable.any()):
+            where = "" if self._reference_in is None else " for any record of reference_data"
+            raise ValueError(
+                f"references: {needs}, which {n_refs} references do not give{where}; train "
+                "more references" + (" or pass fixed_variance=True" if need_out == 2 else "")
+            )
+        if not bool(usable.all()):
+            warnings.warn(
+                f"{self.name}: {int((~usable).sum())} of {usable.numel()} records of "
+                f"reference_data will score NaN (dropped and counted): {needs}",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _reference_phi(self, x: Any, y: torch.Tensor, n_classes: int | None) -> torch.Tensor:
+        """φ of every record under every reference, (k, n) float64 on y's device; the
+        references' logits checked for ``n_classes`` classes (the model's; None: only that the
+        references agree and the labels fit them)."""
+        self.n_reference_evaluations += y.shape[0]
+        try:
+            if isinstance(self.references, Ensemble):
+                outs = list(_first_tensor(self.references(x), "references").unbind(0))
+            else:
+                outs = [_forward(m, _to_device(x, _module_device((m,)))) for m in self.references]
+            logits = [self._logits(o).to(y.device, torch.float64) for o in outs]
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{self.name}: the references failed on records the model takes ({err}); "
+                "references must take the model's inputs (dtype, shape) and return its logits"
+            ) from err
+        widths = sorted({z.shape[1] for z in logits})
+        if len(widths) > 1 or (n_classes is not None and widths[0] != n_classes):
+            model = "" if n_classes is None else f", the model over {n_classes}"
+            raise ValueError(
+                f"references must return logits over the model's classes: they return "
+                f"{' / '.join(map(str, widths))} classes{model}"
+            )
+        labels = self._labels(y, logits[0])
+        return logit_confidence_from_logits(torch.stack(logits), labels.expand(len(outs), -1))
 
     def _shadow_in(self, x: Any, y: torch.Tensor) -> torch.Tensor | None:
         """(k, n) bool: reference i trained on record j of the batch (matched by content in
@@ -989,14 +1051,20 @@ class ReferenceModelQuery(_ClassifierQuery):
             self._columns, self._reference_in = columns, merged
         cols = torch.tensor([self._columns.get(k, -1) for k in _record_digests(x, y)])
         found = cols >= 0
+        if self.online and not bool(found.any()):
+            raise ValueError(
+                f"{self.name}: none of the batch's {cols.shape[0]} records is in reference_data "
+                "(records are matched by input bytes and label, after transform); the online "
+                "attacks need references trained on the audit records"
+            )
         m = torch.zeros(self._reference_in.shape[0], cols.shape[0], dtype=torch.bool)
         m[:, found] = self._reference_in[:, cols[found]]
         return m.to(y.device)
 
-    def _reference_values(self, x: Any, y: torch.Tensor) -> torch.Tensor:
+    def _reference_values(self, x: Any, y: torch.Tensor, n_classes: int | None) -> torch.Tensor:
         """The per-record reference values: (6, n) μ, σ², count of the in and the out side
         (LiRA), (n,) Pr(x) (RMIA) or the out-references' mean loss (calibrated)."""
-        phi = self._reference_phi(x, y)
+        phi = self._reference_phi(x, y, n_classes)
         m = self._shadow_in(x, y)
         out = None if m is None else ~m
         if self.attack == "lira":
@@ -1011,9 +1079,9 @@ class ReferenceModelQuery(_ClassifierQuery):
             return rmia_marginal(torch.sigmoid(phi), m, online=self.online, a=self.a)
         return gaussian_fit(F.softplus(-phi), out)[0]
 
-    def _lookup(self, x: Any, y: torch.Tensor) -> torch.Tensor:
+    def _lookup(self, x: Any, y: torch.Tensor, n_classes: int) -> torch.Tensor:
         if not (self.cache and isinstance(x, torch.Tensor)):
-            return self._reference_values(x, y)
+            return self._reference_values(x, y, n_classes)
         key = (_digest(x), _digest(y))
         self._used.add(key)
         hit = self._cache.get(key)
@@ -1021,7 +1089,7 @@ class ReferenceModelQuery(_ClassifierQuery):
             self.cache_hits += 1
             return hit.to(y.device)
         self.cache_misses += 1
-        values = self._reference_values(x, y)
+        values = self._reference_values(x, y, n_classes)
         self._cache[key] = values
         return values
 
@@ -1041,25 +1109,45 @@ class ReferenceModelQuery(_ClassifierQuery):
         if self.attack == "lira" and self.fixed_variance and pooled is None:
             if self.online:
                 x, y = self._records(self.reference_data, "reference_data")
-                v = self._reference_values(x, y)
+                v = self._reference_values(x, y, None)
                 self._pooled_variances = torch.stack(
                     [pooled_variance(v[1], v[2]), pooled_variance(v[4], v[5])]
                 )
             else:
-                x, y = self._records(self.population, "population")
-                v = self._reference_values(x, y)
+                x, y, logits = self._population()
+                v = self._reference_values(x, y, logits.shape[1])
                 self._population_values = pooled_variance(v[4], v[5])
         if self.attack != "rmia":
             return
-        x, y = self._records(self.population, "population")
+        x, y, logits = self._population()
         if self._population_values is None:
-            self._population_values = self._reference_values(x, y)
-        logits = self._logits(_forward(self.model, x))
-        p = torch.sigmoid(logit_confidence_from_logits(logits.double(), self._labels(y, logits)))
+            self._population_values = self._reference_values(x, y, logits.shape[1])
+        p = torch.sigmoid(logit_confidence_from_logits(logits.double(), y))
         ratio = p / self._population_values.to(p.device)
-        self._population_ratio = ratio[~torch.isnan(ratio)]
+        finite = ~torch.isnan(ratio)
+        self._population_ratio = ratio[finite]
         if self._population_ratio.numel() == 0:
-            raise ValueError(f"{self.name}: no population record has a finite ratio")
+            raise ValueError(
+                f"{self.name}: no population record has a finite probability ratio (non-finite "
+                "inputs or outputs of the model or the references)"
+            )
+        if not bool(finite.all()):
+            logger.warning(
+                "privmon: %s: %d of %d population records have no finite probability ratio "
+                "and are left out of the comparison",
+                self.name,
+                int((~finite).sum()),
+                finite.numel(),
+            )
+
+    def _population(self) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The population's inputs, its labels checked against the model's logits, the logits."""
+        x, y = self._records(self.population, "population")
+        logits = self._logits(_forward(self.model, x))
+        try:
+            return x, self._labels(y, logits), logits
+        except ValueError as err:
+            raise ValueError(f"population: {err}") from None
 
     def _variance(self, var: torch.Tensor, count: torch.Tensor, side: int) -> torch.Tensor:
         """Per-record (two scores or more) or the fixed variance (one or more) of one side
@@ -1076,7 +1164,7 @@ class ReferenceModelQuery(_ClassifierQuery):
     def __call__(self, batch: Batch) -> torch.Tensor:
         x, logits, y = self._forward_labelled(batch)
         phi = logit_confidence_from_logits(logits.to(torch.float64), y)
-        values = self._lookup(x, y)
+        values = self._lookup(x, y, logits.shape[1])
         if self.attack == "lira":
             mu_in, var_in, n_in, mu_out, var_out, n_out = values
             var_out = self._variance(var_out, n_out, 1)
@@ -1111,16 +1199,21 @@ def _check_pair(pair: Any, name: str) -> tuple[Any, Any] | None:
     return None if pair is None else tuple(pair)
 
 
-def _records_on_cpu(pair: tuple[Any, Any] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``reference_data`` as CPU tensors, checked for one label per input row."""
+def _records_on_cpu(
+    pair: tuple[Any, Any] | None, name: str
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Records ``(x, y)`` as CPU tensors, checked for at least one record, one integer label
+    per input row."""
     if pair is None:
         return None
     x, y = (v.detach().cpu() if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in pair)
-    if x.ndim == 0 or tuple(y.shape) != (x.shape[0],):
+    if x.ndim == 0 or tuple(y.shape) != (x.shape[0],) or x.shape[0] == 0:
         raise ValueError(
-            "reference_data must be a pair (x, y) with one row per record and labels of shape "
-            f"(n,), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+            f"{name} must be a pair (x, y) with one row per record (at least one) and labels of "
+            f"shape (n,), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
         )
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"{name}: labels must be integer class indices, got {y.dtype}")
     return x, y
 
 

@@ -3,6 +3,8 @@ attacks, with the references' values cached by batch content."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch import nn
 import privmon
 from privmon.attacks import calibrated_score, lira, rmia
 from privmon.attacks.metric import logit_confidence_from_logits
-from privmon.audit import random_halves, train_ensemble
+from privmon.audit import Ensemble, random_halves, train_ensemble
 from privmon.queries import LossQuery, ReferenceModelQuery
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -377,7 +379,7 @@ def test_errors():
     with pytest.raises(RuntimeError, match="prepare"):
         q((torch.zeros(2, 64), torch.tensor([0, 1])))
     with pytest.raises(ValueError, match="needs labels"):
-        ReferenceModelQuery(model, [mlp()])(torch.zeros(2, 64))
+        ReferenceModelQuery(model, [mlp(), mlp()])(torch.zeros(2, 64))
     data = (torch.zeros(3, 64), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="online=True needs reference_data"):
         ReferenceModelQuery(model, [mlp()], online=True)
@@ -393,3 +395,99 @@ def test_errors():
         ReferenceModelQuery(
             model, [mlp()], reference_data=(data[0], data[1][:2]), reference_in=[[1, 0, 1]]
         )
+
+
+def test_a_query_that_cannot_prepare_leaves_the_others_reported(world):
+    """A population with no finite record fails RMIA's prepare: that query is left out of the
+    check, the loss query is still reported (strict: the error is raised)."""
+    _, zy = world["population"]
+    bad = (torch.full((10, 64), float("nan")), zy[:10])
+    queries = [
+        ReferenceModelQuery(world["target"], world["refs"], attack="rmia", population=bad),
+        LossQuery(world["target"]),
+    ]
+    audit = ([world["members"]], [world["nonmembers"]])
+    monitor = privmon.PrivacyMonitor(queries, *audit, every_n_steps=1)
+    report = monitor.check(1)
+    monitor.close()
+    assert report is not None and set(report.queries) == {"loss"}
+    assert "no population record has a finite probability ratio" in report.failures["rmia"]
+    strict = privmon.PrivacyMonitor(queries, *audit, every_n_steps=1, strict=True)
+    with pytest.raises(ValueError, match="finite probability ratio"):
+        strict.check(1)
+    strict.close()
+
+
+def test_setups_that_cannot_score_fail_at_construction_or_name_the_cause(world, halves_world):
+    model, refs = world["target"], world["refs"]
+    two = [refs.model(0), refs.model(1)]
+    with pytest.raises(ValueError, match=r"offline lira needs 0 .* and 2 .* which 1 references"):
+        ReferenceModelQuery(model, two[:1])
+    ReferenceModelQuery(model, two[:1], attack="calibrated")  # one reference is enough there
+    w = halves_world
+    x, y = w["x"], w["y"]
+    with pytest.raises(ValueError, match=r"online lira needs 2 .* for any record of reference"):
+        ReferenceModelQuery(
+            w["target"], two, online=True, reference_data=(x, y), reference_in=np.eye(2, 2 * N)
+        )
+    with pytest.warns(UserWarning, match=r"records of reference_data will score NaN"):
+        ReferenceModelQuery(
+            w["target"],
+            [w["refs"].model(i) for i in range(4)],
+            online=True,
+            reference_data=(x, y),
+            reference_in=w["refs"].masks[:4],
+        )
+    q = ReferenceModelQuery(w["target"], w["refs"], online=True, reference_data=(x, y))
+    with pytest.raises(ValueError, match="none of the batch's 5 records is in reference_data"):
+        run(q, (x[:5] + 1.0, y[:5]))
+    with pytest.raises(ValueError, match=r"population must be a pair .* \(at least one\)"):
+        ReferenceModelQuery(model, refs, attack="rmia", population=(x[:0], y[:0]))
+    with pytest.raises(ValueError, match="population must be a pair"):
+        ReferenceModelQuery(model, refs, attack="rmia", population=(x[:4], y[:3]))
+    q = ReferenceModelQuery(model, refs, attack="rmia", population=(x[:4], y[:4] + 10))
+    with pytest.raises(ValueError, match=r"population: labels must lie in \[0, 9\]"):
+        q.prepare()
+
+
+def test_references_are_read_once_and_checked_against_the_model(world):
+    model, refs = world["target"], world["refs"]
+    x, y = world["members"]
+    models = [refs.model(i) for i in range(3)]
+    from_iterator = ReferenceModelQuery(model, iter(models), attack="calibrated")
+    from_list = ReferenceModelQuery(model, models, attack="calibrated")
+    torch.testing.assert_close(run(from_iterator, (x, y)), run(from_list, (x, y)))
+    with pytest.raises(ValueError, match=r"got one Sequential: pass a single reference as \["):
+        ReferenceModelQuery(model, models[0], attack="calibrated")
+    double = ReferenceModelQuery(model, [copy.deepcopy(m).double() for m in models])
+    with pytest.raises(ValueError, match="references failed on records the model takes"):
+        run(double, (x, y))
+    five = [nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 5)) for _ in range(3)]
+    with pytest.raises(ValueError, match="return 5 classes, the model over 10"):
+        run(ReferenceModelQuery(model, five), (x, y))
+    with pytest.raises(ValueError, match="return 5 / 10 classes"):
+        run(ReferenceModelQuery(model, [*models, five[0]]), (x, y))
+
+
+def test_an_ensemble_of_models_returning_tuples(world):
+    """The references' outputs are unwrapped as the model's: the first tensor of a tuple."""
+    x, y = world["members"]
+    torch.manual_seed(0)
+    models = [_Pair(mlp()).eval() for _ in range(3)]
+    params, buffers = torch.func.stack_module_state(models)
+    ens = Ensemble(models[0], params, buffers, np.arange(3), np.zeros((3, N), bool))
+    got = run(ReferenceModelQuery(world["target"], ens, attack="calibrated"), (x, y))
+    want = run(ReferenceModelQuery(world["target"], models, attack="calibrated"), (x, y))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _Pair(nn.Module):
+    """A classifier returning (logits, probabilities)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.net(x)
+        return z, z.softmax(-1)

@@ -380,9 +380,16 @@ class PrivacyMonitor:
         device = self._device()
         try:
             with untouched_training(self._modules(), self._audit_sets), torch.no_grad():
+                failed: dict[str, str] = {}
                 for q in self.queries:
-                    getattr(q, "prepare", lambda device: None)(device)
-                out, failed, forward = {}, {}, 0.0
+                    try:
+                        getattr(q, "prepare", lambda device: None)(device)
+                    except Exception as err:  # this query only: the others are still scored
+                        if self.strict:
+                            raise
+                        logger.exception("privmon: query %r failed to prepare", q.name)
+                        failed[q.name] = describe_error(err)
+                out, forward = {}, 0.0
                 scores: dict[str, list[list[torch.Tensor]]] = {
                     q.name: [[], []] for q in self.queries
                 }

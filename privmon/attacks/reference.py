@@ -124,7 +124,11 @@ def gaussian_fit(
     c = count.to(scores.dtype)
     mean = torch.where(ok, scores, 0.0).sum(dim=0) / c
     var = torch.where(ok, scores - mean, 0.0).square().sum(dim=0) / c
-    return mean, var, count
+    # equal scores (a capped confidence): their value and variance 0 exactly, where the sum
+    # divided by the count would leave a rounding error that the floored variance magnifies
+    high = torch.where(ok, scores, -math.inf).amax(dim=0)
+    equal = high == torch.where(ok, scores, math.inf).amin(dim=0)
+    return torch.where(equal, high, mean), torch.where(equal, 0.0, var), count
 
 
 def pooled_variance(var: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -272,6 +272,43 @@ def test_random_halves():
 SGD = {"loss_fn": per_record_ce, "optimizer": lambda p: torch.optim.SGD(p, lr=0.1), "seed": 0}
 
 
+def test_a_loss_drawing_random_numbers_is_seeded_and_leaves_the_rngs_alone():
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+
+    def noisy_ce(out, t):
+        return per_record_ce(out + 0.1 * torch.randn_like(out), t)
+
+    kw = {**SGD, "loss_fn": noisy_ce, "epochs": 3}
+    trained = []
+    for caller_seed in (1, 2):
+        torch.manual_seed(caller_seed)
+        state = torch.get_rng_state()
+        trained.append(train_ensemble(mlp(), (x, y), masks, **kw))
+        assert torch.equal(torch.get_rng_state(), state)
+    for name in trained[0].params:
+        assert torch.equal(trained[0].params[name], trained[1].params[name])
+
+
+def test_batchnorm_with_padded_batches_needs_stacked_false():
+    x, y = data()
+    uneven = np.zeros((3, 40), bool)
+    for i, n in enumerate((20, 24, 28)):
+        uneven[i, :n] = True
+    d = torch.float64
+    bn = lambda: nn.Sequential(  # noqa: E731
+        nn.Linear(6, 8, dtype=d), nn.BatchNorm1d(8, track_running_stats=False, dtype=d)
+    )
+    kw = {**SGD, "epochs": 2}
+    with pytest.raises(ValueError, match="batch statistics would include the padding"):
+        train_ensemble(bn, (x, y), uneven, **kw)
+    even = random_halves(40, 3, seed=0)  # no padding: the same models either way
+    ens = train_ensemble(bn, (x, y), even, **kw)
+    alone = train_ensemble(bn, (x, y), even, stacked=False, **kw)
+    for name in alone.params:
+        torch.testing.assert_close(ens.params[name], alone.params[name], rtol=1e-9, atol=1e-12)
+
+
 def test_global_rng_is_left_untouched_and_result_reproduces():
     x, y = data()
     masks = random_halves(40, 3, seed=0)

@@ -36,7 +36,9 @@ running stats: ``vmap`` cannot update them in place); such models train with ``s
 one by one with the same protocol, their global RNGs seeded with ``s_i`` for the whole training.
 Since all models step together, every model needs the same number of batches per epoch (equal
 member counts, e.g. :func:`random_halves`, or full batch); per-model batches of different sizes
-are padded and the padding weighted out of each mean.
+are padded and the padding weighted out of each mean (a BatchNorm, whose batch statistics
+would include it, then needs ``stacked=False``). The stacked path trains with the global RNGs
+seeded with ``seed`` (restored afterwards).
 """
 
 from __future__ import annotations
@@ -357,12 +359,20 @@ def _batches(n: int, batch_size: int, g: torch.Generator) -> list[torch.Tensor]:
     return list(torch.randperm(n, generator=g).split(batch_size))
 
 
-def _check_stackable(model: nn.Module) -> None:
+def _check_stackable(model: nn.Module, *, padded: bool) -> None:
+    """Modules the stacked path cannot train as each model trains alone; ``padded``: some
+    models' batches are padded (unequal member counts)."""
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
             raise ValueError(
                 f"model_fn builds a {type(m).__name__} with running statistics, which vmap "
                 "cannot update in place: pass stacked=False to train the models one by one"
+            )
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and padded:
+            raise ValueError(
+                f"model_fn builds a {type(m).__name__}, whose batch statistics would include the "
+                "padding of the models with fewer records: use equal member counts "
+                "(random_halves) or stacked=False"
             )
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             raise ValueError(
@@ -542,18 +552,19 @@ def train_ensemble(
     with _global_rngs_restored():
         models = [_init(model_fn, int(s), x.device) for s in seeds]
     if stacked:
-        _check_stackable(models[0])
-        params, buffers = _train_stacked(
-            models,
-            x,
-            y,
-            rows,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            epochs=epochs,
-            batch_size=bs,
-            seeds=seeds,
-        )
+        _check_stackable(models[0], padded=min(sizes) != max(sizes))
+        with _seeded_global_rng(seed):  # a loss_fn drawing random numbers: seeded, restored
+            params, buffers = _train_stacked(
+                models,
+                x,
+                y,
+                rows,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                epochs=epochs,
+                batch_size=bs,
+                seeds=seeds,
+            )
     else:
         for model, r, s in zip(models, rows, seeds, strict=True):
             _train_one(

@@ -44,8 +44,27 @@ def test_evaluate_pools_scores_over_models_and_records():
     assert r.tpr("lira", 0.01) > 3 * r.tpr("loss", 0.01)
     assert r.summary["lira"]["auc"] > r.summary["loss"]["auc"] + 0.1
     table = r.table()
-    assert table.splitlines()[0].split() == ["attack", "AUC", "TPR@0.1", "TPR@0.01"]
+    assert table.splitlines()[0].split() == ["attack", "AUC", "TPR@0.1", "TPR@0.01", "dropped"]
     assert f"{100 * r.tpr('lira', 0.1):.2f}%" in table
+    with pytest.raises(
+        ValueError, match=r"fpr must be one of the audit's target FPRs \(0.1, 0.01\)"
+    ):
+        r.tpr("lira", 0.05)
+
+
+def test_records_the_attack_cannot_measure_have_no_exposure():
+    """A record in no model, and one whose statistic is never finite, are not measured: their
+    exposure is NaN (not 0, which would rank them as measured), they rank last, and the table
+    counts the scores left out."""
+    stat, masks = gaussian_world(k=16, n=50, seed=1)
+    masks[:, 3] = False
+    stat[:, 5] = np.nan
+    r = evaluate(stat, masks, attacks=("lira",))
+    e = r.exposure("lira", 0.05)
+    assert np.isnan(e[[3, 5]]).all() and np.isfinite(np.delete(e, [3, 5])).all()
+    assert set(r.ranking("lira", 0.05)[-2:]) == {3, 5}
+    assert r.table().splitlines()[1].split()[-1] == str(r.n_nonfinite["lira"])
+    assert r.n_nonfinite["lira"] >= 16
 
 
 def test_exposure_and_ranking_read_the_pooled_threshold():

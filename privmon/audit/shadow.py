@@ -74,7 +74,11 @@ class ShadowAudit:
 
     def tpr(self, attack: str, fpr: float) -> float:
         """The pooled TPR of ``attack`` at one of the audit's target FPRs."""
-        return self._summary(attack)[f"tpr@fpr={float(fpr)!r}"]
+        row = self._summary(attack)
+        key = f"tpr@fpr={float(fpr)!r}"
+        if key not in row:
+            raise ValueError(f"fpr must be one of the audit's target FPRs {self.fpr}, got {fpr!r}")
+        return row[key]
 
     def _summary(self, attack: str) -> dict[str, float]:
         if attack not in self.summary:
@@ -84,7 +88,9 @@ class ShadowAudit:
     def exposure(self, attack: str, fpr: float = 0.01) -> np.ndarray:
         """Per record, the fraction of the models that trained on it in which ``attack`` flags
         it at the pooled threshold of false-positive rate ``fpr`` (the threshold of the ROC
-        point with the largest TPR among those with FPR <= ``fpr``), shape (n,)."""
+        point with the largest TPR among those with FPR <= ``fpr``), shape (n,); among the
+        models where the attack could score it, NaN where there is none (the record is in no
+        model, or never scored)."""
         self._summary(attack)
         s = self.scores[attack]
         f = _check_fpr(fpr)[0]
@@ -92,23 +98,28 @@ class ShadowAudit:
         fprs, _, thresholds = roc_curve(s[self.masks & finite], s[~self.masks & finite])
         tau = thresholds[np.searchsorted(fprs, f, side="right") - 1]
         caught = (s >= tau) & self.masks  # NaN compares False
-        return caught.sum(axis=0) / np.maximum(self.masks.sum(axis=0), 1)
+        scored = (self.masks & finite).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(scored > 0, caught.sum(axis=0) / scored, np.nan)
 
     def ranking(self, attack: str, fpr: float = 0.01) -> np.ndarray:
         """Record indices from the most exposed down: by :meth:`exposure`, ties broken by the
-        record's mean score over the models that trained on it."""
-        e = self.exposure(attack, fpr)
+        record's mean score over the models that trained on it; unmeasured records last."""
+        e = np.nan_to_num(self.exposure(attack, fpr), nan=-1.0)
         s = np.where(self.masks & np.isfinite(self.scores[attack]), self.scores[attack], 0.0)
         mean = s.sum(axis=0) / np.maximum(self.masks.sum(axis=0), 1)
         return np.lexsort((-mean, -e))
 
     def table(self) -> str:
-        """Every attack side by side: AUC and TPR at each target FPR (in %)."""
+        """Every attack side by side: AUC and TPR at each target FPR (in %), and how many
+        scores were left out (NaN / infinite)."""
         heads = [f"TPR@{f:g}" for f in self.fpr]
-        lines = [f"{'attack':<14} {'AUC':>6} " + " ".join(f"{h:>10}" for h in heads)]
+        lines = [
+            f"{'attack':<14} {'AUC':>6} " + " ".join(f"{h:>10}" for h in heads) + f" {'dropped':>8}"
+        ]
         for name, row in self.summary.items():
             tprs = " ".join(f"{100 * row[f'tpr@fpr={f!r}']:>9.2f}%" for f in self.fpr)
-            lines.append(f"{name:<14} {row['auc']:>6.3f} {tprs}")
+            lines.append(f"{name:<14} {row['auc']:>6.3f} {tprs} {self.n_nonfinite[name]:>8d}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -334,8 +334,19 @@ def test_leave_one_out_is_the_attack_with_each_model_as_the_target(attack):
 def test_leave_one_out_errors():
     with pytest.raises(ValueError, match="attack must be one of"):
         leave_one_out(np.zeros((3, 2)), np.zeros((3, 2), bool), attack="shokri")
-    with pytest.raises(ValueError, match="at least 2 models"):
-        leave_one_out(np.zeros((1, 2)), np.zeros((1, 2), bool), attack="lira")
+    with pytest.raises(ValueError, match="at least 3 models for 'lira', got 2"):
+        leave_one_out(np.zeros((2, 2)), np.array([[True, False], [False, True]]), attack="lira")
+
+
+@pytest.mark.parametrize("attack", ["rmia", "rmia_offline", "lira", "calibrated"])
+def test_leave_one_out_a_model_that_scores_nothing_gets_nan_and_spares_the_others(attack):
+    rng = np.random.default_rng(0)
+    masks = rng.random((6, 40)) < 0.5
+    phi = rng.normal(size=(6, 40)) + masks
+    phi[2] = np.nan  # a diverged model
+    got = leave_one_out(phi, masks, attack=attack)
+    assert np.isnan(got[2]).all()
+    assert np.isfinite(np.delete(got, 2, axis=0)).mean() > 0.9
 
 
 def test_exports():

@@ -94,6 +94,19 @@ def test_evaluate_errors():
         evaluate(stat, bad)
     with pytest.raises(ValueError, match=r"fpr must be in the open interval \(0, 1\)"):
         evaluate(stat, masks, fpr=(0.1, 1.0))
+    with pytest.raises(ValueError, match="at least 3 models for 'lira', got 2"):
+        evaluate(stat[:2], masks[:2])
+    x, y = torch.zeros(10, 4), torch.zeros(10, dtype=torch.long)
+    with pytest.raises(ValueError, match="n_models must be an integer >= 3"):  # before training
+        shadow_audit(
+            lambda: nn.Linear(4, 2),
+            (x, y),
+            n_models=2,
+            seed=0,
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+            epochs=1,
+        )
+    evaluate(stat[:2], masks[:2], attacks=("loss",))  # the loss needs no reference
 
 
 # --- a real over-fit model ------------------------------------------------------------------------

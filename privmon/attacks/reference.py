@@ -383,6 +383,9 @@ def population_mask(population: Any, *, n: int, device: torch.device) -> torch.T
 
 
 LOMO_ATTACKS = ("loss", "lira", "lira_offline", "rmia", "rmia_offline", "calibrated")
+# models a leave-one-model-out evaluation needs: the reference attacks score a record only with
+# other models on its sides (three give LiRA's fixed variance a side of two somewhere)
+LOMO_MIN_MODELS = {attack: 1 if attack == "loss" else 3 for attack in LOMO_ATTACKS}
 """The attacks :func:`leave_one_out` evaluates (its ``attack`` argument)."""
 
 
@@ -421,8 +424,11 @@ def leave_one_out(
     gamma = check_positive(gamma, name="gamma")
     stat = as_array(statistic, name="statistic", ndim=2)
     k = stat.shape[0]
-    if k < 2 and attack != "loss":
-        raise ValueError(f"statistic must come from at least 2 models for {attack!r}, got {k}")
+    if k < LOMO_MIN_MODELS[attack]:
+        raise ValueError(
+            f"statistic must come from at least {LOMO_MIN_MODELS[attack]} models for "
+            f"{attack!r}, got {k}"
+        )
     m = as_mask(masks, name="masks", shape=tuple(stat.shape), device=stat.device)
     if attack.startswith("rmia"):
         stat = torch.sigmoid(stat)
@@ -437,6 +443,9 @@ def leave_one_out(
         if attack.startswith("lira"):
             out[i] = lira_tensor(t, s, mi, online=attack == "lira", fixed_variance=fixed_variance)
         elif attack.startswith("rmia"):
+            if not bool(torch.isfinite(t[~m[i]]).any()):  # a model that scores nothing (diverged)
+                out[i] = math.nan
+                continue
             out[i] = rmia_tensor(t, s, mi, ~m[i], online=attack == "rmia", a=a, gamma=gamma)
         else:
             out[i] = calibrated_tensor(t, s, mi)

@@ -27,7 +27,7 @@ from torch import nn
 
 from privmon._validation import as_array, as_mask, check_int, to_numpy
 from privmon.attacks.metric import logit_confidence_from_logits
-from privmon.attacks.reference import LOMO_ATTACKS, leave_one_out
+from privmon.attacks.reference import LOMO_ATTACKS, LOMO_MIN_MODELS, leave_one_out
 from privmon.audit.ensemble import LossFn, OptimizerFn, random_halves, train_ensemble
 from privmon.audit.specific import _as_xy, _check_seed, _frozen
 from privmon.estimators.roc import _check_fpr, roc_curve, roc_summary
@@ -215,7 +215,8 @@ def shadow_audit(
         model_fn: ``model_fn() -> nn.Module`` returning logits (n, C).
         data: the records ``(x, y)``, ``y`` class indices (formats as in
             :func:`privmon.audit.ensemble.train_ensemble`).
-        n_models: number of models (>= 2; Carlini et al. use 64 to 256).
+        n_models: number of models (>= 3 with a reference attack, else >= 2; Carlini et al.
+            use 64 to 256).
         seed: non-negative integer; the halves and the models' seeds derive from it.
         optimizer, epochs, batch_size, loss_fn, stacked: the training recipe
             (:func:`privmon.audit.ensemble.train_ensemble`); ``loss_fn`` defaults to the
@@ -227,7 +228,7 @@ def shadow_audit(
     """
     start = time.perf_counter()
     names = _check_attacks(attacks)
-    k = check_int(n_models, name="n_models", minimum=2)
+    k = check_int(n_models, name="n_models", minimum=max(2, *(LOMO_MIN_MODELS[a] for a in names)))
     seed = _check_seed(seed)
     x, y = _as_xy(data, name="data")
     if y is None:

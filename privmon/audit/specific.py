@@ -631,7 +631,8 @@ def _common_checks(
     check_callable(score_fn, name="score_fn")
     return (
         score_fn,
-        check_int(n_models, name="n_models", minimum=2),
+        # LiRA scores a target in a model against the other models with it in and out
+        check_int(n_models, name="n_models", minimum=2 if attack == "threshold" else 4),
         _check_seed(seed),
         _check_fpr(fpr),
     )
@@ -681,8 +682,8 @@ def specific(
             row per record (always read as features and labels), a ``TensorDataset``, a single
             array (unlabelled), or a list / map-style dataset of ``(x_i, y_i)`` records.
         targets: indices into ``dataset`` of the records to audit (distinct).
-        n_models: number of evaluation models (>= 2), shared by all targets: the cost is
-            ``n_models`` trainings whatever the number of targets.
+        n_models: number of evaluation models (>= 2; >= 4 with LiRA), shared by all targets:
+            the cost is ``n_models`` trainings whatever the number of targets.
         seed: non-negative integer; the mask, the reference draws and the training seeds derive
             from it, so the result reproduces from it.
         reference: the replacement records, same format and feature shape as ``dataset`` and
@@ -699,7 +700,13 @@ def specific(
             LiRA score of its ``score_fn`` statistic against the other models as shadow models
             (the ones with the target in / out; :func:`privmon.attacks.reference.leave_one_out`),
             a fixed variance below 65 models. ``score_fn`` then defaults to
-            :func:`logit_score` (the logit-scaled confidence).
+            :func:`logit_score` (the logit-scaled confidence). Online ``"lira"``'s per-target
+            AUC is biased low: each model is scored against in and out fits that leave its own
+            statistic out, which lowers a member's score and raises a non-member's. On a
+            statistic without membership signal its mean per-target AUC is 0.44-0.45 at 16-128
+            models, with 10-66 of 300 targets below 0.2, where ``"lira_offline"`` and the
+            threshold give 0.49-0.51 (``benchmarks/specific_null.py``): prefer
+            ``"lira_offline"`` for per-target figures.
         reference_draw: ``"per_model"`` (default): for each model, the reference records swapped
             in are drawn at random, without replacement within a model (the paper samples the
             reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by

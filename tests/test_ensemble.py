@@ -357,6 +357,8 @@ def test_argument_errors():
         train_ensemble(mlp(), (x, y), empty, **kw)
     with pytest.raises(ValueError, match=r"masks must be a boolean array of shape \(3, 40\)"):
         train_ensemble(mlp(), (x, y), masks[:, :39], **kw)
+    with pytest.raises(ValueError, match=r"shape \(k, 40\), one row per model, got shape \(40,\)"):
+        train_ensemble(mlp(), (x, y), masks[0], **kw)
     with pytest.raises(ValueError, match="epochs must be an integer >= 1"):
         train_ensemble(mlp(), (x, y), masks, **{**kw, "epochs": 0})
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):

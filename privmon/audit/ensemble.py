@@ -532,6 +532,11 @@ def train_ensemble(
     n = x.shape[0]
     if not isinstance(masks, torch.Tensor):
         masks = np.asarray(masks)
+    if masks.ndim != 2:
+        raise ValueError(
+            f"masks must be a boolean array of shape (k, {n}), one row per model, got shape "
+            f"{tuple(masks.shape)}"
+        )
     m = as_mask(masks, name="masks", shape=(len(masks), n))
     sizes = m.sum(dim=1).tolist()
     if min(sizes) == 0:

@@ -21,44 +21,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from torch import nn
 
 import privmon
-from privmon.audit import random_halves, train_ensemble
 from privmon.queries import LossQuery, ReferenceModelQuery
 
-N = 150  # members and non-members
+# the setup of tests/test_reference_query.py (its online-LiRA-against-the-loss test is seed 0)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_reference_query import N, _halves
+
 METHODS = ("histogram", "kde")
 QUERIES = ("lira_online", "lira", "loss")
 
 
-def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-
-
 def one_seed(seed: int, n_references: int) -> dict[tuple[str, str], float]:
     """Each query's advantage estimate by each method on seed ``seed``'s setup."""
-    digits = load_digits()
-    perm = np.random.default_rng(seed).permutation(len(digits.target))[: 2 * N]
-    x = torch.tensor(digits.data[perm] / 16.0, dtype=torch.float32)
-    y = torch.tensor(digits.target[perm])
-    member = random_halves(2 * N, 1, seed=seed)[0]
-    kw = {
-        "loss_fn": lambda out, t: F.cross_entropy(out, t, reduction="none"),
-        "optimizer": lambda p: torch.optim.Adam(p, lr=1e-2),
-        "epochs": 150,
-    }
-    everyone = np.ones((1, N), bool)
-    target = train_ensemble(mlp, (x[member], y[member]), everyone, seed=100 + seed, **kw)
-    model = target.model(0)
-    masks = random_halves(2 * N, n_references, seed=1000 + seed)
-    references = train_ensemble(mlp, (x, y), masks, seed=200 + seed, **kw)
+    w = _halves(
+        n_references, pick=seed, member=seed, target=100 + seed, halves=1000 + seed, refs=200 + seed
+    )
+    model, references, x, y, member = (w[k] for k in ("target", "refs", "x", "y", "member"))
     queries = [
         ReferenceModelQuery(model, references, online=True, reference_data=(x, y)),
         ReferenceModelQuery(model, references, reference_data=(x, y)),

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 import privmon
-from privmon.attacks import LOMO_ATTACKS, leave_one_out
+from privmon.attacks import LOMO_ATTACKS, leave_one_out, lira
 from privmon.audit import evaluate, logit_score, shadow_audit, specific
+from privmon.audit.specific import _cross_fitted_lira
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -196,15 +197,57 @@ def test_specific_audit_with_lira_is_lira_of_the_logit_scores():
     args = (train, (x[:100], y[:100]), np.arange(8))
     kw = {"n_models": 8, "seed": 3, "reference": (x[100:], y[100:])}
     plain = specific(*args, score_fn=logit_score, **kw)
-    for attack in ("lira", "lira_offline"):
-        res = specific(*args, attack=attack, **kw)
-        assert res.attack == attack and plain.attack == "threshold"
-        np.testing.assert_array_equal(res.mask, plain.mask)
-        want = leave_one_out(plain.scores, plain.mask, attack=attack)
-        np.testing.assert_allclose(res.scores, want, rtol=1e-12)
-        assert not np.allclose(res.scores, plain.scores)
-        for j in range(8):
-            s, m = res.scores[:, j], res.mask[:, j]
-            assert res.auc[j] == privmon.auc(s[m], s[~m])
+    offline = specific(*args, attack="lira_offline", **kw)
+    assert offline.attack == "lira_offline" and plain.attack == "threshold"
+    np.testing.assert_array_equal(offline.mask, plain.mask)
+    want = leave_one_out(plain.scores, plain.mask, attack="lira_offline")
+    np.testing.assert_allclose(offline.scores, want, rtol=1e-12)
+    for j in range(8):
+        s, m = offline.scores[:, j], offline.mask[:, j]
+        assert offline.auc[j] == privmon.auc(s[m], s[~m])
+    # online: each model against the Gaussians of the other fold; per-target figures within
+    # each fold, averaged
+    online = specific(*args, attack="lira", **kw)
+    scores, fold = _cross_fitted_lira(plain.scores, plain.mask, 3)
+    np.testing.assert_array_equal(online.scores, scores)
+    mask = plain.mask
+    for f in (0, 1):  # each fold holds half of each target's members and of its non-members
+        np.testing.assert_array_equal(
+            ((fold == f) & mask).sum(0), mask.sum(0) // 2 + f * (mask.sum(0) % 2)
+        )
+        other = np.where(fold == f, np.nan, plain.scores)
+        for i in range(8):
+            want = lira(plain.scores[i], other, mask, online=True, fixed_variance=True)
+            np.testing.assert_allclose(scores[i][fold[i] == f], want[fold[i] == f], rtol=1e-12)
+    for j in range(8):
+        per_fold = [
+            privmon.auc(
+                scores[(fold[:, j] == f) & mask[:, j], j],
+                scores[(fold[:, j] == f) & ~mask[:, j], j],
+            )
+            for f in (0, 1)
+        ]
+        assert online.auc[j] == pytest.approx(np.mean(per_fold), abs=1e-15)
     with pytest.raises(ValueError, match="attack must be one of"):
         specific(*args, attack="rmia", **kw)
+
+
+def test_specific_audit_with_lira_reads_chance_where_there_is_no_signal():
+    """A statistic without membership signal (a per-target offset plus fresh noise in every
+    model): online LiRA's per-target AUC averages 0.5 over 300 targets. Leaving only the scored
+    model out of the fits gave 0.437 here."""
+    n_targets = 300
+    offset = 2.0 * torch.randn(n_targets, generator=torch.Generator().manual_seed(0))
+    reference = (torch.randn(n_targets, 3), torch.zeros(n_targets, dtype=torch.long))
+    res = specific(
+        lambda xs, ys, seed: None,
+        (torch.randn(400, 3), torch.zeros(400, dtype=torch.long)),
+        np.arange(n_targets),
+        reference=reference,
+        n_models=16,
+        seed=0,
+        score_fn=lambda model, xt, yt: offset + torch.randn(len(xt)),
+        attack="lira",
+    )
+    assert res.n_nonfinite == 0
+    assert abs(np.mean(res.auc) - 0.5) < 0.02, np.mean(res.auc)

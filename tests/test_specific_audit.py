@@ -557,7 +557,8 @@ def _spec(**overrides):
     ("overrides", "match"),
     [
         ({"n_models": 1}, "n_models must be an integer >= 2"),
-        ({"n_models": 3, "attack": "lira"}, "n_models must be an integer >= 4"),
+        ({"n_models": 7, "attack": "lira"}, "n_models must be an integer >= 8"),
+        ({"n_models": 3, "attack": "lira_offline"}, "n_models must be an integer >= 4"),
         ({"n_models": 0}, "n_models"),
         ({"n_models": 2.5}, "n_models"),
         ({"n_models": True}, "n_models"),

@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ from torch import nn
 from tqdm import tqdm
 
 from privmon._validation import check_callable, check_int
-from privmon.attacks.reference import leave_one_out
+from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
 from privmon.estimators.roc import auc as _auc
 from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
 
@@ -80,12 +81,16 @@ ScoreFn = Callable[[Any, torch.Tensor, Any], Any]
 
 _METRICS = ("auc", "tpr")
 _ATTACKS = ("threshold", "lira", "lira_offline")
+# online LiRA's folds each need two members and two non-members of a target; offline LiRA
+# scores a model against the others (leave one out), two of them out
+_MIN_MODELS = {"threshold": 2, "lira": 8, "lira_offline": 4}
 # §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
 _DEFAULT_THRESHOLD = {"auc": 0.8, "tpr": 0.6}
 
 # SeedSequence spawn keys of the independent streams (the same in both setups, so the specific
 # and average audits run with one seed share their mask and their training seeds).
 _TAG_MASK, _TAG_TRAIN, _TAG_DATA = 0, 1, 2
+_TAG_FOLDS = 4  # 3: random_halves (ensemble.py)
 
 
 # --- results --------------------------------------------------------------------------------------
@@ -135,7 +140,7 @@ class AuditResult:
         n_nonfinite: how many scores were NaN / infinite (dropped from the per-target metrics).
         attack: ``"threshold"`` (``scores`` are the ``score_fn`` scores) or ``"lira"`` /
             ``"lira_offline"`` (``scores`` are LiRA scores of the ``score_fn`` statistic, each
-            model in turn the target and the others its shadow models).
+            model in turn the target; :func:`specific` says against which shadow models).
     """
 
     setup: str
@@ -600,9 +605,20 @@ def _finish(
     start: float,
     attack: str,
 ) -> AuditResult:
-    if attack != "threshold":
-        scores = leave_one_out(scores, mask, attack=attack)
-    aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
+    if attack == "lira":
+        scores, fold = _cross_fitted_lira(scores, mask, seed)
+        per_fold = [
+            _per_target_metrics(np.where(fold == f, scores, np.nan), mask, fpr) for f in (0, 1)
+        ]
+        with warnings.catch_warnings():  # a target neither fold could score: NaN, counted
+            warnings.simplefilter("ignore", RuntimeWarning)
+            aucs = np.nanmean([r[0] for r in per_fold], axis=0)
+            tprs = np.nanmean([r[1] for r in per_fold], axis=0)
+        n_bad = int((~np.isfinite(scores)).sum())
+    else:
+        if attack == "lira_offline":
+            scores = leave_one_out(scores, mask, attack=attack)
+        aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
     return AuditResult(
         setup=setup,
         targets=_frozen(targets),
@@ -620,6 +636,41 @@ def _finish(
     )
 
 
+def _cross_fitted_lira(
+    statistic: np.ndarray, mask: np.ndarray, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Online LiRA (Carlini et al. eq. 4) per model and target, each model scored against the
+    in and out Gaussians of the other fold: the scores (k, n) and the folds (k, n) in {0, 1}.
+
+    For each target the models that trained on it, and those that did not, are split in
+    halves at random (seeded by ``seed``): fold 0 and fold 1 hold as many members as
+    non-members of the target, up to one. Leaving only the scored model out (as
+    :func:`~privmon.attacks.reference.leave_one_out` does) biases a per-target AUC low: the
+    scored model's own statistic is missing from the fit of its side, which lowers a member's
+    score and raises a non-member's (mean AUC 0.44 at 64 models on a statistic without
+    signal). With disjoint folds the fits know nothing of the models they score, and the
+    per-target AUC and TPR are taken within each fold and averaged
+    (``benchmarks/specific_null.py``). Each fit sees about half of the models, with a fixed
+    variance below 128 models (fewer than 64 per fit)."""
+    rng = _stream(seed, _TAG_FOLDS)
+    keys = rng.random(mask.shape)
+    fold = np.zeros(mask.shape, dtype=np.int64)
+    for side in (True, False):
+        on_side = mask == side
+        rank = np.argsort(np.argsort(np.where(on_side, keys, np.inf), axis=0), axis=0)
+        fold[on_side & (rank >= on_side.sum(axis=0) // 2)] = 1
+    stat = torch.as_tensor(statistic, dtype=torch.float64)
+    m, f = torch.as_tensor(mask), torch.as_tensor(fold)
+    fixed = stat.shape[0] // 2 < FIXED_VARIANCE_BELOW
+    out = torch.full_like(stat, math.nan)
+    for held in (0, 1):
+        references = torch.where(f == held, math.nan, stat)  # the other fold's models only
+        for i in range(stat.shape[0]):
+            score = lira_tensor(stat[i], references, m, online=True, fixed_variance=fixed)
+            out[i] = torch.where(f[i] == held, score, out[i])
+    return out.numpy(), fold
+
+
 def _common_checks(
     train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any, attack: Any
 ) -> tuple[ScoreFn, int, int, float]:
@@ -632,7 +683,7 @@ def _common_checks(
     return (
         score_fn,
         # LiRA scores a target in a model against the other models with it in and out
-        check_int(n_models, name="n_models", minimum=2 if attack == "threshold" else 4),
+        check_int(n_models, name="n_models", minimum=_MIN_MODELS[attack]),
         _check_seed(seed),
         _check_fpr(fpr),
     )
@@ -697,16 +748,15 @@ def specific(
             directly (§3.1's threshold on one score). ``"lira"`` / ``"lira_offline"``: LiRA
             (Carlini et al., "Membership Inference Attacks From First Principles", eq. 4 and
             §VI-A), as the paper's §5 audits ML models: in model ``k`` a target's score is the
-            LiRA score of its ``score_fn`` statistic against the other models as shadow models
-            (the ones with the target in / out; :func:`privmon.attacks.reference.leave_one_out`),
-            a fixed variance below 65 models. ``score_fn`` then defaults to
-            :func:`logit_score` (the logit-scaled confidence). Online ``"lira"``'s per-target
-            AUC is biased low: each model is scored against in and out fits that leave its own
-            statistic out, which lowers a member's score and raises a non-member's. On a
-            statistic without membership signal its mean per-target AUC is 0.44-0.45 at 16-128
-            models, with 10-66 of 300 targets below 0.2, where ``"lira_offline"`` and the
-            threshold give 0.49-0.51 (``benchmarks/specific_null.py``): prefer
-            ``"lira_offline"`` for per-target figures.
+            LiRA score of its ``score_fn`` statistic against other models as shadow models (the
+            ones with the target in / out). ``"lira_offline"``: against all the other models
+            (:func:`privmon.attacks.reference.leave_one_out`). ``"lira"`` (online): against
+            the other fold of a split of each target's members and non-members in halves, the
+            per-target AUC / TPR taken within each fold and averaged (leaving only the scored
+            model out biases an online per-target AUC low, to 0.44 at 64 models where nothing
+            leaks: ``benchmarks/specific_null.py``). A fixed variance below 64 shadow models
+            per fit. ``score_fn`` then defaults to :func:`logit_score` (the logit-scaled
+            confidence).
         reference_draw: ``"per_model"`` (default): for each model, the reference records swapped
             in are drawn at random, without replacement within a model (the paper samples the
             reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by

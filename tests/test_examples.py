@@ -161,9 +161,10 @@ def test_lira_audit():
     assert re.search(r"16 MLPs .* 1600 member and 1600 non-member scores", out), out
     table = {}
     for line in out.splitlines():
-        m = re.match(rf"^(\w+)\s+({NUM})\s+({NUM})%\s+({NUM})%\s+({NUM})%$", line)
+        m = re.match(rf"^(\w+)\s+({NUM})\s+({NUM})%\s+({NUM})%\s+({NUM})%\s+(\d+)$", line)
         if m:
-            table[m.group(1)] = [float(v) for v in m.groups()[1:]]
+            table[m.group(1)] = [float(v) for v in m.groups()[1:5]]
+            assert m.group(6) == "0", line  # no score left out
     assert set(table) == {"loss", "lira", "lira_offline", "rmia", "rmia_offline", "calibrated"}
     for auc, *tprs in table.values():
         assert 0.5 <= auc <= 1 and all(0 <= t <= 100 for t in tprs), table

@@ -383,10 +383,11 @@ def population_mask(population: Any, *, n: int, device: torch.device) -> torch.T
 
 
 LOMO_ATTACKS = ("loss", "lira", "lira_offline", "rmia", "rmia_offline", "calibrated")
-# models a leave-one-model-out evaluation needs: the reference attacks score a record only with
-# other models on its sides (three give LiRA's fixed variance a side of two somewhere)
-LOMO_MIN_MODELS = {attack: 1 if attack == "loss" else 3 for attack in LOMO_ATTACKS}
 """The attacks :func:`leave_one_out` evaluates (its ``attack`` argument)."""
+
+LOMO_MIN_MODELS = {attack: 1 if attack == "loss" else 3 for attack in LOMO_ATTACKS}
+"""The fewest models :func:`leave_one_out` takes per attack: the reference attacks score a
+record only with other models on its sides (three give LiRA's fixed variance a side of two)."""
 
 
 def leave_one_out(

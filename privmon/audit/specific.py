@@ -643,8 +643,8 @@ def _cross_fitted_lira(
     in and out Gaussians of the other fold: the scores (k, n) and the folds (k, n) in {0, 1}.
 
     For each target the models that trained on it, and those that did not, are split in
-    halves at random (seeded by ``seed``): fold 0 and fold 1 hold as many members as
-    non-members of the target, up to one. Leaving only the scored model out (as
+    halves at random (seeded by ``seed``; an odd one out goes to fold 1), so each fold holds
+    half of the target's members and half of its non-members. Leaving only the scored model out (as
     :func:`~privmon.attacks.reference.leave_one_out` does) biases a per-target AUC low: the
     scored model's own statistic is missing from the fit of its side, which lowers a member's
     score and raises a non-member's (mean AUC 0.44 at 64 models on a statistic without

@@ -1212,9 +1212,10 @@ def _records_on_cpu(
             f"{name} must be a pair (x, y) with one row per record (at least one) and labels of "
             f"shape (n,), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise ValueError(f"{name}: labels must be integer class indices, got {y.dtype}")
-    return x, y
+    integral = not y.is_complex() and (not y.is_floating_point() or bool((y == y.round()).all()))
+    if not integral:
+        raise ValueError(f"{name}: labels must be integer class indices, got {y.dtype} values")
+    return x, y.long()
 
 
 def _record_digests(x: torch.Tensor, y: torch.Tensor) -> list[bytes]:

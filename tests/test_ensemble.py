@@ -333,12 +333,27 @@ def test_models_with_dropout_or_batchnorm_need_stacked_false():
         train_ensemble(drop, (x, y), masks, epochs=1, seed=0, **kw)
     with pytest.raises(ValueError, match="BatchNorm1d with running statistics"):
         train_ensemble(bn, (x, y), masks, epochs=1, seed=0, **kw)
+    functional = lambda: _FunctionalDropout()  # noqa: E731
+    with pytest.raises(ValueError, match=r"draws random numbers in training \(e.g. F.dropout\)"):
+        train_ensemble(functional, (x, y), masks, epochs=1, seed=0, **kw)
     for fn in (drop, bn):  # one by one: works, reproducibly (dropout seeded per model)
         a = train_ensemble(fn, (x, y), masks, epochs=2, batch_size=8, seed=0, stacked=False, **kw)
         b = train_ensemble(fn, (x, y), masks, epochs=2, batch_size=8, seed=0, stacked=False, **kw)
         out = a(x)
         assert out.shape == (3, 40, 3) and torch.equal(out, b(x))
         torch.testing.assert_close(out[1], a.model(1)(x).detach())
+
+
+class _FunctionalDropout(nn.Module):
+    """Dropout called in forward, not as a module: only the first forward can tell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 3)
+        self.norm = nn.LayerNorm(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.dropout(self.linear(x), 0.5, training=self.training))
 
 
 def test_argument_errors():

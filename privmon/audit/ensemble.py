@@ -450,7 +450,15 @@ def _train_stacked(
             if all(batch_size >= n for n in sizes):  # full batch: the same step every epoch
                 fixed = steps[0]
         for xb, yb, w, count in steps:
-            out = forward(params, buffers, xb)
+            try:
+                out = forward(params, buffers, xb)
+            except RuntimeError as err:
+                if "randomness" not in str(err):
+                    raise
+                raise ValueError(
+                    "model_fn's forward draws random numbers in training (e.g. F.dropout): the "
+                    "stacked models would not match their one-by-one training; pass stacked=False"
+                ) from err
             b = xb.shape[1]
             flat = loss_fn(out.reshape(k * b, *out.shape[2:]), yb.reshape(k * b, *yb.shape[2:]))
             losses = _per_record_loss(flat, k * b).reshape(k, b)

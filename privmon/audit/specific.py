@@ -665,9 +665,9 @@ def _cross_fitted_lira(
     out = torch.full_like(stat, math.nan)
     for held in (0, 1):
         references = torch.where(f == held, math.nan, stat)  # the other fold's models only
-        for i in range(stat.shape[0]):
-            score = lira_tensor(stat[i], references, m, online=True, fixed_variance=fixed)
-            out[i] = torch.where(f[i] == held, score, out[i])
+        # one fit per fold; lira_tensor broadcasts the (n,) fits over all k models' statistics
+        score = lira_tensor(stat, references, m, online=True, fixed_variance=fixed)
+        out = torch.where(f == held, score, out)
     return out.numpy(), fold
 
 

@@ -17,10 +17,16 @@ __all__ = [
     "as_tensor",
     "check_audit_set",
     "check_callable",
+    "check_choice",
     "check_flag",
     "check_int",
+    "check_module",
+    "check_name",
+    "check_open_interval",
     "check_open_unit",
+    "check_pair",
     "check_positive",
+    "check_transform",
     "check_unit",
     "check_writable_dir",
     "to_numpy",
@@ -65,6 +71,48 @@ def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return int(value)
+
+
+def check_open_interval(value: float, *, name: str, low: float, high: float) -> float:
+    """Return ``value`` as a float after checking it lies in the open interval (low, high)."""
+    return _number(value, name=name, ok=lambda v: low < v < high, where=f"in ({low}, {high})")
+
+
+def check_choice(value: Any, valid: tuple[Any, ...], *, name: str) -> Any:
+    """Return ``value`` after checking it is one of ``valid``."""
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+    return value
+
+
+def check_name(value: Any, *, name: str = "name") -> str:
+    """Return ``value`` after checking it is a non-empty string (not only spaces)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_module(value: Any, *, name: str) -> Any:
+    """Return ``value`` after checking it is a ``torch.nn.Module``."""
+    if not isinstance(value, torch.nn.Module):
+        raise ValueError(f"{name} must be a torch.nn.Module, got {type(value).__name__}")
+    return value
+
+
+def check_transform(transform: Any) -> Any:
+    """Return ``transform`` after checking it is None or a callable ``batch -> (x, y)``."""
+    if transform is not None and not callable(transform):
+        raise ValueError(
+            f"transform must be None or a callable batch -> (x, y), got {type(transform).__name__}"
+        )
+    return transform
+
+
+def check_pair(pair: Any, *, name: str) -> tuple[Any, Any] | None:
+    """Return ``pair`` as a tuple after checking it is None or a pair ``(x, y)``."""
+    if pair is not None and (not isinstance(pair, tuple | list) or len(pair) != 2):
+        raise ValueError(f"{name} must be a pair (x, y) of inputs and labels")
+    return None if pair is None else tuple(pair)
 
 
 def check_flag(value: Any, *, name: str) -> bool:

@@ -75,14 +75,9 @@ from privmon._validation import as_scores
 from privmon.attacks.baselines import _median, _SquaredDistances
 from privmon.attacks.domias import _apply_encoder, _kde, _pca_axes, _records
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
-from privmon.queries import (
-    Batch,
-    NearestGeneratedQuery,
-    Query,
-    Transform,
-    _digest,
-    _flat_records,
-)
+from privmon.queries.base import Query
+from privmon.queries.batches import Batch, Transform, flat_records, tensor_digest
+from privmon.queries.generative import NearestGeneratedQuery
 
 __all__ = ["ATTACKS", "GeneratorQuery"]
 
@@ -342,7 +337,7 @@ class GeneratorQuery(Query):
         # nothing to cache without an embedding and without a per-record reference value
         if not self.cache or (self.embed is None and self.attack not in _CACHED_REFERENCE):
             return self._embedded(x)
-        key = _digest(x)
+        key = tensor_digest(x)
         self._used.add(key)
         hit = self._cache.get(key)
         if hit is not None:
@@ -364,7 +359,7 @@ class GeneratorQuery(Query):
             raise RuntimeError(
                 f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
             )
-        x = _flat_records(batch, syn.device, self.transform, self.dim, self.name, "reference has")
+        x = flat_records(batch, syn.device, self.transform, self.dim, self.name, "reference has")
         if x.shape[0] == 0:
             return torch.empty(0, dtype=torch.float64, device=syn.device)
         e, r = self._lookup(x)

@@ -19,6 +19,8 @@ __all__ = [
     "check_callable",
     "check_choice",
     "check_flag",
+    "check_fprs",
+    "check_indices",
     "check_int",
     "check_module",
     "check_name",
@@ -26,6 +28,7 @@ __all__ = [
     "check_open_unit",
     "check_pair",
     "check_positive",
+    "check_quantiles",
     "check_transform",
     "check_unit",
     "check_writable_dir",
@@ -113,6 +116,63 @@ def check_pair(pair: Any, *, name: str) -> tuple[Any, Any] | None:
     if pair is not None and (not isinstance(pair, tuple | list) or len(pair) != 2):
         raise ValueError(f"{name} must be a pair (x, y) of inputs and labels")
     return None if pair is None else tuple(pair)
+
+
+def check_indices(targets: Any, n: int, *, what: str) -> np.ndarray:
+    """Return ``targets`` as distinct int64 indices into ``what``, a collection of ``n`` records
+    (a non-empty 1-D sequence of integers in [0, n - 1]); the argument is named ``targets``."""
+    if isinstance(targets, torch.Tensor):
+        targets = targets.detach().cpu().numpy()
+    try:
+        t = np.asarray(targets)
+    except (TypeError, ValueError):
+        raise ValueError(f"targets must be a sequence of integer indices into {what}") from None
+    if t.ndim == 0:
+        t = t.reshape(1)
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(
+            f"targets must be a non-empty 1-D sequence of indices, got shape {t.shape}"
+        )
+    if t.dtype == bool or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"targets must be integer indices into {what}, got dtype {t.dtype}")
+    t = t.astype(np.int64)
+    bad = (t < 0) | (t >= n)
+    if bad.any():
+        raise ValueError(
+            f"targets must be indices in [0, {n - 1}] ({what} has {n} records), "
+            f"got out-of-range values {t[bad][:5].tolist()}"
+        )
+    if np.unique(t).size != t.size:
+        raise ValueError("targets must not repeat an index")
+    return t
+
+
+def check_fprs(fpr: Any) -> list[float]:
+    """Return ``fpr`` (a number or a sequence of them) as a non-empty list of false-positive
+    rates in (0, 1)."""
+    values = np.atleast_1d(np.asarray(fpr, dtype=object)).ravel().tolist()
+    if not values:
+        raise ValueError("fpr must hold at least one target false-positive rate in (0, 1)")
+    return [check_open_unit(v, name="fpr") for v in values]
+
+
+def check_quantiles(q: Any) -> tuple[np.ndarray, bool]:
+    """Return ``q`` (a number or a sequence of them) as a non-empty float64 array of quantiles
+    in (0, 1], and whether it was a scalar."""
+    try:
+        arr = np.asarray(q, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"q must be a number or a sequence of numbers in (0, 1], got {q!r}"
+        ) from None
+    scalar = arr.ndim == 0
+    arr = np.atleast_1d(arr).ravel()
+    if arr.size == 0:
+        raise ValueError("q must hold at least one quantile in (0, 1]")
+    bad = ~((arr > 0.0) & (arr <= 1.0))  # also catches NaN
+    if bad.any():
+        raise ValueError(f"q must be in the half-open interval (0, 1], got {arr[bad].tolist()}")
+    return arr, scalar
 
 
 def check_flag(value: Any, *, name: str) -> bool:

@@ -98,7 +98,7 @@ def test_matmul_log_density_equals_cdist_path_far_points_and_blocks(monkeypatch)
     b = kde.log_density(pts, method="matmul")
     assert torch.isfinite(b).all() and (b[-5:] < -1e3).all()  # far rows: the log-sum-exp path
     np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-12, atol=1e-10)
-    monkeypatch.setattr("privmon.estimators.density._BLOCK_ELEMENTS_CPU", 7 * 300)  # 7 rows
+    monkeypatch.setattr("privmon.estimators.density.BLOCK_ELEMENTS_CPU", 7 * 300)  # 7 rows
     c = GaussianKDE(data).log_density(pts, method="matmul")
     np.testing.assert_allclose(c.numpy(), b.numpy(), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="method"):
@@ -189,7 +189,7 @@ def test_randomized_pca_for_wide_data_matches_exact(monkeypatch):
     data = latent @ rng.normal(size=(3, d)) + 0.1 * rng.normal(size=(3 * n, d))
     test, syn, ref = data[:n], data[n : 2 * n], data[2 * n :]
     exact = domias_scores(test[:50], syn, ref, embed="pca", embed_dim=3)
-    monkeypatch.setattr("privmon.attacks.domias._EXACT_PCA_MAX_DIM", 8)
+    monkeypatch.setattr("privmon.attacks.record_sets._EXACT_PCA_MAX_DIM", 8)
     state = torch.get_rng_state()
     randomized = domias_scores(test[:50], syn, ref, embed="pca", embed_dim=3)
     assert torch.equal(torch.get_rng_state(), state)

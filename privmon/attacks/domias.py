@@ -65,163 +65,19 @@ from __future__ import annotations
 
 import importlib
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, to_numpy
-from privmon.estimators.density import GaussianKDE, bandwidth_factor
+from privmon._validation import to_numpy
+from privmon.attacks.record_sets import fit_kde, prepare_sets
+from privmon.estimators.density import bandwidth_factor
 
 __all__ = ["domias_scores"]
 
 _DENSITIES = ("kde", "gaussian", "flow")
-_EXACT_PCA_MAX_DIM = 4096
-
-
-# --- input handling shared with privmon.attacks.baselines ----------------------------------------
-
-
-def _records(x: Any, *, name: str, device: torch.device | None = None) -> torch.Tensor:
-    """float64 (n, d) tensor; drops (and warns about) non-finite rows."""
-    t, dropped = as_scores(x, name=name, device=device)
-    if dropped:
-        warnings.warn(
-            f"{name}: dropped {dropped} record(s) holding NaN or infinite values",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    return t
-
-
-def _test_records(x: Any) -> torch.Tensor:
-    t, bad = as_scores(x, name="test", drop=False)
-    if bad:
-        rows = torch.nonzero(~torch.isfinite(t).all(dim=1)).flatten()[:5].tolist()
-        raise ValueError(
-            f"test holds {bad} record(s) with NaN or infinite values (rows {rows}...); every "
-            "test record gets a score, so test records must be finite"
-        )
-    return t
-
-
-def _same_dim(t: torch.Tensor, d: int, *, name: str) -> None:
-    if t.shape[1] != d:
-        raise ValueError(
-            f"{name} has d = {t.shape[1]} features per record but test has d = {d}; "
-            "all sets must have the same dimensions"
-        )
-
-
-def _pca_axes(ref: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and the top-k principal axes (d, k) of ``ref``; deterministic, no global RNG."""
-    mean = ref.mean(dim=0)
-    c = ref - mean
-    d = ref.shape[1]
-    if d <= _EXACT_PCA_MAX_DIM:
-        _, vecs = torch.linalg.eigh(c.T @ c)  # ascending eigenvalues
-        return mean, vecs[:, -k:].flip(1)
-    # randomized range finder (Halko et al.) with a local generator and 4 power iterations
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    q = min(d, k + 10)
-    omega = torch.randn(d, q, generator=gen, dtype=ref.dtype).to(ref.device)
-    y = torch.linalg.qr(c @ omega).Q
-    for _ in range(4):
-        y = torch.linalg.qr(c @ torch.linalg.qr(c.T @ y).Q).Q
-    _, _, vh = torch.linalg.svd(y.T @ c, full_matrices=False)
-    return mean, vh[:k].T
-
-
-def _apply_encoder(fn: Callable[..., Any], x: torch.Tensor, *, name: str) -> torch.Tensor:
-    if isinstance(fn, torch.nn.Module):
-        p = next(iter(fn.parameters()), None)
-        inp = x if p is None else x.to(device=p.device, dtype=p.dtype)
-        was_training = fn.training
-        fn.eval()
-        try:
-            with torch.no_grad():
-                out = fn(inp)
-        finally:
-            fn.train(was_training)
-    else:
-        with torch.no_grad():
-            out = fn(x)
-    t, bad = as_scores(out, name=f"embed({name})", device=x.device, drop=False)
-    if bad:
-        raise ValueError(f"embed returned {bad} non-finite row(s) for {name}")
-    return t
-
-
-def _embed(
-    sets: dict[str, torch.Tensor],
-    embed: str | Callable[..., Any] | None,
-    embed_dim: int | None,
-    *,
-    fit_on: str,
-) -> dict[str, torch.Tensor]:
-    """Apply ``embed`` ("pca" fitted on ``sets[fit_on]``, or a callable) to every set."""
-    if embed is None:
-        if embed_dim is not None:
-            raise ValueError("embed_dim is only used with embed='pca'")
-        return sets
-    if isinstance(embed, str):
-        if embed != "pca":
-            raise ValueError(f"embed must be None, 'pca' or a callable, got {embed!r}")
-        d = sets[fit_on].shape[1]
-        k = min(d, 10) if embed_dim is None else embed_dim
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
-            raise ValueError(f"embed_dim must be an integer in [1, d = {d}], got {embed_dim!r}")
-        if sets[fit_on].shape[0] < 2:
-            raise ValueError(f"embed='pca' is fitted on {fit_on}, which needs >= 2 records")
-        mean, axes = _pca_axes(sets[fit_on], int(k))
-        return {name: (t - mean) @ axes for name, t in sets.items()}
-    if not callable(embed):
-        raise ValueError(f"embed must be None, 'pca' or a callable, got {type(embed).__name__}")
-    if embed_dim is not None:
-        raise ValueError("embed_dim is only used with embed='pca'")
-    out = {name: _apply_encoder(embed, t, name=name) for name, t in sets.items()}
-    dims = {name: t.shape[1] for name, t in out.items()}
-    if len(set(dims.values())) != 1:
-        raise ValueError(f"embed returned different dimensions per set: {dims}")
-    return out
-
-
-def _prepare(
-    test: Any,
-    synthetic: Any,
-    reference: Any | None,
-    *,
-    embed: str | Callable[..., Any] | None = None,
-    embed_dim: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """Validate and move every set to the test records' device; apply the embedding."""
-    sets = {"test": _test_records(test)}
-    dev = sets["test"].device
-    d = sets["test"].shape[1]
-    sets["synthetic"] = _records(synthetic, name="synthetic", device=dev)
-    _same_dim(sets["synthetic"], d, name="synthetic")
-    if reference is not None:
-        sets["reference"] = _records(reference, name="reference", device=dev)
-        _same_dim(sets["reference"], d, name="reference")
-    fit_on = "reference" if reference is not None else "synthetic"
-    return _embed(sets, embed, embed_dim, fit_on=fit_on)
-
-
-def _kde(data: torch.Tensor, *, name: str, bandwidth: str | float) -> GaussianKDE:
-    n, d = data.shape
-    if n < d + 1:
-        raise ValueError(
-            f"{name} has {n} records in d = {d} dimensions; a Gaussian KDE (full covariance) "
-            f"needs at least d + 1 = {d + 1} records for a non-singular covariance"
-        )
-    try:
-        return GaussianKDE(data, bandwidth=bandwidth)
-    except ValueError as err:
-        if "bandwidth" in str(err):
-            raise
-        raise ValueError(f"{name}: {err}") from None
 
 
 def _gaussian_prior_log_density(
@@ -308,7 +164,7 @@ def domias_scores(
         raise ValueError("flow_kwargs is only used with density='flow'")
     if reference is None:
         raise ValueError("reference must be given: DOMIAS needs reference records (Eq. 2)")
-    sets = _prepare(test, synthetic, reference, embed=embed, embed_dim=embed_dim)
+    sets = prepare_sets(test, synthetic, reference, embed=embed, embed_dim=embed_dim)
     x, syn, ref = sets["test"], sets["synthetic"], sets["reference"]
     if density == "flow":
         for name, t in (("synthetic", syn), ("reference", ref)):
@@ -316,9 +172,9 @@ def domias_scores(
                 raise ValueError(f"{name} needs at least 2 records for density='flow'")
         log_g, log_r = _flow_log_densities(syn, ref, x, flow_kwargs)
     else:
-        kde_g = _kde(syn, name="synthetic", bandwidth=bandwidth)
+        kde_g = fit_kde(syn, name="synthetic", bandwidth=bandwidth)
         if density == "kde":
-            kde_r = _kde(ref, name="reference", bandwidth=bandwidth)
+            kde_r = fit_kde(ref, name="reference", bandwidth=bandwidth)
             log_r = kde_r.log_density(x, method="matmul")
         else:
             log_r = _gaussian_prior_log_density(ref, x, prior_features)

@@ -72,8 +72,8 @@ import torch
 from torch import nn
 
 from privmon._validation import as_scores
-from privmon.attacks.baselines import _median, _SquaredDistances
-from privmon.attacks.domias import _apply_encoder, _kde, _pca_axes, _records
+from privmon.attacks.distances import SquaredDistances, median
+from privmon.attacks.record_sets import apply_encoder, finite_records, fit_kde, pca_axes
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.queries.base import Query
 from privmon.queries.batches import Batch, Transform, flat_records, tensor_digest
@@ -177,7 +177,7 @@ class GeneratorQuery(Query):
             k = int(k)
             if self.reference.shape[0] < 2:
                 raise ValueError("embed='pca' is fitted on reference, which needs >= 2 records")
-            self._pca = _pca_axes(self.reference, k)
+            self._pca = pca_axes(self.reference, k)
         elif callable(embed):
             if embed_dim is not None:
                 raise ValueError("embed_dim is only used with embed='pca'")
@@ -231,7 +231,7 @@ class GeneratorQuery(Query):
         if t.ndim == 0 or t.shape[0] == 0:
             raise ValueError(f"reference must hold at least one record, got shape {tuple(t.shape)}")
         t = t.reshape(t.shape[0], -1)
-        return _records(t, name="reference")
+        return finite_records(t, name="reference")
 
     def _embed(self, x: torch.Tensor, *, name: str) -> torch.Tensor:
         if self.embed is None:
@@ -240,7 +240,7 @@ class GeneratorQuery(Query):
             mean, axes = self._pca
             return (x - mean.to(x.device)) @ axes.to(x.device)
         assert not isinstance(self.embed, str)  # "pca" has its axes from the constructor
-        out = _apply_encoder(self.embed, x, name=name)
+        out = apply_encoder(self.embed, x, name=name)
         return out.to(device=x.device)
 
     def _reference_state(self, dev: torch.device) -> torch.Tensor:
@@ -261,7 +261,7 @@ class GeneratorQuery(Query):
             raise ValueError(f"embed returned {k} dimensions, {self.embed_dim} before")
         self._kde_r = None
         if self.attack == "domias":
-            self._kde_r = _kde(ref, name="reference", bandwidth=self.bandwidth)
+            self._kde_r = fit_kde(ref, name="reference", bandwidth=self.bandwidth)
         self._ref_emb = ref
         self._ref_device = dev
         return ref
@@ -292,11 +292,11 @@ class GeneratorQuery(Query):
                 f"reference has {self.dim}; pass the reference in the generator's representation"
             )
         ref = self._reference_state(dev)
-        syn = self._embed(_records(g, name="synthetic"), name="synthetic")
+        syn = self._embed(finite_records(g, name="synthetic"), name="synthetic")
         if self.attack in _KDE_ATTACKS:
-            self._kde_g = _kde(syn, name="synthetic", bandwidth=self.bandwidth)
+            self._kde_g = fit_kde(syn, name="synthetic", bandwidth=self.bandwidth)
         elif self.attack == "monte_carlo":
-            self._mc_eps = _median(_SquaredDistances(ref, syn).min())
+            self._mc_eps = median(SquaredDistances(ref, syn).min())
         self._syn = syn
         self._open = True
 
@@ -308,7 +308,7 @@ class GeneratorQuery(Query):
             assert self._kde_r is not None
             return self._kde_r.log_density(e, method="matmul")
         assert self._ref_emb is not None
-        return _SquaredDistances(e, self._ref_emb).min()
+        return SquaredDistances(e, self._ref_emb).min()
 
     def _embedded(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Embedded records (NaN rows where x is not finite) and their reference values."""
@@ -387,10 +387,10 @@ class GeneratorQuery(Query):
             return log_g - r
         assert self._syn is not None
         if self.attack == "gan_leaks":
-            return -_SquaredDistances(e, self._syn).min()
+            return -SquaredDistances(e, self._syn).min()
         if self.attack == "gan_leaks_cal":
             assert r is not None  # the distance to the reference set (_CACHED_REFERENCE)
-            return r - _SquaredDistances(e, self._syn).min()
+            return r - SquaredDistances(e, self._syn).min()
         assert self._mc_eps is not None  # monte_carlo: set by prepare
         counts = _count_within(e, self._syn, self._mc_eps)
         return counts.to(torch.float64) / self._syn.shape[0]

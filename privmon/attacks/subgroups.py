@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, to_numpy
-from privmon.estimators.roc import _auc_from, _check_q, _rank, _top_q_precision_from
+from privmon._validation import as_scores, check_quantiles, to_numpy
+from privmon.estimators.roc import auc_from_ranking, rank_scores, top_q_precision_from_ranking
 
 __all__ = ["subgroup_risk"]
 
@@ -112,7 +112,7 @@ def subgroup_risk(
             argument's length differs from its scores'; ``q`` outside (0, 1]; labels of the two
             sides that cannot be sorted together. Messages name the argument.
     """
-    qs, _ = _check_q(q)
+    qs, _ = check_quantiles(q)
     mem = _scores(member_scores, name="member_scores")
     non = _scores(nonmember_scores, name="nonmember_scores")
     g_mem = _labels(
@@ -162,9 +162,9 @@ def subgroup_risk(
         }
         if nm and nn:
             keep = idx[finite[idx]]
-            r = _rank(scores[keep[is_member[keep]]], scores[keep[~is_member[keep]]])
-            entry["auc"] = _auc_from(r)
-            prec = _top_q_precision_from(r, qs)
+            r = rank_scores(scores[keep[is_member[keep]]], scores[keep[~is_member[keep]]])
+            entry["auc"] = auc_from_ranking(r)
+            prec = top_q_precision_from_ranking(r, qs)
             entry["top_q_precision"] = dict(zip(qs.tolist(), prec.tolist(), strict=True))
         out[_key(label)] = entry
     return out

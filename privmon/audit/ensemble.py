@@ -54,22 +54,20 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from privmon._validation import as_mask, check_callable, check_flag, check_int
-from privmon.audit.specific import (
-    _as_xy,
-    _check_seed,
-    _global_rngs_restored,
-    _model_seeds,
-    _seed_global_rngs,
-    _seeded_global_rng,
-    _stream,
+from privmon.audit.records import as_xy
+from privmon.audit.seeding import (
+    TAG_HALVES,
+    global_rngs_restored,
+    seed_global_rngs,
+    seeded_global_rng,
+    stream,
+    training_seeds,
 )
 
 __all__ = ["Ensemble", "random_halves", "train_ensemble"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFn = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
-
-_TAG_HALVES = 3  # SeedSequence spawn key of the random-halves stream (0-2: specific.py)
 
 
 def random_halves(n_records: int, n_models: int, *, seed: int) -> np.ndarray:
@@ -79,7 +77,7 @@ def random_halves(n_records: int, n_models: int, *, seed: int) -> np.ndarray:
     Carlini et al. train their shadow models. Reproducible from ``seed``."""
     n = check_int(n_records, name="n_records", minimum=2)
     k = check_int(n_models, name="n_models", minimum=1)
-    rng = _stream(_check_seed(seed), _TAG_HALVES)
+    rng = stream(check_int(seed, name="seed"), TAG_HALVES)
     keys = rng.random((k, n))
     order = np.argsort(keys, axis=1)
     masks = np.zeros((k, n), dtype=bool)
@@ -384,7 +382,7 @@ def _check_stackable(model: nn.Module, *, padded: bool) -> None:
 def _init(model_fn: Callable[[], nn.Module], seed: int, device: torch.device) -> nn.Module:
     """``model_fn()`` built with the global RNGs seeded with ``seed``; the caller saves and
     restores them once around all k models (0.7 ms a model when done around each)."""
-    _seed_global_rngs(seed)
+    seed_global_rngs(seed)
     model = model_fn()
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
@@ -407,7 +405,7 @@ def _train_one(
     g = torch.Generator().manual_seed(seed)
     n = rows.shape[0]
     full = [(x[rows], y[rows])] if batch_size >= n else None  # the same batch every epoch
-    with _seeded_global_rng(seed):  # dropout and other training randomness: seeded too
+    with seeded_global_rng(seed):  # dropout and other training randomness: seeded too
         for _ in range(epochs):
             if full is None:
                 batches = [rows[b.to(rows.device)] for b in _batches(n, batch_size, g)]
@@ -533,8 +531,8 @@ def train_ensemble(
     check_callable(optimizer, name="optimizer")
     epochs = check_int(epochs, name="epochs", minimum=1)
     stacked = check_flag(stacked, name="stacked")
-    seed = _check_seed(seed)
-    x, y = _as_xy(data, name="data")
+    seed = check_int(seed, name="seed")
+    x, y = as_xy(data, name="data")
     if y is None:
         raise ValueError("data must be a pair (x, y): the loss needs targets")
     n = x.shape[0]
@@ -560,13 +558,13 @@ def train_ensemble(
                 "full batch (batch_size=None) or stacked=False"
             )
     masks_np = m.cpu().numpy()
-    seeds = _model_seeds(seed, len(sizes))
+    seeds = training_seeds(seed, len(sizes))
     rows = [torch.nonzero(r).squeeze(1).to(x.device) for r in m]
-    with _global_rngs_restored():
+    with global_rngs_restored():
         models = [_init(model_fn, int(s), x.device) for s in seeds]
     if stacked:
         _check_stackable(models[0], padded=min(sizes) != max(sizes))
-        with _seeded_global_rng(seed):  # a loss_fn drawing random numbers: seeded, restored
+        with seeded_global_rng(seed):  # a loss_fn drawing random numbers: seeded, restored
             params, buffers = _train_stacked(
                 models,
                 x,

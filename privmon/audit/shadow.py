@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privmon._validation import as_array, as_mask, check_int, to_numpy
+from privmon._validation import as_array, as_mask, check_fprs, check_int, to_numpy
 from privmon.attacks.metric import logit_confidence_from_logits
 from privmon.attacks.reference import LOMO_ATTACKS, LOMO_MIN_MODELS, leave_one_out
 from privmon.audit.ensemble import LossFn, OptimizerFn, random_halves, train_ensemble
-from privmon.audit.specific import _as_xy, _check_seed, _frozen
-from privmon.estimators.roc import _check_fpr, roc_curve, roc_summary
+from privmon.audit.records import as_xy, frozen
+from privmon.estimators.roc import roc_curve, roc_summary
 
 __all__ = ["ShadowAudit", "evaluate", "shadow_audit"]
 
@@ -93,7 +93,7 @@ class ShadowAudit:
         model, or never scored)."""
         self._summary(attack)
         s = self.scores[attack]
-        f = _check_fpr(fpr)[0]
+        f = check_fprs(fpr)[0]
         finite = np.isfinite(s)
         fprs, _, thresholds = roc_curve(s[self.masks & finite], s[~self.masks & finite])
         tau = thresholds[np.searchsorted(fprs, f, side="right") - 1]
@@ -160,7 +160,7 @@ def evaluate(
             :func:`privmon.attacks.rmia`).
     """
     names = _check_attacks(attacks)
-    targets = tuple(_check_fpr(fpr))
+    targets = tuple(check_fprs(fpr))
     stat = as_array(statistic, name="statistic", ndim=2)
     m = as_mask(masks, name="masks", shape=tuple(stat.shape), device=stat.device)
     per_model = m.sum(dim=1)
@@ -176,10 +176,10 @@ def evaluate(
         if members.size == 0 or nonmembers.size == 0:
             raise ValueError(f"attack {name!r} scored no member or no non-member finitely")
         summary[name] = roc_summary(members, nonmembers, fpr=targets)
-        scores[name] = _frozen(s)
+        scores[name] = frozen(s)
     return ShadowAudit(
-        masks=_frozen(mask_np),
-        statistic=_frozen(to_numpy(stat)),
+        masks=frozen(mask_np),
+        statistic=frozen(to_numpy(stat)),
         scores=scores,
         summary=summary,
         fpr=targets,
@@ -229,8 +229,8 @@ def shadow_audit(
     start = time.perf_counter()
     names = _check_attacks(attacks)
     k = check_int(n_models, name="n_models", minimum=max(2, *(LOMO_MIN_MODELS[a] for a in names)))
-    seed = _check_seed(seed)
-    x, y = _as_xy(data, name="data")
+    seed = check_int(seed, name="seed")
+    x, y = as_xy(data, name="data")
     if y is None:
         raise ValueError("data must be a pair (x, y) of inputs and class indices")
     masks = random_halves(x.shape[0], k, seed=seed)
@@ -251,4 +251,4 @@ def shadow_audit(
     result = evaluate(
         stat, masks, attacks=names, fpr=fpr, fixed_variance=fixed_variance, a=a, gamma=gamma
     )
-    return replace(result, seeds=_frozen(ens.seeds), elapsed_s=time.perf_counter() - start)
+    return replace(result, seeds=frozen(ens.seeds), elapsed_s=time.perf_counter() - start)

@@ -48,11 +48,9 @@ is still reproducible) and restored afterwards: the caller's global RNG state is
 from __future__ import annotations
 
 import math
-import random
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +59,23 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from privmon._validation import check_callable, check_int
+from privmon._validation import (
+    check_callable,
+    check_choice,
+    check_indices,
+    check_int,
+    check_open_unit,
+)
 from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
+from privmon.audit.records import as_xy, frozen
+from privmon.audit.seeding import (
+    TAG_DATA,
+    TAG_FOLDS,
+    TAG_MASK,
+    seeded_global_rng,
+    stream,
+    training_seeds,
+)
 from privmon.estimators.roc import auc as _auc
 from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
 
@@ -87,19 +100,8 @@ _MIN_MODELS = {"threshold": 2, "lira": 8, "lira_offline": 4}
 # §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
 _DEFAULT_THRESHOLD = {"auc": 0.8, "tpr": 0.6}
 
-# SeedSequence spawn keys of the independent streams (the same in both setups, so the specific
-# and average audits run with one seed share their mask and their training seeds).
-_TAG_MASK, _TAG_TRAIN, _TAG_DATA = 0, 1, 2
-_TAG_FOLDS = 4  # 3: random_halves (ensemble.py)
-
 
 # --- results --------------------------------------------------------------------------------------
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, copy=True)
-    a.setflags(write=False)
-    return a
 
 
 def _fields_equal(a: Any, b: Any, names: Sequence[str]) -> bool:
@@ -178,7 +180,7 @@ class AuditResult:
 
     def risk(self, metric: str = "auc") -> np.ndarray:
         """The per-target risk under ``metric``: ``"auc"`` or ``"tpr"`` (TPR at ``fpr``)."""
-        return self.auc if _check_metric(metric) == "auc" else self.tpr
+        return self.auc if check_choice(metric, _METRICS, name="metric") == "auc" else self.tpr
 
     def ranking(self, metric: str = "auc") -> np.ndarray:
         """Positions (0 .. n_targets-1) sorted from the riskiest target down; NaN risks last.
@@ -284,138 +286,7 @@ class SetupComparison:
 # --- argument checks ------------------------------------------------------------------------------
 
 
-def _check_metric(metric: Any) -> str:
-    if metric not in _METRICS:
-        raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
-    return metric
-
-
-def _check_fpr(fpr: Any) -> float:
-    try:
-        v = float(fpr)
-    except (TypeError, ValueError):
-        raise ValueError(f"fpr must be a number in the open interval (0, 1), got {fpr!r}") from None
-    if not 0.0 < v < 1.0:
-        raise ValueError(f"fpr must be in the open interval (0, 1), got {fpr!r}")
-    return v
-
-
-def _as_tensor(a: Any, *, name: str) -> torch.Tensor:
-    if isinstance(a, torch.Tensor):
-        return a.detach()
-    try:
-        return torch.as_tensor(np.asarray(a))
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"{name} must hold numeric arrays / tensors") from None
-
-
-def _is_array(a: Any) -> bool:
-    return isinstance(a, torch.Tensor | np.ndarray)
-
-
-def _as_xy(data: Any, *, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Read a set of records as ``(x, y)`` tensors (``y`` None for unlabelled records).
-
-    Accepted: a tuple ``(x, y)`` (or a list of two arrays / tensors) with the same first
-    dimension, always read as features and labels; a ``TensorDataset``; a single array / tensor
-    (unlabelled); a list or map-style dataset of ``(x_i, y_i)`` records (stacked).
-    """
-    if data is None:
-        raise ValueError(f"{name} is required")
-    tensors = getattr(data, "tensors", None)  # torch.utils.data.TensorDataset
-    if isinstance(tensors, tuple) and tensors and all(_is_array(t) for t in tensors):
-        if len(tensors) > 2:
-            raise ValueError(
-                f"{name} is a TensorDataset of {len(tensors)} tensors; pass the pair (x, y)"
-            )
-        data = tensors if len(tensors) > 1 else tensors[0]
-    if _is_array(data):
-        x = _as_tensor(data, name=name)
-        if x.ndim == 0:
-            raise ValueError(f"{name} must have one row per record, got a scalar")
-        return x, None
-    if (
-        isinstance(data, tuple | list)
-        and len(data) == 2
-        and (isinstance(data, tuple) or all(_is_array(t) for t in data))
-    ):
-        x, y = (_as_tensor(t, name=name) for t in data)
-        if x.ndim == 0 or y.ndim == 0 or x.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"{name} = (x, y) needs x and y with the same number of rows, got shapes "
-                f"{tuple(x.shape)} and {tuple(y.shape)}"
-            )
-        return x, y
-    try:
-        n = len(data)
-    except TypeError:
-        raise ValueError(
-            f"{name} must be a pair (x, y) of arrays / tensors, a TensorDataset, or a sequence "
-            f"of (x, y) records, got {type(data).__name__}"
-        ) from None
-    if n == 0:
-        raise ValueError(f"{name} is empty")
-    records = [data[i] for i in range(n)]
-    labelled = isinstance(records[0], tuple | list)
-    try:
-        if labelled:
-            x = torch.stack([_as_tensor(r[0], name=name) for r in records])
-            y = torch.stack([_as_tensor(r[1], name=name) for r in records])
-            return x, y
-        return torch.stack([_as_tensor(r, name=name) for r in records]), None
-    except (RuntimeError, IndexError, TypeError):
-        raise ValueError(
-            f"{name}: could not stack its records into tensors; pass a pair (x, y) of arrays"
-        ) from None
-
-
-def _check_targets(targets: Any, n: int, *, what: str) -> np.ndarray:
-    if isinstance(targets, torch.Tensor):
-        targets = targets.detach().cpu().numpy()
-    try:
-        t = np.asarray(targets)
-    except (TypeError, ValueError):
-        raise ValueError(f"targets must be a sequence of integer indices into {what}") from None
-    if t.ndim == 0:
-        t = t.reshape(1)
-    if t.ndim != 1 or t.size == 0:
-        raise ValueError(
-            f"targets must be a non-empty 1-D sequence of indices, got shape {t.shape}"
-        )
-    if t.dtype == bool or not np.issubdtype(t.dtype, np.integer):
-        raise ValueError(f"targets must be integer indices into {what}, got dtype {t.dtype}")
-    t = t.astype(np.int64)
-    bad = (t < 0) | (t >= n)
-    if bad.any():
-        raise ValueError(
-            f"targets must be indices in [0, {n - 1}] ({what} has {n} records), "
-            f"got out-of-range values {t[bad][:5].tolist()}"
-        )
-    if np.unique(t).size != t.size:
-        raise ValueError("targets must not repeat an index")
-    return t
-
-
-def _check_seed(seed: Any) -> int:
-    return check_int(seed, name="seed", minimum=0)
-
-
 # --- randomness -----------------------------------------------------------------------------------
-
-
-def _stream(seed: int, *key: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
-
-
-def _model_seeds(seed: int, n_models: int) -> np.ndarray:
-    """Training seed of model k, derived from (seed, k): a 31-bit integer, valid everywhere."""
-    return np.array(
-        [
-            int(np.random.SeedSequence(seed, spawn_key=(_TAG_TRAIN, k)).generate_state(1)[0] >> 1)
-            for k in range(n_models)
-        ],
-        dtype=np.int64,
-    )
 
 
 def _balanced_mask(seed: int, n_models: int, n_targets: int) -> np.ndarray:
@@ -425,7 +296,7 @@ def _balanced_mask(seed: int, n_models: int, n_targets: int) -> np.ndarray:
     "in" or "out" with probability 1/2 per target); each target is in exactly n_models // 2
     or n_models // 2 + 1 models, so both member and non-member sides are never empty.
     """
-    rng = _stream(seed, _TAG_MASK)
+    rng = stream(seed, TAG_MASK)
     half = n_models // 2
     mask = np.zeros((n_models, n_targets), dtype=bool)
     extra = rng.random(n_targets) < 0.5 if n_models % 2 else np.zeros(n_targets, dtype=bool)
@@ -434,42 +305,6 @@ def _balanced_mask(seed: int, n_models: int, n_targets: int) -> np.ndarray:
         col[: half + int(extra[j])] = True
         mask[:, j] = rng.permutation(col)
     return mask
-
-
-@contextmanager
-def _global_rngs_restored() -> Iterator[None]:
-    """Restore python / numpy / torch (CPU, and CUDA when available) global RNGs on exit."""
-    py_state = random.getstate()
-    np_state = np.random.get_state()  # noqa: NPY002 - the legacy global is what we guard
-    torch_state = torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)  # noqa: NPY002
-        torch.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
-
-
-def _seed_global_rngs(seed: int) -> None:
-    """Seed the global RNGs :func:`_global_rngs_restored` guards with ``seed``."""
-    random.seed(seed)
-    np.random.seed(seed)  # noqa: NPY002
-    # not torch.manual_seed: it also queues lazy seeds for MPS / XPU / MTIA, 0.2 ms a call,
-    # on generators this module does not restore
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
-@contextmanager
-def _seeded_global_rng(seed: int) -> Iterator[None]:
-    """Seed python / numpy / torch (CPU and CUDA) global RNGs with ``seed``, restore on exit."""
-    with _global_rngs_restored():
-        _seed_global_rngs(seed)
-        yield
 
 
 # --- scoring --------------------------------------------------------------------------------------
@@ -580,7 +415,7 @@ def _run(
         for k in range(n_models):
             x_k, y_k = build(k)
             s = int(model_seeds[k])
-            with _seeded_global_rng(s):
+            with seeded_global_rng(s):
                 model = train_fn(x_k, y_k, s)
                 out = score_fn(
                     model, target_x.clone(), None if target_y is None else target_y.clone()
@@ -621,15 +456,15 @@ def _finish(
         aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
     return AuditResult(
         setup=setup,
-        targets=_frozen(targets),
-        mask=_frozen(mask),
-        scores=_frozen(scores),
-        auc=_frozen(aucs),
-        tpr=_frozen(tprs),
+        targets=frozen(targets),
+        mask=frozen(mask),
+        scores=frozen(scores),
+        auc=frozen(aucs),
+        tpr=frozen(tprs),
         fpr=fpr,
         seed=seed,
-        model_seeds=_frozen(model_seeds),
-        replacement=None if replacement is None else _frozen(replacement),
+        model_seeds=frozen(model_seeds),
+        replacement=None if replacement is None else frozen(replacement),
         n_nonfinite=n_bad,
         attack=attack,
         elapsed_s=time.perf_counter() - start,
@@ -652,7 +487,7 @@ def _cross_fitted_lira(
     per-target AUC and TPR are taken within each fold and averaged
     (``benchmarks/specific_null.py``). Each fit sees about half of the models, with a fixed
     variance below 128 models (fewer than 64 per fit)."""
-    rng = _stream(seed, _TAG_FOLDS)
+    rng = stream(seed, TAG_FOLDS)
     keys = rng.random(mask.shape)
     fold = np.zeros(mask.shape, dtype=np.int64)
     for side in (True, False):
@@ -684,8 +519,8 @@ def _common_checks(
         score_fn,
         # LiRA scores a target in a model against the other models with it in and out
         check_int(n_models, name="n_models", minimum=_MIN_MODELS[attack]),
-        _check_seed(seed),
-        _check_fpr(fpr),
+        check_int(seed, name="seed"),
+        check_open_unit(fpr, name="fpr"),
     )
 
 
@@ -775,14 +610,14 @@ def specific(
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
     if reference_draw not in ("per_model", "fixed"):
         raise ValueError(f"reference_draw must be 'per_model' or 'fixed', got {reference_draw!r}")
-    x, y = _as_xy(dataset, name="dataset")
-    t = _check_targets(targets, x.shape[0], what="dataset")
+    x, y = as_xy(dataset, name="dataset")
+    t = check_indices(targets, x.shape[0], what="dataset")
     if reference is None:
         raise ValueError(
             "reference is required: records (same format as dataset) swapped in for a target "
             f"when it is out; at least len(targets) = {t.size} of them"
         )
-    rx, ry = _as_xy(reference, name="reference")
+    rx, ry = as_xy(reference, name="reference")
     if rx.shape[0] < t.size:
         raise ValueError(
             f"reference must hold at least len(targets) = {t.size} records, got {rx.shape[0]}"
@@ -801,14 +636,14 @@ def specific(
         ry = ry.to(device=y.device, dtype=y.dtype)
 
     mask = _balanced_mask(seed, n_models, t.size)
-    model_seeds = _model_seeds(seed, n_models)
+    model_seeds = training_seeds(seed, n_models)
     n_ref = rx.shape[0]
     replacement = np.full((n_models, t.size), -1, dtype=np.int64)
     for k in range(n_models):
         if reference_draw == "fixed":
             chosen = np.arange(t.size)
         else:
-            chosen = _stream(seed, _TAG_DATA, k).choice(n_ref, size=t.size, replace=False)
+            chosen = stream(seed, TAG_DATA, k).choice(n_ref, size=t.size, replace=False)
         replacement[k] = np.where(mask[k], -1, chosen)
 
     t_torch = torch.as_tensor(t, device=x.device)
@@ -876,9 +711,9 @@ def average(
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
-    x, y = _as_xy(pool, name="pool")
+    x, y = as_xy(pool, name="pool")
     n = x.shape[0]
-    t = _check_targets(targets, n, what="pool")
+    t = check_indices(targets, n, what="pool")
     if dataset_size is None:
         dataset_size = n // 2
     size = check_int(dataset_size, name="dataset_size", minimum=1)
@@ -888,12 +723,12 @@ def average(
             f"[{t.size}, {n - t.size}], got {size}"
         )
     mask = _balanced_mask(seed, n_models, t.size)
-    model_seeds = _model_seeds(seed, n_models)
+    model_seeds = training_seeds(seed, n_models)
     others = np.setdiff1d(np.arange(n), t)
     t_torch = torch.as_tensor(t, device=x.device)
 
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        rng = _stream(seed, _TAG_DATA, k)
+        rng = stream(seed, TAG_DATA, k)
         members = t[mask[k]]
         drawn = rng.choice(others, size=size - members.size, replace=False)
         idx = torch.as_tensor(rng.permutation(np.concatenate([members, drawn])), device=x.device)
@@ -961,7 +796,7 @@ def compare(
 
     Records whose risk is NaN / infinite in either setup are left out (``n_dropped``).
     """
-    metric = _check_metric(metric)
+    metric = check_choice(metric, _METRICS, name="metric")
     both = isinstance(specific_result, AuditResult) and isinstance(average_result, AuditResult)
     any_result = isinstance(specific_result, AuditResult) or isinstance(average_result, AuditResult)
     if isinstance(specific_result, AuditResult) and specific_result.setup != "specific":
@@ -1025,8 +860,8 @@ def compare(
         std_ratio=std_ratio,
         mean_specific=float(spec.mean()),
         mean_average=float(avg.mean()),
-        high_risk=_frozen(high),
-        missed=_frozen(missed),
+        high_risk=frozen(high),
+        missed=frozen(missed),
         n_compared=int(spec.size),
         n_dropped=n_dropped,
     )

@@ -12,12 +12,12 @@ import math
 
 import torch
 
-__all__ = ["GaussianKDE", "bandwidth_factor"]
+__all__ = ["BLOCK_ELEMENTS_CPU", "BLOCK_ELEMENTS_DEVICE", "GaussianKDE", "bandwidth_factor"]
 
 # Points per block times data points for method="matmul": ~1 MiB of float64 on a CPU (fits L2,
 # measured fastest for n = 10^4, d = 8), larger on an accelerator.
-_BLOCK_ELEMENTS_CPU = 1 << 17
-_BLOCK_ELEMENTS_DEVICE = 1 << 24
+BLOCK_ELEMENTS_CPU = 1 << 17
+BLOCK_ELEMENTS_DEVICE = 1 << 24
 # Kernel sums below this are recomputed with a max-shifted log-sum-exp (see _log_density_matmul).
 _TINY_KERNEL_SUM = 1e-250
 
@@ -142,7 +142,7 @@ class GaussianKDE:
             [x, -0.5 * x.square().sum(dim=1, keepdim=True), torch.ones_like(x[:, :1])], dim=1
         )
         m = x.shape[0]
-        budget = _BLOCK_ELEMENTS_CPU if self.data.device.type == "cpu" else _BLOCK_ELEMENTS_DEVICE
+        budget = BLOCK_ELEMENTS_CPU if self.data.device.type == "cpu" else BLOCK_ELEMENTS_DEVICE
         rows = max(1, min(m, budget // self.n))
         buf = torch.empty(rows, self.n, dtype=self.data.dtype, device=self.data.device)
         sums = torch.empty(m, dtype=self.data.dtype, device=self.data.device)

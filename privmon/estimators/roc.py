@@ -5,9 +5,9 @@ Convention: a higher score means "more likely a member". Every public function t
 scores and the non-member scores (numpy arrays or torch tensors on any device, shape (n,) or
 (n, 1)); rows that are NaN or infinite are dropped (never counted as ties). The non-member scores
 are moved onto the member scores' device and all work is done there in torch (numpy sorts CPU
-scores), in O(n log n): the pooled scores are sorted once (:func:`_rank`) and every metric is read
-off the cumulative member / non-member counts per distinct score. Results are Python floats or
-numpy arrays.
+scores), in O(n log n): the pooled scores are sorted once (:func:`rank_scores`) and every metric
+is read off the cumulative member / non-member counts per distinct score. Results are Python
+floats or numpy arrays.
 
 Sources:
 
@@ -33,15 +33,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, check_not_label_order, check_open_unit, to_numpy
+from privmon._validation import (
+    as_scores,
+    check_fprs,
+    check_not_label_order,
+    check_quantiles,
+    to_numpy,
+)
 
 __all__ = [
+    "Ranked",
     "accuracy_at_median",
     "auc",
+    "auc_from_ranking",
+    "rank_scores",
     "roc_curve",
     "roc_summary",
     "summary_from_ascending",
     "top_q_precision",
+    "top_q_precision_from_ranking",
     "tpr_at_fpr",
 ]
 
@@ -49,7 +59,7 @@ _DEFAULT_FPR = (0.1, 0.01, 0.001)
 
 
 @dataclass(frozen=True)
-class _Ranked:
+class Ranked:
     """The pooled scores sorted once, summarised per distinct score.
 
     ``values`` holds the distinct pooled scores in decreasing order; ``tp[i]`` / ``fp[i]`` count the
@@ -101,7 +111,7 @@ def _sort_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.sort(x, descending=True)
 
 
-def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
+def rank_scores(member_scores: Any, nonmember_scores: Any) -> Ranked:
     """Validate, pool, sort once and count members / non-members per distinct score."""
     pos, d1 = _one_dim(member_scores, name="member_scores")
     neg, d0 = _one_dim(nonmember_scores, name="nonmember_scores", device=pos.device)
@@ -110,7 +120,7 @@ def _rank(member_scores: Any, nonmember_scores: Any) -> _Ranked:
 
 def _rank_sorted(
     sorted_scores: torch.Tensor, order: torch.Tensor, n1: int, d1: int = 0, d0: int = 0
-) -> _Ranked:
+) -> Ranked:
     """The ranking of finite 1-D scores whose first ``n1`` are the members, from their
     :func:`_sort_descending`."""
     n = sorted_scores.shape[0]
@@ -121,15 +131,15 @@ def _rank_sorted(
     # Halve before adding so the midpoint of two huge finite scores cannot overflow; this equals
     # numpy's (a + b) / 2 bit for bit unless that overflows or the halves are subnormal.
     median = sorted_scores[(n - 1) // 2] / 2 + sorted_scores[n // 2] / 2
-    return _Ranked(values, tp, fp, median, n1, n - n1, d1, d0)
+    return Ranked(values, tp, fp, median, n1, n - n1, d1, d0)
 
 
-def _negated(r: _Ranked) -> _Ranked:
+def _negated(r: Ranked) -> Ranked:
     """The ranking of the negated scores, without sorting again: distinct scores reverse, and
     the members with −score >= −v are those not strictly above v."""
     tp0 = _with_origin(r.tp)[:-1]  # members strictly above each distinct score
     fp0 = _with_origin(r.fp)[:-1]
-    return _Ranked(
+    return Ranked(
         values=-r.values.flip(0),
         tp=(r.n1 - tp0).flip(0),
         fp=(r.n0 - fp0).flip(0),
@@ -141,10 +151,10 @@ def _negated(r: _Ranked) -> _Ranked:
     )
 
 
-# --- metrics read off a _Ranked (shared by the public functions and roc_summary) -----------------
+# --- metrics read off a Ranked (shared by the public functions and roc_summary) -----------------
 
 
-def _two_u(r: _Ranked) -> int:
+def _two_u(r: Ranked) -> int:
     return int(_two_u_tensor(_with_origin(r.tp), _with_origin(r.fp), r.n0))
 
 
@@ -158,11 +168,12 @@ def _two_u_tensor(tp0: torch.Tensor, fp0: torch.Tensor, n0: int) -> torch.Tensor
     return torch.sum(m_g * (2 * below + h_g))
 
 
-def _auc_from(r: _Ranked) -> float:
+def auc_from_ranking(r: Ranked) -> float:
+    """The AUC of a ranking (Mann–Whitney U with mid-ranks, exact)."""
     return _two_u(r) / (2 * r.n1 * r.n0)
 
 
-def _roc_from(r: _Ranked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _roc_from(r: Ranked) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     zero = r.values.new_zeros(1)
     fpr = torch.cat([zero, r.fpr])
     tpr = torch.cat([zero, r.tpr])
@@ -175,30 +186,32 @@ def _with_origin(counts: torch.Tensor) -> torch.Tensor:
     return torch.cat([counts.new_zeros(1), counts])
 
 
-def _fpr_points(r: _Ranked, targets: list[float]) -> torch.Tensor:
+def _fpr_points(r: Ranked, targets: list[float]) -> torch.Tensor:
     # fpr and tpr are non-decreasing along the curve, so the largest TPR with FPR <= t sits at the
     # last point with FPR <= t: its index into the counts with the origin prepended.
     fpr = r.fpr
     return torch.searchsorted(fpr, fpr.new_tensor(targets), right=True)
 
 
-def _median_point(r: _Ranked) -> torch.Tensor:
+def _median_point(r: Ranked) -> torch.Tensor:
     """Number of distinct scores strictly above the median tau, shape (1,)."""
     return (r.values > r.median).sum().reshape(1)
 
 
-def _tpr_at_fpr_from(r: _Ranked, targets: list[float]) -> list[float]:
+def _tpr_at_fpr_from(r: Ranked, targets: list[float]) -> list[float]:
     # int / int gives the same float as tp.to(float64) / n1
     return [tp / r.n1 for tp in _with_origin(r.tp)[_fpr_points(r, targets)].tolist()]
 
 
-def _accuracy_at_median_from(r: _Ranked) -> float:
+def _accuracy_at_median_from(r: Ranked) -> float:
     k = _median_point(r)
     tp, fp = torch.cat([_with_origin(r.tp)[k], _with_origin(r.fp)[k]]).tolist()
     return (tp + (r.n0 - fp)) / (r.n1 + r.n0)
 
 
-def _top_q_precision_from(r: _Ranked, qs: np.ndarray) -> np.ndarray:
+def top_q_precision_from_ranking(r: Ranked, qs: np.ndarray) -> np.ndarray:
+    """The top-q precision of a ranking at each checked quantile of ``qs`` (see
+    :func:`top_q_precision`)."""
     n = r.n1 + r.n0
     x = qs * n
     # k = ceil(q * n), robust to q * n landing a rounding error above an integer (0.3 * 10).
@@ -216,33 +229,6 @@ def _top_q_precision_from(r: _Ranked, qs: np.ndarray) -> np.ndarray:
     taken = (kt - above).to(torch.float64)
     expected = members_above.to(torch.float64) + taken * group_members / group_size
     return to_numpy(expected / kt)
-
-
-# --- argument checks -----------------------------------------------------------------------------
-
-
-def _check_fpr(fpr: float | Sequence[float]) -> list[float]:
-    values = np.atleast_1d(np.asarray(fpr, dtype=object)).ravel().tolist()
-    if not values:
-        raise ValueError("fpr must hold at least one target false-positive rate in (0, 1)")
-    return [check_open_unit(v, name="fpr") for v in values]
-
-
-def _check_q(q: float | Sequence[float]) -> tuple[np.ndarray, bool]:
-    try:
-        arr = np.asarray(q, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"q must be a number or a sequence of numbers in (0, 1], got {q!r}"
-        ) from None
-    scalar = arr.ndim == 0
-    arr = np.atleast_1d(arr).ravel()
-    if arr.size == 0:
-        raise ValueError("q must hold at least one quantile in (0, 1]")
-    bad = ~((arr > 0.0) & (arr <= 1.0))  # also catches NaN
-    if bad.any():
-        raise ValueError(f"q must be in the half-open interval (0, 1], got {arr[bad].tolist()}")
-    return arr, scalar
 
 
 def _fpr_key(f: float) -> str:
@@ -271,7 +257,7 @@ def auc(member_scores: Any, nonmember_scores: Any) -> float:
             scikit-learn's ``(y_true, y_score)``.
     """
     check_not_label_order(member_scores, nonmember_scores, fn="auc")
-    return _auc_from(_rank(member_scores, nonmember_scores))
+    return auc_from_ranking(rank_scores(member_scores, nonmember_scores))
 
 
 def roc_curve(
@@ -288,7 +274,7 @@ def roc_curve(
     refused with a ValueError that says so.
     """
     check_not_label_order(member_scores, nonmember_scores, fn="roc_curve")
-    return _roc_from(_rank(member_scores, nonmember_scores))
+    return _roc_from(rank_scores(member_scores, nonmember_scores))
 
 
 def tpr_at_fpr(
@@ -311,8 +297,8 @@ def tpr_at_fpr(
     Returns:
         ``{target: tpr}`` keyed by the targets as floats, in the order given.
     """
-    targets = _check_fpr(fpr)
-    values = _tpr_at_fpr_from(_rank(member_scores, nonmember_scores), targets)
+    targets = check_fprs(fpr)
+    values = _tpr_at_fpr_from(rank_scores(member_scores, nonmember_scores), targets)
     return dict(zip(targets, values, strict=True))
 
 
@@ -328,7 +314,7 @@ def accuracy_at_median(member_scores: Any, nonmember_scores: Any) -> float:
     many scores tied at the median this leans towards "non-member"; in the extreme where every
     score is equal the result is n_nonmembers / n_total.
     """
-    return _accuracy_at_median_from(_rank(member_scores, nonmember_scores))
+    return _accuracy_at_median_from(rank_scores(member_scores, nonmember_scores))
 
 
 def top_q_precision(
@@ -349,8 +335,8 @@ def top_q_precision(
     Returns:
         A float for a scalar ``q``, else a float64 numpy array with one value per ``q``.
     """
-    qs, scalar = _check_q(q)
-    out = _top_q_precision_from(_rank(member_scores, nonmember_scores), qs)
+    qs, scalar = check_quantiles(q)
+    out = top_q_precision_from_ranking(rank_scores(member_scores, nonmember_scores), qs)
     return float(out[0]) if scalar else out
 
 
@@ -371,7 +357,7 @@ def roc_summary(
     "accuracy_at_median": ...}`` (one ``tpr@fpr=<repr(target)>`` key per target). The values
     are identical to those of :func:`auc`, :func:`tpr_at_fpr` and :func:`accuracy_at_median`.
     """
-    targets = _check_fpr(fpr)
+    targets = check_fprs(fpr)
     if higher_is_member not in (True, False, None):
         raise ValueError(f"higher_is_member must be True, False or None, got {higher_is_member!r}")
     pos, _ = _one_dim(member_scores, name="member_scores")

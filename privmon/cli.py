@@ -207,10 +207,40 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_report(args: argparse.Namespace) -> int:
-    from privmon.html_report import run_report
+def _add_report(sub: Any) -> None:
+    from privmon.report import JSONL_NAME, REPORT_NAME
 
-    return run_report(args)
+    parser = sub.add_parser("report", help="write a self-contained HTML privacy report of a run")
+    parser.add_argument(
+        "logdir",
+        help=f"the monitor's log directory (with {JSONL_NAME} or TensorBoard event files), "
+        "or a JSON-lines file",
+    )
+    parser.add_argument(
+        "--out", default=None, help=f"HTML file to write (default LOGDIR/{REPORT_NAME})"
+    )
+    parser.add_argument("--title", default=None, help="page title")
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    """Run ``privmon report`` from parsed arguments: prints the verdict, the path and a warning
+    line for each skipped line on stderr; returns 0. Bad input raises OSError, ValueError or
+    ImportError, which :func:`main` turns into one error line and exit code 2."""
+    from privmon.report import read_checks, verdict
+    from privmon.report.page import write_page
+
+    checks = read_checks(args.logdir)
+    path = write_page(checks, args.logdir, args.out, args.title)
+    if checks.skipped_line is not None:
+        print(
+            f"privmon report: warning: skipped 1 line of {checks.source}: line "
+            f"{checks.skipped_line} was cut off mid-write (the run was interrupted while "
+            "writing it)",
+            file=sys.stderr,
+        )
+    print(verdict(checks).headline)
+    print(f"report: {path}")
+    return 0
 
 
 def _error_line(err: BaseException) -> str:
@@ -229,11 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
-    from privmon.html_report import add_report_arguments
-
-    add_report_arguments(
-        sub.add_parser("report", help="write a self-contained HTML privacy report of a run")
-    )
+    _add_report(sub)
     _add_audit(sub)
     args = parser.parse_args(argv)
     run = {"audit": _run_audit, "demo": _run_demo, "report": _run_report}[args.command]

@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from privmon.cli import main
-from privmon.html_report import read_checks
+from privmon.report import read_checks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPUS = os.cpu_count() or 1

@@ -20,8 +20,9 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from privmon import PrivacyMonitor, epsilon_lower_bound, tanh_bound
-from privmon.html_report import main_report, read_checks, verdict, write_report
+from privmon.cli import main
 from privmon.queries import LossQuery
+from privmon.report import read_checks, verdict, write_report
 from privmon.sinks.jsonl import JsonlSink
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -198,14 +199,14 @@ def test_jsonl_only_shows_operating_points(mpl, runs):
 def test_cli_entry_point(mpl, runs, tmp_path, capsys):
     logdir, _ = runs["clean"]
     out = tmp_path / "r.html"
-    assert main_report([str(logdir), "--out", str(out), "--title", "Run A"]) == 0
+    assert main(["report", str(logdir), "--out", str(out), "--title", "Run A"]) == 0
     text = capsys.readouterr().out
     assert "No measurable membership leakage." in text and str(out) in text
     assert "<title>Run A</title>" in out.read_text(encoding="utf-8")
-    assert main_report([str(tmp_path / "missing")]) == 2
+    assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert main_report([str(tmp_path / "empty")]) == 2
+    assert main(["report", str(tmp_path / "empty")]) == 2
 
 
 # --- the verdict's rules on hand-made check lines ------------------------------------------------

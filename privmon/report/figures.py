@@ -1,0 +1,189 @@
+"""The report's figures as base64 PNG (matplotlib, imported only here — the ``privmon[report]``
+extra): advantage against the DP ceilings, ε, the ROC at the last check, per-record risk."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Any
+
+import numpy as np
+
+from privmon.report.formatting import fmt
+from privmon.report.runs import RISK_TAG, ROC_TAG, Checks
+
+__all__ = ["plot_advantage", "plot_epsilon", "plot_risk", "plot_roc"]
+
+
+_COLORS = {"histogram": "#1f77b4", "kde": "#d62728"}
+
+
+def _figure(ncols: int = 1, width: float = 7.0, height: float = 3.6) -> tuple[Any, Any]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "privmon report needs matplotlib for its plots: pip install 'privmon[report]'"
+        ) from err
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, axes
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plot_advantage(checks: Checks, q: str, floor: float | None) -> str:
+    fig, (ax,) = _figure()
+    for m in checks.methods(q):
+        c = _COLORS.get(m, "k")
+        s, v = checks.series(f"privacy/{q}/{m}/value")
+        ax.plot(s, v, "-o", color=c, ms=3, label=f"{m}: estimate (value)")
+        s, v = checks.series(f"privacy/{q}/{m}/lower")
+        ax.plot(s, v, "--", color=c, label=f"{m}: certified lower bound")
+    for tag, style, label in (
+        ("privacy/ceiling/tanh", ":", "ε-DP ceiling (tanh)"),
+        ("privacy/ceiling/eps_delta", "-.", "(ε, δ)-DP ceiling"),
+    ):
+        s, v = checks.series(tag)
+        if len(s):
+            ax.plot(s, v, style, color="k", label=label)
+    if floor is not None and floor > 1e-6:
+        ax.axhline(floor, color="0.6", lw=1, label="trivial floor |2p − 1|")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("optimal membership advantage")
+    ax.set_title(f"{q}: membership advantage vs DP ceiling")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _png(fig)
+
+
+def plot_epsilon(checks: Checks) -> str:
+    fig, (ax,) = _figure()
+    s, v = checks.series("privacy/epsilon")
+    ax.plot(s, v, "-", color="k", lw=2, label="ε (accountant)")
+    for q in checks.queries():
+        for m in checks.methods(q):
+            s, v = checks.series(f"privacy/{q}/{m}/epsilon_lower_bound")
+            ax.plot(s, v, "--o", ms=3, label=f"ε lower bound ({q}, {m})")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("ε")
+    ax.set_title("ε: accountant vs measured lower bounds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _png(fig)
+
+
+def _operating_points(scalars: dict[str, float], q: str) -> list[tuple[float, float]]:
+    pts = []
+    for tag, v in scalars.items():
+        m = ROC_TAG.match(tag)
+        if m and m.group(1) == q and m.group(2).startswith("tpr@fpr="):
+            try:
+                pts.append((float(m.group(2)[len("tpr@fpr=") :]), float(v)))
+            except ValueError:
+                continue
+    return sorted(pts)
+
+
+def plot_roc(checks: Checks, q: str) -> tuple[str, str]:
+    """The ROC image and a caption."""
+    last = checks.records[-1]
+    pts = _operating_points(last["scalars"], q)
+    auc = last["scalars"].get(f"privacy/{q}/auc", math.nan)
+    fig, (ax,) = _figure(width=5.0, height=4.2)
+    diag = np.concatenate([[0.0], np.logspace(-4, 0, 200)])  # y = x, drawn on the symlog axis
+    ax.plot(diag, diag, ":", color="0.5", label="chance")
+    curve = checks.roc.get(q)
+    if curve is not None:
+        step, fpr, tpr = curve
+        ax.plot(fpr, tpr, "-", color="#1f77b4", label=f"Bayes-rule attack (posterior), step {step}")
+        caption = (
+            f"ROC of the histogram Bayes-rule attack at step {step}, from the monitor's membership "
+            "PR curve: the per-record posterior is fitted on the records it scores, so this curve "
+            "is in-sample and optimistic, like the plug-in W_N."
+        )
+    else:
+        caption = (
+            "Only scalars were recorded, so the full ROC curve is not available (it is rebuilt "
+            "from TensorBoard's membership PR curve when the event files sit beside the JSON "
+            "lines): the points are the threshold attack's TPR at the target FPRs."
+        )
+    if pts:
+        x, y = zip(*pts, strict=True)
+        ax.plot(
+            x,
+            y,
+            "o",
+            color="#d62728",
+            ms=6,
+            label=f"threshold attack on the score: TPR@FPR (AUC {fmt(auc, 3)})",
+        )
+        if curve is not None:
+            caption += (
+                f" Red points: the threshold attack on the raw score at the last check "
+                f"(AUC {fmt(auc, 3)})."
+            )
+    if curve is None and not pts:
+        caption = "No ROC figures were recorded for this query (vector query)."
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel("false positive rate (symlog)")
+    ax.set_ylabel("true positive rate")
+    ax.set_title(f"{q}: ROC at step {last['step']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return _png(fig), caption
+
+
+def _risk_tags(checks: Checks, q: str) -> tuple[list[str], list[str]]:
+    quant: set[str] = set()
+    counts: set[str] = set()
+    for r in checks.records:
+        for tag in r["scalars"]:
+            m = RISK_TAG.match(tag)
+            if m and m.group(1) == q:
+                (counts if m.group(2).startswith("n_above_") else quant).add(tag)
+
+    def key(t: str) -> float:
+        last = t.rsplit("/", 1)[1]
+        if last == "max":
+            return 1e9
+        return float(last[1:]) if last.startswith("q") else float(last[len("n_above_") :])
+
+    return sorted(quant, key=key), sorted(counts, key=key)
+
+
+def plot_risk(checks: Checks, q: str) -> str | None:
+    quant, counts = _risk_tags(checks, q)
+    if not quant and not counts:
+        return None
+    fig, (a1, a2) = _figure(ncols=2, width=9.0, height=3.4)
+    for tag in quant:
+        s, v = checks.series(tag)
+        name = tag.rsplit("/", 1)[1]
+        label = "max" if name == "max" else f"{int(name[1:])}th percentile"
+        a1.plot(s, v, "-o", ms=3, label=label)
+    a1.set_ylim(-0.02, 1.02)
+    a1.set_xlabel("training step")
+    a1.set_ylabel("|f_p| of member records")
+    a1.set_title(f"{q}: per-record risk quantiles")
+    a1.grid(alpha=0.3)
+    if quant:  # a legend without lines warns
+        a1.legend(fontsize=7)
+    for tag in counts:
+        s, v = checks.series(tag)
+        a2.plot(s, v, "-o", ms=3, label=f"risk > {tag.rsplit('_', 1)[1]}")
+    a2.set_xlabel("training step")
+    a2.set_ylabel("member records")
+    a2.set_title(f"{q}: records above each risk level")
+    a2.grid(alpha=0.3)
+    if counts:
+        a2.legend(fontsize=7)
+    return _png(fig)

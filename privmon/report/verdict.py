@@ -1,0 +1,171 @@
+"""The verdict of a run: no measurable leakage, leakage certified, or a DP violation, from the
+certified lower bounds alone (see :mod:`privmon.report`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from privmon.report.formatting import fmt
+from privmon.report.runs import Checks
+
+__all__ = ["EXCHANGEABILITY", "TOL", "Verdict", "certificates", "certified_floor", "verdict"]
+
+TOL = 1e-9  # an ε lower bound above this certifies leakage (below: floating-point noise)
+
+EXCHANGEABILITY = (
+    "The DP ceiling compares like with like only when members and non-members are exchangeable "
+    "(the audited members are a random part of the same pool as the held-out records). A shifted "
+    "held-out set looks like leakage: check how the audit sets were drawn before blaming the DP "
+    "implementation or its accounting."
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run's verdict: ``level`` ("violation", "leakage", "none" or "empty"), a one-line
+    ``headline`` and the ``details`` behind it."""
+
+    level: str  # "violation", "leakage", "none", "empty"
+    headline: str
+    details: tuple[str, ...] = ()
+
+
+def certificates(checks: Checks) -> list[tuple[int, str, str, float, float]]:
+    """(step, query, method, lower, eps_lower_bound) of every check that certifies leakage."""
+    hits = []
+    for r in checks.records:
+        s = r["scalars"]
+        for q in checks.queries():
+            for m in checks.methods(q):
+                lower = s.get(f"privacy/{q}/{m}/lower", math.nan)
+                elb = s.get(f"privacy/{q}/{m}/epsilon_lower_bound", math.nan)
+                certified = elb > TOL if not math.isnan(elb) else lower > TOL
+                if certified and not math.isnan(lower):
+                    hits.append((r["step"], q, m, lower, elb))
+    return hits
+
+
+def certified_floor(hits: Sequence[tuple[int, str, str, float, float]]) -> float | None:
+    """The trivial floor |2p − 1|, recovered from a certificate: ε_lb = 2·artanh(lower) − |λ|."""
+    for _, _, _, lower, elb in hits:
+        if math.isfinite(elb) and 0.0 <= lower < 1.0:
+            lam = 2.0 * math.atanh(lower) - elb
+            return max(0.0, math.tanh(lam / 2.0))
+    return None
+
+
+def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
+    """(step, tag, lower, ceiling, eps) for each query/method above the (ε, δ) ceiling."""
+    out = []
+    for r in checks.records:
+        s = r["scalars"]
+        ceiling = s.get("privacy/ceiling/eps_delta", math.nan)
+        eps = r["epsilon"] if r["epsilon"] is not None else s.get("privacy/epsilon", math.nan)
+        found = False
+        if not math.isnan(ceiling):
+            for q in checks.queries():
+                for m in checks.methods(q):
+                    lower = s.get(f"privacy/{q}/{m}/lower", math.nan)
+                    if lower > ceiling + 1e-12:
+                        out.append((r["step"], f"{q}/{m}", lower, ceiling, eps))
+                        found = True
+        if r["dp_violation"] and not found:
+            out.append((r["step"], "?", math.nan, ceiling, eps))
+    return out
+
+
+def verdict(checks: Checks) -> Verdict:
+    """The plain-language verdict of a run (rules in the module docstring)."""
+    if not checks.records:
+        return Verdict("empty", "No checks recorded: nothing to certify.")
+    n = len(checks.records)
+    last_step = checks.records[-1]["step"]
+    hits = certificates(checks)
+    floor = certified_floor(hits)
+    details: list[str] = []
+    floor_note = (
+        f" (the trivial floor at this run's prior is {floor:.3f}: an advantage up to it needs no "
+        "leakage)"
+        if floor is not None and floor > 1e-6
+        else ""
+    )
+    hit_steps = sorted({h[0] for h in hits})
+    best = max(hits, key=lambda h: (h[3], -h[0])) if hits else None
+    if best is not None:
+        step, q, m, lower, elb = best
+        leak_text = (
+            f"The largest certified advantage is {lower:.3f}, at step {step} (query {q!r}, {m} "
+            f"estimator){floor_note}; leakage was certified at {len(hit_steps)} of {n} checks, "
+            f"first at step {hit_steps[0]}. The certified bounds hold together over every check, "
+            "query and method of the run at the monitor's confidence 1 − δ, so one is enough. "
+            f"Were training ε-DP, ε would have to be at least {elb:.3g} (given exchangeable "
+            "audit sets)."
+        )
+    violations = _violations(checks)
+    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has("privacy/epsilon")
+    if violations:
+        step, tag, lower, ceiling, eps = violations[0]
+        what = (
+            f"the certified lower bound on the membership advantage ({tag}: {lower:.3f}) exceeds "
+            f"the ceiling {ceiling:.3f} that (ε = {eps:.3g}, δ)-DP allows"
+            if tag != "?"
+            else "the monitor flagged a certified advantage above the (ε, δ)-DP ceiling"
+        )
+        headline = f"DP violation: at step {step} {what}."
+        steps = sorted({v[0] for v in violations})
+        details.append(
+            f"Flagged at {len(steps)} of {n} checks (steps {_steps_text(steps)}). Something the DP "
+            "claim rests on is false: either the DP implementation or its accounting is broken "
+            "(e.g. less noise than the accountant was told), or the audit sets are not "
+            "exchangeable."
+        )
+        if best is not None:
+            details.append("Leakage detected. " + leak_text)
+        details.append(EXCHANGEABILITY)
+        return Verdict("violation", headline, tuple(details))
+    if best is not None:
+        headline = f"Leakage detected: certified advantage ≥ {best[3]:.3f} at step {best[0]}."
+        details.append(leak_text)
+        level = "leakage"
+    else:
+        v_best = None
+        for r in checks.records:
+            for q in checks.queries():
+                for m in checks.methods(q):
+                    v = r["scalars"].get(f"privacy/{q}/{m}/value", math.nan)
+                    if not math.isnan(v) and (v_best is None or v > v_best[0]):
+                        v_best = (v, r["step"], q, m)
+        headline = "No measurable membership leakage."
+        text = (
+            f"At none of the {n} checks (steps {checks.steps[0]}–{last_step}) did a certified "
+            "lower bound on the optimal membership advantage rise above the trivial floor "
+            "(0 at prior 0.5)."
+        )
+        if v_best is not None:
+            text += (
+                f" The largest point estimate was {v_best[0]:.3f} (step {v_best[1]}, query "
+                f"{v_best[2]!r}, {v_best[3]})."
+            )
+        details.append(text)
+        details.append(
+            "This is not a proof of privacy: it covers the queries audited, on the audit sets "
+            "used, with the power these sample sizes give; a stronger query or more audit records "
+            "may find leakage these did not."
+        )
+        level = "none"
+    if has_eps:
+        eps_last = checks.records[-1]["epsilon"]
+        ceil = checks.records[-1]["scalars"].get("privacy/ceiling/eps_delta", math.nan)
+        details.append(
+            f"Consistent with the DP budget: no certified lower bound exceeded the (ε, δ) "
+            f"ceiling (at the last check ε = {fmt(eps_last)}, ceiling {fmt(ceil)}). "
+            + EXCHANGEABILITY
+        )
+    return Verdict(level, headline, tuple(details))
+
+
+def _steps_text(steps: Sequence[int], limit: int = 12) -> str:
+    text = ", ".join(str(s) for s in steps[:limit])
+    return text + (f", … ({len(steps)} in all)" if len(steps) > limit else "")

@@ -19,12 +19,8 @@ from scipy.integrate import quad
 from scipy.stats import gaussian_kde, norm
 
 import privmon
-from privmon.estimators.advantage import (
-    AdvantageEstimate,
-    accuracy_advantage,
-    mcdiarmid_halfwidth,
-    optimal_advantage,
-)
+from privmon.estimators.advantage import optimal_advantage
+from privmon.estimators.estimates import AdvantageEstimate, accuracy_advantage, mcdiarmid_halfwidth
 
 METHODS = ("histogram", "kde")
 
@@ -616,7 +612,7 @@ def test_result_type_and_float():
 
 
 def test_fft_length_is_the_smallest_5_smooth_number_not_below_n():
-    from privmon.estimators.advantage import _fft_size
+    from privmon.estimators.smoothing import _fft_size
 
     def smooth(m):
         for p in (2, 3, 5):
@@ -632,7 +628,7 @@ def test_fft_length_is_the_smallest_5_smooth_number_not_below_n():
 def test_each_kernel_is_cut_at_its_own_width():
     # rows smoothed together give the same kernels as rows smoothed alone (the U_N plug-in must
     # not depend on the cross-fitting rows it shares an FFT with)
-    from privmon.estimators.advantage import _gaussian_kernels
+    from privmon.estimators.smoothing import _gaussian_kernels
 
     width = torch.tensor([0.01], dtype=torch.float64)
     narrow = torch.tensor([[[0.02**2]]], dtype=torch.float64)
@@ -649,7 +645,7 @@ def test_each_kernel_is_cut_at_its_own_width():
 def test_spectral_smoothing_equals_direct_convolution_with_sampled_gaussians(sd):
     # the 1-D KDE smooths in the frequency domain with the kernels' exact spectra (Poisson
     # summation); it must equal convolving with the sampled Gaussian (normalized to sum 1)
-    from privmon.estimators.advantage import _gaussian_smooth_1d
+    from privmon.estimators.smoothing import _gaussian_smooth_1d
 
     cells = 300
     counts = torch.from_numpy(np.random.default_rng(1).poisson(3.0, (2, cells)).astype(float))
@@ -671,22 +667,18 @@ def test_spectral_smoothing_equals_direct_convolution_with_sampled_gaussians(sd)
 def test_joint_grid_estimates_equal_one_method_at_a_time():
     # The monitor estimates every method in one pass (one transfer, one pair of Clopper–Pearson
     # calls); each estimate must be the one advantage_from_state gives alone.
-    from privmon.estimators.advantage import (
-        advantage_from_state,
-        estimates_from_selections,
-        fold_selections,
-    )
-    from privmon.estimators.streaming import BinnedScores
+    from privmon.estimators.advantage import advantage_from_state, grid_figures
+    from privmon.estimators.binning import BinnedScores, select_folds
 
     rng = np.random.default_rng(11)
     m = torch.from_numpy(rng.normal(0.4, 1.0, (900, 1)))
     h = torch.from_numpy(rng.normal(0.0, 1.0, (700, 1)))
-    grids = {}
+    states = {}
     for method, bins in (("histogram", 100), ("kde", 2000)):
-        state = BinnedScores(bins=bins, margin=0.0, low=-5.0, high=5.0)
-        state.update(m, h)
-        grids[method] = (state, fold_selections(state))
-    joint = estimates_from_selections(grids, prior=0.3, delta=0.05, bandwidth="scott", n_dropped=2)
-    for method, (state, _) in grids.items():
+        states[method] = BinnedScores(bins=bins, margin=0.0, low=-5.0, high=5.0)
+        states[method].update(m, h)
+    grids = {method: select_folds(state) for method, state in states.items()}
+    joint, _, _ = grid_figures(grids, prior=0.3, delta=0.05, bandwidth="scott", n_dropped=2)
+    for method, state in states.items():
         alone = advantage_from_state(state, prior=0.3, method=method, delta=0.05, n_dropped=2)
         assert joint[method] == alone

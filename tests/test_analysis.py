@@ -9,8 +9,8 @@ import torch
 from scipy.stats import beta, norm
 
 import privmon
-from privmon.estimators.advantage import certified_advantage
-from privmon.estimators.streaming import fold_of
+from privmon.estimators.binning import fold_of
+from privmon.estimators.estimates import certified_advantage
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,7 +12,8 @@ import torch
 from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
-from privmon.estimators.advantage import accuracy_advantage, optimal_advantage
+from privmon.estimators.advantage import optimal_advantage
+from privmon.estimators.estimates import accuracy_advantage
 from privmon.estimators.generalized import (
     ACC,
     F1,

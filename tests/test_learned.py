@@ -16,7 +16,8 @@ import torch
 from scipy.stats import chi2, chi2_contingency, norm
 from sklearn.linear_model import LinearRegression
 
-from privmon.estimators.advantage import accuracy_advantage, certified_advantage
+from privmon.estimators.binning import fold_of
+from privmon.estimators.estimates import accuracy_advantage, certified_advantage
 from privmon.estimators.learned import (
     SELECTION_LEVEL,
     RuleCounts,
@@ -25,7 +26,6 @@ from privmon.estimators.learned import (
     _splits,
     learned_rule_counts,
 )
-from privmon.estimators.streaming import fold_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,8 +16,8 @@ from torch import nn
 
 import privmon
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.estimators.advantage import kde_grid_too_coarse
-from privmon.estimators.streaming import BinnedScores
+from privmon.estimators.binning import BinnedScores
+from privmon.estimators.smoothing import kde_grid_too_coarse
 from privmon.queries import CallableQuery, LossQuery
 
 

@@ -60,7 +60,7 @@ from privmon.attacks.metric import (
     prepare_inputs,
     prepare_pair,
 )
-from privmon.estimators.advantage import check_method
+from privmon.estimators.estimates import check_method
 from privmon.estimators.risk import IndividualRisk, individual_risk
 
 __all__ = ["Calibration", "PrivacyRiskScore", "calibration"]

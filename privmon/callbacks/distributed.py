@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from privmon.estimators.advantage import describe_error
+from privmon.estimators.estimates import describe_error
 
 __all__ = [
     "Agreement",

@@ -42,8 +42,8 @@ from privmon.callbacks.distributed import (
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RankedRecords, RecordTracker
-from privmon.estimators.advantage import METHODS, describe_error
 from privmon.estimators.analysis import QueryResult, analyse
+from privmon.estimators.estimates import METHODS, describe_error
 from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
 from privmon.report import Report

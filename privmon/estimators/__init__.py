@@ -10,6 +10,7 @@ from privmon.estimators.advantage import (
     optimal_advantage,
 )
 from privmon.estimators.analysis import QueryResult, analyse
+from privmon.estimators.binning import BinnedScores
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.generalized import (
     GeneralizedEstimate,
@@ -25,7 +26,6 @@ from privmon.estimators.roc import (
     top_q_precision,
     tpr_at_fpr,
 )
-from privmon.estimators.streaming import BinnedScores
 
 __all__ = [
     "AdvantageEstimate",

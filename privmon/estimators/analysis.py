@@ -1,22 +1,29 @@
 """Everything one check reports for one query, as one pure function: :func:`analyse`.
 
 The monitor calls it once per query and check (as ``torchmetrics.Metric.compute`` calls its
-functional twin); offline users call it on saved scores. It is a pipeline in which the scores
-pass through each estimator module once, in this order:
+functional twin); offline users call it on saved scores. It is a one-way pipeline: the scores
+enter each stage module once, in this order, and leave for the next:
 
-1. bin (:mod:`~privmon.estimators.streaming`): in 1-2 dimensions every record is binned once on
-   the rules' grid; in 1-D one sort gives the pooled ranks the rules read (so the 1-D figures
-   do not depend on how the score is scaled), the raw scores' grid for the paper's plug-ins,
-   and the ROC's ranking;
-2. learn and measure the rule per method, then certify (:mod:`~privmon.estimators.advantage`):
-   the grid methods read the binned records; in 2-D a KDE narrower than a cell takes exact
-   kernel sums; above 2-D a classifier learns the rule once for both methods
-   (:mod:`~privmon.estimators.learned`);
-3. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
+1. bin (:mod:`~privmon.estimators.binning`): in 1-2 dimensions every record is binned once on
+   the rules' grid and the fold selections are counted; in 1-D one sort gives the pooled ranks
+   the rules read (so the 1-D figures do not depend on how the score is scaled), the raw
+   scores' grid for the paper's plug-ins, and the ROC's ranking;
+2. smooth (:mod:`~privmon.estimators.smoothing`): each fold selection's densities on the grid
+   (average shifted histogram, Gaussian KDE), and U_N's KDEs;
+3. the plug-ins W_N / U_N (:mod:`~privmon.estimators.plugins`), then the rule and its
+   certificate per method (:mod:`~privmon.estimators.rules`); beside the grid, scores kept in
+   memory (:mod:`~privmon.estimators.in_memory`): above 2-D a classifier learns the rule once
+   for both methods (:mod:`~privmon.estimators.learned`), in 2-D a KDE narrower than a cell
+   takes exact kernel sums;
+4. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
    the median, from the sort of step 1;
-4. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D), out of sample: f_p of a
+5. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D), out of sample: f_p of a
    record of fold k from the cross-fitted histogram rule's densities learned without fold k,
    posteriors (1 + f_p) / 2, quantiles and the most exposed members.
+
+:mod:`~privmon.estimators.advantage` drives stages 2-3 for each method
+(:func:`~privmon.estimators.advantage.estimate_methods`); the estimate records and the
+certificate's arithmetic are in :mod:`~privmon.estimators.estimates`.
 
 Every advantage and ROC figure equals the one the public function of its module gives on the
 same scores (:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding.
@@ -35,16 +42,11 @@ import numpy as np
 import torch
 
 from privmon._validation import as_scores, check_int, check_open_unit, check_subset
-from privmon.estimators.advantage import (
-    METHODS,
-    AdvantageEstimate,
-    default_bins,
-    describe_error,
-    estimate_methods,
-)
+from privmon.estimators.advantage import estimate_methods
+from privmon.estimators.binning import bin_records, grid_selections
+from privmon.estimators.estimates import METHODS, AdvantageEstimate, default_bins, describe_error
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
-from privmon.estimators.streaming import bin_records
 
 __all__ = ["ESTIMATE_FIELDS", "QueryResult", "analyse"]
 
@@ -190,11 +192,13 @@ def analyse(
                 bins=default_bins("histogram", d),
                 fine_bins=default_bins("kde", d) if shared else None,
             )
-        # 2. learn, measure and certify the rule per method
+        selections = grid_selections(binned) if binned is not None else {}
+        # 2-3. smooth, plug-ins, learn, measure and certify the rule per method
         estimates, failures, densities = estimate_methods(
             x[:n1],
             x[n1:],
             binned,
+            selections,
             methods=methods,
             prior=prior,
             delta=delta,
@@ -202,7 +206,7 @@ def analyse(
             n_dropped=n_dropped,
             skip_errors=skip,
         )
-        # 3. rank for the ROC
+        # 4. rank for the ROC
         roc: dict[str, float] = {}
         if binned is not None and binned.ascending is not None:
             try:
@@ -213,7 +217,7 @@ def analyse(
                 if not skip:
                     raise
                 failures["roc"] = describe_error(err)
-        # 4. per-record risks
+        # 5. per-record risks
         result = QueryResult(name, estimates, d, n_dropped, roc=roc, failures=failures)
         if binned is None:
             return result

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from privmon._validation import as_scores, check_open_unit
-from privmon.estimators.advantage import Estimate, Method, check_method
 from privmon.estimators.density import bandwidth_factor
+from privmon.estimators.estimates import Estimate, Method, check_method
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 from privmon.estimators.risk import individual_risk
 

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import torch
 
-from privmon.estimators.streaming import fold_of
+from privmon.estimators.binning import fold_of
 
 __all__ = ["RuleCounts", "learned_rule_counts"]
 

@@ -29,16 +29,11 @@ import torch
 from scipy.stats import norm
 
 from privmon._validation import as_scores, check_open_unit, to_numpy
-from privmon.estimators.advantage import (
-    Method,
-    RuleDensities,
-    check_bins,
-    check_method,
-    default_bins,
-)
+from privmon.estimators.binning import BinnedRecords, BinnedScores
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
+from privmon.estimators.estimates import Method, check_bins, check_method, default_bins
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.streaming import BinnedRecords, BinnedScores
+from privmon.estimators.rules import RuleDensities
 
 __all__ = [
     "QUANTILES",

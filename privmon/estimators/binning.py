@@ -1,4 +1,5 @@
-"""Streaming state for the estimators: scores binned on a fixed grid, per class and per fold.
+"""Stage 1 of the estimators: bin. Scores binned on a fixed grid, per class and per fold (the
+streaming state), and the fold selections every grid estimate reads.
 
 Every estimate privmon makes from a stream (histogram W_N, binned KDE U_N, the cross-fitted
 debiased advantage, its certified lower bound, individual risks) is a function of these counts
@@ -35,11 +36,27 @@ import numpy as np
 import torch
 
 from privmon._validation import as_scores, to_numpy
+from privmon.estimators.tensors import small_tensor
 
-__all__ = ["BinnedRecords", "BinnedScores", "bin_records"]
+__all__ = [
+    "CERTIFY_FOLDS",
+    "MAX_CELLS",
+    "BinnedRecords",
+    "BinnedScores",
+    "ClassCounts",
+    "GridSelections",
+    "Selections",
+    "bin_records",
+    "fold_of",
+    "fold_selections",
+    "grid_selections",
+    "robust_range",
+    "select_folds",
+]
 
 _HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 MAX_CELLS = 1 << 22
+CERTIFY_FOLDS = (0, 1)  # the folds the certificate scores (its rule learns on the others)
 
 
 TAIL_IQRS = 5.0
@@ -167,15 +184,6 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _cell_width(low: torch.Tensor, high: torch.Tensor, bins: tuple[int, ...]) -> torch.Tensor:
     return (high - low) / small_tensor(bins, np.float64, low.device)
-
-
-def small_tensor(
-    values: Sequence[float] | Sequence[Sequence[float]], dtype: type, device: torch.device
-) -> torch.Tensor:
-    """A tensor of a few Python numbers (numpy ``dtype``) on ``device``: through numpy, several
-    times cheaper than torch.tensor on a list (checks run hundreds of small operations)."""
-    out = torch.from_numpy(np.asarray(values, dtype=dtype))
-    return out if torch.device(device).type == "cpu" else out.to(device)
 
 
 class GridState(NamedTuple):
@@ -651,3 +659,68 @@ def bin_records(
         cell = torch.div(cell, factor, rounding_mode="floor")
     fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
     return BinnedRecords(fine, grid, cell, fold, ascending, raw)
+
+
+# -- fold selections -------------------------------------------------------------------------
+# Cell counts (2, K+2, cells), record counts (2, K+2), covariances (2, K+2, d, d): all folds,
+# the complement of each fold, the certificate rule's folds.
+Selections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class GridSelections(NamedTuple):
+    """What the later stages read of one grid method's binned records, so that they never call
+    back into this stage: the grid's ``bins`` and cell ``width``, its ``folds``, its per-fold
+    cell ``counts`` (2, folds, cells), the records dropped (``n_dropped``, (2,)) and the
+    :func:`fold_selections` (``selected``)."""
+
+    bins: tuple[int, ...]
+    width: torch.Tensor
+    folds: int
+    counts: torch.Tensor
+    n_dropped: torch.Tensor
+    selected: Selections
+
+
+def select_folds(state: BinnedScores, selected: Selections | None = None) -> GridSelections:
+    """The :class:`GridSelections` of a state (its :func:`fold_selections` unless given)."""
+    grid = state.allocated()
+    if selected is None:
+        selected = fold_selections(state)
+    return GridSelections(
+        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected
+    )
+
+
+def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cell counts (2, K+2, cells), record counts (2, K+2) and covariances (2, K+2, d, d) of the
+    fold selections an estimate uses: all folds (the plug-in), the complement of each fold
+    (cross-fitting), then folds 2.. (the certificate's rule) — one matrix product each."""
+    device = state.allocated().counts.device
+    counts, ns, _, covs = state.pooled(_selection_weights(state.folds, device))
+    return counts, ns, covs
+
+
+@functools.lru_cache(maxsize=8)
+def _selection_weights(k: int, device: torch.device) -> torch.Tensor:
+    """The (K+2, K) 0/1 fold weights of :func:`fold_selections` (cached: read-only)."""
+    weights = torch.ones(k + 2, k, dtype=torch.float64, device=device)
+    weights[1 : k + 1].fill_diagonal_(0.0)
+    weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
+    return weights
+
+
+def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
+    """Each grid method's :class:`GridSelections` from one binning pass: the histogram's alone,
+    or (1-D, when the KDE's finer grid was binned) the KDE's and the histogram's summed from
+    its cells."""
+    if binned.fine is binned.grid:
+        return {"histogram": select_folds(binned.grid)}
+    grid, fine = binned.grid, binned.fine
+    counts, ns, covs = fine_folds = fold_selections(fine)
+    coarse_bins = grid.allocated().bins[0]
+    factor = fine.allocated().bins[0] // coarse_bins
+    coarse = counts.reshape(*counts.shape[:2], coarse_bins, factor).sum(dim=-1)
+    return {
+        "histogram": select_folds(grid, (coarse, ns, covs)),
+        "kde": select_folds(fine, fine_folds),
+    }

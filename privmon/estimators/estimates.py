@@ -1,0 +1,174 @@
+"""What an advantage estimate is and how a rule's counts become one: the estimate records,
+the accuracy advantage of a rule, its Clopper–Pearson certificate and McDiarmid's half-width
+(see :mod:`privmon.estimators.advantage` for what each figure means)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Literal, cast
+
+import numpy as np
+
+from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
+
+__all__ = [
+    "METHODS",
+    "AdvantageEstimate",
+    "Estimate",
+    "Method",
+    "accuracy_advantage",
+    "certified_advantage",
+    "certify",
+    "check_bins",
+    "check_method",
+    "default_bins",
+    "describe_error",
+    "make_estimate",
+    "mcdiarmid_halfwidth",
+]
+
+Method = Literal["histogram", "kde"]
+
+
+METHODS = ("histogram", "kde")
+
+
+class Estimate:
+    """Shared behaviour of the estimate records: ``float(est)`` is ``est.value``."""
+
+    value: float
+    # set by @dataclass on every subclass; declared so that type checkers accept asdict(self)
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def __float__(self) -> float:
+        return self.value
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict (``dataclasses.asdict``)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AdvantageEstimate(Estimate):
+    """One estimate of the optimal membership advantage (accuracy metric, MACE eq. 7).
+
+    ``value`` debiased point estimate; ``lower`` certified lower bound at level 1 − ``lower_delta``
+    (``delta`` in the functional API; a check's share of the run's δ in the monitor, so that it
+    holds over the whole run); ``lower_check`` the same certificate at level 1 − ``delta``, valid
+    for this one estimate alone; ``plugin`` the paper's W_N / U_N; ``upper`` the paper's
+    plugin + ``halfwidth`` (McDiarmid), capped at 1 — a plug-in figure, not a bound on the
+    advantage (see the module docstring).
+    ``floor`` = |2·prior − 1|, the advantage of always guessing the majority class: at a prior
+    other than 0.5 read the figures against it, or use the generalized metrics
+    (:func:`privmon.generalized_advantage`, e.g. the AM metric) which do not reward that guess.
+    """
+
+    value: float
+    lower: float
+    upper: float
+    plugin: float
+    halfwidth: float
+    prior: float
+    method: str
+    delta: float
+    lower_check: float
+    lower_delta: float
+    n_members: int
+    n_nonmembers: int
+    n_dropped: int
+    floor: float
+
+
+def check_method(method: str) -> Method:
+    """``method`` if it is one of "histogram" and "kde", else a ValueError naming them."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return cast(Method, method)
+
+
+def check_bins(bins: int | None) -> None:
+    """Raise ValueError unless ``bins`` is None or a positive integer."""
+    if bins is not None and (isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
+        raise ValueError(f"bins must be a positive integer or None, got {bins!r}")
+
+
+def default_bins(method: str, d: int) -> int:
+    """100 per dimension for histograms (MACE §9.1); a fine quadrature grid for the KDE (in
+    1-D 20 × 100 cells, so one binning pass can serve both, see ``BinnedScores.coarsen``)."""
+    if method == "histogram":
+        return 100
+    return 2000 if d == 1 else 128
+
+
+def mcdiarmid_halfwidth(prior: float, n1: float, n2: float, delta: float) -> float:
+    """sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ)): bounded differences 2p/N1, 2(1−p)/N2 (Thm 2 (2))."""
+    return math.sqrt(2.0 * (prior**2 / n1 + (1 - prior) ** 2 / n2) * math.log(2.0 / delta))
+
+
+def accuracy_advantage(tpr, fpr, prior: float):
+    """2p·TPR − 2(1−p)·FPR + 1 − 2p: the accuracy advantage 2·P(correct) − 1 of a rule."""
+    return 2 * prior * tpr - 2 * (1 - prior) * fpr + 1 - 2 * prior
+
+
+def certified_advantage(tp, n1: float, fp, n2: float, *, prior: float, delta):
+    """Certified advantage of rules with ``tp`` / ``fp`` positives among ``n1`` / ``n2`` held-out
+    records (scalars or arrays, one per rule; ``delta`` a scalar or one per rule): the advantage
+    2p·TPR − 2(1−p)·FPR + 1 − 2p at the one-sided Clopper–Pearson bounds TPR ≥ Beta⁻¹(δ/2; tp,
+    n1 − tp + 1) and FPR ≤ Beta⁻¹(1 − δ/2; fp + 1, n2 − fp), δ split between the two
+    (Bonferroni), so it holds with probability ≥ 1 − δ."""
+    delta = np.asarray(delta, dtype=np.float64)
+    tp, fp = np.asarray(tp, dtype=np.float64), np.asarray(fp, dtype=np.float64)
+    tpr_lo = clopper_pearson_lower(tp, n1, delta / 2) if n1 > 0 else np.zeros_like(tp)
+    fpr_hi = clopper_pearson_upper(fp, n2, delta / 2) if n2 > 0 else np.ones_like(fp)
+    return accuracy_advantage(tpr_lo, fpr_hi, prior)
+
+
+def certify(tp, n1: float, fp, n2: float, prior: float, deltas: tuple[float, float]):
+    """:func:`certified_advantage` at the run's δ share and at the call's δ: (lower,
+    lower_check), arrays with one entry per rule, from one pair of Clopper–Pearson calls."""
+    tp, fp = np.atleast_1d(tp), np.atleast_1d(fp)
+    if deltas[0] == deltas[1]:
+        cert = certified_advantage(tp, n1, fp, n2, prior=prior, delta=deltas[0])
+        return cert, cert
+    both = certified_advantage(
+        np.concatenate([tp, tp]),
+        n1,
+        np.concatenate([fp, fp]),
+        n2,
+        prior=prior,
+        delta=np.repeat(np.asarray(deltas, dtype=np.float64), tp.size),
+    )
+    return both[: tp.size], both[tp.size :]
+
+
+def make_estimate(
+    *, plugin, tp, fp, n1, n2, cert, cert_check, prior, delta, lower_delta, method, n_dropped
+) -> AdvantageEstimate:
+    """The estimate of a rule with held-out ``tp`` / ``fp`` positives among ``n1`` / ``n2``
+    records, its certificates and the plug-in, each clipped into [|2p − 1|, 1]."""
+    floor = abs(2 * prior - 1)
+    value = accuracy_advantage(tp / n1, fp / n2, prior)
+    halfwidth = mcdiarmid_halfwidth(prior, n1, n2, delta)
+    return AdvantageEstimate(
+        value=float(min(max(value, floor), 1.0)),
+        lower=float(min(max(cert, floor), 1.0)),
+        lower_check=float(min(max(cert_check, floor), 1.0)),
+        lower_delta=float(lower_delta),
+        upper=float(min(plugin + halfwidth, 1.0)),
+        # W_N and U_N lie in [|2p − 1|, 1] exactly; only rounding (an ulp) can step outside
+        plugin=float(min(max(plugin, floor), 1.0)),
+        halfwidth=float(halfwidth),
+        prior=prior,
+        method=method,
+        delta=delta,
+        n_members=int(n1),
+        n_nonmembers=int(n2),
+        n_dropped=int(n_dropped),
+        floor=floor,
+    )
+
+
+def describe_error(err: BaseException) -> str:
+    """How a failed method or stage is reported: the exception's type and message."""
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,122 @@
+"""Stage 3, for scores kept in memory (beside the grid path of :mod:`~privmon.estimators.rules`):
+above 2 dimensions the rule is learned by a classifier (:mod:`~privmon.estimators.learned`);
+in 1-2 dimensions where a class's KDE bandwidth is below a grid cell, by exact Gaussian kernel
+sums. Then certified and measured as on the grid."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from privmon.estimators.binning import fold_of
+from privmon.estimators.density import GaussianKDE
+from privmon.estimators.estimates import certify, make_estimate
+from privmon.estimators.learned import learned_rule_counts
+from privmon.estimators.plugins import cell_histogram_plugin, sampled_kde_plugin
+from privmon.estimators.rules import bayes_rule
+
+__all__ = ["in_memory_estimate", "kde_rule_counts", "learned_rule"]
+
+
+def kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
+    """The cross-fitted Gaussian-KDE rules' held-out true / false positives and the certificate
+    (at both δ) from exact kernel sums."""
+    fm = fold_of(torch.arange(m.shape[0], device=m.device), folds)
+    fh = fold_of(torch.arange(h.shape[0], device=m.device), folds)
+
+    def predict(train_m, train_h, test, tie):
+        """Rule on test points learned from the training records; (len(test),) in {0, tie, 1}."""
+        kp = GaussianKDE(train_m, bandwidth=bandwidth, ridge=ridge, robust=True)
+        kq = GaussianKDE(train_h, bandwidth=bandwidth, ridge=ridge, robust=True)
+        diff = kp.log_density(test) + math.log(prior) - kq.log_density(test) - math.log(1 - prior)
+        return bayes_rule(diff, diff.new_full((1,), tie), 1e-12)
+
+    tp = fp = 0.0
+    for k in range(folds):
+        tm, th = m[fm != k], h[fh != k]
+        if tm.shape[0] < 2 or th.shape[0] < 2:
+            continue
+        tp += float(predict(tm, th, m[fm == k], 0.5).sum())
+        fp += float(predict(tm, th, h[fh == k], 0.5).sum())
+    cm, ch = (fm < 2), (fh < 2)
+    tie = float(prior > 0.5)
+    if int((~cm).sum()) < 2 or int((~ch).sum()) < 2:
+        return tp, fp, 0.0, 0.0
+    tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
+    fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
+    cert, cert_check = (
+        float(c[0]) for c in certify(tpc, float(cm.sum()), fpc, float(ch.sum()), prior, deltas)
+    )
+    return tp, fp, cert, cert_check
+
+
+def learned_rule(m, h, *, prior: float, folds: int, deltas: tuple[float, float]):
+    """The learned classifier's rule (:mod:`privmon.estimators.learned`; densities lose most of
+    a leak above 2 dimensions): held-out true / false positives of the cross-fitted rules and
+    the certificate at the run's δ share and at the call's δ."""
+    counts = learned_rule_counts(m, h, prior=prior, folds=folds)
+    cert, cert_check = certify(
+        counts.cert_tp, counts.n1_cert, counts.cert_fp, counts.n2_cert, prior, deltas
+    )
+    return counts.tp, counts.fp, float(cert[0]), float(cert_check[0])
+
+
+def in_memory_estimate(
+    m,
+    h,
+    *,
+    prior,
+    method,
+    delta,
+    lower_delta,
+    bins,
+    bandwidth,
+    folds,
+    n_samples,
+    seed,
+    n_dropped,
+    rule=None,
+):
+    """All scores in memory: above 2 dimensions the rule is learned by a classifier
+    (:func:`learned_rule`), in 1-2 dimensions with a bandwidth below one grid cell by exact
+    Gaussian kernel sums; the plug-ins W_N / U_N as the paper defines them. ``rule``: the
+    rule's figures (tp, fp, lower, lower_check) when already learned."""
+    deltas = (lower_delta, delta)
+    n1, n2 = m.shape[0], h.shape[0]
+    d = m.shape[1]
+    pooled = torch.cat([m, h])
+    low, high = pooled.min(0).values, pooled.max(0).values
+    span = torch.where(high > low, high - low, torch.ones_like(high))
+
+    # The tiny ridge gives degenerate classes (point masses, dead units, collinear scores) a
+    # kernel without changing regular ones.
+    ridge = 1e-6 * (span / 4) ** 2
+    if rule is not None:  # the caller learned it already (shared between methods)
+        tp, fp, cert, cert_check = rule
+    elif d >= 3:
+        tp, fp, cert, cert_check = learned_rule(m, h, prior=prior, folds=folds, deltas=deltas)
+    else:  # 1-2 D with a bandwidth below a grid cell: exact Gaussian kernel sums
+        tp, fp, cert, cert_check = kde_rule_counts(
+            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds, deltas=deltas,
+        )  # fmt: skip
+    if method == "kde":
+        plugin = sampled_kde_plugin(
+            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, n_samples=n_samples, seed=seed
+        )
+    else:
+        plugin = cell_histogram_plugin(m, h, prior=prior, bins=bins, low=low, span=span)
+    return make_estimate(
+        plugin=plugin,
+        tp=tp,
+        fp=fp,
+        n1=n1,
+        n2=n2,
+        cert=cert,
+        cert_check=cert_check,
+        prior=prior,
+        delta=delta,
+        lower_delta=lower_delta,
+        method=method,
+        n_dropped=n_dropped,
+    )

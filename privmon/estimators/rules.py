@@ -1,0 +1,116 @@
+"""Stage 3 of the estimators on the grid: the rule and its certificate. The Bayes rule
+sign(p·P̂ − (1−p)·Q̂) of each fold selection's smoothed densities (stage 2), its held-out true /
+false positives (the cross-fitted ``value``), and the certificate rule's, certified by
+Clopper–Pearson (:mod:`~privmon.estimators.estimates`)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from privmon.estimators.binning import GridSelections
+from privmon.estimators.estimates import AdvantageEstimate, certify, make_estimate
+from privmon.estimators.tensors import small_tensor
+
+__all__ = ["RuleDensities", "bayes_rule", "grid_estimates"]
+
+
+def bayes_rule(diff: torch.Tensor, tie: torch.Tensor, tol: float | torch.Tensor) -> torch.Tensor:
+    """Bayes rule sign(p·P̂ − (1−p)·Q̂) as 1 (member) / 0 / ``tie`` where the two agree (to
+    ``tol``); ``tie`` a tensor of diff's dtype (broadcast)."""
+    return torch.where(diff.abs() <= tol, tie, diff > 0)
+
+
+@functools.lru_cache(maxsize=8)
+def _ties(k: int, prior: float, device: torch.device) -> torch.Tensor:
+    """Tie values (K+1, 1) of the K cross-fitted rules and the certificate's (cached)."""
+    return small_tensor([[0.5]] * k + [[float(prior > 0.5)]], np.float64, device)
+
+
+@dataclass(frozen=True)
+class RuleDensities:
+    """The cross-fitted rules' smoothed densities of one grid method: ``mass`` (2, K, cells) the
+    per-record probability mass per cell of members (0) and non-members (1) learned without
+    fold k; ``n_train`` (2, K) the records they were learned from. Record i of fold k is scored
+    by row k only: out of sample."""
+
+    mass: torch.Tensor
+    n_train: torch.Tensor
+
+
+def grid_estimates(
+    grids: dict[str, GridSelections],
+    masses: dict[str, torch.Tensor],
+    plugins: dict[str, torch.Tensor],
+    *,
+    prior: float,
+    delta: float,
+    n_dropped: int,
+    certify_delta: float | None,
+) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities]]:
+    """Each grid method's estimate and its :class:`RuleDensities`, from its grid's fold
+    selections, the rules' smoothed densities ``masses`` (2, K + 1, cells) and its plug-in (a
+    0-d tensor). Every figure of every method comes back in one device transfer, and the
+    certificates share one pair of Clopper–Pearson calls."""
+    first = next(iter(grids.values()))
+    ns = first.selected[1]
+    n1, n2 = ns[:, 0].tolist()
+    k = first.folds
+    parts, densities = [], {}
+    for method, grid in grids.items():
+        mass = masses[method]
+        parts.append(_rule_figures(grid, mass, plugins[method], prior=prior))
+        densities[method] = RuleDensities(mass[:, :k], grid.selected[1][:, 1 : k + 1])
+    n_certified = ns[:, 0] - ns[:, k + 1]  # the certificate's folds: all but its rule's
+    dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
+    *values, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
+    plugin, tp, fp, tpc, fpc = np.asarray(values).reshape(len(grids), 5).T
+    lower_delta = delta if certify_delta is None else certify_delta
+    certs, certs_check = certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
+    estimates = {
+        method: make_estimate(
+            plugin=plugin[i],
+            tp=tp[i],
+            fp=fp[i],
+            n1=n1,
+            n2=n2,
+            cert=certs[i],
+            cert_check=certs_check[i],
+            prior=prior,
+            delta=delta,
+            lower_delta=lower_delta,
+            method=method,
+            n_dropped=n_dropped + int(extra),
+        )
+        for i, method in enumerate(grids)
+    }
+    return estimates, densities
+
+
+def _rule_figures(
+    grid: GridSelections,
+    mass: torch.Tensor,
+    plugin: torch.Tensor,
+    *,
+    prior: float,
+) -> torch.Tensor:
+    """The plug-in, the held-out true / false positives of the cross-fitted rules and those of
+    the certificate's rule, as a (5,) tensor on the state's device (no sync)."""
+    k = grid.folds
+    counts = grid.selected[0]
+    total = counts[:, 0]
+    diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
+    # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side
+    rules = bayes_rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
+    rule, cert_rule = rules[:k], rules[k]
+    cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
+    return torch.cat(
+        [
+            plugin.reshape(1),
+            (rule * grid.counts).sum(dim=(1, 2)),  # held-out true / false positives
+            cert @ cert_rule,
+        ]
+    )

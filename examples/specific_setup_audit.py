@@ -26,7 +26,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from privmon.audit.specific import average, compare, specific
+from privmon.audit import average, compare, specific
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--models", type=int, default=64, help="evaluation models per setup")

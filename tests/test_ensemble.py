@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from privmon.audit import Ensemble, random_halves, train_ensemble
-from privmon.audit.specific import _model_seeds
+from privmon.audit.seeding import training_seeds
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -91,7 +91,7 @@ def test_each_model_equals_training_it_alone(optimizer, batch_size, masks_kind, 
         stacked=stacked,
     )
     assert len(ens) == 5 and np.array_equal(ens.masks, masks)
-    np.testing.assert_array_equal(ens.seeds, _model_seeds(11, 5))
+    np.testing.assert_array_equal(ens.seeds, training_seeds(11, 5))
     bs = int(masks.sum(1).max()) if batch_size is None else batch_size
     for i in range(5):
         rows = torch.nonzero(torch.as_tensor(masks[i])).squeeze(1)

@@ -26,14 +26,8 @@ from scipy.stats import pearsonr
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from privmon.audit.specific import (
-    AuditResult,
-    SetupComparison,
-    average,
-    compare,
-    default_score,
-    specific,
-)
+from privmon.audit.results import AuditResult, SetupComparison, compare
+from privmon.audit.specific import average, default_score, specific
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,16 +3,9 @@ models trained as one batched ensemble, and the leave-one-model-out shadow audit
 reference-model attack."""
 
 from privmon.audit.ensemble import Ensemble, random_halves, train_ensemble
+from privmon.audit.results import AuditResult, SetupComparison, compare
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
-from privmon.audit.specific import (
-    AuditResult,
-    SetupComparison,
-    average,
-    compare,
-    default_score,
-    logit_score,
-    specific,
-)
+from privmon.audit.specific import average, default_score, logit_score, specific
 
 __all__ = [
     "AuditResult",

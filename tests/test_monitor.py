@@ -329,6 +329,15 @@ def test_early_stopping_and_state_round_trip(tmp_path):
     assert list(fresh.history) == list(fresh.history.from_state_dict(mon.history.state_dict()))
     assert fresh.history[-1].scalars == pytest.approx(mon.history[-1].scalars, rel=1e-7)
     assert fresh.step(4) is True and len(fresh.history) == 2  # no duplicate step after resume
+    # one run id per run, on every report, kept by a resume; another monitor is another run
+    assert len(mon.run_id) == 32 and make().run_id != mon.run_id
+    assert fresh.run_id == mon.run_id
+    assert {r.run_id for r in mon.history} == {r.run_id for r in fresh.history} == {mon.run_id}
+    assert mon.history[-1].to_json()["run_id"] == mon.run_id
+    state = mon.state_dict()
+    state["run_id"] = ""
+    with pytest.raises(ValueError, match="run_id"):
+        make().load_state_dict(state)
 
 
 @pytest.mark.parametrize(

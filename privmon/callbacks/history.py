@@ -51,6 +51,7 @@ class ReportHistory(Sequence[Report]):
         self._tagset_index: dict[tuple[str, ...], int] = {}
         self._notes: dict[int, tuple[tuple[str, ...], dict[str, str]]] = {}
         self._latest: Report | None = None
+        self.run_id = ""  # a history holds one run's checks (its monitor's)
 
     def __len__(self) -> int:
         return len(self._fields["steps"])
@@ -124,6 +125,7 @@ class ReportHistory(Sequence[Report]):
         if report.messages or report.failures:
             self._notes[n] = (tuple(report.messages), dict(report.failures))
         self._latest = report
+        self.run_id = report.run_id
 
     def _rebuild(self, i: int) -> Report:
         f = self._fields
@@ -137,12 +139,14 @@ class ReportHistory(Sequence[Report]):
             failures=dict(failures),
             seconds=f["seconds"][i],
             query_seconds=f["query_seconds"][i],
+            run_id=self.run_id,
         )
 
     # -- persistence ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain containers only (loads with ``torch.load(weights_only=True)``)."""
         return {
+            "run_id": self.run_id,
             "fields": {name: _tensor(col) for name, col in self._fields.items()},
             "scalars": {tag: _tensor(col) for tag, col in self._scalars.items()},
             "tagsets": [list(t) for t in self._tagsets],
@@ -161,8 +165,14 @@ class ReportHistory(Sequence[Report]):
                 history.append(_legacy_report(h, k))
             history._latest = None
             return history
-        if not isinstance(state, dict) or set(state) != {"fields", "scalars", "tagsets", "notes"}:
+        keys = {"fields", "scalars", "tagsets", "notes"}
+        # states saved before run ids have none
+        if not isinstance(state, dict) or set(state) - {"run_id"} != keys:
             raise ValueError("history must hold fields, scalars, tagsets and notes")
+        run_id = state.get("run_id", "")
+        if not isinstance(run_id, str):
+            raise ValueError(f"history run_id must be a string, got {run_id!r}")
+        history.run_id = run_id
         fields, scalars, tagsets, notes = (
             state[k] for k in ("fields", "scalars", "tagsets", "notes")
         )

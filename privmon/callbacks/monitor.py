@@ -14,6 +14,7 @@ import copy
 import logging
 import math
 import time
+import uuid
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
@@ -229,6 +230,8 @@ class PrivacyMonitor:
         self.planned_checks = planned_checks
         self.n_certified_checks = 0  # checks that spent a share of interval_delta
         self._last_step: int | None = None
+        # one id per run, on every line and event it writes; a resumed run keeps its id
+        self.run_id = uuid.uuid4().hex
         self._warned_order = False
         self._stop = False
 
@@ -606,6 +609,7 @@ class PrivacyMonitor:
                 failures=failures,
                 seconds=time.perf_counter() - t0,
                 query_seconds=t_query,
+                run_id=self.run_id,
             )
         except Exception as err:
             error = err
@@ -632,6 +636,7 @@ class PrivacyMonitor:
         plain containers (loads with ``torch.load(..., weights_only=True)``)."""
         return {
             "config": self._config(),
+            "run_id": self.run_id,
             "history": self.history.state_dict(),
             "last_step": self._last_step,
             "stop": self._stop,
@@ -683,9 +688,13 @@ class PrivacyMonitor:
             copy.deepcopy(self.early_stopping).load_state_dict(es)  # raises on a bad field
         records = RecordTracker()
         records.load_state_dict(state["records"])
+        run_id = state.get("run_id", self.run_id)  # states saved before run ids: a new one
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"state run_id must be a non-empty string, got {run_id!r}")
         # every field checked: apply them all
         if self.early_stopping is not None:
             self.early_stopping.load_state_dict(es)
         self.history, self.records = history, records
         self._last_step, self._stop = last_step, state["stop"]
         self.n_failed, self.n_certified_checks = n_failed, n_certified
+        self.run_id = run_id

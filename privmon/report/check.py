@@ -21,7 +21,10 @@ class Report:
     ``…/lower_check`` is the same bound at ``interval_delta`` for this one check alone.
     ``dp_violation`` is True when a certified lower bound exceeded the (ε, δ) ceiling.
     ``failures``: what this check could not compute ("query" or "query/method") -> the error;
-    every other figure is still reported. Only indices and scores are held, never raw records.
+    every other figure is still reported. ``run_id``: the run the check belongs to (one per
+    :class:`~privmon.PrivacyMonitor`, kept across a resume through its ``state_dict``), so that
+    two runs written to one place are never read as one. Only indices and scores are held,
+    never raw records.
     """
 
     step: int
@@ -33,6 +36,7 @@ class Report:
     failures: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0  # the whole check
     query_seconds: float = 0.0  # of which inside the queries (the forward passes)
+    run_id: str = ""
 
     def without_arrays(self) -> Report:
         """A copy whose query results hold no per-record arrays
@@ -44,6 +48,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready summary: scalars, flags and the most exposed record indices."""
         return {
+            "run_id": self.run_id,
             "step": self.step,
             "epsilon": self.epsilon,
             "dp_violation": self.dp_violation,

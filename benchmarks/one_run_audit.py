@@ -66,14 +66,16 @@ def canaries(seed: int, m: int, sigma: float, kind: str = "gaussian"):
     return scores[included], scores[~included]
 
 
-def sweep(ins, outs, method: str, n_k: int) -> float:
+def sweep(ins, outs, method: str, n_k: int, seed: int) -> float:
     """The largest bound over k₊ = k₋ = k on a geometric grid, uncorrected."""
     from privmon.audit import one_run_epsilon
 
     m = len(ins) + len(outs)
     ks = np.unique(np.round(np.geomspace(1, m // 2, n_k)).astype(int))
     return max(
-        one_run_epsilon(ins, outs, delta=DELTA, method=method, selection=(int(k), int(k))).epsilon
+        one_run_epsilon(
+            ins, outs, delta=DELTA, method=method, selection=(int(k), int(k)), seed=seed
+        ).epsilon
         for k in ks
     )
 
@@ -98,7 +100,7 @@ def gaussian_part(seeds: int) -> None:
                         ins, outs, delta=DELTA, method=method, selection=selection, seed=seed
                     )
                     rows[selection].append(audit.epsilon)
-                rows["sweep"].append(sweep(ins, outs, method, 40))
+                rows["sweep"].append(sweep(ins, outs, method, 40, seed))
             cells = [f"{np.mean(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in rows.values()]
             print(
                 f"| {sigma:g} | {method} | {THEORY[sigma]} | {' | '.join(cells)} | "
@@ -124,7 +126,7 @@ def null_part(runs: int, sizes: list[int], power_sigma: float) -> None:
 
                 def bound(ins, outs, seed, method=method, selection=selection):
                     if selection == "uncorrected sweep":
-                        return sweep(ins, outs, method, 20)
+                        return sweep(ins, outs, method, 20, seed)
                     return one_run_epsilon(
                         ins, outs, delta=DELTA, method=method, selection=selection, seed=seed
                     ).epsilon

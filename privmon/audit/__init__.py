@@ -1,8 +1,9 @@
 """Offline audits: the specific-setup per-record audit (only the training seed varies), shadow
-models trained as one batched ensemble, and the leave-one-model-out shadow audit of every
-reference-model attack."""
+models trained as one batched ensemble, the leave-one-model-out shadow audit of every
+reference-model attack, and ε lower bounds from one training run's canaries."""
 
 from privmon.audit.ensemble import Ensemble, random_halves, train_ensemble
+from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
 from privmon.audit.results import AuditResult, SetupComparison, compare
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
 from privmon.audit.specific import average, default_score, logit_score, specific
@@ -10,13 +11,16 @@ from privmon.audit.specific import average, default_score, logit_score, specific
 __all__ = [
     "AuditResult",
     "Ensemble",
+    "OneRunAudit",
     "SetupComparison",
     "ShadowAudit",
     "average",
     "compare",
     "default_score",
+    "epsilon_from_guesses",
     "evaluate",
     "logit_score",
+    "one_run_epsilon",
     "random_halves",
     "shadow_audit",
     "specific",

@@ -12,14 +12,18 @@ import torch
 
 __all__ = [
     "as_array",
+    "as_float_array",
     "as_mask",
     "as_scores",
     "as_tensor",
     "check_audit_set",
     "check_callable",
     "check_choice",
+    "check_count",
+    "check_epsilons",
     "check_flag",
     "check_fprs",
+    "check_half_open_unit",
     "check_indices",
     "check_int",
     "check_module",
@@ -173,6 +177,42 @@ def check_quantiles(q: Any) -> tuple[np.ndarray, bool]:
     if bad.any():
         raise ValueError(f"q must be in the half-open interval (0, 1], got {arr[bad].tolist()}")
     return arr, scalar
+
+
+def check_half_open_unit(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking it lies in [0, 1)."""
+    return _number(value, name=name, ok=lambda v: 0.0 <= v < 1.0, where="in [0, 1)")
+
+
+def check_count(value: Any, *, name: str) -> int:
+    """Return ``value`` as an int after checking it is a non-negative whole number (an integer or
+    a float holding one)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}") from None
+    if math.isnan(f) or f < 0 or f != int(f):
+        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}")
+    return int(f)
+
+
+def as_float_array(value: Any, *, name: str, valid: str) -> np.ndarray:
+    """``value`` as a float64 numpy array; ``valid`` names the valid range in the message."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or array of numbers in {valid}") from None
+
+
+def check_epsilons(epsilon: Any) -> np.ndarray:
+    """ε (a number, an array or a torch tensor on any device) as a float64 array, every entry in
+    [0, inf]."""
+    if hasattr(epsilon, "detach"):  # torch tensor on any device
+        epsilon = to_numpy(epsilon)
+    eps = as_float_array(epsilon, name="epsilon", valid="[0, inf]")
+    if np.isnan(eps).any() or (eps < 0).any():
+        raise ValueError(f"epsilon must be in [0, inf] (inf allowed, NaN not), got {epsilon!r}")
+    return eps
 
 
 def check_flag(value: Any, *, name: str) -> bool:

@@ -26,7 +26,15 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from privmon._validation import as_scores, check_open_unit, to_numpy
+from privmon._validation import (
+    as_float_array,
+    as_scores,
+    check_count,
+    check_epsilons,
+    check_half_open_unit,
+    check_open_unit,
+    to_numpy,
+)
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 
 __all__ = [
@@ -36,39 +44,6 @@ __all__ = [
     "epsilon_lower_bound",
     "tanh_bound",
 ]
-
-
-# --------------------------------------------------------------------------------------------------
-# validation helpers
-
-
-def _check_delta(delta: float) -> float:
-    """δ as a float in [0, 1)."""
-    try:
-        d = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"delta must be a number in [0, 1), got {delta!r}") from None
-    if math.isnan(d) or not (0.0 <= d < 1.0):
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
-    return d
-
-
-def _as_float_array(value: Any, *, name: str, valid: str) -> NDArray[np.float64]:
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number or array of numbers in {valid}") from None
-    return arr
-
-
-def _check_epsilon(epsilon: Any) -> NDArray[np.float64]:
-    """ε as a float array, every entry in [0, inf]."""
-    if hasattr(epsilon, "detach"):  # torch tensor on any device
-        epsilon = to_numpy(epsilon)
-    eps = _as_float_array(epsilon, name="epsilon", valid="[0, inf]")
-    if np.isnan(eps).any() or (eps < 0).any():
-        raise ValueError(f"epsilon must be in [0, inf] (inf allowed, NaN not), got {epsilon!r}")
-    return eps
 
 
 def _out(arr: NDArray[np.float64], like: NDArray[np.float64]) -> float | NDArray[np.float64]:
@@ -164,9 +139,9 @@ def tanh_bound(
     Raises:
         ValueError: epsilon negative or NaN, prior outside (0, 1), delta outside [0, 1).
     """
-    eps = _check_epsilon(epsilon)
+    eps = check_epsilons(epsilon)
     p = check_open_unit(prior, name="prior")
-    d = _check_delta(delta)
+    d = check_half_open_unit(delta, name="delta")
     out = _theorem4(eps, p)
     if d > 0.0:
         out = np.maximum(out, _lp_ceiling(eps, p, d))
@@ -204,7 +179,7 @@ def epsilon_lower_bound(advantage: ArrayLike, prior: float = 0.5) -> float | NDA
     """
     if isinstance(advantage, torch.Tensor):
         advantage = to_numpy(advantage)
-    adv = _as_float_array(advantage, name="advantage", valid="[0, 1]")
+    adv = as_float_array(advantage, name="advantage", valid="[0, 1]")
     if np.isnan(adv).any() or (adv < 0).any() or (adv > 1).any():
         raise ValueError(f"advantage must be in [0, 1], got {advantage!r}")
     p = check_open_unit(prior, name="prior")
@@ -248,16 +223,6 @@ def _epsilon_from_count_arrays(
     return np.maximum(eps, 0.0)
 
 
-def _check_count(value: Any, name: str) -> int:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}") from None
-    if math.isnan(f) or f < 0 or f != int(f):
-        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}")
-    return int(f)
-
-
 def epsilon_from_counts(
     *,
     true_positives: int,
@@ -295,15 +260,15 @@ def epsilon_from_counts(
         ValueError: a count negative or non-integer, no members or no non-members, delta or alpha
             out of range.
     """
-    tp = _check_count(true_positives, "true_positives")
-    fn = _check_count(false_negatives, "false_negatives")
-    fp = _check_count(false_positives, "false_positives")
-    tn = _check_count(true_negatives, "true_negatives")
+    tp = check_count(true_positives, name="true_positives")
+    fn = check_count(false_negatives, name="false_negatives")
+    fp = check_count(false_positives, name="false_positives")
+    tn = check_count(true_negatives, name="true_negatives")
     if tp + fn == 0:
         raise ValueError("true_positives + false_negatives must be >= 1 (at least one member)")
     if fp + tn == 0:
         raise ValueError("false_positives + true_negatives must be >= 1 (at least one non-member)")
-    d = _check_delta(delta)
+    d = check_half_open_unit(delta, name="delta")
     a = check_open_unit(alpha, name="alpha")
     arr = _epsilon_from_count_arrays(
         np.asarray(tp), np.asarray(fn), np.asarray(fp), np.asarray(tn), delta=d, alpha=a
@@ -357,7 +322,7 @@ def epsilon_audit(
     Raises:
         ValueError: empty or multi-dimensional scores, delta / alpha / max_thresholds out of range.
     """
-    d = _check_delta(delta)
+    d = check_half_open_unit(delta, name="delta")
     a = check_open_unit(alpha, name="alpha")
     if isinstance(max_thresholds, bool) or not isinstance(max_thresholds, (int, np.integer)):
         raise ValueError(f"max_thresholds must be an integer >= 1, got {max_thresholds!r}")

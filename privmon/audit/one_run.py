@@ -29,10 +29,10 @@ import numpy as np
 
 from privmon._validation import (
     as_scores,
+    check_half_open_unit,
     check_int,
     check_not_label_order,
     check_open_unit,
-    check_unit,
     to_numpy,
 )
 from privmon.audit.one_run_math import fdp_mu, gdp_epsilon, steinke_epsilon
@@ -104,9 +104,7 @@ def _check_bound_args(delta: Any, significance: Any, method: Any) -> tuple[float
     """delta in [0, 1) (> 0 for "fdp"), significance in (0, 1), a known method."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    delta = check_unit(delta, name="delta")
-    if delta >= 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    delta = check_half_open_unit(delta, name="delta")
     if method == "fdp" and delta == 0.0:
         raise ValueError(
             "delta must be > 0 for method='fdp': a μ-GDP curve with μ > 0 has no finite ε "

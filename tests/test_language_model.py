@@ -403,3 +403,122 @@ def test_sequence_losses_are_the_summed_token_losses_on_either_padding_side(mode
             for t in texts
         ]
         np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+# --- the query ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_model(model):
+    torch.manual_seed(1)
+    config = model.config.__class__(**{**model.config.to_dict(), "n_layer": 1})
+    return transformers.GPT2LMHeadModel(config).double().eval()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_query_scores_each_text_as_the_formula_on_the_text_alone(
+    model, tokenizer, reference_model, side
+):
+    from privmon.queries import LanguageModelQuery
+
+    batch = collate(tokenizer, CORPUS, side)
+    want = [by_hand(model, tokenizer, t) for t in CORPUS]
+    ref = [by_hand(reference_model, tokenizer, t)["loss"] for t in CORPUS]
+    for statistic in STATISTICS:
+        query = LanguageModelQuery(
+            model, statistic, tokenizer=tokenizer, reference=reference_model
+        )
+        assert query.name == statistic
+        assert query.higher_is_member is HIGHER_IS_MEMBER[statistic]
+        got = query(dict(batch))
+        if statistic == "reference":
+            assert_same(got, [w["loss"] - r for w, r in zip(want, ref, strict=True)])
+            assert query.modules == (model, reference_model)
+        else:
+            assert_same(got, [w[statistic] for w in want])
+            assert query.modules == (model,)
+    # a transform: (x, labels) with x a mapping
+    query = LanguageModelQuery(
+        model,
+        "min_k",
+        k=0.5,
+        name="mk50",
+        transform=lambda b: ({"input_ids": b[0], "attention_mask": b[1]}, None),
+    )
+    got = query((batch["input_ids"], batch["attention_mask"]))
+    assert_same(got, [by_hand(model, tokenizer, t, k=0.5)["min_k"] for t in CORPUS])
+
+
+def test_query_configuration_is_checked_at_construction(model, tokenizer):
+    from privmon.queries import LanguageModelQuery
+
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        LanguageModelQuery(model, "ppl")
+    with pytest.raises(ValueError, match=r"k must be in the interval \(0, 1\]"):
+        LanguageModelQuery(model, "min_k", k=0)
+    with pytest.raises(ValueError, match="'zlib' needs tokenizer="):
+        LanguageModelQuery(model, "zlib")
+    with pytest.raises(ValueError, match="'reference' needs reference="):
+        LanguageModelQuery(model, "reference")
+    with pytest.raises(ValueError, match="reference must be a torch.nn.Module"):
+        LanguageModelQuery(model, "reference", reference="gpt2")
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+        LanguageModelQuery("gpt2", "loss")
+    with pytest.raises(ValueError, match="the batch has no input_ids"):
+        LanguageModelQuery(model, "loss", transform=lambda b: ({"ids": b}, None))(
+            torch.tensor([[1, 2]])
+        )
+
+
+def test_a_trainer_fine_tune_logs_every_statistic_through_the_trainer(tokenizer, tmp_path):
+    """A real Trainer fine-tune (float32 GPT-2 from a config) with a monitor attached: each
+    check's figures reach log_history, short texts are dropped and counted, and the console
+    shows a headline line."""
+    from privmon import PrivacyMonitor
+    from privmon.integrations.transformers import attach
+    from privmon.queries import LanguageModelQuery
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    members, nonmembers = CORPUS[:4], CORPUS[4:]
+    tokenizer.padding_side = "right"
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    audit = [
+        [collator([tokenizer(t) for t in members])],
+        [collator([tokenizer(t) for t in nonmembers])],
+    ]
+    queries = [
+        LanguageModelQuery(model, s, tokenizer=tokenizer) for s in STATISTICS if s != "reference"
+    ]
+    monitor = PrivacyMonitor(queries, *audit, every_n_steps=4, methods=("histogram",))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=8,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=[tokenizer(t) for t in members],
+        data_collator=collator,
+    )
+    attach(trainer, monitor)
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "privacy/min_k/auc" in e]
+    assert [e["step"] for e in logged] == [4, 8]
+    for statistic in ("loss", "zlib", "min_k", "min_k_plus_plus"):
+        assert f"privacy/{statistic}/histogram/lower" in logged[-1]
+    # "x" (T = 0) is dropped everywhere; "Copy it." (T = 4) by Min-K% and Min-K%++ too
+    assert logged[-1]["privacy/loss/n_dropped"] == 1
+    assert logged[-1]["privacy/min_k/n_dropped"] == 2
+    assert model.training  # the check left the model as it found it

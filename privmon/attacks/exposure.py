@@ -41,7 +41,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from privmon._validation import as_array, check_int, to_numpy
+from privmon._validation import as_array, check_choice, check_int, to_numpy
 from privmon.attacks.language_model import (
     causal_lm_logits,
     predicted_tokens,
@@ -83,8 +83,7 @@ def exposure(
         float64 array (c,); NaN for a non-finite canary loss, or a row with too few finite
         candidates (one for "rank", two with a positive spread for "gaussian").
     """
-    if method not in EXPOSURE_METHODS:
-        raise ValueError(f"method must be one of {EXPOSURE_METHODS}, got {method!r}")
+    check_choice(method, EXPOSURE_METHODS, name="method")
     canary = as_array(canary_losses, name="canary_losses", ndim=1)
     ndim = _ndim(candidate_losses)
     cand = as_array(candidate_losses, name="candidate_losses", ndim=ndim, device=canary.device)

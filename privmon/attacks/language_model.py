@@ -67,7 +67,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import as_mask, as_tensor, check_fraction, check_int
+# nothing from privmon.queries: its language-model query imports this module
+from privmon._validation import (
+    as_mask,
+    as_tensor,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_module,
+)
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -408,9 +416,7 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
     whose ``forward`` has no ``position_ids`` argument is refused for such a batch (pad on the
     right instead: right padding needs no positions).
     """
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    param = next(model.parameters(), None)
+    param = next(check_module(model, name="model").parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     ids = _integer_matrix(input_ids, name="input_ids").to(device)
     inputs: dict[str, torch.Tensor] = {"input_ids": ids}
@@ -467,8 +473,7 @@ def lm_statistic(
         (n,) tensor on the logits' device (float64 for float64 logits, else float32); NaN for a
         text with no predicted token, or too few for ⌊k·T⌋ ≥ 1 (Min-K%, Min-K%++).
     """
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {STATISTICS}, got {statistic!r}")
+    check_choice(statistic, STATISTICS, name="statistic")
     k = check_fraction(k, name="k")
     targets, counted = predicted_tokens(input_ids, attention_mask, labels=labels)
     device = _logits_of(logits).device

@@ -425,9 +425,7 @@ def test_query_scores_each_text_as_the_formula_on_the_text_alone(
     want = [by_hand(model, tokenizer, t) for t in CORPUS]
     ref = [by_hand(reference_model, tokenizer, t)["loss"] for t in CORPUS]
     for statistic in STATISTICS:
-        query = LanguageModelQuery(
-            model, statistic, tokenizer=tokenizer, reference=reference_model
-        )
+        query = LanguageModelQuery(model, statistic, tokenizer=tokenizer, reference=reference_model)
         assert query.name == statistic
         assert query.higher_is_member is HIGHER_IS_MEMBER[statistic]
         got = query(dict(batch))
@@ -460,9 +458,9 @@ def test_query_configuration_is_checked_at_construction(model, tokenizer):
         LanguageModelQuery(model, "zlib")
     with pytest.raises(ValueError, match="'reference' needs reference="):
         LanguageModelQuery(model, "reference")
-    with pytest.raises(ValueError, match="reference must be a torch.nn.Module"):
+    with pytest.raises(ValueError, match=r"reference must be a torch\.nn\.Module"):
         LanguageModelQuery(model, "reference", reference="gpt2")
-    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+    with pytest.raises(ValueError, match=r"model must be a torch\.nn\.Module"):
         LanguageModelQuery("gpt2", "loss")
     with pytest.raises(ValueError, match="the batch has no input_ids"):
         LanguageModelQuery(model, "loss", transform=lambda b: ({"ids": b}, None))(
@@ -522,3 +520,46 @@ def test_a_trainer_fine_tune_logs_every_statistic_through_the_trainer(tokenizer,
     assert logged[-1]["privacy/loss/n_dropped"] == 1
     assert logged[-1]["privacy/min_k/n_dropped"] == 2
     assert model.training  # the check left the model as it found it
+
+
+# --- the example ----------------------------------------------------------------------------------
+
+
+def test_lm_finetune_example_runs_offline_and_agrees_with_the_per_text_loop():
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",  # nothing may be downloaded
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(root / "examples" / "lm_finetune.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(
+            r"\| (\w+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \[([\d.]+)\] \| ([\d.]+) \|", line
+        )
+        if m:
+            rows[m.group(1)] = [float(v) for v in m.groups()[1:]]
+    assert sorted(rows) == sorted(STATISTICS)
+    for auc, auc_hand, adv, lower, adv_hand in rows.values():
+        assert auc == pytest.approx(auc_hand, abs=0.0015)  # printed to 3 decimals
+        assert adv == pytest.approx(adv_hand, abs=0.0015) and lower <= adv
+    # the console got one short headline line per check, not every figure
+    console = [ln for ln in proc.stdout.splitlines() if ln.startswith("{'privacy/")]
+    assert len(console) == 1 and "plugin_upper" not in console[0]
+    assert "exposure" in proc.stdout and "after, Gaussian fit" in proc.stdout

@@ -9,7 +9,8 @@ of the reference attack), then fine-tuned by a ``transformers.Trainer`` on the m
 secret-sharer canaries ("the secret code is 123456", Carlini et al. 2019) until it over-fits.
 
 A ``privmon.PrivacyMonitor`` attached to the Trainer runs every language-model statistic
-(``privmon.queries.LanguageModelQuery``: loss, zlib, Min-K%, Min-K%++, reference) on the
+(``privmon.queries.LanguageModelQuery``: loss, zlib, Min-K%, Min-K%++, reference; built by
+``language_model_queries``, which share each batch's forward pass) on the
 members and non-members at each check; the Trainer's console shows one short line per check,
 ``trainer.state.log_history`` (and any ``report_to`` logger) every figure. At the end the script
 prints, for the last check, each statistic's AUC and advantage beside the same statistics
@@ -36,7 +37,7 @@ import privmon
 from privmon.attacks import canary_exposure, secret_sharer_canaries
 from privmon.attacks.language_model import HIGHER_IS_MEMBER, STATISTICS
 from privmon.integrations.transformers import attach
-from privmon.queries import LanguageModelQuery
+from privmon.queries import language_model_queries
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--members", type=int, default=260, help="private training texts")
@@ -172,9 +173,8 @@ def audit_batches(items: list[str]) -> list[dict]:
     return [collator(encode(items[i : i + 32])) for i in range(0, len(items), 32)]
 
 
-queries = [
-    LanguageModelQuery(model, s, tokenizer=tokenizer, reference=reference) for s in STATISTICS
-]
+# one query per statistic, sharing each batch's forward pass
+queries = language_model_queries(model, STATISTICS, tokenizer=tokenizer, reference=reference)
 train_set = encode(members + canaries.texts)
 steps = args.epochs * math.ceil(len(train_set) / 16)
 monitor = privmon.PrivacyMonitor(

@@ -447,6 +447,38 @@ def test_query_scores_each_text_as_the_formula_on_the_text_alone(
     assert_same(got, [by_hand(model, tokenizer, t, k=0.5)["min_k"] for t in CORPUS])
 
 
+def test_queries_built_together_share_one_forward_per_batch_during_a_check(
+    model, tokenizer, reference_model
+):
+    from privmon.queries import LanguageModelQuery, language_model_queries
+
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        queries = language_model_queries(model, tokenizer=tokenizer, reference=reference_model)
+        assert [q.name for q in queries] == list(STATISTICS)
+        batches = [collate(tokenizer, CORPUS[:4], "left"), collate(tokenizer, CORPUS[4:], "left")]
+        for q in queries:
+            q.prepare()
+        shared = [[q(dict(b)) for q in queries] for b in batches]
+        for q in queries:
+            q.release()
+        assert len(calls) == len(batches)  # one forward per batch, not one per query
+        calls.clear()
+        for b, together in zip(batches, shared, strict=True):
+            for statistic, got in zip(STATISTICS, together, strict=True):
+                alone = LanguageModelQuery(
+                    model, statistic, tokenizer=tokenizer, reference=reference_model
+                )(dict(b))
+                assert_same(got, alone, tol=0)
+        assert len(calls) == len(batches) * len(STATISTICS)  # outside a check: no sharing
+    finally:
+        handle.remove()
+    assert queries[0]._logits.logits is None  # released: nothing kept between checks
+    with pytest.raises(ValueError, match="statistics must be a non-empty subset"):
+        language_model_queries(model, ["loss", "ppl"])
+
+
 def test_query_configuration_is_checked_at_construction(model, tokenizer):
     from privmon.queries import LanguageModelQuery
 
@@ -474,7 +506,7 @@ def test_a_trainer_fine_tune_logs_every_statistic_through_the_trainer(tokenizer,
     shows a headline line."""
     from privmon import PrivacyMonitor
     from privmon.integrations.transformers import attach
-    from privmon.queries import LanguageModelQuery
+    from privmon.queries import language_model_queries
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -488,9 +520,9 @@ def test_a_trainer_fine_tune_logs_every_statistic_through_the_trainer(tokenizer,
         [collator([tokenizer(t) for t in members])],
         [collator([tokenizer(t) for t in nonmembers])],
     ]
-    queries = [
-        LanguageModelQuery(model, s, tokenizer=tokenizer) for s in STATISTICS if s != "reference"
-    ]
+    queries = language_model_queries(
+        model, ["loss", "zlib", "min_k", "min_k_plus_plus"], tokenizer=tokenizer
+    )
     monitor = PrivacyMonitor(queries, *audit, every_n_steps=4, methods=("histogram",))
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path),

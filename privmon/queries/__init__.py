@@ -66,7 +66,7 @@ from privmon.queries.generative import (
     MultiDiscriminatorQuery,
     NearestGeneratedQuery,
 )
-from privmon.queries.language_model import LanguageModelQuery
+from privmon.queries.language_model import LanguageModelQuery, language_model_queries
 from privmon.queries.reference import ReferenceModelQuery
 
 __all__ = [
@@ -85,4 +85,5 @@ __all__ = [
     "NearestGeneratedQuery",
     "Query",
     "ReferenceModelQuery",
+    "language_model_queries",
 ]

@@ -1,14 +1,20 @@
-"""A causal language model's membership statistic per text, as a monitor query."""
+"""A causal language model's membership statistics per text, as monitor queries."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from privmon._validation import check_choice, check_fraction, check_int, check_module
+from privmon._validation import (
+    check_choice,
+    check_fraction,
+    check_int,
+    check_module,
+    check_subset,
+)
 from privmon.attacks.language_model import (
     HIGHER_IS_MEMBER,
     STATISTICS,
@@ -18,9 +24,33 @@ from privmon.attacks.language_model import (
     lm_statistic,
 )
 from privmon.queries.base import Query
-from privmon.queries.batches import Batch, Transform, split_batch, to_device
+from privmon.queries.batches import Batch, Transform, split_batch, tensor_digest, to_device
 
-__all__ = ["LanguageModelQuery"]
+__all__ = ["LanguageModelQuery", "language_model_queries"]
+
+
+class _SharedLogits:
+    """The last batch's logits of one model, shared by the queries built together and kept
+    only during a check (from ``prepare`` to ``release``, while the model cannot change): the
+    monitor runs every query on a batch before the next batch, so one forward serves them all.
+    Keyed by the content of the batch's ids and mask."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.key: tuple[Any, ...] | None = None
+        self.logits: torch.Tensor | None = None
+
+    def get(self, model: nn.Module, ids: torch.Tensor, mask: Any) -> torch.Tensor:
+        if not self.open:
+            return causal_lm_logits(model, ids, mask)
+        key = (tensor_digest(ids), None if mask is None else tensor_digest(mask))
+        if self.logits is None or key != self.key:
+            self.logits = None  # the previous batch's logits go before the next forward
+            self.logits, self.key = causal_lm_logits(model, ids, mask), key
+        return self.logits
+
+    def close(self) -> None:
+        self.open, self.key, self.logits = False, None, None
 
 
 class LanguageModelQuery(Query):
@@ -86,6 +116,7 @@ class LanguageModelQuery(Query):
                 raise ValueError("statistic 'reference' needs reference= (a reference model)")
             check_module(reference, name="reference")
         self.tokenizer = tokenizer
+        self._logits = _SharedLogits()
         self.reference = reference if statistic == "reference" else None
         self.higher_is_member = HIGHER_IS_MEMBER[statistic]
         modules = (model,) if self.reference is None else (model, self.reference)
@@ -112,11 +143,20 @@ class LanguageModelQuery(Query):
         ids, mask, labels = to_device((ids, mask, labels), self.device)
         return ids, mask, labels
 
+    def prepare(self, device: Any = None) -> None:
+        """Start a check: the queries built together by :func:`language_model_queries` share
+        each batch's forward pass until :meth:`release`."""
+        self._logits.open = True
+
+    def release(self) -> None:
+        """End a check: drop the shared logits."""
+        self._logits.close()
+
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
         """The statistic of each text of ``batch``, shape (n,), on the model's device."""
         ids, mask, labels = self._inputs(batch)
-        logits = causal_lm_logits(self.model, ids, mask)
+        logits = self._logits.get(self.model, ids, mask)
         texts = decode_texts(self.tokenizer, ids, mask) if self.statistic == "zlib" else None
         reference_logits = (
             causal_lm_logits(self.reference, ids, mask) if self.reference is not None else None
@@ -132,3 +172,41 @@ class LanguageModelQuery(Query):
             reference_logits=reference_logits,
             chunk_tokens=self.chunk_tokens,
         )
+
+
+def language_model_queries(
+    model: nn.Module,
+    statistics: Sequence[str] = STATISTICS,
+    *,
+    k: float = 0.2,
+    tokenizer: Any = None,
+    reference: nn.Module | None = None,
+    transform: Transform | None = None,
+    chunk_tokens: int | None = None,
+) -> list[LanguageModelQuery]:
+    """One :class:`LanguageModelQuery` per statistic, named by it, sharing one forward pass of
+    ``model`` per batch during a check (the scores are those of separate queries).
+
+    Args:
+        model: the causal language model.
+        statistics: which statistics (default: all five; "zlib" needs ``tokenizer``,
+            "reference" needs ``reference``).
+        k, tokenizer, reference, transform, chunk_tokens: as for :class:`LanguageModelQuery`.
+    """
+    names = check_subset(statistics, STATISTICS, name="statistics")
+    queries = [
+        LanguageModelQuery(
+            model,
+            cast(Statistic, s),
+            k=k,
+            tokenizer=tokenizer,
+            reference=reference,
+            transform=transform,
+            chunk_tokens=chunk_tokens,
+        )
+        for s in names
+    ]
+    shared = _SharedLogits()
+    for q in queries:
+        q._logits = shared
+    return queries

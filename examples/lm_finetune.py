@@ -14,10 +14,10 @@ A ``privmon.PrivacyMonitor`` attached to the Trainer runs every language-model s
 members and non-members at each check; the Trainer's console shows one short line per check,
 ``trainer.state.log_history`` (and any ``report_to`` logger) every figure. At the end the script
 prints, for the last check, each statistic's AUC and advantage beside the same statistics
-computed text by text with a plain loop (one unpadded text at a time, the formula sheet's
-formulas), and the canaries' exposure before and after fine-tuning.
+computed text by text with a plain loop (one unpadded text at a time, the papers' formulas),
+and the canaries' exposure before and after fine-tuning.
 
-    python examples/lm_finetune.py            # ~2 minutes on 2 CPU cores
+    python examples/lm_finetune.py            # under 3 minutes on 2 shared CPU cores
     python examples/lm_finetune.py --quick    # a smoke run, seconds
 """
 
@@ -162,7 +162,10 @@ reference.eval()
 canaries = secret_sharer_canaries(
     "the secret code is {secret}", n_canaries=20, n_candidates=n_candidates, seed=args.seed
 )
-exposure_before = canary_exposure(model.eval(), tokenizer, canaries, method="gaussian")
+model.eval()
+exposure_before = {
+    m: canary_exposure(model, tokenizer, canaries, method=m) for m in ("rank", "gaussian")
+}
 
 # -- fine-tuning on the members and the canaries, with the monitor attached ----------------------
 tokenizer.padding_side = "right"
@@ -265,11 +268,11 @@ print(
 )
 print("| exposure | mean | max |")
 print("|---|---:|---:|")
+top = f"at most {math.log2(n_candidates + 1):.1f}"
 rows = {
-    "before fine-tuning (Gaussian fit)": exposure_before,
-    f"after, rank among the candidates (at most {math.log2(n_candidates + 1):.1f})": exposure_after[
-        "rank"
-    ],
+    f"before fine-tuning, rank among the candidates ({top})": exposure_before["rank"],
+    "before fine-tuning, Gaussian fit": exposure_before["gaussian"],
+    f"after, rank among the candidates ({top})": exposure_after["rank"],
     f"after, Gaussian fit (at most {math.log2(10**6):.1f})": exposure_after["gaussian"],
 }
 for label, bits in rows.items():

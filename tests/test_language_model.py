@@ -1,5 +1,5 @@
 """Language-model membership statistics and secret-sharer exposure (privmon.attacks.language_model,
-privmon.attacks.exposure).
+privmon.attacks.secret_sharer).
 
 Every statistic of a padded Hugging Face batch (right and left padding, a real data collator, a
 GPT-2 built offline from a config, a BPE tokenizer trained offline) is checked against a
@@ -93,7 +93,7 @@ def collate(tokenizer, texts, side):
 
 
 def by_hand(model, tokenizer, text, k=0.2, first_unlabelled=0):
-    """Every statistic of one text, unpadded, token by token (the formula sheet)."""
+    """Every statistic of one text, unpadded, token by token (the papers' formulas)."""
     ids = tokenizer(text)["input_ids"]
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], dim=-1)

@@ -6,13 +6,6 @@ Min-K%, Min-K%++, reference) and secret-sharer exposure."""
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
-from privmon.attacks.exposure import (
-    SecretSharerCanaries,
-    canary_exposure,
-    exposure,
-    secret_sharer_canaries,
-    sequence_losses,
-)
 from privmon.attacks.generator import GeneratorQuery
 from privmon.attacks.language_model import (
     causal_lm_logits,
@@ -40,6 +33,13 @@ from privmon.attacks.reference import (
     rmia,
 )
 from privmon.attacks.risk_score import Calibration, PrivacyRiskScore, calibration
+from privmon.attacks.secret_sharer import (
+    SecretSharerCanaries,
+    canary_exposure,
+    exposure,
+    secret_sharer_canaries,
+    sequence_losses,
+)
 from privmon.attacks.subgroups import subgroup_risk
 
 __all__ = [

@@ -21,9 +21,9 @@ log₂|R|.
   estimates the exposure and saturates at log₂(m + 1).
 * ``method="gaussian"`` extrapolates past the sample: a normal distribution N(μ, σ²) is fitted
   to the candidates' losses (mean, standard deviation with ddof = 1) and
-  exposure = −log₂ Φ((Px − μ) / σ), the fraction of R more likely than the canary read off the
-  fit (the formula sheet's Gaussian fit; the fit's tail is an assumption, checked against the
-  exact rank in the tests).
+  exposure = −log₂ Φ((Px − μ) / σ): the fraction of R at least as likely as the canary, read
+  off the fit instead of counted (the paper's extrapolation of the rank for large |R|). Beyond
+  the sample the normal tail is an assumption about the losses, not a measurement.
 
 :func:`secret_sharer_canaries` draws the secrets and the candidates; :func:`canary_exposure`
 scores both with a Hugging Face causal language model and returns each canary's exposure.

@@ -475,6 +475,10 @@ def test_queries_built_together_share_one_forward_per_batch_during_a_check(
     finally:
         handle.remove()
     assert queries[0]._logits.logits is None  # released: nothing kept between checks
+    alone = LanguageModelQuery(model, "loss")
+    alone.prepare()
+    alone(dict(batches[0]))
+    assert alone._logits.logits is None  # a query built alone keeps no logits
     with pytest.raises(ValueError, match="statistics must be a non-empty subset"):
         language_model_queries(model, ["loss", "ppl"])
 

@@ -16,7 +16,11 @@ model's mode and every RNG — and when the monitor says stop it sets
 Logging: after each check the callback passes the report's finite scalars to ``trainer.log`` —
 the Trainer's own logging path — so they land in ``trainer.state.log_history`` (with ``step`` =
 the check's global step) and reach every ``report_to`` integration (TensorBoard, MLflow, Weights &
-Biases, …) through its ``on_log``.
+Biases, …) through its ``on_log``. A ``TrainerCallback`` is not given the Trainer, so the callback
+must be told it: :func:`attach` does that, as does ``PrivacyMonitorCallback(monitor,
+trainer=trainer)`` added with ``trainer.add_callback``. A callback built without a trainer (e.g.
+in ``Trainer(callbacks=[...])``) still steps the monitor and warns once that the figures do not
+reach the Trainer's loggers; ``log_to_trainer=False`` opts out of the logging and the warning.
 
 Console: the Trainer's console printers (its ``ProgressCallback``, or ``PrinterCallback`` with
 ``disable_tqdm``) would print every scalar of every check, dozens per query. They are left out
@@ -32,11 +36,7 @@ of that ``trainer.log`` call and are handed, instead, what ``console`` selects:
 * a sequence of ``fnmatch`` patterns over the tags (e.g. ``["privacy/*/auc"]``): those scalars.
 
 Only the console changes: ``log_history`` and the ``report_to`` integrations get every figure
-whatever ``console`` says. A ``TrainerCallback`` is not given the Trainer, so the callback
-must be told it: :func:`attach` does that, as does ``PrivacyMonitorCallback(monitor,
-trainer=trainer)`` added with ``trainer.add_callback``. A callback built without a trainer (e.g.
-in ``Trainer(callbacks=[...])``) still steps the monitor and warns once that the figures do not
-reach the Trainer's loggers; ``log_to_trainer=False`` opts out of the logging and the warning.
+whatever ``console`` says.
 
 Checkpoints: when the Trainer saves a checkpoint (``on_save``) the monitor's state is written
 with ``torch.save`` as ``privmon_monitor.pt`` into that checkpoint folder

@@ -35,13 +35,14 @@ class _SharedLogits:
     monitor runs every query on a batch before the next batch, so one forward serves them all.
     Keyed by the content of the batch's ids and mask."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, shared: bool) -> None:
+        self.shared = shared  # a query built alone keeps nothing
         self.open = False
         self.key: tuple[Any, ...] | None = None
         self.logits: torch.Tensor | None = None
 
     def get(self, model: nn.Module, ids: torch.Tensor, mask: Any) -> torch.Tensor:
-        if not self.open:
+        if not (self.open and self.shared):
             return causal_lm_logits(model, ids, mask)
         key = (tensor_digest(ids), None if mask is None else tensor_digest(mask))
         if self.logits is None or key != self.key:
@@ -116,7 +117,7 @@ class LanguageModelQuery(Query):
                 raise ValueError("statistic 'reference' needs reference= (a reference model)")
             check_module(reference, name="reference")
         self.tokenizer = tokenizer
-        self._logits = _SharedLogits()
+        self._logits = _SharedLogits(shared=False)
         self.reference = reference if statistic == "reference" else None
         self.higher_is_member = HIGHER_IS_MEMBER[statistic]
         modules = (model,) if self.reference is None else (model, self.reference)
@@ -206,7 +207,7 @@ def language_model_queries(
         )
         for s in names
     ]
-    shared = _SharedLogits()
+    shared = _SharedLogits(shared=True)
     for q in queries:
         q._logits = shared
     return queries

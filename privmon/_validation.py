@@ -23,6 +23,7 @@ __all__ = [
     "check_epsilons",
     "check_flag",
     "check_fprs",
+    "check_fraction",
     "check_half_open_unit",
     "check_indices",
     "check_int",
@@ -64,6 +65,11 @@ def check_unit(value: float, *, name: str) -> float:
     return _number(
         value, name=name, ok=lambda v: 0.0 <= v <= 1.0, where="in the closed interval [0, 1]"
     )
+
+
+def check_fraction(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking it lies in the interval (0, 1]."""
+    return _number(value, name=name, ok=lambda v: 0.0 < v <= 1.0, where="in the interval (0, 1]")
 
 
 def check_positive(value: float, *, name: str) -> float:

@@ -597,3 +597,67 @@ def test_logging_options_are_checked(hf, ignite, data):
     engine, _ = _engine(ignite, _mlp())
     with pytest.raises(ValueError, match="metrics must be True or False"):
         attach_ignite(engine, monitor, metrics=None)
+
+
+# Hugging Face console: a short line per check, everything in log_history
+# --------------------------------------------------------------------------------------------------
+def _console_run(hf, data, tmp_path, capsys, console, printer):
+    """Train with the monitor attached; the printed lines that hold privmon figures, and the
+    trainer. ``printer``: "tqdm" (ProgressCallback) or "print" (PrinterCallback)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from privmon.integrations.transformers import attach
+
+    model = TinyClassifier()
+    monitor = _monitor(model, data, as_dict=True)
+    trainer = _hf_trainer(hf, model, data, [], tmp_path, max_steps=10)
+    if printer == "tqdm":
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(ProgressCallback)
+    attach(trainer, monitor, console=console)
+    capsys.readouterr()
+    trainer.train()
+    out = capsys.readouterr()
+    lines = [ln for ln in (out.out + out.err).splitlines() if "privacy/" in ln]
+    return lines, trainer, monitor
+
+
+@pytest.mark.parametrize("printer", ["tqdm", "print"])
+def test_transformers_console_shows_a_headline_line_and_log_history_keeps_everything(
+    hf, data, tmp_path, capsys, printer
+):
+    from privmon.integrations.transformers import console_scalars
+
+    lines, trainer, monitor = _console_run(hf, data, tmp_path, capsys, "headline", printer)
+    assert len(lines) == 2  # one per check (steps 5 and 10)
+    for line, report in zip(lines, _reports(monitor), strict=True):
+        head = console_scalars(report)
+        assert list(head) == ["privacy/loss/auc", "privacy/loss/adv", "privacy/loss/lower"]
+        assert head["privacy/loss/adv"] == report.scalars["privacy/loss/histogram/value"]
+        assert head["privacy/loss/lower"] == report.scalars["privacy/loss/histogram/lower"]
+        assert all(k in line for k in head) and "'epoch'" in line
+        assert "plugin_upper" not in line and len(line) < 200
+    full = [e for e in trainer.state.log_history if "privacy/loss/histogram/value" in e]
+    assert len(full) == 2
+    for entry, report in zip(full, _reports(monitor), strict=True):
+        expected = _finite(report)
+        assert {k: entry[k] for k in expected} == expected  # every scalar, not the headline
+
+
+def test_transformers_console_all_none_and_patterns(hf, data, tmp_path, capsys):
+    lines, _, monitor = _console_run(hf, data, tmp_path / "all", capsys, "all", "print")
+    assert len(lines) == 2 and all(k in lines[0] for k in _finite(_reports(monitor)[0]))
+    lines, trainer, _ = _console_run(hf, data, tmp_path / "none", capsys, "none", "print")
+    assert lines == []
+    assert len([e for e in trainer.state.log_history if "privacy/loss/auc" in e]) == 2
+    lines, _, _ = _console_run(hf, data, tmp_path / "pat", capsys, ["privacy/*/auc"], "print")
+    assert len(lines) == 2 and all(ln.count("privacy/") == 1 for ln in lines)
+
+
+def test_transformers_console_option_is_checked(hf, data):
+    from privmon.integrations.transformers import PrivacyMonitorCallback
+
+    monitor = _monitor(TinyClassifier(), data, as_dict=True)
+    for bad in ("short", [], [""], 3):
+        with pytest.raises(ValueError, match="console must be one of"):
+            PrivacyMonitorCallback(monitor, console=bad)

@@ -1,11 +1,22 @@
 """Attack scores: DOMIAS (density ratio against synthetic data) and its baselines; Song & Mittal's
 metric attacks with class-dependent thresholds and the privacy risk score; a generator query that
 runs DOMIAS in the monitor; subgroup risk; reference-model attacks (LiRA, RMIA, difficulty
-calibration) and their leave-one-model-out evaluation."""
+calibration) and their leave-one-model-out evaluation; language-model statistics (loss, zlib,
+Min-K%, Min-K%++, reference) and secret-sharer exposure."""
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
 from privmon.attacks.generator import GeneratorQuery
+from privmon.attacks.language_model import (
+    causal_lm_logits,
+    decode_texts,
+    lm_statistic,
+    lowest_k_mean,
+    predicted_tokens,
+    token_log_probs,
+    token_z_scores,
+    zlib_sizes,
+)
 from privmon.attacks.metric import (
     MetricAttack,
     confidence,
@@ -22,6 +33,13 @@ from privmon.attacks.reference import (
     rmia,
 )
 from privmon.attacks.risk_score import Calibration, PrivacyRiskScore, calibration
+from privmon.attacks.secret_sharer import (
+    SecretSharerCanaries,
+    canary_exposure,
+    exposure,
+    secret_sharer_canaries,
+    sequence_losses,
+)
 from privmon.attacks.subgroups import subgroup_risk
 
 __all__ = [
@@ -30,21 +48,34 @@ __all__ = [
     "GeneratorQuery",
     "MetricAttack",
     "PrivacyRiskScore",
+    "SecretSharerCanaries",
     "calibrated_score",
     "calibration",
+    "canary_exposure",
+    "causal_lm_logits",
     "confidence",
     "correctness",
+    "decode_texts",
     "domias_scores",
     "entropy",
     "eq1",
+    "exposure",
     "gan_leaks",
     "gan_leaks_cal",
     "leave_one_out",
     "lira",
+    "lm_statistic",
     "logan_d1",
+    "lowest_k_mean",
     "metric_values",
     "modified_entropy",
     "monte_carlo",
+    "predicted_tokens",
     "rmia",
+    "secret_sharer_canaries",
+    "sequence_losses",
     "subgroup_risk",
+    "token_log_probs",
+    "token_z_scores",
+    "zlib_sizes",
 ]

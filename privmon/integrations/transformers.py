@@ -22,6 +22,22 @@ trainer=trainer)`` added with ``trainer.add_callback``. A callback built without
 in ``Trainer(callbacks=[...])``) still steps the monitor and warns once that the figures do not
 reach the Trainer's loggers; ``log_to_trainer=False`` opts out of the logging and the warning.
 
+Console: the Trainer's console printers (its ``ProgressCallback``, or ``PrinterCallback`` with
+``disable_tqdm``) would print every scalar of every check, dozens per query. They are left out
+of that ``trainer.log`` call and are handed, instead, what ``console`` selects:
+
+* ``"headline"`` (default): per query its AUC (``privacy/<query>/auc``) and the value and
+  certified lower bound of its method with the highest lower bound (``privacy/<query>/adv``,
+  ``privacy/<query>/lower``; in ``log_history`` as ``privacy/<query>/<method>/value`` and
+  ``…/lower``), plus ``privacy/epsilon`` and ``privacy/dp_violation`` when an accountant is
+  given: one short line per check;
+* ``"all"``: every scalar, as ``log_history`` has them;
+* ``"none"``: nothing;
+* a sequence of ``fnmatch`` patterns over the tags (e.g. ``["privacy/*/auc"]``): those scalars.
+
+Only the console changes: ``log_history`` and the ``report_to`` integrations get every figure
+whatever ``console`` says.
+
 Checkpoints: when the Trainer saves a checkpoint (``on_save``) the monitor's state is written
 with ``torch.save`` as ``privmon_monitor.pt`` into that checkpoint folder
 (``<output_dir>/checkpoint-<step>``). When ``trainer.train(resume_from_checkpoint=...)`` resumes
@@ -37,14 +53,19 @@ callback: call ``monitor.close()`` when done.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
+import math
 import os
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
 
 import torch
 
 try:
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 except ImportError as err:
     raise ImportError(
         "privmon.integrations.transformers needs Hugging Face transformers: "
@@ -54,13 +75,67 @@ except ImportError as err:
 from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, publish
+from privmon.report import Report
+from privmon.sinks.base import finite_scalars
 
-__all__ = ["STATE_FILE", "PrivacyMonitorCallback", "attach"]
+__all__ = ["CONSOLE_MODES", "STATE_FILE", "PrivacyMonitorCallback", "attach", "console_scalars"]
 
 logger = logging.getLogger("privmon")
 
 STATE_FILE = "privmon_monitor.pt"
 """The file in each ``checkpoint-<step>`` folder that holds the monitor's state."""
+
+CONSOLE_MODES: tuple[str, ...] = ("headline", "all", "none")
+"""What the Trainer's console shows of each check, besides a sequence of tag patterns."""
+
+Console = Literal["headline", "all", "none"] | Sequence[str]
+
+# the Trainer's callbacks that print each log dict on the console
+_CONSOLE_PRINTERS = (ProgressCallback, PrinterCallback)
+
+
+def _check_console(console: Any) -> str | tuple[str, ...]:
+    if isinstance(console, str):
+        if console not in CONSOLE_MODES:
+            raise ValueError(
+                f"console must be one of {CONSOLE_MODES} or a sequence of tag patterns, "
+                f"got {console!r}"
+            )
+        return console
+    patterns = tuple(console) if isinstance(console, Sequence) else ()
+    if not patterns or not all(isinstance(p, str) and p for p in patterns):
+        raise ValueError(
+            f"console must be one of {CONSOLE_MODES} or a non-empty sequence of tag patterns "
+            f"(e.g. ['privacy/*/auc']), got {console!r}"
+        )
+    return patterns
+
+
+def console_scalars(report: Report, console: Console = "headline") -> dict[str, float]:
+    """The figures of ``report`` the Trainer's console shows for ``console`` (module docstring):
+    finite values only, in the report's order."""
+    mode = _check_console(console)
+    scalars = finite_scalars(report)
+    if mode == "all":
+        return scalars
+    if mode == "none":
+        return {}
+    if isinstance(mode, tuple):
+        return {k: v for k, v in scalars.items() if any(fnmatch.fnmatchcase(k, p) for p in mode)}
+    out: dict[str, float] = {}
+    for name, result in report.queries.items():
+        if f"privacy/{name}/auc" in scalars:
+            out[f"privacy/{name}/auc"] = scalars[f"privacy/{name}/auc"]
+        figures = [(est.lower, est.value) for est in result.estimates.values()]
+        figures = [(lo, v) for lo, v in figures if math.isfinite(lo) and math.isfinite(v)]
+        if figures:
+            lower, value = max(figures)  # the method with the highest certified lower bound
+            out[f"privacy/{name}/adv"] = value
+            out[f"privacy/{name}/lower"] = lower
+    for tag in ("privacy/epsilon", "privacy/dp_violation"):
+        if tag in scalars:
+            out[tag] = scalars[tag]
+    return out
 
 
 class PrivacyMonitorCallback(TrainerCallback):
@@ -71,10 +146,18 @@ class PrivacyMonitorCallback(TrainerCallback):
         trainer: the ``transformers.Trainer`` whose ``log`` receives each report's finite
             scalars (set by :func:`attach`).
         log_to_trainer: log the figures through ``trainer.log`` (default True).
+        console: what the Trainer's console printers show of each check: "headline" (default),
+            "all", "none" or a sequence of ``fnmatch`` tag patterns (module docstring);
+            ``log_history`` and ``report_to`` get every figure whatever it says.
     """
 
     def __init__(
-        self, monitor: PrivacyMonitor, *, trainer: Any = None, log_to_trainer: bool = True
+        self,
+        monitor: PrivacyMonitor,
+        *,
+        trainer: Any = None,
+        log_to_trainer: bool = True,
+        console: Console = "headline",
     ) -> None:
         if not callable(getattr(monitor, "step", None)) or not callable(
             getattr(monitor, "state_dict", None)
@@ -88,6 +171,7 @@ class PrivacyMonitorCallback(TrainerCallback):
         self.monitor = monitor
         self.trainer = trainer
         self.log_to_trainer = check_flag(log_to_trainer, name="log_to_trainer")
+        self.console = _check_console(console)
         self._warned = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -101,8 +185,34 @@ class PrivacyMonitorCallback(TrainerCallback):
             # Trainer.log adds "epoch" to the dict it is given and appends a copy with "step"
             # (state.global_step, the check's step) to state.log_history, then calls every
             # callback's on_log: the report_to integrations write the figures there.
-            publish(self.monitor, report, self.trainer.log, what="the Trainer's log")
+            printers = [] if self.console == "all" else self._console_printers()
+            with self._without(printers):
+                publish(self.monitor, report, self.trainer.log, what="the Trainer's log")
+            figures = console_scalars(report, self.console) if printers else {}
+            if figures:
+                logs = {**figures, "epoch": state.epoch} if state.epoch is not None else figures
+                for printer in printers:
+                    printer.on_log(args, state, control, logs=dict(logs))
         return control
+
+    def _console_printers(self) -> list[Any]:
+        handler = getattr(self.trainer, "callback_handler", None)
+        callbacks = getattr(handler, "callbacks", [])
+        return [cb for cb in callbacks if isinstance(cb, _CONSOLE_PRINTERS)]
+
+    @contextmanager
+    def _without(self, printers: list[Any]) -> Iterator[None]:
+        """The Trainer's callbacks without ``printers`` for the duration (restored after)."""
+        if not printers:
+            yield
+            return
+        handler = self.trainer.callback_handler
+        every = handler.callbacks
+        handler.callbacks = [cb for cb in every if not any(cb is p for p in printers)]
+        try:
+            yield
+        finally:
+            handler.callbacks = every
 
     # -- checkpoints ------------------------------------------------------------------------------
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -155,16 +265,25 @@ class PrivacyMonitorCallback(TrainerCallback):
         return control
 
 
-def attach(trainer: Any, monitor: PrivacyMonitor, *, log_to_trainer: bool = True) -> Any:
+def attach(
+    trainer: Any,
+    monitor: PrivacyMonitor,
+    *,
+    log_to_trainer: bool = True,
+    console: Console = "headline",
+) -> Any:
     """Add a :class:`PrivacyMonitorCallback` for ``monitor`` to ``trainer`` and return it.
 
     The callback steps the monitor after every optimizer step and, unless ``log_to_trainer`` is
     False, logs each report's finite scalars through ``trainer.log`` (``log_history`` and every
-    ``report_to`` integration).
+    ``report_to`` integration), while the console shows what ``console`` selects ("headline":
+    a short line per check; "all", "none", or tag patterns; module docstring).
     """
     check_has_methods(
         trainer, "log", "add_callback", name="trainer", expected="a transformers.Trainer"
     )
-    callback = PrivacyMonitorCallback(monitor, trainer=trainer, log_to_trainer=log_to_trainer)
+    callback = PrivacyMonitorCallback(
+        monitor, trainer=trainer, log_to_trainer=log_to_trainer, console=console
+    )
     trainer.add_callback(callback)
     return callback

@@ -44,7 +44,9 @@ advantage estimators do not need it; direction-dependent figures such as the AUC
 
 Layout: :mod:`~privmon.queries.base` (the protocol and :class:`CallableQuery`),
 :mod:`~privmon.queries.classifier`, :mod:`~privmon.queries.generative`,
-:mod:`~privmon.queries.reference` (reference-model attacks); the batch convention above lives in
+:mod:`~privmon.queries.reference` (reference-model attacks),
+:mod:`~privmon.queries.language_model` (causal language models: loss, zlib, Min-K%, Min-K%++,
+reference); the batch convention above lives in
 :mod:`~privmon.queries.batches`.
 """
 
@@ -64,6 +66,7 @@ from privmon.queries.generative import (
     MultiDiscriminatorQuery,
     NearestGeneratedQuery,
 )
+from privmon.queries.language_model import LanguageModelQuery, language_model_queries
 from privmon.queries.reference import ReferenceModelQuery
 
 __all__ = [
@@ -74,6 +77,7 @@ __all__ = [
     "EntropyQuery",
     "HiddenLayerQuery",
     "HybridQuery",
+    "LanguageModelQuery",
     "LogitConfidenceQuery",
     "LossQuery",
     "ModifiedEntropyQuery",
@@ -81,4 +85,5 @@ __all__ = [
     "NearestGeneratedQuery",
     "Query",
     "ReferenceModelQuery",
+    "language_model_queries",
 ]

@@ -1,0 +1,500 @@
+"""Membership statistics of causal language models, per text, from a padded batch.
+
+A text of T + 1 tokens x_0..x_T has T predicted tokens: x_t given its prefix x_<t, read from the
+logits at position t − 1 (the Hugging Face convention: ``logits[:, t]`` predicts
+``input_ids[:, t + 1]``). Every statistic is computed per record from its predicted tokens only:
+
+=================== =================================================== ============ ==========
+statistic           score of a text x                                   member when  source
+=================== =================================================== ============ ==========
+``loss``            L(x) = −(1/T) Σ_t log p(x_t | x_<t)                  lower        Yeom et al.
+``zlib``            L(x) / zlib(x), zlib(x) = bytes of                   lower        Carlini et
+                    ``zlib.compress(text.encode("utf-8"))``                           al. 2021
+``min_k``           mean of the ⌊k·T⌋ lowest log p(x_t | x_<t)           higher       Shi et al.
+``min_k_plus_plus`` mean of the ⌊k·T⌋ lowest z_t = (log p(x_t | x_<t)    higher       Zhang et
+                    − μ_t) / σ_t over the vocabulary distribution                     al. 2025
+``reference``       L_target(x) − L_reference(x) on the same tokens      lower        (ratio)
+=================== =================================================== ============ ==========
+
+Sources: Yeom et al., "Privacy Risk in Machine Learning" (2018); Carlini et al., "Extracting
+Training Data from Large Language Models" (2021); Shi et al., "Detecting Pretraining Data from
+Large Language Models" (2024, Min-K% Prob); Zhang et al., "Min-K%++: Improved Baseline for
+Detecting Pre-Training Data from Large Language Models" (2025). Min-K%++'s
+μ_t = Σ_v p(v | x_<t) log p(v | x_<t) and σ_t² = Σ_v p(v | x_<t)(log p(v | x_<t) − μ_t)², the
+centred form of the paper's Σ_v p (log p)² − μ_t² (equal in exact arithmetic; no cancellation).
+
+Which tokens count. Position t is predicted when ``attention_mask`` is 1 at t and at t − 1 (so
+the first token of a text is never predicted, on either padding side) and, where ``labels`` are
+given, ``labels[:, t] != -100`` (the Hugging Face ignore index; the target is then ``labels[:,
+t]``, as in the model's own loss). A row's attention mask must be one block of ones: right,
+left or both-side padding, not packed sequences.
+
+Short texts, as MIMIR (Duan et al. 2024, "Do Membership Inference Attacks Work on Large Language
+Models?") and the papers' code do: k·T is floored (``int(len(probs) * k)``) and the mean of no
+value is NaN, so a text with ⌊k·T⌋ = 0 gets NaN from ``min_k`` / ``min_k_plus_plus`` and a text
+with T = 0 gets NaN from every statistic; privmon's estimators drop and count NaN scores. A
+predicted token whose log-probabilities are constant over the tokens it gives mass to (σ_t = 0:
+a point mass, or a uniform distribution) has no z-score: its text's ``min_k_plus_plus`` is NaN
+too. (MIMIR negates the two Min-K scores to make lower mean member;
+here they keep the papers' sign, higher = member, :data:`HIGHER_IS_MEMBER`.)
+
+Memory. Min-K%++ needs the whole vocabulary distribution of every predicted token. It is
+computed in chunks of ``chunk_tokens`` positions (default: ⌊2²²/V⌋, at least 1): per chunk one
+log-softmax of shape (chunk_tokens, V) and its exponential, reduced by batched dot products and
+in-place ops, so never an (n, T, V) copy of the logits. Bound: the extra memory beyond the
+model's own logits is at most 2 · chunk_tokens · V floats of the compute dtype (float64 for
+float64 logits, else float32: half-precision logits are cast one chunk at a time) plus O(n·L)
+per-token values, whatever the batch size and the sequence length; a chunk holding −inf logits
+adds a one-byte-per-entry mask. With V = 50,257 (83 positions per chunk) that is 31.8 MiB;
+``benchmarks/lm_memory.py`` measures 31.6 MiB of peak added resident memory for 1,024-token
+texts at batch 1 and 4 (CPU), where the model's forward adds 200 MiB per text (its logits) and
+Min-K%++ over the whole (n, T, V) block at once 784 MiB per text. ``loss``, ``zlib`` and
+``min_k`` use the same chunks with one log-softmax each (measured 15.7 MiB).
+
+Inputs are torch tensors (numpy arrays are converted) on any device; per-token and per-record
+results are tensors on the logits' device, computed without gradients (``torch.no_grad``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+# nothing from privmon.queries: its language-model query imports this module
+from privmon._validation import (
+    as_mask,
+    as_tensor,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_module,
+)
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "HIGHER_IS_MEMBER",
+    "IGNORE_INDEX",
+    "STATISTICS",
+    "causal_lm_logits",
+    "decode_texts",
+    "lm_statistic",
+    "lowest_k_mean",
+    "predicted_tokens",
+    "token_log_probs",
+    "token_z_scores",
+    "zlib_sizes",
+]
+
+Statistic = Literal["loss", "zlib", "min_k", "min_k_plus_plus", "reference"]
+
+STATISTICS: tuple[str, ...] = ("loss", "zlib", "min_k", "min_k_plus_plus", "reference")
+"""The statistics :func:`lm_statistic` computes."""
+
+HIGHER_IS_MEMBER: dict[str, bool] = {
+    "loss": False,
+    "zlib": False,
+    "min_k": True,
+    "min_k_plus_plus": True,
+    "reference": False,
+}
+"""Score direction of each statistic: True when members tend to score higher."""
+
+IGNORE_INDEX = -100
+"""The label value Hugging Face losses ignore: a token with this label is never counted."""
+
+CHUNK_ELEMENTS = 2**22
+"""Default size of one chunk's (positions × vocabulary) block: ``chunk_tokens = ⌊2²²/V⌋``."""
+
+
+# --- which tokens count -------------------------------------------------------------------------
+
+
+def _integer_matrix(values: Any, *, name: str) -> torch.Tensor:
+    what = "an integer array of shape (n, L)"
+    t = as_tensor(values, name=name, what=what)
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.ndim != 2:
+        raise ValueError(f"{name} must be {what}, got {t.dtype} of shape {tuple(t.shape)}")
+    if t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(t.shape)}")
+    return t.long()
+
+
+def predicted_tokens(
+    input_ids: Any, attention_mask: Any = None, *, labels: Any = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The predicted tokens of each text of a padded batch.
+
+    Args:
+        input_ids: token ids, shape (n, L), right or left padded.
+        attention_mask: 1 for a text's tokens, 0 for padding, shape (n, L); one block of ones
+            per row. None: every token is a text's.
+        labels: optional Hugging Face labels, shape (n, L): positions labelled
+            :data:`IGNORE_INDEX` (-100) are not predicted, the others' targets are the labels.
+
+    Returns:
+        ``(targets, counted)``, both of shape (n, L − 1) on ``input_ids``' device: column t is
+        the token at position t + 1 (read from the logits at position t) and whether it counts
+        (see the module docstring).
+    """
+    ids = _integer_matrix(input_ids, name="input_ids")
+    n, length = ids.shape
+    if attention_mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    else:
+        mask = as_mask(attention_mask, name="attention_mask", shape=(n, length), device=ids.device)
+        # a row's ones form one block: at most one 0 -> 1 step, counting a 1 in the first column
+        starts = (mask[:, 1:] & ~mask[:, :-1]).sum(dim=1) + mask[:, 0]
+        if bool((starts > 1).any()):
+            row = int(torch.nonzero(starts > 1)[0, 0])
+            raise ValueError(
+                f"attention_mask row {row} has padding between tokens: each row must be one text "
+                "padded on the right and/or the left (packed sequences are not supported)"
+            )
+    counted = mask[:, 1:] & mask[:, :-1]
+    targets = ids[:, 1:]
+    if labels is not None:
+        lab = _integer_matrix(labels, name="labels").to(ids.device)
+        if lab.shape != ids.shape:
+            raise ValueError(
+                f"labels must have the shape of input_ids {tuple(ids.shape)}, "
+                f"got {tuple(lab.shape)}"
+            )
+        targets = lab[:, 1:]
+        counted = counted & (targets != IGNORE_INDEX)
+    return targets, counted
+
+
+# --- per-token values, in chunks ------------------------------------------------------------------
+
+
+def _logits_of(output: Any) -> torch.Tensor:
+    """The logits tensor of a model output (a tensor, or ``.logits`` / ``["logits"]``)."""
+    if isinstance(output, Mapping) and "logits" in output:
+        output = output["logits"]
+    output = getattr(output, "logits", output)
+    if not isinstance(output, torch.Tensor):
+        raise ValueError(
+            f"logits must be a tensor of shape (n, L, V) or a model output with .logits, "
+            f"got {type(output).__name__}"
+        )
+    return output
+
+
+def _checked_logits(logits: Any, targets: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    z = _logits_of(logits)
+    if not z.is_floating_point() or z.ndim != 3:
+        raise ValueError(
+            f"logits must be a float tensor of shape (n, L, V), got {z.dtype} of shape "
+            f"{tuple(z.shape)}"
+        )
+    n, width = targets.shape
+    if tuple(z.shape[:2]) != (n, width + 1) or tuple(counted.shape) != (n, width):
+        raise ValueError(
+            f"logits of shape {tuple(z.shape)} do not match targets {tuple(targets.shape)} and "
+            f"counted {tuple(counted.shape)}: expected logits (n, L, V) with targets and counted "
+            "(n, L - 1), as predicted_tokens gives them"
+        )
+    vocab = z.shape[2]
+    hit = targets.to(z.device)[counted.to(z.device)]
+    if hit.numel() and (int(hit.min()) < 0 or int(hit.max()) >= vocab):
+        raise ValueError(
+            f"token ids must lie in [0, {vocab - 1}] for logits over {vocab} tokens, got range "
+            f"[{int(hit.min())}, {int(hit.max())}] among the predicted tokens"
+        )
+    return z
+
+
+def _compute_dtype(z: torch.Tensor) -> torch.dtype:
+    return torch.float64 if z.dtype == torch.float64 else torch.float32
+
+
+def _blocks(n: int, length: int, rows: int) -> Iterator[tuple[slice, slice]]:
+    """(records, positions) blocks of at most ``rows`` positions, or of whole records when a
+    record fits: every block of a contiguous (n, L, V) tensor is a contiguous view."""
+    if rows >= length:
+        group = rows // length
+        for i in range(0, n, group):
+            yield slice(i, i + group), slice(0, length)
+    else:
+        for i in range(n):
+            for s in range(0, length, rows):
+                yield slice(i, i + 1), slice(s, s + rows)
+
+
+def _per_token(
+    logits: Any,
+    targets: Any,
+    counted: Any,
+    chunk_tokens: int | None,
+    reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``reduce(log_probs, target_ids)`` over blocks of positions: ``log_probs`` the block's
+    log-softmax (g, c, V) in the compute dtype, owned by ``reduce`` (it may overwrite it);
+    returns (n, L − 1) values, NaN where not counted."""
+    tgt = _integer_matrix(targets, name="targets")
+    cnt = as_mask(counted, name="counted", shape=tuple(tgt.shape), device=tgt.device)
+    z = _checked_logits(logits, tgt, cnt)
+    n, length, vocab = z.shape
+    rows = (
+        max(1, CHUNK_ELEMENTS // vocab)
+        if chunk_tokens is None
+        else check_int(chunk_tokens, name="chunk_tokens", minimum=1)
+    )
+    dtype = _compute_dtype(z)
+    cnt = cnt.to(z.device)
+    # full width L (the last position predicts nothing): blocks of whole records stay views
+    full = torch.zeros((n, length), dtype=torch.long, device=z.device)
+    full[:, :-1] = torch.where(cnt, tgt.to(z.device), 0)  # a pad id may lie outside the vocabulary
+    out = torch.empty((n, length), dtype=dtype, device=z.device)
+    for recs, pos in _blocks(n, length, rows):
+        log_probs = torch.log_softmax(z[recs, pos], dim=-1, dtype=dtype)
+        out[recs, pos] = reduce(log_probs, full[recs, pos])
+        del log_probs
+    values = out[:, :-1]
+    return torch.where(cnt, values, torch.full_like(values, math.nan))
+
+
+def _target_log_prob(log_probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _z_score(log_probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Min-K%++'s (log p(x_t) − μ_t) / σ_t for a block, overwriting ``log_probs``."""
+    shape, vocab = log_probs.shape[:-1], log_probs.shape[-1]
+    target = _target_log_prob(log_probs, ids)
+    logp = log_probs.reshape(-1, vocab)  # a view: the block is contiguous
+    probs = logp.exp()
+    # a -inf log-probability (a masked vocabulary entry) has p = 0: set it to 0 so that
+    # p·log p and p·(log p − μ)² give 0, not 0·inf = NaN
+    if bool(logp.amin() == -math.inf):  # (a reduction: no (rows, V) mask unless needed)
+        logp.masked_fill_(torch.isneginf(logp), 0.0)
+    p_row = probs.unsqueeze(1)  # batched dot products: no (rows, V) product is materialized
+    mu = torch.bmm(p_row, logp.unsqueeze(2)).reshape(-1)
+    logp.sub_(mu.unsqueeze(1)).square_()
+    var = torch.bmm(p_row, logp.unsqueeze(2)).reshape(-1)
+    return (target - mu.reshape(shape)) / var.sqrt().reshape(shape)
+
+
+@torch.no_grad()
+def token_log_probs(
+    logits: Any, targets: Any, counted: Any, *, chunk_tokens: int | None = None
+) -> torch.Tensor:
+    """log p(x_t | x_<t) of every predicted token.
+
+    Args:
+        logits: the model's logits (n, L, V), or its output with ``.logits``.
+        targets, counted: (n, L − 1) from :func:`predicted_tokens`.
+        chunk_tokens: positions per chunk (default ⌊2²²/V⌋, at least 1): the extra memory is at
+            most two (chunk_tokens, V) blocks of the compute dtype (module docstring).
+
+    Returns:
+        (n, L − 1) tensor on the logits' device, float64 for float64 logits else float32; NaN
+        where a token is not counted.
+    """
+    return _per_token(logits, targets, counted, chunk_tokens, _target_log_prob)
+
+
+@torch.no_grad()
+def token_z_scores(
+    logits: Any, targets: Any, counted: Any, *, chunk_tokens: int | None = None
+) -> torch.Tensor:
+    """Min-K%++'s z_t = (log p(x_t | x_<t) − μ_t) / σ_t of every predicted token.
+
+    μ_t and σ_t are the mean and standard deviation of log p(v | x_<t) under p(· | x_<t)
+    (Zhang et al. 2025, "Min-K%++"), computed in chunks over the sequence (module docstring:
+    at most two (chunk_tokens, V) blocks of extra memory).
+
+    Args:
+        logits: the model's logits (n, L, V), or its output with ``.logits``.
+        targets, counted: (n, L − 1) from :func:`predicted_tokens`.
+        chunk_tokens: positions per chunk (default ⌊2²²/V⌋, at least 1).
+
+    Returns:
+        (n, L − 1) tensor on the logits' device (float64 for float64 logits, else float32); NaN
+        where a token is not counted or σ_t = 0 (a point mass, or a uniform distribution).
+    """
+    return _per_token(logits, targets, counted, chunk_tokens, _z_score)
+
+
+# --- per-record reductions ------------------------------------------------------------------------
+
+
+def _mean_loss(log_probs: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """−(1/T) Σ log p over the counted tokens; NaN for T = 0."""
+    total = torch.where(counted, log_probs, torch.zeros_like(log_probs)).sum(dim=1)
+    count = counted.sum(dim=1).to(log_probs.dtype)
+    return torch.where(count > 0, -total / count.clamp(min=1), math.nan)
+
+
+def lowest_k_mean(values: Any, counted: Any, *, k: float = 0.2) -> torch.Tensor:
+    """Per row, the mean of the ⌊k·T⌋ lowest counted values (T: the row's counted values).
+
+    The Min-K% / Min-K%++ reduction, with the papers' (and MIMIR's) floor: ⌊k·T⌋ is computed
+    as ``int(T * k)`` in float64. A row gets NaN when ⌊k·T⌋ = 0 (the mean of no value) or when
+    one of its counted values is NaN.
+
+    Args:
+        values: (n, m) float tensor (e.g. :func:`token_log_probs`).
+        counted: (n, m) booleans: which values belong to the row's text.
+        k: the fraction of lowest values kept, in (0, 1].
+
+    Returns:
+        (n,) tensor of ``values``' dtype and device.
+    """
+    k = check_fraction(k, name="k")
+    v = as_tensor(values, name="values", what="a float array of shape (n, m)")
+    if not v.is_floating_point() or v.ndim != 2:
+        raise ValueError(f"values must be a float array of shape (n, m), got shape {v.shape}")
+    cnt = as_mask(counted, name="counted", shape=tuple(v.shape), device=v.device)
+    n_counted = cnt.sum(dim=1)
+    keep = torch.floor(n_counted.to(torch.float64) * k).long()
+    ascending = torch.where(cnt, v, math.inf).sort(dim=1).values
+    rank = torch.arange(v.shape[1], device=v.device)
+    chosen = rank.unsqueeze(0) < keep.unsqueeze(1)
+    total = torch.where(chosen, ascending, torch.zeros_like(ascending)).sum(dim=1)
+    mean = total / keep.clamp(min=1).to(v.dtype)
+    undefined = (keep == 0) | (cnt & torch.isnan(v)).any(dim=1)
+    return torch.where(undefined, math.nan, mean)
+
+
+# --- texts ----------------------------------------------------------------------------------------
+
+
+def zlib_sizes(texts: Sequence[str]) -> np.ndarray:
+    """``len(zlib.compress(text.encode("utf-8")))`` of each text (default level), as int64."""
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a sequence of strings, one per record")
+    return np.array([len(zlib.compress(t.encode("utf-8"))) for t in texts], dtype=np.int64)
+
+
+def decode_texts(tokenizer: Any, input_ids: Any, attention_mask: Any = None) -> list[str]:
+    """Each record's text: ``tokenizer.decode`` of its unpadded ids (``attention_mask`` 1),
+    with ``skip_special_tokens=True`` (a BOS / EOS a collator added is not part of the text)."""
+    if not callable(getattr(tokenizer, "decode", None)):
+        raise ValueError(f"tokenizer must have a decode method, got {type(tokenizer).__name__}")
+    ids = _integer_matrix(input_ids, name="input_ids")
+    mask = (
+        torch.ones_like(ids, dtype=torch.bool)
+        if attention_mask is None
+        else as_mask(
+            attention_mask, name="attention_mask", shape=tuple(ids.shape), device=ids.device
+        )
+    )
+    rows = ids.cpu()
+    keep = mask.cpu()
+    return [
+        tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
+        for row, m in zip(rows, keep, strict=True)
+    ]
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+def _takes_position_ids(model: nn.Module) -> bool:
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@torch.no_grad()
+def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = None) -> torch.Tensor:
+    """The logits (n, L, V) of a causal language model on a padded batch.
+
+    Calls ``model(input_ids=..., attention_mask=...)`` on the model's device. A left-padded
+    row's tokens would otherwise sit at shifted positions, so when a row starts with padding the
+    call also passes ``position_ids`` = (cumulative sum of the mask − 1, floored at 0), which
+    makes every text's logits those of the text alone (Hugging Face models take it); a model
+    whose ``forward`` has no ``position_ids`` argument is refused for such a batch (pad on the
+    right instead: right padding needs no positions).
+    """
+    param = next(check_module(model, name="model").parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    ids = _integer_matrix(input_ids, name="input_ids").to(device)
+    inputs: dict[str, torch.Tensor] = {"input_ids": ids}
+    if attention_mask is not None:
+        mask = as_mask(attention_mask, name="attention_mask", shape=tuple(ids.shape), device=device)
+        inputs["attention_mask"] = mask.long()
+        if bool((~mask[:, 0] & mask.any(dim=1)).any()):
+            if not _takes_position_ids(model):
+                raise ValueError(
+                    f"the batch is left padded but {type(model).__name__}.forward takes no "
+                    "position_ids, so its texts would be scored at shifted positions; pad on the "
+                    "right (tokenizer.padding_side = 'right')"
+                )
+            inputs["position_ids"] = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    logits = _logits_of(model(**inputs))
+    if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
+        raise ValueError(
+            f"model returned logits of shape {tuple(logits.shape)} for input_ids of shape "
+            f"{tuple(ids.shape)}; expected (n, L, V)"
+        )
+    return logits
+
+
+# --- the statistics -------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def lm_statistic(
+    logits: Any,
+    input_ids: Any,
+    attention_mask: Any = None,
+    *,
+    statistic: Statistic,
+    labels: Any = None,
+    k: float = 0.2,
+    texts: Sequence[str] | None = None,
+    reference_logits: Any = None,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """One membership statistic per text of a padded batch (the table in the module docstring).
+
+    Args:
+        logits: the target model's logits (n, L, V) on the batch, or its output.
+        input_ids, attention_mask, labels: the batch, as :func:`predicted_tokens` reads it.
+        statistic: one of :data:`STATISTICS`.
+        k: Min-K% / Min-K%++ fraction, in (0, 1] (the papers' default 0.2).
+        texts: the records' texts, for ``zlib`` (required there), e.g. from
+            :func:`decode_texts`.
+        reference_logits: a reference model's logits on the same batch, for ``reference``
+            (required there); its vocabulary may be larger than the target's.
+        chunk_tokens: positions per chunk of the vocabulary-wide work (module docstring).
+
+    Returns:
+        (n,) tensor on the logits' device (float64 for float64 logits, else float32); NaN for a
+        text with no predicted token, or too few for ⌊k·T⌋ ≥ 1 (Min-K%, Min-K%++).
+    """
+    check_choice(statistic, STATISTICS, name="statistic")
+    k = check_fraction(k, name="k")
+    targets, counted = predicted_tokens(input_ids, attention_mask, labels=labels)
+    device = _logits_of(logits).device
+    counted_here = counted.to(device)
+    if statistic == "min_k_plus_plus":
+        z = token_z_scores(logits, targets, counted, chunk_tokens=chunk_tokens)
+        return lowest_k_mean(z, counted_here, k=k)
+    log_probs = token_log_probs(logits, targets, counted, chunk_tokens=chunk_tokens)
+    if statistic == "min_k":
+        return lowest_k_mean(log_probs, counted_here, k=k)
+    loss = _mean_loss(log_probs, counted_here)
+    if statistic == "loss":
+        return loss
+    if statistic == "zlib":
+        if texts is None:
+            raise ValueError("statistic 'zlib' needs texts: one string per record")
+        sizes = zlib_sizes(texts)
+        if len(sizes) != loss.shape[0]:
+            raise ValueError(f"texts must hold {loss.shape[0]} strings, got {len(sizes)}")
+        return loss / torch.as_tensor(sizes, device=device).to(loss.dtype)
+    if reference_logits is None:
+        raise ValueError("statistic 'reference' needs reference_logits on the same batch")
+    ref = token_log_probs(reference_logits, targets, counted, chunk_tokens=chunk_tokens)
+    return loss - _mean_loss(ref, counted.to(ref.device)).to(device=device, dtype=loss.dtype)

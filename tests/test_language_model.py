@@ -504,6 +504,14 @@ def test_query_configuration_is_checked_at_construction(model, tokenizer):
         )
 
 
+def test_a_classifier_query_on_a_language_model_points_at_language_model_query(model):
+    from privmon.queries import LossQuery
+
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(ValueError, match=r"\(2, 3, \d+\).*LanguageModelQuery"):
+        LossQuery(model)({"input_ids": ids, "labels": ids})
+
+
 def test_a_trainer_fine_tune_logs_every_statistic_through_the_trainer(tokenizer, tmp_path):
     """A real Trainer fine-tune (float32 GPT-2 from a config) with a monitor attached: each
     check's figures reach log_history, short texts are dropped and counted, and the console

@@ -66,6 +66,11 @@ class ClassifierQuery(Query):
         if z.ndim == 1 or (z.ndim == 2 and z.shape[1] == 1):
             z = z.reshape(-1, 1)
             return torch.cat([torch.zeros_like(z), z], dim=1)  # binary logit z -> [0, z]
+        if z.ndim == 3:  # (n, T, V): a language model's per-token logits
+            raise ValueError(
+                f"model returned logits of shape {tuple(z.shape)}; expected (n, C): for a "
+                "language model's per-token logits use privmon.queries.LanguageModelQuery"
+            )
         if z.ndim != 2:
             raise ValueError(
                 f"model returned logits of shape {tuple(z.shape)}; expected (n, C) "

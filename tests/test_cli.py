@@ -143,11 +143,12 @@ def test_audit_bad_files_one_line_exit_2(tmp_path, capsys, scores, make, message
         ("counted.csv", "0,0.5\n1,0.7\n2,0.1\n3,0.2\n", "it counts 0, 1, 2, …"),
     ],
 )
-def test_audit_refuses_csv_it_would_misread(tmp_path, capsys, scores, name, text, message):
-    good = _save(tmp_path, "good.npy", scores[1])
-    assert main(["audit", _write(tmp_path / name, text), good]) == 2
+def test_audit_refuses_csv_it_would_misread(tmp_path, capsys, name, text, message):
+    # Members and non-members saved alike: each was read as 2-D scores and audited.
+    members = _write(tmp_path / name, text)
+    assert main(["audit", members, _write(tmp_path / f"h_{name}", text)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"privmon audit: error: {tmp_path / name}: ")
+    assert err.count("\n") == 1 and err.startswith(f"privmon audit: error: {members}: ")
     assert message in err
 
 

@@ -58,18 +58,26 @@ def _fails(capsys, argv: list[str], *needles: str) -> str:
     return err
 
 
+def _warns(capsys, argv: list[str], warning: str) -> str:
+    """``main(argv)`` writes the report with exactly one warning line on stderr; its stdout."""
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"privmon {argv[0]}: warning: {warning}\n"
+    assert "report: " in captured.out
+    return captured.out
+
+
 # --- reading the JSON lines -----------------------------------------------------------------------
 def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, capsys):
     cut = _line(30)[:45]  # the writer was killed mid-line: no newline, not valid JSON
     src = _jsonl(tmp_path / "checks.jsonl", _line(10), _line(20), tail=cut)
     out = tmp_path / "r.html"
-    assert main(["report", src, "--out", str(out)]) == 0
-    captured = capsys.readouterr()
-    assert captured.err == (
-        f"privmon report: warning: skipped 1 line of {src}: line 3 was cut off mid-write "
-        "(the run was interrupted while writing it)\n"
+    _warns(
+        capsys,
+        ["report", src, "--out", str(out)],
+        f"skipped 1 line of {src}: line 3 was cut off mid-write (the run was interrupted while "
+        "writing it)",
     )
-    assert "report: " in captured.out
     checks = read_checks(src)
     assert checks.steps == [10, 20] and checks.skipped_line == 3
     page = out.read_text(encoding="utf-8")
@@ -97,11 +105,11 @@ def test_cut_off_line_with_a_resumed_run_line_appended_is_read(tmp_path, capsys)
         _line(30),
     )
     out = tmp_path / "r.html"
-    assert main(["report", src, "--out", str(out)]) == 0
-    captured = capsys.readouterr()
-    assert captured.err == (
-        f"privmon report: warning: skipped the start of line 2 of {src}: a line cut off "
-        "mid-write, with a resumed run's line appended to it (that line is read)\n"
+    _warns(
+        capsys,
+        ["report", src, "--out", str(out)],
+        f"skipped the start of line 2 of {src}: a line cut off mid-write, with a resumed run's "
+        "line appended to it (that line is read)",
     )
     checks = read_checks(src)
     assert checks.steps == [10, 20, 30] and checks.torn_lines == [2]
@@ -221,14 +229,12 @@ def test_a_second_run_in_the_same_file_is_never_merged(tmp_path, capsys):
         (CLEAN, 3, 10, 30),
     ]
     # Each run on its own: by a prefix of its id, or the latest.
-    assert main(["report", str(logdir), "--run", LEAKY[:6]]) == 0
-    captured = capsys.readouterr()
-    headline = "Leakage detected: certified advantage ≥ 0.543 at step 10."
-    assert captured.out.splitlines()[0] == headline
-    assert captured.err == (
-        f"privmon report: warning: reported run {LEAKY} only; {src} also holds "
-        f"{CLEAN} (steps 10–30, 3 lines)\n"
+    out = _warns(
+        capsys,
+        ["report", str(logdir), "--run", LEAKY[:6]],
+        f"reported run {LEAKY} only; {src} also holds {CLEAN} (steps 10–30, 3 lines)",
     )
+    assert out.splitlines()[0] == "Leakage detected: certified advantage ≥ 0.543 at step 10."
     page = (logdir / "privacy_report.html").read_text(encoding="utf-8")
     assert f"run <code>{LEAKY}</code>" in page and "2 checks, steps 10–20" in page
     assert f"Left out, never merged into it: {CLEAN} (steps 10–30, 3 lines)" in page

@@ -273,7 +273,7 @@ def test_advantage_chart_says_what_it_draws(mpl, runs):
 def test_query_names_are_drawn_literally(mpl, tmp_path):
     # A "$" starts matplotlib's mathtext: "$x^$" or "$\\alpha_$" failed to draw, and the report
     # with them. Every name is drawn as written and shown escaped on the page.
-    names = ["$x^$", "$\\alpha_$", "cost $5", "a$b$c", "{}^_\\"]
+    names = ["$x^$", "cost $5, $\\alpha_$ {}^_\\"]
     lines = []
     for step in (10, 20):
         scalars = {}

@@ -25,7 +25,7 @@ MODULES = {
     "tests/test_distributed.py": "torch.distributed (2 gloo ranks)",
     "tests/test_cli_faults.py": "privmon report / demo",
     "tests/test_sinks.py": "sinks: runs, cut-off lines, concurrency",
-    "tests/test_cli.py": "privmon audit inputs",
+    "tests/test_cli.py": "privmon audit / command line",
 }
 
 

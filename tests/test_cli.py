@@ -142,7 +142,9 @@ def test_audit_bad_files_one_line_exit_2(tmp_path, capsys, scores, make, message
         ("named.csv", "index,score\n4,0.5\n9,0.7\n12,0.1\n", "header cell is 'index'"),
         ("counted.csv", "0,0.5\n1,0.7\n2,0.1\n3,0.2\n", "it counts 0, 1, 2, …"),
     ],
-)
+    ids=["decimal-comma", "decimal-comma-header", "semicolons", "ragged", "pandas-index",
+         "index-column", "counting-column"],
+)  # fmt: skip
 def test_audit_refuses_csv_it_would_misread(tmp_path, capsys, name, text, message):
     # Members and non-members saved alike: each was read as 2-D scores and audited.
     members = _write(tmp_path / name, text)

@@ -51,13 +51,18 @@ def _exclusive(fd: int) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _last_newline(fd: int, size: int) -> int:
+def _read_at(file: Any, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``file`` from ``offset`` (appends still go to the end)."""
+    file.seek(offset)
+    return bytes(file.read(size))
+
+
+def _last_newline(file: Any, size: int) -> int:
     """The offset just past the last newline in the file's first ``size`` bytes (0: none)."""
     end = size
     while end > 0:
         start = max(0, end - 65536)
-        chunk = os.pread(fd, end - start, start)
-        at = chunk.rfind(b"\n")
+        at = _read_at(file, start, end - start).rfind(b"\n")
         if at >= 0:
             return start + at + 1
         end = start
@@ -94,10 +99,10 @@ class JsonlSink:
     def _repair_last_line(self) -> None:
         fd = self._file.fileno()
         size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        if size == 0 or _read_at(self._file, size - 1, 1) == b"\n":
             return
-        start = _last_newline(fd, size)
-        tail = os.pread(fd, size - start, start)
+        start = _last_newline(self._file, size)
+        tail = _read_at(self._file, start, size - start)
         try:
             whole = isinstance(json.loads(tail), dict)
         except (ValueError, RecursionError):

@@ -1,7 +1,9 @@
 """The reliability table: every fault injected and bad input tried, and what it cost.
 
 Runs the fault-injection test modules (real faults: a kernel-refused disk, a 2-process gloo group
-with one rank failing, Opacus hooks, persistent DataLoader workers, corrupt JSON lines, /dev/full)
+with one rank failing, Opacus hooks, persistent DataLoader workers, corrupt JSON lines, /dev/full,
+two runs in one log directory, a cut-off line resumed, two sinks appending at once, score files
+that read two ways)
 and prints one row per case with its outcome. Every case asserts that no check and no record is
 lost beyond the fault itself (a sink's reports are written late, not dropped; a failed check is
 skipped on every rank and the next one succeeds), so "passed" means the README's "lost: none".
@@ -22,6 +24,8 @@ MODULES = {
     "tests/test_faults.py": "monitor faults and bad input",
     "tests/test_distributed.py": "torch.distributed (2 gloo ranks)",
     "tests/test_cli_faults.py": "privmon report / demo",
+    "tests/test_sinks.py": "sinks: runs, cut-off lines, concurrency",
+    "tests/test_cli.py": "privmon audit / command line",
 }
 
 
@@ -50,9 +54,10 @@ def main() -> int:
             name = case.get("name", "").removeprefix("test_").replace("_", " ")
             rows.append((MODULES.get(module, module), name, outcome, float(case.get("time", 0))))
     width = max(len(r[1]) for r in rows)
-    print(f"{'area':<34} {'case':<{width}} {'outcome':>8} {'s':>6}")
+    area_width = max(len(r[0]) for r in rows)
+    print(f"{'area':<{area_width}} {'case':<{width}} {'outcome':>8} {'s':>6}")
     for area, name, outcome, seconds in rows:
-        print(f"{area:<34} {name:<{width}} {outcome:>8} {seconds:>6.1f}")
+        print(f"{area:<{area_width}} {name:<{width}} {outcome:>8} {seconds:>6.1f}")
     failed = sum(r[2] == "FAILED" for r in rows)
     print(f"\n{len(rows)} cases: {failed} failed, {sum(r[2] == 'skipped' for r in rows)} skipped")
     return 1 if failed else 0

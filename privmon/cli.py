@@ -220,22 +220,44 @@ def _add_report(sub: Any) -> None:
         "--out", default=None, help=f"HTML file to write (default LOGDIR/{REPORT_NAME})"
     )
     parser.add_argument("--title", default=None, help="page title")
+    parser.add_argument(
+        "--run",
+        default=None,
+        metavar="ID",
+        help="the run to report when the log holds several (a second run written into the same "
+        "directory): its id or a unique prefix of it, 'latest' (the run that wrote last) or "
+        "'legacy' (lines written without a run id). Runs are never merged",
+    )
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    """Run ``privmon report`` from parsed arguments: prints the verdict, the path and a warning
-    line for each skipped line on stderr; returns 0. Bad input raises OSError, ValueError or
-    ImportError, which :func:`main` turns into one error line and exit code 2."""
+    """Run ``privmon report`` from parsed arguments: prints the verdict, the path and, on
+    stderr, a warning line for each skipped part of a line and for the runs left out; returns
+    0. Bad input raises OSError, ValueError or ImportError, which :func:`main` turns into one
+    error line and exit code 2 (several runs and no ``--run``: the line names them)."""
     from privmon.report import read_checks, verdict
     from privmon.report.page import write_page
 
-    checks = read_checks(args.logdir)
+    checks = read_checks(args.logdir, run=args.run)
     path = write_page(checks, args.logdir, args.out, args.title)
+    warn = "privmon report: warning:"
     if checks.skipped_line is not None:
         print(
-            f"privmon report: warning: skipped 1 line of {checks.source}: line "
+            f"{warn} skipped 1 line of {checks.source}: line "
             f"{checks.skipped_line} was cut off mid-write (the run was interrupted while "
             "writing it)",
+            file=sys.stderr,
+        )
+    for lineno in checks.torn_lines:
+        print(
+            f"{warn} skipped the start of line {lineno} of {checks.source}: a line cut off "
+            "mid-write, with a resumed run's line appended to it (that line is read)",
+            file=sys.stderr,
+        )
+    if checks.other_runs:
+        print(
+            f"{warn} reported run {checks.run_id or 'legacy'} only; {checks.source} also holds "
+            + "; ".join(str(r) for r in checks.other_runs),
             file=sys.stderr,
         )
     print(verdict(checks).headline)

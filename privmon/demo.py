@@ -33,6 +33,7 @@ from privmon._validation import check_int, check_positive
 from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
+from privmon.report import checks_from_reports, verdict
 from privmon.sinks import JsonlSink
 
 __all__ = [
@@ -319,6 +320,8 @@ def _summary(
             k.split("/")[-1]: v for k, v in last.scalars.items() if k.startswith("privacy/ceiling/")
         },
         "dp_violation": any(r.dp_violation for r in monitor.history),
+        # the verdict privmon report gives these checks, from the same rules
+        "verdict": verdict(checks_from_reports(monitor.history)).headline,
         "config": {
             k: v for k, v in config.__dict__.items() if k not in ("progress", "num_threads")
         },
@@ -326,7 +329,8 @@ def _summary(
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """A short console table of the final figures."""
+    """A short console table of the final figures, then the run's one-line verdict (the one
+    ``privmon report`` gives)."""
     rows = [
         f"{'query/method':<20} {'value':>7} {'lower':>7} {'plugin':>7} {'AUC':>6} "
         f"{'peak (step)':>14}"
@@ -353,4 +357,5 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows.append(
         f"{summary['steps']} steps, {summary['checks']} checks in {summary['wall_seconds']:.1f} s"
     )
+    rows.append(f"verdict: {summary['verdict']}")
     return "\n".join(rows)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
+import re
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -48,13 +48,21 @@ class ScoreFileError(ValueError):
 def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
     """Read scores of shape (n,) or (n, d) from ``path`` as a float64 numpy array.
 
-    ``.npy``: ``numpy.load(allow_pickle=False)``. ``.csv``: comma-separated numbers, one record
-    per row, an optional header row. ``.pt``: ``torch.load(weights_only=True)`` of a tensor (no
-    code is run from the file). NaN / inf rows are kept here; the estimators drop and count them.
+    ``.npy``: ``numpy.load(allow_pickle=False)`` of a real array (bool, integer or float).
+    ``.csv``: comma-separated numbers with ``.`` as the decimal mark, one record per row, an
+    optional header row. ``.pt``: ``torch.load(weights_only=True)`` of a real tensor (no code is
+    run from the file). NaN / inf rows are kept here; the estimators drop and count them.
+
+    Nothing is guessed: a complex array (its imaginary parts would be lost), a CSV with ``;``
+    between fields or whose header names fewer columns than its rows hold (a decimal comma,
+    ``0,53``), a CSV whose rows are all two whole numbers (``0,53`` — a decimal comma or two
+    integer columns?), and a CSV whose first column is a row index (an empty, ``index`` or
+    ``Unnamed: 0`` header cell, as pandas writes it, or the values 0, 1, …, n − 1) are refused
+    with a message that says how to save the scores.
 
     Raises:
         ScoreFileError (a ValueError): the file is missing, has another suffix, or does not hold
-            a numeric array of one or two dimensions; the message names the file.
+            a real numeric array of one or two dimensions; the message names the file.
     """
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
@@ -65,6 +73,10 @@ def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
     try:
         if suffix == ".npy":
             data: Any = np.load(path, allow_pickle=False)
+            if data.dtype.kind not in "biuf":
+                raise ScoreFileError(
+                    f"{path}: {_not_real(str(data.dtype), data.dtype.kind == 'c')}"
+                )
         elif suffix == ".csv":
             data = _load_csv(path)
         else:
@@ -74,6 +86,8 @@ def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
                     f"{path}: expected a saved tensor (torch.save(scores, path)), "
                     f"got {type(data).__name__}"
                 )
+            if data.is_complex():
+                raise ScoreFileError(f"{path}: {_not_real(str(data.dtype), True)}")
             data = data.detach().to(torch.float64).numpy()
         arr = np.asarray(data, dtype=np.float64)
     except ScoreFileError:
@@ -88,13 +102,97 @@ def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
     return arr
 
 
+def _not_real(dtype: str, complex_: bool) -> str:
+    if complex_:
+        return (
+            f"scores must be real numbers, got a complex array ({dtype}); its imaginary parts "
+            "would be lost: save the real scores (e.g. .real or abs()) if that is what you mean"
+        )
+    return f"scores must be numbers (bool, integer or float), got an array of {dtype}"
+
+
+_INDEX_HEADERS = ("", "index", "unnamed: 0")  # pandas' to_csv() / reset_index() names
+_TWO_WHOLE_NUMBERS = re.compile(r"^\s*[+-]?\d+\s*,\s*\d+\s*$")
+
+
 def _load_csv(path: str) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "input contained no data": reported as a shape error
-        try:
-            return np.loadtxt(path, delimiter=",", ndmin=1)
-        except ValueError:  # a header row
-            return np.loadtxt(path, delimiter=",", ndmin=1, skiprows=1)
+    """Comma-separated numbers, one record per row, an optional header row; refuses what can
+    be read two ways (see :func:`load_scores`)."""
+    with open(path, encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark
+        rows = [
+            (i, line)
+            for i, line in enumerate(f, start=1)
+            if line.strip() and not line.lstrip().startswith("#")  # numpy.savetxt's header
+        ]
+    if not rows:
+        return np.empty(0)
+    if any(";" in line for _, line in rows):
+        raise ScoreFileError(
+            f"{path}: fields are separated by ';' (a decimal-comma CSV, as spreadsheets write "
+            "it in many locales?): privmon audit reads comma-separated numbers with '.' as the "
+            "decimal mark"
+        )
+    fields = [(i, [v.strip() for v in line.split(",")]) for i, line in rows]
+    header = None
+    if not all(_is_number(v) for v in fields[0][1]):
+        header = fields[0][1]
+        rows, fields = rows[1:], fields[1:]
+        if not rows:
+            return np.empty(0)
+    width = len(fields[0][1])
+    for i, values in fields:
+        if len(values) != width:
+            raise ScoreFileError(
+                f"{path}: line {i} has {len(values)} field(s), the first record {width} (a "
+                "decimal comma, 0,53, read as a separator?)"
+            )
+    if header is not None and len(header) != width:
+        raise ScoreFileError(
+            f"{path}: the header names {len(header)} column(s) but the rows hold {width} "
+            "fields (a decimal comma, 0,53, read as a separator?): write numbers with '.' as "
+            "the decimal mark"
+        )
+    if width == 2 and header is None and all(_TWO_WHOLE_NUMBERS.match(line) for _, line in rows):
+        raise ScoreFileError(
+            f"{path}: every row is two whole numbers separated by a comma, which is either a "
+            "decimal comma (0,53 for 0.53) or two integer columns (a row index and a score?): "
+            "write numbers with '.' as the decimal mark, or save the array as .npy"
+        )
+    try:
+        data = np.array([[float(v) for v in values] for _, values in fields], dtype=np.float64)
+    except ValueError:
+        i, values = next((i, vs) for i, vs in fields if not all(_is_number(v) for v in vs))
+        bad = next(v for v in values if not _is_number(v))
+        raise ScoreFileError(
+            f"{path}: cannot read scores (line {i}: {bad!r} is not a number)"
+        ) from None
+    if width >= 2 and len(data) >= 3:
+        named_index = header is not None and header[0].lower() in _INDEX_HEADERS
+        counts = np.arange(len(data), dtype=np.float64)
+        if named_index or any(np.array_equal(data[:, 0], counts + s) for s in (0, 1)):
+            why = (
+                f"its header cell is {header[0]!r}"
+                if named_index and header
+                else f"it counts {_first_values(data[:, 0])}"
+            )
+            raise ScoreFileError(
+                f"{path}: the first column is a row index ({why}), not a score: save the "
+                "scores without it (pandas: to_csv(path, index=False))"
+            )
+    return data[0] if len(data) == 1 else (data[:, 0] if width == 1 else data)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_values(column: np.ndarray) -> str:
+    shown = ", ".join(f"{v:g}" for v in column[:3])
+    return shown + (", …" if len(column) > 3 else "")
 
 
 def audit_scores(

@@ -129,6 +129,62 @@ def test_audit_bad_files_one_line_exit_2(tmp_path, capsys, scores, make, message
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # A decimal comma (a spreadsheet's CSV in many locales) was read as a second column.
+        ("dc.csv", "0,53\n1,27\n-0,4\n", "every row is two whole numbers"),
+        ("dch.csv", "score\n0,53\n1,27\n", "the header names 1 column(s) but the rows hold 2"),
+        ("semi.csv", "a;b\n0,5;1,2\n0,7;1,1\n", "fields are separated by ';'"),
+        ("ragged.csv", "0,53\n1\n", "line 2 has 1 field(s), the first record 2"),
+        # pandas' to_csv() writes the row index as a first column: it was read as a score.
+        ("pandas.csv", ",score\n0,0.5\n1,0.7\n2,0.1\n", "first column is a row index"),
+        ("named.csv", "index,score\n4,0.5\n9,0.7\n12,0.1\n", "header cell is 'index'"),
+        ("counted.csv", "0,0.5\n1,0.7\n2,0.1\n3,0.2\n", "it counts 0, 1, 2, …"),
+    ],
+    ids=["decimal-comma", "decimal-comma-header", "semicolons", "ragged", "pandas-index",
+         "index-column", "counting-column"],
+)  # fmt: skip
+def test_audit_refuses_csv_it_would_misread(tmp_path, capsys, name, text, message):
+    # Members and non-members saved alike: each was read as 2-D scores and audited.
+    members = _write(tmp_path / name, text)
+    assert main(["audit", members, _write(tmp_path / f"h_{name}", text)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"privmon audit: error: {members}: ")
+    assert message in err
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".pt"])
+def test_audit_refuses_complex_scores(tmp_path, capsys, scores, suffix):
+    # The imaginary parts were dropped without a word.
+    m, h = scores
+    bad = _save(tmp_path, "m" + suffix, m + 1j * h[:800])
+    assert main(["audit", bad, _save(tmp_path, "h.npy", h)]) == 2
+    err = capsys.readouterr().err
+    assert "scores must be real numbers, got a complex array" in err
+
+
+def test_audit_reads_the_csv_files_it_always_read(tmp_path, capsys, scores):
+    m, h = scores
+    fh = _save(tmp_path, "h.npy", h)
+    expected = _audit_json(capsys, _save(tmp_path, "m.npy", m), fh)
+    variants = {
+        "numpy.csv": lambda p: np.savetxt(p, m, header="score"),  # "# score" comment header
+        "plain.csv": lambda p: np.savetxt(p, m),
+        # a spreadsheet's: a byte-order mark, CRLF line ends
+        "excel.csv": lambda p: p.write_bytes(
+            b"\xef\xbb\xbfscore\r\n" + "\r\n".join(repr(float(v)) for v in m).encode()
+        ),
+    }
+    for name, write in variants.items():
+        write(tmp_path / name)
+        assert _audit_json(capsys, str(tmp_path / name), fh) == expected, name
+    two_m, two_h = tmp_path / "two_m.csv", tmp_path / "two_h.csv"
+    np.savetxt(two_m, np.c_[m, m**2], delimiter=",", header="a,b", comments="")
+    np.savetxt(two_h, np.c_[h, h**2], delimiter=",", header="a,b", comments="")
+    assert _audit_json(capsys, str(two_m), str(two_h))["dim"] == 2
+
+
 def test_audit_bad_data_one_line_exit_2(tmp_path, capsys):
     nan = _save(tmp_path, "nan.npy", np.full(5, np.nan))
     good = _save(tmp_path, "good.npy", np.arange(5.0))

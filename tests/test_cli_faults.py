@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from privmon.cli import main
-from privmon.report import read_checks
+from privmon.report import SeveralRunsError, read_checks, verdict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPUS = os.cpu_count() or 1
@@ -58,18 +58,26 @@ def _fails(capsys, argv: list[str], *needles: str) -> str:
     return err
 
 
+def _warns(capsys, argv: list[str], warning: str) -> str:
+    """``main(argv)`` writes the report with exactly one warning line on stderr; its stdout."""
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"privmon {argv[0]}: warning: {warning}\n"
+    assert "report: " in captured.out
+    return captured.out
+
+
 # --- reading the JSON lines -----------------------------------------------------------------------
 def test_truncated_last_line_is_skipped_with_a_warning(tmp_path, capsys):
     cut = _line(30)[:45]  # the writer was killed mid-line: no newline, not valid JSON
     src = _jsonl(tmp_path / "checks.jsonl", _line(10), _line(20), tail=cut)
     out = tmp_path / "r.html"
-    assert main(["report", src, "--out", str(out)]) == 0
-    captured = capsys.readouterr()
-    assert captured.err == (
-        f"privmon report: warning: skipped 1 line of {src}: line 3 was cut off mid-write "
-        "(the run was interrupted while writing it)\n"
+    _warns(
+        capsys,
+        ["report", src, "--out", str(out)],
+        f"skipped 1 line of {src}: line 3 was cut off mid-write (the run was interrupted while "
+        "writing it)",
     )
-    assert "report: " in captured.out
     checks = read_checks(src)
     assert checks.steps == [10, 20] and checks.skipped_line == 3
     page = out.read_text(encoding="utf-8")
@@ -87,6 +95,33 @@ def test_truncated_last_line_mid_character_and_alone(tmp_path, capsys):
     assert "skipped 1 line" in captured.err and "No checks recorded" in captured.out
 
 
+def test_cut_off_line_with_a_resumed_run_line_appended_is_read(tmp_path, capsys):
+    # Older JsonlSinks appended a resumed run's lines right after a line cut off mid-write; the
+    # report refused the whole file. The cut-off start is skipped and said; the rest is read.
+    src = _jsonl(
+        tmp_path / "checks.jsonl",
+        _line(10),
+        _line(20)[:40] + _line(20, scalars={**LINE["scalars"], "privacy/q/histogram/value": 0.3}),
+        _line(30),
+    )
+    out = tmp_path / "r.html"
+    _warns(
+        capsys,
+        ["report", src, "--out", str(out)],
+        f"skipped the start of line 2 of {src}: a line cut off mid-write, with a resumed run's "
+        "line appended to it (that line is read)",
+    )
+    checks = read_checks(src)
+    assert checks.steps == [10, 20, 30] and checks.torn_lines == [2]
+    assert checks.records[1]["scalars"]["privacy/q/histogram/value"] == 0.3
+    assert checks.skipped_line is None
+    page = out.read_text(encoding="utf-8")
+    assert "Line 2 of" in page and "begins with a line cut off mid-write" in page
+    # two cut-off starts in a row (killed twice) before the whole line
+    twice = _jsonl(tmp_path / "twice.jsonl", _line(10)[:30] + _line(20)[:50] + _line(30))
+    assert read_checks(twice).steps == [30]
+
+
 def test_complete_last_line_without_newline_is_read(tmp_path):
     src = _jsonl(tmp_path / "c.jsonl", _line(10), tail=_line(20))
     checks = read_checks(src)
@@ -98,8 +133,9 @@ def test_complete_last_line_without_newline_is_read(tmp_path):
     [
         # a corrupt line before the last one is never skipped: it could hold the certificate
         ([_line(10), _line(20)[:40], _line(30)], "", ["line 2", "not valid JSON"]),
-        # a killed run resumed in append mode: the cut line runs into the next one
-        ([_line(10), _line(20)[:40] + _line(30)], "", ["line 2", "resumed"]),
+        # a cut line that is not followed by a whole one on the same line is no crash's trace
+        ([_line(10), _line(20)[:40] + '{"step": 30, "scal'], "", ["line 2", "not valid JSON"]),
+        ([_line(10, run_id=7)], "", ["line 1", "run_id must be a string, got 7"]),
         # a corrupt last line that was ended by a newline was written whole: an error
         ([_line(10), _line(20)[:40]], "", ["line 2", "not valid JSON"]),
         ([_line(10), '["step", 20]'], "", ["line 2", "must be a JSON object, got list"]),
@@ -152,6 +188,124 @@ def test_binary_garbage_and_empty_and_missing_inputs(tmp_path, capsys):
     _fails(capsys, ["report", str(tmp_path / "missing")], "missing", "does not exist")
     (tmp_path / "nothing").mkdir()
     _fails(capsys, ["report", str(tmp_path / "nothing")], "no checks.jsonl")
+
+
+# --- several runs in one file ---------------------------------------------------------------------
+LEAKY = "a1" * 16  # run ids as PrivacyMonitor writes them (uuid4 hex)
+CLEAN = "b2" * 16
+LEAK_SCALARS = {
+    "privacy/q/histogram/value": 0.6,
+    "privacy/q/histogram/lower": 0.543,
+    "privacy/q/histogram/epsilon_lower_bound": 1.2,
+}
+
+
+def _leaky(step: int) -> str:
+    return _line(step, run_id=LEAKY, scalars=LEAK_SCALARS)
+
+
+def test_a_second_run_in_the_same_file_is_never_merged(tmp_path, capsys):
+    # A leaking run, then a clean run written into the same log directory: keeping one line per
+    # step turned "Leakage detected" into "No measurable membership leakage", with no note.
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    lines = [_leaky(10), _leaky(20), *(_line(s, run_id=CLEAN) for s in (10, 20, 30))]
+    src = _jsonl(logdir / "checks.jsonl", *lines)
+    err = _fails(
+        capsys,
+        ["report", str(logdir)],
+        "holds 2 runs",
+        "never merges",
+        f"{LEAKY} (steps 10–20, 2 lines)",
+        f"{CLEAN} (steps 10–30, 3 lines, the latest)",
+        "--run ID",
+    )
+    assert err.index(LEAKY) < err.index(CLEAN)
+    assert not (logdir / "privacy_report.html").exists()
+    with pytest.raises(SeveralRunsError) as info:
+        read_checks(src)
+    assert [(r.run_id, r.n_written, r.first_step, r.last_step) for r in info.value.runs] == [
+        (LEAKY, 2, 10, 20),
+        (CLEAN, 3, 10, 30),
+    ]
+    # Each run on its own: by a prefix of its id, or the latest.
+    out = _warns(
+        capsys,
+        ["report", str(logdir), "--run", LEAKY[:6]],
+        f"reported run {LEAKY} only; {src} also holds {CLEAN} (steps 10–30, 3 lines)",
+    )
+    assert out.splitlines()[0] == "Leakage detected: certified advantage ≥ 0.543 at step 10."
+    page = (logdir / "privacy_report.html").read_text(encoding="utf-8")
+    assert f"run <code>{LEAKY}</code>" in page and "2 checks, steps 10–20" in page
+    assert f"Left out, never merged into it: {CLEAN} (steps 10–30, 3 lines)" in page
+    assert main(["report", str(logdir), "--run", "latest"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("No measurable membership leakage.")
+    assert f"also holds {LEAKY} (steps 10–20, 2 lines)" in captured.err
+    checks = read_checks(src, run=CLEAN)
+    assert checks.steps == [10, 20, 30] and checks.run_id == CLEAN
+    assert [r.run_id for r in checks.other_runs] == [LEAKY]
+
+
+def test_two_runs_writing_at_the_same_time_are_separated(tmp_path):
+    # Interleaved lines (two runs appending at once): each run gets exactly its own lines.
+    lines = []
+    for step in (10, 20, 30):
+        lines += [_leaky(step), _line(step, run_id=CLEAN)]
+    src = _jsonl(tmp_path / "checks.jsonl", *lines)
+    with pytest.raises(SeveralRunsError, match="holds 2 runs"):
+        read_checks(src)
+    leaky = read_checks(src, run=LEAKY)
+    assert leaky.steps == [10, 20, 30]
+    assert all(r["scalars"] == LEAK_SCALARS for r in leaky.records)
+    assert verdict(leaky).level == "leakage"
+    clean = read_checks(src, run=CLEAN)
+    assert all(r["scalars"] == LINE["scalars"] for r in clean.records)
+    assert verdict(clean).level == "none"
+
+
+def test_lines_without_a_run_id_are_one_legacy_run(tmp_path, capsys):
+    # Lines written before run ids are one run of their own, never merged with a newer one.
+    leaky_without_id = {k: v for k, v in json.loads(_leaky(20)).items() if k != "run_id"}
+    legacy = [_line(10), json.dumps(leaky_without_id)]
+    src = _jsonl(tmp_path / "checks.jsonl", *legacy, _line(10, run_id=CLEAN))
+    _fails(
+        capsys,
+        ["report", src, "--out", str(tmp_path / "r.html")],
+        "legacy (no run id) (steps 10–20, 2 lines)",
+        f"{CLEAN} (step 10, 1 line, the latest)",
+        "'legacy'",
+    )
+    checks = read_checks(src, run="legacy")
+    assert checks.steps == [10, 20] and checks.run_id == "" and verdict(checks).level == "leakage"
+    only_legacy = _jsonl(tmp_path / "old.jsonl", *legacy)  # an older file alone reads as before
+    assert read_checks(only_legacy).steps == [10, 20]
+
+
+def test_a_resumed_run_replaces_its_repeated_steps(tmp_path, capsys):
+    # The same run id again at steps it wrote (resumed from a checkpoint): the later line wins.
+    resumed = _line(20, run_id=LEAKY, scalars={**LEAK_SCALARS, "privacy/q/histogram/lower": 0.4})
+    src = _jsonl(tmp_path / "checks.jsonl", _leaky(10), _leaky(20), _leaky(30), resumed)
+    checks = read_checks(src)
+    assert checks.steps == [10, 20, 30] and checks.other_runs == []
+    assert checks.records[1]["scalars"]["privacy/q/histogram/lower"] == 0.4
+    assert main(["report", src, "--out", str(tmp_path / "r.html")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("run", "needles"),
+    [
+        ("ffff", ["run 'ffff' matches no run of", f"{LEAKY} (step 10, 1 line)"]),
+        ("a", ["run 'a' is the prefix of several runs"]),
+        ("legacy", ["run 'legacy' matches no run"]),
+        ("", ["run must be None or a non-empty string, got ''"]),
+    ],
+)
+def test_run_that_names_no_single_run(tmp_path, capsys, run, needles):
+    other = "a3" * 16
+    src = _jsonl(tmp_path / "checks.jsonl", _leaky(10), _line(10, run_id=other))
+    _fails(capsys, ["report", src, "--run", run, "--out", str(tmp_path / "r.html")], *needles)
 
 
 # --- writing the page -----------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from tensorboard.backend.event_processing import event_accumulator
 import privmon
 from privmon.cli import main
 from privmon.demo import DemoConfig, format_summary, run_demo
+from privmon.report import read_checks, verdict
+from privmon.report.runs import AXIS_TAGS
 
 QUERIES = ("disc", "nn_dist", "hybrid", "domias")
 METHODS = ("histogram", "kde")
@@ -62,6 +64,9 @@ def test_summary_json_matches_returned_dict(demo):
     assert summary["config"]["steps"] == 150 and summary["config"]["every_n_steps"] == 50
     assert summary["config"]["logdir"] == str(logdir)
     assert "progress" not in summary["config"]
+    # the verdict from the monitor's history is the one privmon report reads from the files
+    assert summary["verdict"] == verdict(read_checks(logdir)).headline
+    assert format_summary(summary).splitlines()[-1] == f"verdict: {summary['verdict']}"
 
 
 def test_final_and_peak_figures(demo):
@@ -120,7 +125,7 @@ def test_event_files_hold_the_same_scalars(demo):
     )
     acc.Reload()
     checks = _read_jsonl(logdir / "checks.jsonl")
-    assert set(acc.Tags()["scalars"]) == set(checks[0]["scalars"])
+    assert set(acc.Tags()["scalars"]) == set(checks[0]["scalars"]) | set(AXIS_TAGS)
     for key in KEYS:
         for field in FIELDS:
             tag = f"privacy/{key}/{field}"
@@ -205,6 +210,9 @@ def test_console_entry_point(tmp_path):
         f = summary["final"][key]
         assert cells[1:4] == [format(f[k], ".3f") for k in ("value", "lower", "plugin")]
     assert f"60 steps, 2 checks in {summary['wall_seconds']:.1f} s" in out
+    # the one-line verdict, the one privmon report gives the run's files
+    headline = verdict(read_checks(logdir)).headline
+    assert f"verdict: {headline}" in out and summary["verdict"] == headline
     assert f"summary: {logdir}/summary.json" in out
     assert f"open:    tensorboard --logdir {logdir}" in out
     assert any(p.startswith("events.out.tfevents") for p in os.listdir(logdir))

@@ -1,14 +1,17 @@
 """The HTML privacy report: real monitor runs (JSON lines + TensorBoard) rendered into one
 self-contained page whose verdict matches the data — a leaking run, a clean run, a DP run whose
-ceiling is exceeded — plus the reading rules (TensorBoard-only, JSONL-only, resumed runs) and the
-verdict's rules on hand-made check lines."""
+ceiling is exceeded — plus the reading rules (TensorBoard-only, JSONL-only, resumed runs, two
+runs in one log directory never merged), the charts (titles that say what is drawn, a colour per
+line, query names drawn literally) and the verdict's rules on hand-made check lines."""
 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -22,7 +25,8 @@ from torch import nn
 from privmon import PrivacyMonitor, epsilon_lower_bound, tanh_bound
 from privmon.cli import main
 from privmon.queries import LossQuery
-from privmon.report import read_checks, verdict, write_report
+from privmon.report import SeveralRunsError, read_checks, verdict, write_report
+from privmon.report.figures import advantage_figure
 from privmon.sinks.jsonl import JsonlSink
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -207,6 +211,92 @@ def test_cli_entry_point(mpl, runs, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 2
+
+
+def test_a_second_run_in_the_same_logdir_is_never_merged(mpl, runs, tmp_path, capsys):
+    # The issue's false all-clear: a clean run written after a leaking one into the same log
+    # directory replaced its checks step by step, and the page said "No measurable membership
+    # leakage" with no note. JSON lines and event files both.
+    (leak_dir, leak), (clean_dir, clean) = runs["leak"], runs["clean"]
+    both, events_only = tmp_path / "both", tmp_path / "events"
+    both.mkdir()
+    with open(both / "checks.jsonl", "wb") as f:
+        f.write((leak_dir / "checks.jsonl").read_bytes())
+        f.write((clean_dir / "checks.jsonl").read_bytes())
+    for src in (leak_dir, clean_dir):
+        for event_file in src.glob("events.out.tfevents*"):
+            shutil.copy(event_file, both)
+    shutil.copytree(both, events_only, ignore=shutil.ignore_patterns("*.jsonl"))
+    alone = {m.run_id: verdict(read_checks(d)) for d, m in (runs["leak"], runs["clean"])}
+    assert alone[leak.run_id].level == "leakage" and alone[clean.run_id].level == "none"
+    for source in (both, events_only):
+        with pytest.raises(SeveralRunsError) as info:
+            read_checks(source)
+        assert [r.run_id for r in info.value.runs] == [leak.run_id, clean.run_id]
+        assert f"{leak.run_id} (steps {EVERY}–{STEPS}, 4 " in str(info.value)
+        for monitor in (leak, clean):
+            checks = read_checks(source, run=monitor.run_id)
+            assert checks.steps == [r.step for r in monitor.history]
+            assert verdict(checks).level == alone[monitor.run_id].level
+            assert "loss" in checks.roc  # the ROC of the same run's PR curve
+    assert main(["report", str(both)]) == 2
+    assert "holds 2 runs" in capsys.readouterr().err
+    assert not (both / "privacy_report.html").exists()
+    page = open(write_report(both, run=leak.run_id), encoding="utf-8").read()
+    assert "Leakage detected" in page and f"run <code>{leak.run_id}</code>" in page
+    assert f"Left out, never merged into it: {clean.run_id}" in page
+
+
+def test_advantage_chart_says_what_it_draws(mpl, runs):
+    from matplotlib.colors import to_hex
+
+    # Without an accountant there is no ceiling: the chart must not say "vs DP ceiling".
+    page = open(write_report(runs["clean"][0]), encoding="utf-8").read()
+    assert 'alt="loss: advantage estimate and certified lower bound"' in page
+    assert "ceiling" not in page.split("<h2>Advantage over training</h2>")[1].split("<h2>")[0]
+    expected = {
+        "clean": ("loss: advantage estimate and certified lower bound", 4),
+        "dp": ("loss: advantage estimate and certified lower bound vs DP ceilings", 6),
+    }
+    for name, (title, n_lines) in expected.items():
+        checks = read_checks(runs[name][0])
+        fig = advantage_figure(checks, "loss", None)
+        (ax,) = fig.axes
+        assert ax.get_title() == title
+        assert ax.get_ylim() == (-0.02, 1.02)  # a fixed range: nothing is clipped
+        handles, labels = ax.get_legend_handles_labels()
+        assert len(handles) == n_lines  # estimate and bound per method (+ the two ceilings)
+        colors = [to_hex(h.get_color()) for h in handles]
+        assert len(set(colors)) == n_lines, dict(zip(labels, colors, strict=True))
+
+
+def test_query_names_are_drawn_literally(mpl, tmp_path):
+    # A "$" starts matplotlib's mathtext: "$x^$" or "$\\alpha_$" failed to draw, and the report
+    # with them. Every name is drawn as written and shown escaped on the page.
+    names = ["$x^$", "cost $5, $\\alpha_$ {}^_\\"]
+    lines = []
+    for step in (10, 20):
+        scalars = {}
+        for name in names:
+            scalars.update(
+                {
+                    f"privacy/{name}/histogram/value": 0.3,
+                    f"privacy/{name}/histogram/lower": 0.1,
+                    f"privacy/{name}/histogram/epsilon_lower_bound": 0.2,
+                    f"privacy/{name}/auc": 0.6,
+                    f"privacy/{name}/tpr@fpr=0.01": 0.05,
+                    f"privacy/{name}/risk/q50": 0.2,
+                    f"privacy/{name}/risk/n_above_0.5": 3.0,
+                }
+            )
+        scalars.update({"privacy/epsilon": 1.0, "privacy/ceiling/eps_delta": 0.46})
+        lines.append({"step": step, "scalars": scalars, "epsilon": 1.0})
+    checks = _write(tmp_path, lines)
+    assert checks.queries() == names
+    page = open(write_report(tmp_path), encoding="utf-8").read()
+    assert len(_pngs(page)) == 1 + 3 * len(names)  # ε, and advantage, ROC, risk per query
+    for name in names:
+        assert f'alt="{html.escape(name)}: advantage estimate' in page
 
 
 # --- the verdict's rules on hand-made check lines ------------------------------------------------

@@ -1,12 +1,15 @@
 """TensorBoard output of a real PrivacyMonitor: event files read back with TensorBoard's own
-EventAccumulator (scalars, member-risk histograms, PR curves, the custom-scalar layout), a run with
-a real Opacus accountant, and a real ``tensorboard`` server queried over HTTP."""
+EventAccumulator (scalars, member-risk histograms, PR curves, the run id of every check, the
+custom-scalar layout), a run with a real Opacus accountant, and a real ``tensorboard`` server
+queried over HTTP (each chart's series exactly, and its y-range under the dashboard's outlier
+clipping)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -29,6 +32,7 @@ from torch import nn
 import privmon
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
+from privmon.report.runs import AXIS_TAGS, RUN_ID_TAG
 
 CHECK_STEPS = [2, 4, 6]
 N_MEM = N_NON = 100
@@ -145,6 +149,14 @@ def _layout(acc):
     }
 
 
+def _exactly(*tags):
+    """The layout's regular expressions of ``tags``: each matches that tag alone."""
+    return [re.escape(t) + "$" for t in tags]
+
+
+AXES = list(AXIS_TAGS)
+
+
 # --- event files ---------------------------------------------------------------------------------
 
 
@@ -154,9 +166,11 @@ def test_scalars_one_event_per_check_equal_to_history(run, request):
     assert [r.step for r in monitor.history] == CHECK_STEPS
     written = set(acc.Tags()["scalars"])
     assert set(CORE_TAGS) <= written
-    # Every scalar of every report, and nothing else, is in the event file.
-    assert written == set(monitor.history[0].scalars)
-    for tag in written:
+    # Every scalar of every report, and nothing else but the charts' range, is in the event file.
+    assert written == set(monitor.history[0].scalars) | set(AXIS_TAGS)
+    for tag, value in AXIS_TAGS.items():
+        assert [(e.step, e.value) for e in acc.Scalars(tag)] == [(s, value) for s in CHECK_STEPS]
+    for tag in written - set(AXIS_TAGS):
         events = acc.Scalars(tag)
         assert [e.step for e in events] == CHECK_STEPS, tag
         for e, report in zip(events, monitor.history, strict=True):
@@ -217,17 +231,30 @@ def test_membership_pr_curve(plain):
 
 
 def test_custom_scalar_layout_without_accountant(plain):
+    # No accountant, no ceiling: the titles say what is drawn; each tag is matched exactly.
     charts = _layout(plain[2])
     assert charts == {
-        ("privacy", "loss histogram: advantage vs DP ceiling"): [
-            "privacy/loss/histogram/value",
-            "privacy/loss/histogram/lower",
-        ],
-        ("privacy", "loss kde: advantage vs DP ceiling"): [
-            "privacy/loss/kde/value",
-            "privacy/loss/kde/lower",
-        ],
+        ("privacy", "loss histogram: advantage estimate and certified lower bound"): _exactly(
+            "privacy/loss/histogram/value", "privacy/loss/histogram/lower", *AXES
+        ),
+        ("privacy", "loss kde: advantage estimate and certified lower bound"): _exactly(
+            "privacy/loss/kde/value", "privacy/loss/kde/lower", *AXES
+        ),
     }
+    written = plain[2].Tags()["scalars"]
+    for regexes in charts.values():  # TensorBoard matches each one at the start of a tag
+        matched = [t for t in written if any(re.match(r, t) for r in regexes)]
+        assert len(matched) == len(regexes)
+        assert not any(t.endswith("lower_check") for t in matched)
+
+
+def test_every_check_carries_its_run_id(plain):
+    monitor, _, acc = plain
+    events = acc.Tensors(RUN_ID_TAG + "/text_summary")
+    assert [e.step for e in events] == CHECK_STEPS
+    ids = {tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in events}
+    assert ids == {monitor.run_id} and len(monitor.run_id) == 32
+    assert list(acc.PluginTagToContent("text")) == [RUN_ID_TAG + "/text_summary"]
 
 
 def test_accountant_epsilon_ceilings_and_layout(dp):
@@ -259,16 +286,13 @@ def test_accountant_epsilon_ceilings_and_layout(dp):
     ceilings = ["privacy/ceiling/tanh", "privacy/ceiling/eps_delta"]
     for method in ("histogram", "kde"):
         b = f"privacy/loss/{method}"
-        assert charts[("privacy", f"loss {method}: advantage vs DP ceiling")] == [
-            f"{b}/value",
-            f"{b}/lower",
-            *ceilings,
-        ]
-    assert charts[("privacy", "epsilon: accountant vs measured lower bounds")] == [
+        title = f"loss {method}: advantage estimate and certified lower bound vs DP ceilings"
+        assert charts[("privacy", title)] == _exactly(f"{b}/value", f"{b}/lower", *ceilings, *AXES)
+    assert charts[("privacy", "epsilon: accountant vs measured lower bounds")] == _exactly(
         "privacy/epsilon",
         "privacy/loss/histogram/epsilon_lower_bound",
         "privacy/loss/kde/epsilon_lower_bound",
-    ]
+    )
 
 
 # --- a real TensorBoard server -------------------------------------------------------------------
@@ -352,12 +376,59 @@ def test_real_tensorboard_server_serves_our_scalars(server, plain, dp):
     eps = _series(port, "privacy/epsilon", "dp")
     assert [_f32(v) for _, _, v in eps] == [_f32(e) for e in dp[3]]
 
-    layout = _get(port, "/data/plugin/custom_scalars/layout")
-    charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
-    assert charts["loss histogram: advantage vs DP ceiling"][:2] == [
-        "privacy/loss/histogram/value",
-        "privacy/loss/histogram/lower",
-    ]
     pr_tags = _get(port, "/data/plugin/pr_curves/tags")
     assert "privacy/loss/membership_pr" in pr_tags["plain"]
     assert "privacy/loss/membership_pr" in pr_tags["dp"]
+
+
+def _chart(port, run, title):
+    """{tag: [values]} that the server gives a custom-scalar chart of ``run``, asked as the
+    dashboard asks: the chart's regular expressions joined into one."""
+    layout = _get(port, "/data/plugin/custom_scalars/layout")
+    charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
+    regexes = charts[title]
+    joined = regexes[0] if len(regexes) == 1 else "|".join(f"({r})" for r in regexes)
+    got = _get(port, "/data/plugin/custom_scalars/scalars", tag=joined, run=run)
+    assert got["regex_valid"]
+    return {tag: [v for _, _, v in events] for tag, events in got["tag_to_events"].items()}
+
+
+def _quantile(sorted_values, p):
+    """d3.quantile (the dashboard's): linear interpolation at (n - 1) p."""
+    h = (len(sorted_values) - 1) * p
+    i = math.floor(h)
+    lo, hi = sorted_values[i], sorted_values[min(i + 1, len(sorted_values) - 1)]
+    return lo + (hi - lo) * (h - i)
+
+
+def _y_extent_ignoring_outliers(values):
+    """The y-extent TensorBoard's line chart gives ``values`` with *Ignore outliers in chart
+    scaling* on (its default): the extent of the values between the 5 % and 95 % quantiles
+    (vz_line_chart2's ``extentOfValues``)."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    lo, hi = _quantile(finite, 0.05), _quantile(finite, 0.95)
+    kept = [v for v in finite if lo <= v <= hi]
+    return min(kept), max(kept)
+
+
+def test_real_tensorboard_server_draws_each_chart_whole(server, plain, dp):
+    # Each chart holds exactly its series (the server matches a chart's expressions at the start
+    # of a tag: unanchored, ".../lower" also drew ".../lower_check") and spans [0, 1] even with
+    # the dashboard's default outlier clipping, which cut the ends of the curves.
+    port, proc = server
+    _wait_for_tags(port, proc, ["plain", "dp"], [*CORE_TAGS, *AXES])
+    for run, fixture, against in (("plain", plain, ""), ("dp", dp, " vs DP ceilings")):
+        history = fixture[0].history
+        for method in ("histogram", "kde"):
+            b = f"privacy/loss/{method}"
+            title = f"loss {method}: advantage estimate and certified lower bound{against}"
+            chart = _chart(port, run, title)
+            drawn = [f"{b}/value", f"{b}/lower"]
+            if against:
+                drawn += ["privacy/ceiling/tanh", "privacy/ceiling/eps_delta"]
+            assert sorted(chart) == sorted([*drawn, *AXES]), title
+            for tag in drawn:
+                assert [_f32(v) for v in chart[tag]] == [_f32(r.scalars[tag]) for r in history]
+            values = [v for series in chart.values() for v in series]
+            assert _y_extent_ignoring_outliers(values) == (0.0, 1.0)
+            assert all(0.0 <= v <= 1.0 for v in values)

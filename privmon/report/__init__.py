@@ -17,13 +17,26 @@ HTML file with the plots embedded as base64 PNG (matplotlib, imported only here 
 
 Sources, in order: ``LOGDIR/checks.jsonl`` (written by :class:`~privmon.sinks.JsonlSink`; ``LOGDIR``
 may also be the ``.jsonl`` file itself), else the TensorBoard event files in ``LOGDIR`` or in the
-one direct sub-directory that holds privacy scalars (read with TensorBoard's
-``EventAccumulator``). Lines of the JSONL that repeat a step (a run resumed from a checkpoint
-re-runs the steps after it) are replaced by the later line. A last line with no newline that
-does not parse was cut off mid-write (a crash, a full disk): it is skipped and the page and the
-command say so. Any other line that is not a check (not UTF-8, not JSON, a field of the wrong
-type, a step outside [0, 2**63 - 1]) is an error naming the line and the field, never skipped:
-the verdict speaks for every check, and the one dropped could be the one that certifies leakage.
+one direct sub-directory that holds privacy scalars (read event by event).
+
+One run per report. Every line and event a monitor writes carries its run id
+(:attr:`Report.run_id`; a TensorBoard check a text summary before its figures); lines and event
+files written without one (by privmon before run ids) are one run, the *legacy* run. A source
+that holds several runs — a second run written into the same log directory later or at the same
+time — is never merged into one report: ``read_checks`` raises :class:`SeveralRunsError`, whose
+message names every run (its id, steps, and how many lines or checks it wrote), unless
+``run=`` (``privmon report --run``) picks one: an id or a unique prefix of one, ``"latest"``
+(the run that wrote last) or ``"legacy"``. The page and the command then say which runs were
+left out. Within one run, a step written again (a run resumed from a checkpoint re-runs the
+steps after it) replaces the earlier check.
+
+Damaged lines. What a crash leaves is skipped, and the page and the command say so: a last line
+with no newline that does not parse (cut off mid-write: a crash, a full disk), and a cut-off line
+that a resumed run's line was appended to on the same line (a :class:`~privmon.sinks.JsonlSink`
+before run ids did that; it now repairs such a last line before appending). Any other line that
+is not a check (not UTF-8, not JSON, a field of the wrong type, a step outside [0, 2**63 - 1])
+is an error naming the line and the field, never skipped: the verdict speaks for every check,
+and the one dropped could be the one that certifies leakage.
 
 The page is written to a temporary file beside the output path and renamed over it, so a failed
 write leaves the previous report whole; a symbolic link or a directory at the output path is
@@ -32,8 +45,9 @@ refused (the link and what it points to are left untouched).
 ROC — a decision, documented here: the JSON lines hold only scalar ROC figures (AUC, TPR at fixed
 FPRs of the threshold attack on the raw score). When TensorBoard event files sit beside the JSONL
 (``writer=`` and ``JsonlSink`` pointed at the same directory, the usual set-up) or are the source,
-the full ROC of the Bayes-rule attack at the last check is rebuilt from the monitor's membership PR
-curve (TP / FP / TN / FN per threshold of the per-record posterior). That posterior is fitted on
+the full ROC of the Bayes-rule attack at the last check is rebuilt from the same run's membership
+PR curve (TP / FP / TN / FN per threshold of the per-record posterior; the run is matched by its
+id). That posterior is fitted on
 the very records it scores, so the curve is in-sample and optimistic, like the plug-in W_N; the
 page says so. When no PR curve is available the ROC plot shows only the operating points the
 scalars give (TPR at each target FPR, with the AUC in the legend) and says that the curve is
@@ -49,12 +63,20 @@ together hold with probability ≥ 1 − δ), so one certificate at any check is
 
 Layout: :mod:`~privmon.report.check` (:class:`Report`), :mod:`~privmon.report.runs` (reading
 a run), :mod:`~privmon.report.verdict`, :mod:`~privmon.report.figures`, :mod:`~privmon.report.page`.
-Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT]`` (:mod:`privmon.cli`).
+Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``
+(:mod:`privmon.cli`).
 """
 
 from privmon.report.check import QueryResult, Report
 from privmon.report.page import REPORT_NAME, render_html, write_report
-from privmon.report.runs import JSONL_NAME, Checks, read_checks
+from privmon.report.runs import (
+    JSONL_NAME,
+    Checks,
+    RunInfo,
+    SeveralRunsError,
+    checks_from_reports,
+    read_checks,
+)
 from privmon.report.verdict import Verdict, verdict
 
 __all__ = [
@@ -63,7 +85,10 @@ __all__ = [
     "Checks",
     "QueryResult",
     "Report",
+    "RunInfo",
+    "SeveralRunsError",
     "Verdict",
+    "checks_from_reports",
     "read_checks",
     "render_html",
     "verdict",

@@ -13,10 +13,21 @@ import numpy as np
 from privmon.report.formatting import fmt
 from privmon.report.runs import RISK_TAG, ROC_TAG, Checks
 
-__all__ = ["plot_advantage", "plot_epsilon", "plot_risk", "plot_roc"]
+__all__ = ["advantage_figure", "plot_advantage", "plot_epsilon", "plot_risk", "plot_roc"]
+
+# one colour per line of the advantage chart: estimate and bound of each method, each ceiling
+_VALUE_COLORS = {"histogram": "#1f77b4", "kde": "#d62728"}
+_LOWER_COLORS = {"histogram": "#17becf", "kde": "#ff7f0e"}
+_CEILINGS = (
+    ("privacy/ceiling/tanh", ":", "#9467bd", "ε-DP ceiling (tanh)"),
+    ("privacy/ceiling/eps_delta", "-.", "#8c564b", "(ε, δ)-DP ceiling"),
+)
 
 
-_COLORS = {"histogram": "#1f77b4", "kde": "#d62728"}
+def _literal(text: str) -> str:
+    """``text`` as matplotlib shows it literally: a ``$`` would start mathtext (a query named
+    ``$x^$`` fails to draw); ``\\$`` is matplotlib's literal dollar."""
+    return text.replace("$", r"\$")
 
 
 def _figure(ncols: int = 1, width: float = 7.0, height: float = 3.6) -> tuple[Any, Any]:
@@ -37,30 +48,41 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plot_advantage(checks: Checks, q: str, floor: float | None) -> str:
+def _advantage_title(checks: Checks, q: str) -> str:
+    """What the advantage chart of ``q`` draws: the ceilings only when an accountant gave them."""
+    n_ceilings = sum(checks.has(tag) for tag, *_ in _CEILINGS)
+    against = f" vs DP ceiling{'s' if n_ceilings > 1 else ''}" if n_ceilings else ""
+    return f"{q}: advantage estimate and certified lower bound{against}"
+
+
+def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
+    """The matplotlib Figure of query ``q``'s advantage over the steps: each method's estimate
+    and certified lower bound, the DP ceilings when recorded and the trivial floor |2p − 1| when
+    above 0, each line in its own colour, on the fixed range [0, 1]."""
     fig, (ax,) = _figure()
     for m in checks.methods(q):
-        c = _COLORS.get(m, "k")
         s, v = checks.series(f"privacy/{q}/{m}/value")
-        ax.plot(s, v, "-o", color=c, ms=3, label=f"{m}: estimate (value)")
+        ax.plot(s, v, "-o", color=_VALUE_COLORS.get(m, "k"), ms=3, label=f"{m}: estimate (value)")
         s, v = checks.series(f"privacy/{q}/{m}/lower")
-        ax.plot(s, v, "--", color=c, label=f"{m}: certified lower bound")
-    for tag, style, label in (
-        ("privacy/ceiling/tanh", ":", "ε-DP ceiling (tanh)"),
-        ("privacy/ceiling/eps_delta", "-.", "(ε, δ)-DP ceiling"),
-    ):
+        ax.plot(s, v, "--", color=_LOWER_COLORS.get(m, "0.3"), label=f"{m}: certified lower bound")
+    for tag, style, color, label in _CEILINGS:
         s, v = checks.series(tag)
         if len(s):
-            ax.plot(s, v, style, color="k", label=label)
+            ax.plot(s, v, style, color=color, label=label)
     if floor is not None and floor > 1e-6:
         ax.axhline(floor, color="0.6", lw=1, label="trivial floor |2p − 1|")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("training step")
     ax.set_ylabel("optimal membership advantage")
-    ax.set_title(f"{q}: membership advantage vs DP ceiling")
+    ax.set_title(_literal(_advantage_title(checks, q)))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    return _png(fig)
+    return fig
+
+
+def plot_advantage(checks: Checks, q: str, floor: float | None) -> tuple[str, str]:
+    """The advantage chart of ``q`` (:func:`advantage_figure`) as base64 PNG, and its title."""
+    return _png(advantage_figure(checks, q, floor)), _advantage_title(checks, q)
 
 
 def plot_epsilon(checks: Checks) -> str:
@@ -70,7 +92,8 @@ def plot_epsilon(checks: Checks) -> str:
     for q in checks.queries():
         for m in checks.methods(q):
             s, v = checks.series(f"privacy/{q}/{m}/epsilon_lower_bound")
-            ax.plot(s, v, "--o", ms=3, label=f"ε lower bound ({q}, {m})")
+            ax.plot(s, v, "--o", ms=3, label=_literal(f"ε lower bound ({q}, {m})"))
+    ax.set_ylim(bottom=0.0)
     ax.set_xlabel("training step")
     ax.set_ylabel("ε")
     ax.set_title("ε: accountant vs measured lower bounds")
@@ -136,7 +159,7 @@ def plot_roc(checks: Checks, q: str) -> tuple[str, str]:
     ax.set_ylim(0, 1.01)
     ax.set_xlabel("false positive rate (symlog)")
     ax.set_ylabel("true positive rate")
-    ax.set_title(f"{q}: ROC at step {last['step']}")
+    ax.set_title(_literal(f"{q}: ROC at step {last['step']}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return _png(fig), caption
@@ -173,7 +196,7 @@ def plot_risk(checks: Checks, q: str) -> str | None:
     a1.set_ylim(-0.02, 1.02)
     a1.set_xlabel("training step")
     a1.set_ylabel("|f_p| of member records")
-    a1.set_title(f"{q}: per-record risk quantiles")
+    a1.set_title(_literal(f"{q}: per-record risk quantiles"))
     a1.grid(alpha=0.3)
     if quant:  # a legend without lines warns
         a1.legend(fontsize=7)
@@ -182,7 +205,7 @@ def plot_risk(checks: Checks, q: str) -> str | None:
         a2.plot(s, v, "-o", ms=3, label=f"risk > {tag.rsplit('_', 1)[1]}")
     a2.set_xlabel("training step")
     a2.set_ylabel("member records")
-    a2.set_title(f"{q}: records above each risk level")
+    a2.set_title(_literal(f"{q}: records above each risk level"))
     a2.grid(alpha=0.3)
     if counts:
         a2.legend(fontsize=7)

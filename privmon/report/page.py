@@ -192,7 +192,8 @@ def render_html(checks: Checks, title: str | None = None) -> str:
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         f'<p class="meta">Source: <code>{esc(checks.source)}</code> ({esc(checks.kind)}) · '
-        f"{len(checks.records)} checks"
+        + (f"run <code>{esc(checks.run_id)}</code> · " if checks.run_id else "")
+        + f"{len(checks.records)} checks"
         + (f", steps {checks.steps[0]}–{checks.steps[-1]}" if checks.records else "")
         + f" · generated {generated} by privmon</p>",
         f'<div class="verdict v-{v.level}"><h2>{esc(v.headline)}</h2>',
@@ -221,7 +222,7 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     )
     out.append("<h2>Advantage over training</h2>")
     for q in checks.queries():
-        out.append(_img(plot_advantage(checks, q, floor), f"{q}: advantage vs DP ceiling"))
+        out.append(_img(*plot_advantage(checks, q, floor)))
     if checks.has("privacy/epsilon"):
         out.append(_img(plot_epsilon(checks), "epsilon: accountant vs measured lower bounds"))
         out.append(f"<p class='caption'>{esc(EXCHANGEABILITY)}</p>")
@@ -260,14 +261,18 @@ def write_report(
     out: str | os.PathLike[str] | None = None,
     *,
     title: str | None = None,
+    run: str | None = None,
 ) -> str:
-    """Write the HTML report of the checks under ``logdir``; returns the path written.
+    """Write the HTML report of the checks of one run under ``logdir``; returns the path written.
 
     ``out`` defaults to ``LOGDIR/privacy_report.html`` (beside the ``.jsonl`` file when ``logdir``
-    is one). Raises FileNotFoundError when ``logdir`` holds neither ``checks.jsonl`` nor
-    TensorBoard privacy scalars, ImportError when matplotlib is missing.
+    is one). ``run`` picks the run when the source holds several (as in
+    :func:`~privmon.report.read_checks`). Raises FileNotFoundError when ``logdir`` holds neither
+    ``checks.jsonl`` nor TensorBoard privacy scalars, :class:`~privmon.report.SeveralRunsError`
+    (a ValueError) when it holds several runs and ``run`` is None, ImportError when matplotlib is
+    missing.
     """
-    return write_page(read_checks(logdir), logdir, out, title)
+    return write_page(read_checks(logdir, run=run), logdir, out, title)
 
 
 def write_page(
@@ -276,6 +281,8 @@ def write_page(
     out: str | os.PathLike[str] | None,
     title: str | None,
 ) -> str:
+    """Write the page of ``checks`` (read from ``logdir``) to ``out`` (default: beside the
+    source, :data:`REPORT_NAME`), atomically; returns the path written."""
     if out is None:
         base = os.fspath(logdir)
         folder = os.path.dirname(os.path.abspath(base)) if os.path.isfile(base) else base

@@ -1,5 +1,15 @@
 """Reading a run: the checks a :class:`~privmon.PrivacyMonitor` wrote, from its JSON lines or its
-TensorBoard event files, each line checked (see :mod:`privmon.report`)."""
+TensorBoard event files, each line checked, one run at a time (see :mod:`privmon.report`).
+
+Every line and event a monitor writes carries its run id (:attr:`privmon.report.Report.run_id`):
+a JSON line its ``run_id`` field, a TensorBoard check a text summary :data:`RUN_ID_TAG` written
+before its figures. Lines and event files without one (written by privmon before run ids) are
+one run, the *legacy* run. A source that holds several runs — a second run written later into
+the same log directory, or two written at the same time — is never merged into one report:
+:func:`read_checks` refuses it with :class:`SeveralRunsError`, which names the runs, unless
+``run=`` picks one. Within one run a step written again (a run resumed from a checkpoint re-runs
+the steps after it) replaces the earlier check.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +17,41 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ADVANTAGE_TAG", "JSONL_NAME", "RISK_TAG", "ROC_TAG", "Checks", "read_checks"]
+from privmon._validation import check_optional_str
+from privmon.report.check import Report
+
+__all__ = [
+    "ADVANTAGE_TAG",
+    "AXIS_TAGS",
+    "JSONL_NAME",
+    "RISK_TAG",
+    "ROC_TAG",
+    "RUN_ID_TAG",
+    "Checks",
+    "RunInfo",
+    "SeveralRunsError",
+    "checks_from_reports",
+    "read_checks",
+]
 
 JSONL_NAME = "checks.jsonl"
 """The JSON-lines file a :class:`~privmon.sinks.JsonlSink` writes in its log directory."""
+
+RUN_ID_TAG = "privacy/run_id"
+"""The text summary (``add_text``) a :class:`~privmon.sinks.TensorBoardSink` writes before each
+check's figures: the run's id. TensorBoard stores it under ``privacy/run_id/text_summary``."""
+
+AXIS_TAGS = {"privacy/axis/min": 0.0, "privacy/axis/max": 1.0}
+"""Constant series a :class:`~privmon.sinks.TensorBoardSink` writes at each check and puts on each
+advantage chart, so that the chart spans [0, 1]: TensorBoard's chart layout has no y-range, and
+its default outlier clipping (values outside the 5–95 % quantiles of a chart) would cut the
+curves' ends."""
 
 ADVANTAGE_TAG = re.compile(
     r"^privacy/(.+)/(histogram|kde)/"
@@ -24,6 +60,56 @@ ADVANTAGE_TAG = re.compile(
 RISK_TAG = re.compile(r"^privacy/(.+)/risk/(q\d+|max|n_above_[0-9.]+)$")
 ROC_TAG = re.compile(r"^privacy/(.+)/(auc|tpr@fpr=.+|accuracy_at_median)$")
 _PR_RE = re.compile(r"^privacy/(.+)/membership_pr$")
+_RUN_ID_EVENT = RUN_ID_TAG + "/text_summary"
+_LEGACY = ""  # the run id of lines and events written without one
+_LINE_START = re.compile(rb'\{"(?:run_id|step)":')  # how every line a JsonlSink writes begins
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run found in a source: its id (``""`` for the legacy run, written without one), how
+    many lines (JSON lines) or checks (TensorBoard) it wrote — a resumed run's repeats included —
+    and the range of its steps."""
+
+    run_id: str
+    n_written: int
+    first_step: int
+    last_step: int
+    unit: str  # "lines" or "checks"
+
+    @property
+    def label(self) -> str:
+        """The id, or ``legacy (no run id)``."""
+        return self.run_id or "legacy (no run id)"
+
+    def describe(self, *, latest: bool = False) -> str:
+        """``ID (steps A–B, N lines)``, with ``, the latest`` when ``latest``."""
+        steps = (
+            f"step {self.first_step}"
+            if self.first_step == self.last_step
+            else f"steps {self.first_step}–{self.last_step}"
+        )
+        unit = self.unit if self.n_written != 1 else self.unit.removesuffix("s")
+        return f"{self.label} ({steps}, {self.n_written} {unit}{', the latest' if latest else ''})"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+class SeveralRunsError(ValueError):
+    """A source holds several runs and none was picked: ``runs`` names them, oldest first (by
+    when each last wrote)."""
+
+    def __init__(self, source: str, runs: Sequence[RunInfo]) -> None:
+        self.source = source
+        self.runs = list(runs)
+        listed = "; ".join(r.describe(latest=i == len(runs) - 1) for i, r in enumerate(runs))
+        super().__init__(
+            f"{source} holds {len(runs)} runs, and privmon never merges two runs into one "
+            f"report: {listed}. Pick one with --run ID (read_checks(..., run=ID)): an id or a "
+            "unique prefix of one, 'latest' for the run that wrote last, 'legacy' for what was "
+            "written without a run id"
+        )
 
 
 @dataclass
@@ -31,12 +117,15 @@ class Checks:
     """The checks of one run, sorted by step (one record per step)."""
 
     source: str  # the file or directory read
-    kind: str  # "jsonl" or "tensorboard"
+    kind: str  # "jsonl", "tensorboard" or "reports" (in memory: checks_from_reports)
     records: list[dict[str, Any]]  # step, scalars, epsilon, dp_violation, top_records, messages
     # query -> (step, fpr, tpr) of the ROC at the last check, when a PR curve was found
     roc: dict[str, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     skipped_line: int | None = None  # the JSONL's last line, when it was cut off mid-write
+    torn_lines: list[int] = field(default_factory=list)  # lines that begin with a cut-off line
+    run_id: str = _LEGACY  # the run reported ("" for the legacy run)
+    other_runs: list[RunInfo] = field(default_factory=list)  # runs in the source left out
 
     @property
     def steps(self) -> list[int]:
@@ -82,8 +171,83 @@ class Checks:
         return any(tag in r["scalars"] for r in self.records)
 
 
+class _ByRun:
+    """What a source holds, per run id: one entry per step (a later check at a step replaces the
+    earlier one), how many lines or checks each run wrote, and when each last wrote."""
+
+    def __init__(self, unit: str) -> None:
+        self.unit = unit
+        self.steps: dict[str, dict[int, Any]] = {}
+        self.written: dict[str, int] = {}
+        self.last: dict[str, float] = {}  # a line number or a wall time
+
+    def put(self, run_id: str, step: int, entry: Any, when: float) -> None:
+        """A new check of ``run_id`` at ``step``: it replaces any earlier one there."""
+        self.steps.setdefault(run_id, {})[step] = entry
+        self.written[run_id] = self.written.get(run_id, 0) + 1
+        self.seen(run_id, when)
+
+    def seen(self, run_id: str, when: float) -> None:
+        self.last[run_id] = max(self.last.get(run_id, when), when)
+
+    def infos(self) -> list[RunInfo]:
+        """The runs, oldest first (by when each last wrote)."""
+        return [
+            RunInfo(
+                run_id,
+                # legacy TensorBoard files mark no check: count their steps
+                self.written.get(run_id) or len(by_step),
+                min(by_step),
+                max(by_step),
+                self.unit,
+            )
+            for run_id, by_step in sorted(self.steps.items(), key=lambda kv: self.last[kv[0]])
+            if by_step
+        ]
+
+    def entries(self, run_id: str) -> list[Any]:
+        """The run's entries, by step."""
+        by_step = self.steps.get(run_id, {})
+        return [by_step[s] for s in sorted(by_step)]
+
+
+def _pick(source: str, runs: Sequence[RunInfo], run: str | None) -> str:
+    """The id of the run to report: the only one, or the one ``run`` names (an id or a unique
+    prefix of one, "latest", "legacy"); SeveralRunsError when several and none named."""
+    if run is None:
+        if len(runs) > 1:
+            raise SeveralRunsError(source, runs)
+        return runs[0].run_id if runs else _LEGACY
+    if run == "latest":
+        return runs[-1].run_id if runs else _LEGACY
+    if run == "legacy":
+        matches = [r for r in runs if not r.run_id]
+    else:
+        matches = [r for r in runs if r.run_id.startswith(run) and r.run_id]
+        exact = [r for r in matches if r.run_id == run]
+        matches = exact or matches
+    if len(matches) != 1:
+        held = "; ".join(str(r) for r in runs) if runs else "no checks"
+        what = "matches no run" if not matches else "is the prefix of several runs"
+        raise ValueError(f"run {run!r} {what} of {source}, which holds: {held}")
+    return matches[0].run_id
+
+
+def _left_out(source: str, runs: Sequence[RunInfo], chosen: str) -> tuple[list[RunInfo], list[str]]:
+    """The runs left out of the report and the note that says so."""
+    others = [r for r in runs if r.run_id != chosen]
+    if not others:
+        return [], []
+    kept = next((r for r in runs if r.run_id == chosen), None)
+    return others, [
+        f"{source} holds {len(runs)} runs; this report covers only "
+        f"{kept if kept is not None else repr(chosen)}. Left out, never merged into it: "
+        + "; ".join(str(r) for r in others)
+        + "."
+    ]
+
+
 _MAX_STEP = 2**63 - 1  # steps are plotted as int64
-_RESUMED = re.compile(r'\{"step":')
 
 
 class _BadLine(ValueError):
@@ -134,6 +298,9 @@ def _check_record(obj: Any) -> dict[str, Any]:
     ``privmon.report.Report.to_json``; other keys are ignored)."""
     if not isinstance(obj, dict):
         raise _BadLine(f"a check must be a JSON object, got {type(obj).__name__}")
+    run_id = obj.get("run_id", _LEGACY)  # lines written before run ids: the legacy run
+    if not isinstance(run_id, str):
+        raise _BadLine(f"run_id must be a string, got {_shown(run_id)}")
     if "step" not in obj:
         raise _BadLine("step is missing")
     step = obj["step"]
@@ -160,6 +327,7 @@ def _check_record(obj: Any) -> dict[str, Any]:
     if not all(isinstance(m, str) for m in messages):
         raise _BadLine(f"messages must be a list of strings, got {_shown(messages)}")
     return {
+        "run_id": run_id,
         "step": step,
         "scalars": scalars,
         "epsilon": None if eps is None else _number_or_null(eps, "epsilon"),
@@ -185,44 +353,63 @@ def _parse_line(raw: bytes) -> Any:
     except RecursionError:  # nested too deep for the parser
         raise _BadLine("not valid JSON (nested too deep)") from None
     except ValueError as err:
-        hint = ""
-        if len(_RESUMED.findall(text)) > 1:
-            hint = (
-                "; it holds the start of a line cut off mid-write and, after it, a whole line "
-                "written when the run was resumed: delete the cut-off part"
-            )
-        raise _BadLine(f"not valid JSON ({err}){hint}") from None
+        raise _BadLine(f"not valid JSON ({err})") from None
 
 
-def _read_jsonl(path: str) -> tuple[list[dict[str, Any]], int | None]:
-    """The check records of a JSON-lines file (one per step: a later line for a step wins, as in
-    a resumed run) and the number of the line skipped, if any.
+def _after_torn_start(raw: bytes) -> Any:
+    """The JSON object of the whole line that follows a line cut off mid-write on the same line,
+    or None. A JsonlSink before this version appended a resumed run's lines right after a cut-off
+    last line: both parts begin as every line it writes does, and only the second parses."""
+    if not _LINE_START.match(raw):
+        return None
+    for start in _LINE_START.finditer(raw, 1):
+        try:
+            value = _parse_line(raw[start.start() :])
+        except _BadLine:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
 
-    Only a last line with no newline that does not parse is skipped: the writer was interrupted
-    mid-line (a crash, a full disk). Any other bad line is an error naming the line and the
-    field, never skipped: the verdict is a statement about every check, and a dropped check
-    could be the one that certifies leakage.
+
+@dataclass
+class _Lines:
+    runs: _ByRun
+    skipped: int | None  # the last line, cut off mid-write
+    torn: list[int]  # lines that begin with a line cut off mid-write
+
+
+def _read_jsonl(path: str) -> _Lines:
+    """The check records of a JSON-lines file, per run.
+
+    Only what a crash leaves is skipped: a last line with no newline that does not parse (the
+    writer was interrupted mid-line), and a cut-off line that a resumed run's line was appended
+    to. Any other bad line is an error naming the line and the field, never skipped: the
+    verdict is a statement about every check, and a dropped check could be the one that
+    certifies leakage.
     """
-    by_step: dict[int, dict[str, Any]] = {}
-    skipped = None
+    runs = _ByRun("lines")
+    skipped, torn = None, []
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            cut_off = not raw.endswith(b"\n")  # only the last line can lack its newline
             try:
                 obj = _parse_line(raw)
             except _BadLine as err:
-                if cut_off:
+                obj = _after_torn_start(raw)
+                if obj is not None:
+                    torn.append(lineno)
+                elif not raw.endswith(b"\n"):  # only the last line can lack its newline
                     skipped = lineno
                     continue
-                raise ValueError(f"{path}, line {lineno}: {err}") from None
+                else:
+                    raise ValueError(f"{path}, line {lineno}: {err}") from None
             try:
                 record = _check_record(obj)
             except _BadLine as err:
                 raise ValueError(f"{path}, line {lineno}: {err}") from None
-            by_step[record["step"]] = record  # a later line for the same step wins
-    return [by_step[s] for s in sorted(by_step)], skipped
+            runs.put(record["run_id"], record["step"], record, lineno)
+    return _Lines(runs, skipped, torn)
 
 
 def _event_dirs(root: str) -> list[str]:
@@ -233,85 +420,147 @@ def _event_dirs(root: str) -> list[str]:
         candidates += sorted(e.path for e in os.scandir(root) if e.is_dir())
     except OSError:
         pass
-    out = []
-    for d in candidates:
-        try:
-            if any("tfevents" in e.name and e.is_file() for e in os.scandir(d)):
-                out.append(d)
-        except OSError:
-            continue
-    return out
+    return [d for d in candidates if _event_files(d)]
 
 
-def _accumulator(path: str, scalars: bool) -> Any:
-    from tensorboard.backend.event_processing import event_accumulator as ea
-
-    guidance = {
-        ea.SCALARS: 0 if scalars else 1,
-        ea.TENSORS: 0,
-        ea.HISTOGRAMS: 1,
-        ea.COMPRESSED_HISTOGRAMS: 1,
-        ea.IMAGES: 1,
-        ea.AUDIO: 1,
-    }
-    acc = ea.EventAccumulator(path, size_guidance=guidance)
-    acc.Reload()
-    return acc
+def _event_files(folder: str) -> list[str]:
+    """The event files in ``folder``, in name order (TensorBoard's: by creation time)."""
+    try:
+        return sorted(e.path for e in os.scandir(folder) if "tfevents" in e.name and e.is_file())
+    except OSError:
+        return []
 
 
-def _privacy_scalar_tags(acc: Any) -> list[str]:
-    return [t for t in acc.Tags().get("scalars", []) if t.startswith("privacy/")]
+def _roc(tp_fp_tn_fn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fpr, tpr) of a membership PR curve's counts, from (0, 0) to (1, 1)."""
+    tp, fp, tn, fn = tp_fp_tn_fn[:4].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpr = tp / (tp + fn)
+        fpr = fp / (fp + tn)
+    keep = np.isfinite(tpr) & np.isfinite(fpr)
+    fpr = np.concatenate([[0.0], fpr[keep][::-1], [1.0]])
+    tpr = np.concatenate([[0.0], tpr[keep][::-1], [1.0]])
+    order = np.lexsort((tpr, fpr))
+    return fpr[order], tpr[order]
 
 
-def _records_from_events(acc: Any) -> list[dict[str, Any]]:
-    by_step: dict[int, dict[str, float]] = {}
-    for tag in _privacy_scalar_tags(acc):
-        for e in acc.Scalars(tag):
-            by_step.setdefault(int(e.step), {})[tag] = float(e.value)
-    records = []
-    for step in sorted(by_step):
-        s = by_step[step]
-        eps = s.get("privacy/epsilon")
-        records.append(
+class _Events:
+    """The privacy figures of the event files in one directory, per run: each file's events
+    belong to the run named by the last run-id summary before them in that file (events before
+    any: the legacy run)."""
+
+    def __init__(self, folder: str) -> None:
+        from tensorboard.backend.event_processing.event_file_loader import (
+            LegacyEventFileLoader,
+        )
+        from tensorboard.util import tensor_util
+
+        self.folder = folder
+        self.runs = _ByRun("checks")  # step -> {tag: value}
+        # run -> query -> (step, wall time, counts) of its latest membership PR curve
+        self.pr: dict[str, dict[str, tuple[int, float, np.ndarray]]] = {}
+        for path in _event_files(folder):
+            current = _LEGACY
+            # the raw events, as written: a truncated last record ends the file quietly
+            for event in LegacyEventFileLoader(path).Load():
+                step, when = int(event.step), float(event.wall_time)
+                for value in event.summary.value:
+                    tag = value.tag
+                    if tag == _RUN_ID_EVENT:
+                        ids = value.tensor.string_val
+                        current = ids[0].decode("utf-8", "replace") if ids else _LEGACY
+                        self.runs.put(current, step, {}, when)  # a check begins
+                    elif value.HasField("simple_value"):
+                        if tag.startswith("privacy/") and tag not in AXIS_TAGS:
+                            by_step = self.runs.steps.setdefault(current, {})
+                            by_step.setdefault(step, {})[tag] = float(value.simple_value)
+                            self.runs.seen(current, when)
+                    elif (m := _PR_RE.match(tag)) is not None and value.HasField("tensor"):
+                        kept = self.pr.setdefault(current, {})
+                        old = kept.get(m.group(1))
+                        if old is None or (step, when) >= old[:2]:
+                            counts = tensor_util.make_ndarray(value.tensor)
+                            kept[m.group(1)] = (step, when, counts)
+
+    def has_figures(self) -> bool:
+        """Whether any run here wrote privacy scalars."""
+        return any(any(s.values()) for s in self.runs.steps.values())
+
+    def records(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's checks, as the JSON lines' records (no top records: not in event files)."""
+        return [
             {
+                "run_id": run_id,
                 "step": step,
                 "scalars": s,
-                "epsilon": eps,
+                "epsilon": s.get("privacy/epsilon"),
                 "dp_violation": s.get("privacy/dp_violation", 0.0) >= 0.5,
                 "top_records": {},
+                "top_risks": {},
+                "top_tied": {},
                 "messages": [],
                 "seconds": math.nan,
             }
+            for step, s in sorted(self.runs.steps.get(run_id, {}).items())
+        ]
+
+    def roc(self, run_id: str) -> dict[str, tuple[int, float, np.ndarray, np.ndarray]]:
+        """query -> (step, wall time, fpr, tpr) of the run's last membership PR curve."""
+        return {
+            q: (step, when, *_roc(counts))
+            for q, (step, when, counts) in self.pr.get(run_id, {}).items()
+        }
+
+
+def _roc_beside(
+    event_dirs: Sequence[str], run_id: str, notes: list[str]
+) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
+    """The ROC curves of run ``run_id`` from the membership PR curves in ``event_dirs`` (the
+    event files beside the JSON lines); a note when they hold PR curves of other runs only, or
+    of the legacy run in several directories (which one belongs to the lines is ambiguous)."""
+    found = [(d, events.roc(run_id), events) for d in event_dirs for events in [_Events(d)]]
+    mine = [(d, roc) for d, roc, _ in found if roc]
+    if run_id == _LEGACY and len(mine) > 1:
+        notes.append(
+            "Several TensorBoard runs under the log directory hold membership PR curves "
+            f"({', '.join(d for d, _ in mine)}); which one belongs to the JSON lines is "
+            "ambiguous, so the ROC shows only the operating points of the JSON lines."
         )
-    return records
+        return {}
+    if not mine:
+        others = sorted({r or "legacy" for _, _, ev in found for r, by_q in ev.pr.items() if by_q})
+        if others:
+            notes.append(
+                "The TensorBoard event files beside the JSON lines hold membership PR curves of "
+                f"other runs only ({', '.join(others)}), so the ROC shows only the operating "
+                "points of the JSON lines."
+            )
+        return {}
+    latest: dict[str, tuple[int, float, np.ndarray, np.ndarray]] = {}
+    for _, roc in mine:  # one run in several directories: its latest curve per query
+        for q, curve in roc.items():
+            if q not in latest or curve[:2] >= latest[q][:2]:
+                latest[q] = curve
+    return {q: (step, fpr, tpr) for q, (step, _, fpr, tpr) in latest.items()}
 
 
-def _roc_from_events(acc: Any) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
-    from tensorboard.util import tensor_util
+def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Checks:
+    """The checks of one run that a monitor wrote under ``logdir`` (the sources are in the
+    :mod:`privmon.report` docstring).
 
-    out = {}
-    for tag in acc.Tags().get("tensors", []):
-        m = _PR_RE.match(tag)
-        if not m:
-            continue
-        events = acc.Tensors(tag)
-        if not events:
-            continue
-        last = max(events, key=lambda e: (e.step, e.wall_time))
-        tp, fp, tn, fn = tensor_util.make_ndarray(last.tensor_proto)[:4].astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpr = tp / (tp + fn)
-            fpr = fp / (fp + tn)
-        keep = np.isfinite(tpr) & np.isfinite(fpr)
-        fpr = np.concatenate([[0.0], fpr[keep][::-1], [1.0]])
-        tpr = np.concatenate([[0.0], tpr[keep][::-1], [1.0]])
-        order = np.lexsort((tpr, fpr))
-        out[m.group(1)] = (int(last.step), fpr[order], tpr[order])
-    return out
+    Args:
+        logdir: the monitor's log directory, or its JSON-lines file.
+        run: which run to read when the source holds several: a run id or a unique prefix of
+            one, ``"latest"`` (the run that wrote last) or ``"legacy"`` (what was written
+            without a run id). None reads the only run.
 
-
-def read_checks(logdir: str | os.PathLike[str]) -> Checks:
-    """The checks a monitor wrote under ``logdir`` (see the module docstring for the sources)."""
+    Raises:
+        SeveralRunsError (a ValueError): several runs and ``run`` is None; the message names
+            them (ids, steps, lines or checks).
+        ValueError: a line that is not a check, or ``run`` that names no run.
+        FileNotFoundError: no JSON lines and no TensorBoard privacy scalars.
+    """
+    run = check_optional_str(run, name="run")
     logdir = os.fspath(logdir)
     if not os.path.exists(logdir):
         raise FileNotFoundError(f"logdir {logdir!r} does not exist")
@@ -325,56 +574,75 @@ def read_checks(logdir: str | os.PathLike[str]) -> Checks:
     event_dirs = _event_dirs(root)
     notes: list[str] = []
     if jsonl is not None:
-        records, skipped = _read_jsonl(jsonl)
-        if skipped is not None:
+        lines = _read_jsonl(jsonl)
+        if lines.skipped is not None:
             notes.append(
-                f"Line {skipped} of {jsonl}, the last, was cut off mid-write (the run was "
+                f"Line {lines.skipped} of {jsonl}, the last, was cut off mid-write (the run was "
                 "interrupted while writing it) and is skipped: the report covers the checks "
                 "before it."
             )
-        checks = Checks(
-            source=jsonl, kind="jsonl", records=records, notes=notes, skipped_line=skipped
-        )
-        # ROC curves from a PR curve beside the JSONL, when exactly one event directory has them.
-        with_pr = []
-        for d in event_dirs:
-            acc = _accumulator(d, scalars=False)
-            roc = _roc_from_events(acc)
-            if roc:
-                with_pr.append((d, roc))
-        if len(with_pr) == 1:
-            checks.roc = with_pr[0][1]
-        elif len(with_pr) > 1:
+        for lineno in lines.torn:
             notes.append(
-                "Several TensorBoard runs under the log directory hold membership PR curves "
-                f"({', '.join(d for d, _ in with_pr)}); which one belongs to the JSON lines is "
-                "ambiguous, so the ROC shows only the operating points of the JSON lines."
+                f"Line {lineno} of {jsonl} begins with a line cut off mid-write (a run "
+                "interrupted while writing it, then resumed in append mode by an older privmon): "
+                "the cut-off part is skipped, the check after it on that line is read."
             )
-        return checks
-    runs = []
-    for d in event_dirs:
-        acc = _accumulator(d, scalars=True)
-        if _privacy_scalar_tags(acc):
-            runs.append((d, acc))
-    if not runs:
+        infos = lines.runs.infos()
+        chosen = _pick(jsonl, infos, run)
+        others, left_out = _left_out(jsonl, infos, chosen)
+        notes += left_out
+        return Checks(
+            source=jsonl,
+            kind="jsonl",
+            records=lines.runs.entries(chosen),
+            roc=_roc_beside(event_dirs, chosen, notes),
+            notes=notes,
+            skipped_line=lines.skipped,
+            torn_lines=lines.torn,
+            run_id=chosen,
+            other_runs=others,
+        )
+    with_figures = [events for d in event_dirs if (events := _Events(d)).has_figures()]
+    if not with_figures:
         raise FileNotFoundError(
             f"no {JSONL_NAME} and no TensorBoard privacy scalars under {logdir!r}: point privmon "
             "report at the directory given to PrivacyMonitor(writer=...) or at a JsonlSink's file"
         )
-    if len(runs) > 1:
+    if len(with_figures) > 1:
         raise ValueError(
             "several TensorBoard runs with privacy scalars under "
-            f"{logdir!r}: {[d for d, _ in runs]}; pass one of them"
+            f"{logdir!r}: {[e.folder for e in with_figures]}; pass one of them"
         )
-    d, acc = runs[0]
+    events = with_figures[0]
+    infos = events.runs.infos()
+    chosen = _pick(events.folder, infos, run)
+    others, left_out = _left_out(events.folder, infos, chosen)
+    notes += left_out
     notes.append(
         "Read from TensorBoard event files: the indices of the most exposed records are not "
         f"recorded there (add privmon.sinks.JsonlSink('{JSONL_NAME}') to the monitor's sinks)."
     )
     return Checks(
-        source=d,
+        source=events.folder,
         kind="tensorboard",
-        records=_records_from_events(acc),
-        roc=_roc_from_events(acc),
+        records=events.records(chosen),
+        roc={q: (step, fpr, tpr) for q, (step, _, fpr, tpr) in events.roc(chosen).items()},
         notes=notes,
+        run_id=chosen,
+        other_runs=others,
     )
+
+
+def checks_from_reports(reports: Iterable[Report], *, source: str = "memory") -> Checks:
+    """The checks of one run held in memory (a monitor's ``history``, a sink's reports), read as
+    the JSON lines of the same reports would be: the verdict and the page without files.
+    Reports of several runs raise :class:`SeveralRunsError`, as :func:`read_checks` does."""
+    runs = _ByRun("checks")
+    for i, report in enumerate(reports):
+        try:
+            record = _check_record(report.to_json())
+        except _BadLine as err:
+            raise ValueError(f"{source}, report {i} (step {report.step}): {err}") from None
+        runs.put(record["run_id"], record["step"], record, i)
+    chosen = _pick(source, runs.infos(), None)
+    return Checks(source=source, kind="reports", records=runs.entries(chosen), run_id=chosen)

@@ -13,6 +13,12 @@ Or name the run and the tracking server explicitly:
 ``MlflowSink(run_id=run.info.run_id, tracking_uri="sqlite:///mlflow.db")``. The sink never starts
 or ends a run: the run belongs to the caller.
 
+The MLflow run is tagged ``privmon.run_id`` with the monitor's run id
+(:attr:`privmon.report.Report.run_id`). MLflow keeps every value logged at a step, so two
+privmon runs logged into one MLflow run cannot be told apart afterwards: when the tag already
+names another privmon run, the sink logs a warning naming both (start one MLflow run per
+monitor run).
+
 MLflow metric names allow letters, digits and ``_ - . : / space`` only, so a tag such as
 ``privacy/loss/tpr@fpr=0.01`` is logged as ``privacy/loss/tpr_at_fpr_0.01`` (:func:`mlflow_key`).
 NaN / infinite values are left out. ``mlflow`` (or ``mlflow-skinny``) is imported at the first
@@ -23,6 +29,7 @@ works; MLflow 3 keeps the plain file store (``file:///…/mlruns``) behind
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any
@@ -31,9 +38,14 @@ from privmon._validation import check_optional_str
 from privmon.report import Report
 from privmon.sinks.base import finite_scalars
 
-__all__ = ["MlflowSink", "mlflow_key"]
+__all__ = ["RUN_ID_TAG", "MlflowSink", "mlflow_key"]
+
+RUN_ID_TAG = "privmon.run_id"
+"""The MLflow run tag that names the privmon run logging into it."""
 
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
+
+logger = logging.getLogger("privmon")
 
 
 def mlflow_key(tag: str) -> str:
@@ -56,6 +68,7 @@ class MlflowSink:
         self.run_id = check_optional_str(run_id, name="run_id")
         self.tracking_uri = check_optional_str(tracking_uri, name="tracking_uri")
         self._client: Any = None
+        self._tagged: dict[str, str] = {}  # MLflow run -> the privmon run id tagged on it
 
     def _mlflow(self) -> Any:
         try:
@@ -82,10 +95,24 @@ class MlflowSink:
         return self._client, run_id
 
     def write(self, report: Report) -> None:
-        """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000)."""
+        """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000); at
+        a run's first report, tag the MLflow run with its run id (:data:`RUN_ID_TAG`)."""
         from mlflow.entities import Metric
 
         client, run_id = self._target()
+        if report.run_id and self._tagged.get(run_id) != report.run_id:
+            before = client.get_run(run_id).data.tags.get(RUN_ID_TAG)
+            if before is not None and before != report.run_id:
+                logger.warning(
+                    "privmon: MLflow run %s already holds the figures of privmon run %s; run %s "
+                    "is logged into it too, at the same steps, and MLflow cannot tell them "
+                    "apart: start one MLflow run per monitor run",
+                    run_id,
+                    before,
+                    report.run_id,
+                )
+            client.set_tag(run_id, RUN_ID_TAG, report.run_id)
+            self._tagged[run_id] = report.run_id
         now = int(time.time() * 1000)
         metrics = [
             Metric(mlflow_key(tag), value, now, int(report.step))

@@ -1,17 +1,31 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
-classifier, and a custom-scalar layout that puts the advantage, its certified lower bound and the
-DP ceilings on one chart."""
+classifier, the run id of every check, and a custom-scalar layout that puts the advantage, its
+certified lower bound and (with an accountant) the DP ceilings on one chart per query and method.
+
+What TensorBoard's *Custom Scalars* charts can and cannot be told (its ``layout_pb2``): a chart
+has a title and either a list of tag regular expressions (multiline) or value / lower / upper
+series (margin); no colour and no y-range. The dashboard colours every line by its *run* (the
+log directory), so the lines of one run share a colour and are told apart by their names (hover,
+or the chart's list of matches); the HTML report (``privmon report``) draws them in distinct
+colours. The server matches each regular expression at the start of a tag, so the layout anchors
+every tag (``…/lower`` would otherwise match ``…/lower_check`` too). The y-range is pinned to
+[0, 1] by two constant series on each advantage chart (:data:`~privmon.report.runs.AXIS_TAGS`):
+the dashboard's default outlier clipping keeps only the 5–95 % quantiles of a chart's values,
+and would cut the curves' ends.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 import numpy as np
 
 from privmon._validation import check_writable_dir
 from privmon.report import Report
+from privmon.report.runs import AXIS_TAGS, RUN_ID_TAG
 from privmon.sinks.base import Backlog
 
 __all__ = ["TensorBoardSink"]
@@ -57,18 +71,21 @@ class TensorBoardSink:
         ceilings = [
             t for t in ("privacy/ceiling/tanh", "privacy/ceiling/eps_delta") if t in report.scalars
         ]
+        # the title says what is drawn: ceilings only when an accountant gave them
+        against = f" vs DP ceiling{'s' if len(ceilings) > 1 else ''}" if ceilings else ""
         for qname, q in report.queries.items():
             for method in q.estimates:
                 base = f"privacy/{qname}/{method}"
                 # figures whose meaning holds: the estimate, the run-level certified bound and
                 # the ceilings (the plug-in figures are biased up and bound nothing)
-                tags = [f"{base}/value", f"{base}/lower", *ceilings]
-                charts[f"{qname} {method}: advantage vs DP ceiling"] = ["Multiline", tags]
+                tags = [f"{base}/value", f"{base}/lower", *ceilings, *AXIS_TAGS]
+                title = f"{qname} {method}: advantage estimate and certified lower bound{against}"
+                charts[title] = ["Multiline", [_exactly(t) for t in tags]]
         if "privacy/epsilon" in report.scalars:
             charts["epsilon: accountant vs measured lower bounds"] = [
                 "Multiline",
-                ["privacy/epsilon"]
-                + [t for t in report.scalars if t.endswith("epsilon_lower_bound")],
+                [_exactly("privacy/epsilon")]
+                + [_exactly(t) for t in report.scalars if t.endswith("epsilon_lower_bound")],
             ]
         self.writer.add_custom_scalars({"privacy": charts})
         self._layout_written = True
@@ -86,9 +103,10 @@ class TensorBoardSink:
         self._writer, self._owned, self._failed = None, True, False
 
     def write(self, report: Report) -> None:
-        """Write the report's scalars at its step, each query's member risks as a histogram and
-        its posteriors as a membership PR curve; the first report also writes the Custom
-        Scalars layout (each advantage with its lower bound and the DP ceilings on one chart).
+        """Write the report's run id (a text summary, :data:`~privmon.report.runs.RUN_ID_TAG`)
+        and scalars at its step, each query's member risks as a histogram and its posteriors as
+        a membership PR curve; the first report also writes the Custom Scalars layout (each
+        advantage with its lower bound, and the DP ceilings when there are, on one chart).
         Reports a write fault kept back are written first, into a new event file."""
         if self._failed:
             self._reopen()
@@ -102,8 +120,14 @@ class TensorBoardSink:
         if not self._layout_written:
             self._layout(report)
         w, step = self.writer, report.step
+        # first the run id: every figure after it in this file belongs to that run
+        # (privmon.report.read_checks separates runs by it)
+        w.add_text(RUN_ID_TAG, report.run_id, step)
         for tag, value in report.scalars.items():
             w.add_scalar(tag, value, step)
+        if any(q.estimates for q in report.queries.values()):
+            for tag, value in AXIS_TAGS.items():
+                w.add_scalar(tag, value, step)
         for qname, q in report.queries.items():
             if q.member_risk is not None and np.isfinite(q.member_risk).any():
                 risk = q.member_risk[np.isfinite(q.member_risk)]
@@ -125,3 +149,9 @@ class TensorBoardSink:
             self._writer.close()
         else:
             self._writer.flush()
+
+
+def _exactly(tag: str) -> str:
+    """A layout regular expression that matches ``tag`` and nothing else (TensorBoard matches
+    a chart's expressions at the start of each tag)."""
+    return re.escape(tag) + "$"

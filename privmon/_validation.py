@@ -357,6 +357,16 @@ def check_not_label_order(member_scores: Any, nonmember_scores: Any, *, fn: str)
     )
 
 
+def _is_complex(values: Any) -> bool:
+    """Whether ``values`` (a tensor, an array or nested sequences) holds complex numbers."""
+    if isinstance(values, torch.Tensor):
+        return values.is_complex()
+    try:
+        return bool(np.iscomplexobj(np.asarray(values)))
+    except (TypeError, ValueError):  # ragged or not numeric: the conversion below says so
+        return False
+
+
 def as_scores(
     scores: Any, *, name: str, device: torch.device | None = None, drop: bool = True
 ) -> tuple[torch.Tensor, int]:
@@ -368,6 +378,8 @@ def as_scores(
     ``drop=False`` keeps every row (for per-record outputs that must stay aligned with the input)
     and still returns how many rows are not finite.
     """
+    if _is_complex(scores):  # casting would silently drop the imaginary parts
+        raise ValueError(f"{name} must be real numbers, got complex values")
     if isinstance(scores, torch.Tensor):
         t = scores.detach()
     else:
@@ -378,8 +390,6 @@ def as_scores(
         t = torch.from_numpy(np.ascontiguousarray(arr))  # views with negative strides too
     if device is not None:
         t = t.to(device)
-    if t.is_complex() or t.dtype == torch.bool:
-        t = t.real if t.is_complex() else t
     t = t.to(torch.float64)
     if t.ndim == 1:
         t = t.unsqueeze(1)

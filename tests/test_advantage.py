@@ -511,6 +511,8 @@ def test_bad_prior_or_delta(arg, bad):
         (np.zeros((4, 2, 2)), GOOD_H, "member_scores"),
         (["a", "b"], GOOD_H, "member_scores"),
         (np.zeros((4, 0)), GOOD_H, "member_scores"),
+        (np.ones(4) + 1j, GOOD_H, "member_scores must be real"),
+        (GOOD_M, torch.ones(4, dtype=torch.complex64), "nonmember_scores must be real"),
     ],
 )
 def test_bad_scores(m, h, name):

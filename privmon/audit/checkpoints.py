@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -53,7 +52,7 @@ def qualified_name(fn: Any) -> str:
 
 
 def _shown(value: str) -> str:
-    return f"{value[:12]}..." if re.fullmatch(r"[0-9a-f]{64}", value) else repr(value)
+    return f"'{value[:12]}...'" if re.fullmatch(r"[0-9a-f]{64}", value) else repr(value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -69,6 +68,8 @@ def _difference(key: str, saved: Any, wanted: Any) -> str:
             n = int((saved.cpu() != wanted.cpu()).sum())
             return f"its {key} differs in {n} of {wanted.numel()} entries"
         return f"its {key} has shape {tuple(saved.shape)}, here {tuple(wanted.shape)}"
+    if isinstance(saved, str) and isinstance(wanted, str):
+        return f"its {key} is {_shown(saved)}, here {_shown(wanted)}"
     return f"its {key} is {saved!r}, here {wanted!r}"
 
 
@@ -126,7 +127,7 @@ class CheckpointFolder:
         path = self.path(i)
         try:
             record = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        except Exception as err:  # a damaged file fails anywhere in the unpickler
             raise ValueError(
                 f"{self.what}: checkpoint_dir file {path} cannot be read "
                 f"({type(err).__name__}: {str(err).splitlines()[0]}); remove it and that "

@@ -36,9 +36,17 @@ running stats: ``vmap`` cannot update them in place); such models train with ``s
 one by one with the same protocol, their global RNGs seeded with ``s_i`` for the whole training.
 Since all models step together, every model needs the same number of batches per epoch (equal
 member counts, e.g. :func:`random_halves`, or full batch); per-model batches of different sizes
-are padded and the padding weighted out of each mean (a BatchNorm, whose batch statistics
-would include it, then needs ``stacked=False``). The stacked path trains with the global RNGs
-seeded with ``seed`` (restored afterwards).
+are padded to the longest batch of all the models, each with its own batch's first record, and
+the padded rows are dropped before the loss (not weighted out after it: 0 · NaN is NaN), so a
+record whose loss is not finite spoils only the models that train on it, as it would alone (a
+BatchNorm, whose batch statistics would include the padding, then needs ``stacked=False``).
+The stacked path trains with the global RNGs seeded with ``seed`` (restored afterwards).
+
+Past one process, :func:`train_ensemble` splits the models over the ranks of a torch.distributed
+group (:mod:`privmon.audit.distributed`) and saves each to a checkpoint folder
+(:mod:`privmon.audit.checkpoints`). Every model trains on the same shapes in any share of the
+models (the padded length is that of all of them), so a rank's share gives each model the
+parameters the whole ensemble gives it.
 """
 
 from __future__ import annotations
@@ -655,13 +663,12 @@ def train_ensemble(
     mine: dict[int, _Trained] = {}
     error = None
     try:
-        for i in to_load:
-            if folder is None:  # not reached: the ranks agreed that a folder was given
-                raise RuntimeError("privmon: a saved model to load, and no checkpoint_dir")
-            with global_rngs_restored():
-                model = _init(model_fn, int(seeds[i]), x.device)
-            contents = folder.load(i, _identity(model, seeds[i], masks_np[i]))
-            mine[i] = _Trained(contents["params"], contents["buffers"], -1)
+        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
+            for i in to_load:
+                with global_rngs_restored():
+                    model = _init(model_fn, int(seeds[i]), x.device)
+                contents = folder.load(i, _identity(model, seeds[i], masks_np[i]))
+                mine[i] = _Trained(contents["params"], contents["buffers"], -1)
         if to_train:
             plan = _Plan(
                 loss_fn, optimizer, epochs, bs, seed, stacked, _step_shapes(sizes, bs), rank
@@ -752,7 +759,11 @@ def _train_share(
     """Train models ``indices`` (stacked: together), saving each to ``folder`` once trained."""
     with global_rngs_restored():
         models = [_init(model_fn, int(seeds[i]), x.device) for i in indices]
-    identities = [_identity(models[j], seeds[i], masks[i]) for j, i in enumerate(indices)]
+    # read before training; hashing every model's parameters is for checkpoints only
+    identities = [
+        _identity(models[j], seeds[i], masks[i]) if folder is not None else {}
+        for j, i in enumerate(indices)
+    ]
     trained: dict[int, _Trained] = {}
 
     def keep(j: int, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:

@@ -7,6 +7,7 @@ Run from the repository root::
     python benchmarks/ensemble.py --threads 2      # torch intra-op threads in both paths
     python benchmarks/ensemble.py --device cuda    # on a GPU
     python benchmarks/ensemble.py --world-size 2   # 1 process vs 2 gloo ranks (stacked)
+    python benchmarks/ensemble.py --checkpoint     # the cost of checkpoint_dir (stacked)
 
 With ``--world-size N`` (N > 1) the stacked ensemble trains in one process, then on N processes
 of a gloo group (a ``FileStore`` in a temporary folder), each rank training its share of the
@@ -48,6 +49,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import shutil
 import statistics
 import tempfile
 import time
@@ -64,8 +66,10 @@ def _status_kib(field: str) -> int:
     return 0
 
 
-def run(stacked: bool, args: argparse.Namespace) -> dict:
-    """Train in this (child) process; return timings, memory and the parameters."""
+def run(stacked: bool, args: argparse.Namespace, checkpoint: str = "") -> dict:
+    """Train in this (child) process; return timings, memory and the parameters. ``checkpoint``:
+    "" none; "save": the timed training saves every model to a fresh folder; "resume": the
+    timed call finds every model saved there (by an untimed training before it)."""
     import torch
     import torch.nn.functional as F
     from sklearn.datasets import load_digits
@@ -83,7 +87,7 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
     def mlp() -> nn.Module:
         return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
-    def train(epochs: int):
+    def train(epochs: int, folder: str | None = None):
         ens = train_ensemble(
             mlp,
             (x, y),
@@ -93,19 +97,25 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
             epochs=epochs,
             seed=0,
             stacked=stacked,
+            checkpoint_dir=folder,
         )
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return ens
 
     train(1)  # warm-up: kernels, allocator, vmap tracing
+    folder = tempfile.mkdtemp() if checkpoint else None
+    if checkpoint == "resume":
+        train(args.epochs, folder)
     rss_before = _status_kib("VmRSS")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start, cpu_start = time.perf_counter(), time.process_time()
-    ens = train(args.epochs)
+    ens = train(args.epochs, folder)
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
+    if folder is not None:
+        shutil.rmtree(folder)
     peak = (
         torch.cuda.max_memory_allocated() / 2**20
         if dev.type == "cuda"
@@ -226,6 +236,34 @@ def compare_world_sizes(args: argparse.Namespace) -> None:
     print(f"largest parameter difference, {args.world_size} ranks vs 1 process: {diff:.2e}")
 
 
+def compare_checkpoints(args: argparse.Namespace) -> None:
+    """Stacked training without a checkpoint folder, saving every model to one, and resuming
+    from a full one, alternating over ``args.repeat`` rounds (each in a fresh child)."""
+    print(machine(args) + "; checkpoint_dir: none / saving every model / all saved")
+    modes = {"": "no checkpoint_dir", "save": "saving each model", "resume": "resuming, all saved"}
+    ctx = mp.get_context("spawn")
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for _ in range(args.repeat):
+        for mode in modes:
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                runs[mode].append(pool.submit(run, True, args, mode).result())
+    print()
+    print("| checkpoint_dir | wall s (median) | CPU s (median) | vs none, wall | models trained |")
+    print("|---|---:|---:|---:|---:|")
+    base = statistics.median(r["seconds"] for r in runs[""])
+    for mode, name in modes.items():
+        t = statistics.median(r["seconds"] for r in runs[mode])
+        cpu = statistics.median(r["cpu_seconds"] for r in runs[mode])
+        trained = runs[mode][0]["trained_here"]
+        print(f"| {name} | {t:.3f} | {cpu:.3f} | {t - base:+.3f} s | {trained} |")
+    diff = max(
+        float(np.abs(runs[m][0]["params"][k] - runs[""][0]["params"][k]).max())
+        for m in modes
+        for k in runs[""][0]["params"]
+    )
+    print(f"\nlargest parameter difference, saved or resumed vs none: {diff:.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=64)
@@ -237,9 +275,15 @@ def main() -> None:
     parser.add_argument(
         "--world-size", type=int, default=1, help="> 1: 1 process vs this many gloo ranks"
     )
+    parser.add_argument(
+        "--checkpoint", action="store_true", help="none vs saving to vs resuming from a folder"
+    )
     args = parser.parse_args()
     if args.world_size > 1:
         compare_world_sizes(args)
+        return
+    if args.checkpoint:
+        compare_checkpoints(args)
         return
 
     print(machine(args))

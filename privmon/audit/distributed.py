@@ -8,7 +8,7 @@ process would. Model i's seed and mask depend only on ``(seed, i)``
 
 A collective returns only once every rank has joined it, so the ranks meet twice and at the same
 points whatever happens on each: once before training, to agree on the recipe and on what a
-checkpoint folder already holds (:func:`agree_on_plan`), and once after, where a rank that
+checkpoint folder already holds (:func:`plan`), and once after, where a rank that
 failed hands its error instead of its models and every rank then raises (:func:`exchange`). A
 rank that dies leaves the others in that collective until the process group's timeout
 (``init_process_group(timeout=...)``), which then raises: an error, never a hang.
@@ -17,12 +17,12 @@ rank that dies leaves the others in that collective until the process group's ti
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["agree_on_plan", "every_rank", "exchange", "rank_and_world", "share"]
+__all__ = ["Work", "every_rank", "exchange", "plan", "rank_and_world", "share"]
 
 T = TypeVar("T")
 
@@ -52,19 +52,35 @@ def share(indices: Sequence[int], rank: int, world: int) -> list[int]:
     return [int(i) for i in np.array_split(np.asarray(indices, dtype=np.int64), world)[rank]]
 
 
-def agree_on_plan(
-    recipe: Mapping[str, str], present: Sequence[int], *, rank: int, world: int, what: str
-) -> tuple[list[int], list[int]]:
-    """Ranks agree on the recipe and on which models a checkpoint folder already holds.
+class Work(NamedTuple):
+    """This rank's part of the models: ``load`` from the checkpoint folder, ``train``."""
+
+    rank: int
+    world: int
+    load: list[int]
+    train: list[int]
+
+
+def plan(
+    n_models: int,
+    recipe: Mapping[str, str],
+    saved_here: Sequence[int],
+    *,
+    distributed: bool,
+    what: str,
+) -> Work:
+    """Ranks agree on the recipe and on which models a checkpoint folder already holds, and
+    share out the rest.
 
     ``recipe``: this rank's fingerprint of what it was asked (every rank must be asked the
-    same); ``present``: the model indices this rank finds saved. Returns ``(mine, missing)``:
-    the saved models this rank loads (each by the lowest rank that sees it, so a folder shared
-    by the ranks is read once and folders local to each rank work too) and the models no rank
-    has, still to train. Raises ValueError on every rank, naming what differs, when the ranks
-    were given different recipes.
+    same); ``saved_here``: the model indices this rank finds saved. Each saved model is loaded
+    by the lowest rank that sees it (so a folder shared by the ranks is read once, and folders
+    local to each rank work too); the models no rank has are split by :func:`share`. Raises
+    ValueError on every rank, naming what differs, when the ranks were given different
+    recipes. In one process: loads what is saved, trains the rest.
     """
-    plans = every_rank((dict(recipe), sorted(present)), world)
+    rank, world = rank_and_world(distributed)
+    plans = every_rank((dict(recipe), sorted(saved_here)), world)
     first = plans[0][0]
     for r, (other, _) in enumerate(plans):
         differs = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
@@ -78,7 +94,8 @@ def agree_on_plan(
         for i in seen:
             owner.setdefault(i, r)
     mine = sorted(i for i, r in owner.items() if r == rank)
-    return mine, sorted(owner)
+    missing = sorted(set(range(n_models)) - set(owner))
+    return Work(rank, world, mine, share(missing, rank, world))
 
 
 def exchange(

@@ -64,7 +64,7 @@ from torch.func import functional_call, stack_module_state
 
 from privmon._validation import as_mask, check_callable, check_flag, check_int
 from privmon.audit.checkpoints import CheckpointFolder, digest, portable, qualified_name
-from privmon.audit.distributed import agree_on_plan, exchange, rank_and_world, share
+from privmon.audit.distributed import exchange, plan
 from privmon.audit.records import as_xy
 from privmon.audit.seeding import (
     TAG_HALVES,
@@ -648,37 +648,41 @@ def train_ensemble(
     folder = None
     if checkpoint_dir is not None:
         folder = CheckpointFolder(checkpoint_dir, kind="model", recipe=recipe, what=_WHAT)
-    rank, world = rank_and_world(distributed)
-    to_agree = {
-        **recipe,
-        "masks": digest(masks_np),
-        "seed": str(seed),
-        "checkpoint_dir": str(folder is not None),
-    }
-    to_load, saved = agree_on_plan(
-        to_agree, folder.present(k) if folder else [], rank=rank, world=world, what=_WHAT
+    work = plan(
+        k,
+        {
+            **recipe,
+            "masks": digest(masks_np),
+            "seed": str(seed),
+            "checkpoint_dir": str(folder is not None),
+        },
+        folder.present(k) if folder is not None else [],
+        distributed=distributed,
+        what=_WHAT,
     )
-    to_train = share(sorted(set(range(k)) - set(saved)), rank, world)
     rows = [torch.nonzero(r).squeeze(1).to(x.device) for r in m]
     mine: dict[int, _Trained] = {}
     error = None
     try:
         if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
-            for i in to_load:
+            for i in work.load:
                 with global_rngs_restored():
                     model = _init(model_fn, int(seeds[i]), x.device)
                 contents = folder.load(i, _identity(model, seeds[i], masks_np[i]))
                 mine[i] = _Trained(contents["params"], contents["buffers"], -1)
-        if to_train:
-            plan = _Plan(
-                loss_fn, optimizer, epochs, bs, seed, stacked, _step_shapes(sizes, bs), rank
+        if work.train:
+            training = _Training(
+                loss_fn, optimizer, epochs, bs, seed, stacked, _step_shapes(sizes, bs), work.rank
             )
-            mine.update(_train_share(model_fn, x, y, rows, to_train, seeds, masks_np, plan, folder))
+            trained = _train_share(
+                model_fn, x, y, rows, work.train, seeds, masks_np, training, folder
+            )
+            mine.update(trained)
     except Exception as err:
         error = err
-    if world > 1:  # CPU copies, each model's own (not views of a stacked tensor)
+    if work.world > 1:  # CPU copies, each model's own (not views of a stacked tensor)
         mine = {i: _Trained(portable(p), portable(b), r) for i, (p, b, r) in mine.items()}
-    every = exchange(mine, error, world=world, stage="training the shadow models")
+    every = exchange(mine, error, world=work.world, stage="training the shadow models")
     params = {
         name: torch.stack([every[i].params[name].to(x.device) for i in range(k)])
         for name, _ in template.named_parameters()
@@ -700,7 +704,7 @@ class _Trained(NamedTuple):
     rank: int
 
 
-class _Plan(NamedTuple):
+class _Training(NamedTuple):
     """How a rank trains its share (the arguments of :func:`train_ensemble` it reads)."""
 
     loss_fn: LossFn
@@ -753,7 +757,7 @@ def _train_share(
     indices: list[int],
     seeds: np.ndarray,
     masks: np.ndarray,
-    plan: _Plan,
+    training: _Training,
     folder: CheckpointFolder | None,
 ) -> dict[int, _Trained]:
     """Train models ``indices`` (stacked: together), saving each to ``folder`` once trained."""
@@ -768,23 +772,23 @@ def _train_share(
 
     def keep(j: int, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
         i = indices[j]
-        trained[i] = _Trained(params, buffers, plan.rank)
+        trained[i] = _Trained(params, buffers, training.rank)
         if folder is not None:
             folder.save(i, identities[j], {"params": params, "buffers": buffers})
 
-    if plan.stacked:
-        with seeded_global_rng(plan.seed):  # a loss_fn drawing random numbers: seeded, restored
+    if training.stacked:
+        with seeded_global_rng(training.seed):  # a loss_fn drawing random numbers: seeded, restored
             params, buffers = _train_stacked(
                 models,
                 x,
                 y,
                 [rows[i] for i in indices],
-                loss_fn=plan.loss_fn,
-                optimizer=plan.optimizer,
-                epochs=plan.epochs,
-                batch_size=plan.batch_size,
+                loss_fn=training.loss_fn,
+                optimizer=training.optimizer,
+                epochs=training.epochs,
+                batch_size=training.batch_size,
                 seeds=seeds[indices],
-                shapes=plan.shapes,
+                shapes=training.shapes,
             )
         for j in range(len(indices)):
             keep(
@@ -799,10 +803,10 @@ def _train_share(
             x,
             y,
             rows[i],
-            loss_fn=plan.loss_fn,
-            optimizer=plan.optimizer,
-            epochs=plan.epochs,
-            batch_size=plan.batch_size,
+            loss_fn=training.loss_fn,
+            optimizer=training.optimizer,
+            epochs=training.epochs,
+            batch_size=training.batch_size,
             seed=int(seeds[i]),
         )
         keep(

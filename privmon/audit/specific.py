@@ -69,7 +69,7 @@ from privmon._validation import (
 )
 from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
 from privmon.audit.checkpoints import CheckpointFolder, digest, qualified_name
-from privmon.audit.distributed import agree_on_plan, exchange, rank_and_world, share
+from privmon.audit.distributed import exchange, plan
 from privmon.audit.records import as_xy, frozen
 from privmon.audit.results import AuditResult
 from privmon.audit.seeding import (
@@ -241,29 +241,27 @@ def _run(
     folder = None
     if models.checkpoint_dir is not None:
         folder = CheckpointFolder(models.checkpoint_dir, kind=setup, recipe=recipe, what=what)
-    rank, world = rank_and_world(models.distributed)
-    to_load, saved = agree_on_plan(
+    work = plan(
+        n_models,
         {**recipe, "checkpoint_dir": str(folder is not None)},
         folder.present(n_models) if folder is not None else [],
-        rank=rank,
-        world=world,
+        distributed=models.distributed,
         what=what,
     )
-    to_train = share(sorted(set(range(n_models)) - set(saved)), rank, world)
     rows: dict[int, np.ndarray] = {}
     error = None
     # tqdm on stderr; disable=None turns it off when stderr is not a terminal (CI logs, pipes)
     bar = tqdm(
-        total=len(to_train),
+        total=len(work.train),
         desc=f"privmon {setup} audit",
         unit="model",
         disable=None if progress else True,
     )
     try:
         if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
-            for k in to_load:
+            for k in work.load:
                 rows[k] = folder.load(k, models.identity(k))["scores"].numpy()
-        for k in to_train:
+        for k in work.train:
             x_k, y_k = build(k)
             s = int(model_seeds[k])
             with seeded_global_rng(s):
@@ -280,7 +278,7 @@ def _run(
         error = err
     finally:
         bar.close()
-    every = exchange(rows, error, world=world, stage=f"the {setup} audit's models")
+    every = exchange(rows, error, world=work.world, stage=f"the {setup} audit's models")
     return np.stack([every[k] for k in range(n_models)])
 
 

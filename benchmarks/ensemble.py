@@ -1,10 +1,23 @@
-"""Benchmark shadow-model training: one model after another vs one stacked ensemble.
+"""Benchmark shadow-model training: one model after another vs one stacked ensemble, and one
+process vs the models split over the ranks of a torch.distributed group.
 
 Run from the repository root::
 
     python benchmarks/ensemble.py                  # 64 MLPs, CPU, 1 torch thread
     python benchmarks/ensemble.py --threads 2      # torch intra-op threads in both paths
     python benchmarks/ensemble.py --device cuda    # on a GPU
+    python benchmarks/ensemble.py --world-size 2   # 1 process vs 2 gloo ranks (stacked)
+    python benchmarks/ensemble.py --checkpoint     # the cost of checkpoint_dir (stacked)
+
+With ``--world-size N`` (N > 1) the stacked ensemble trains in one process, then on N processes
+of a gloo group (a ``FileStore`` in a temporary folder), each rank training its share of the
+models (:func:`privmon.audit.train_ensemble` splits them) and receiving the others; the rounds
+alternate as below. The table shows each layout's per-rank wall and CPU time (median over the
+rounds of the slowest rank: the call returns on every rank once the last share is in), the
+models each rank trained, the speed-up over one process, and the largest parameter difference
+between the layouts (0: bit for bit). A rank uses ``--threads`` intra-op threads: N ranks want
+N times as many free cores. On GPUs, launch one rank per GPU with ``torchrun`` and NCCL instead
+(``docs/guide/reference-models.md``); this script starts gloo ranks on one machine.
 
 The workload is the one of issue 15 and of ``examples/lira_audit.py``: ``--models`` MLPs
 64-32-10 (ReLU), each trained full batch with Adam (lr 1e-2) for ``--epochs`` epochs on a random
@@ -35,7 +48,10 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
+import queue
+import shutil
 import statistics
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -50,8 +66,10 @@ def _status_kib(field: str) -> int:
     return 0
 
 
-def run(stacked: bool, args: argparse.Namespace) -> dict:
-    """Train in this (child) process; return timings, memory and the parameters."""
+def run(stacked: bool, args: argparse.Namespace, checkpoint: str = "") -> dict:
+    """Train in this (child) process; return timings, memory and the parameters. ``checkpoint``:
+    "" none; "save": the timed training saves every model to a fresh folder; "resume": the
+    timed call finds every model saved there (by an untimed training before it)."""
     import torch
     import torch.nn.functional as F
     from sklearn.datasets import load_digits
@@ -69,7 +87,7 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
     def mlp() -> nn.Module:
         return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
-    def train(epochs: int):
+    def train(epochs: int, folder: str | None = None):
         ens = train_ensemble(
             mlp,
             (x, y),
@@ -79,32 +97,171 @@ def run(stacked: bool, args: argparse.Namespace) -> dict:
             epochs=epochs,
             seed=0,
             stacked=stacked,
+            checkpoint_dir=folder,
         )
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return ens
 
     train(1)  # warm-up: kernels, allocator, vmap tracing
+    folder = tempfile.mkdtemp() if checkpoint else None
+    if checkpoint == "resume":
+        train(args.epochs, folder)
     rss_before = _status_kib("VmRSS")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start, cpu_start = time.perf_counter(), time.process_time()
-    ens = train(args.epochs)
+    ens = train(args.epochs, folder)
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
+    if folder is not None:
+        shutil.rmtree(folder)
     peak = (
         torch.cuda.max_memory_allocated() / 2**20
         if dev.type == "cuda"
         else _status_kib("VmHWM") / 1024
     )
     growth = None if dev.type == "cuda" else (_status_kib("VmHWM") - rss_before) / 1024
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     return {
+        "trained_here": int((ens.trained_by == rank).sum()),
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "peak_mib": peak,
         "growth_mib": growth,
         "params": {k: v.cpu().numpy() for k, v in ens.params.items()},
     }
+
+
+def run_rank(rank: int, world: int, store: str, args: argparse.Namespace, out: mp.Queue) -> None:
+    """One rank of a gloo group of ``world`` processes (a lone process when ``world`` is 1):
+    the stacked ensemble's share of this rank, timed by :func:`run`."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if world > 1:
+        dist.init_process_group(
+            "gloo",
+            store=dist.FileStore(store, world),
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(minutes=10),
+        )
+    try:
+        out.put((rank, run(True, args)))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def run_group(world: int, args: argparse.Namespace) -> list[dict]:
+    """Each rank's result of one training on ``world`` processes, in rank order."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [
+            ctx.Process(target=run_rank, args=(r, world, f"{tmp}/store", args, out))
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, dict] = {}
+        while len(results) < world:
+            try:
+                rank, result = out.get(timeout=1)
+                results[rank] = result
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    for p in procs:
+                        p.kill()
+                    raise RuntimeError("a rank failed (its traceback is above)") from None
+        for p in procs:
+            p.join()
+    return [results[r] for r in range(world)]
+
+
+def machine(args: argparse.Namespace) -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {load:.2f}, "
+        f"device {args.device}, torch threads {args.threads}; {args.models} MLPs 64-32-10, "
+        f"Adam, {args.epochs} full-batch epochs on random halves of {args.records} digits"
+    )
+
+
+def compare_world_sizes(args: argparse.Namespace) -> None:
+    """One process vs ``args.world_size`` gloo ranks, alternating over ``args.repeat`` rounds."""
+    print(machine(args) + f"; 1 process vs {args.world_size} gloo ranks, stacked")
+    layouts = (1, args.world_size)
+    runs: dict[int, list[list[dict]]] = {w: [] for w in layouts}
+    for _ in range(args.repeat):
+        for world in layouts:
+            runs[world].append(run_group(world, args))
+    slowest = {
+        (w, key): [max(r[key] for r in ranks) for ranks in runs[w]]
+        for w in layouts
+        for key in ("seconds", "cpu_seconds")
+    }
+    one = runs[1][0][0]["params"]
+    diff = max(
+        float(np.abs(ranks[r]["params"][k] - one[k]).max())
+        for ranks in runs[args.world_size]
+        for r in range(args.world_size)
+        for k in one
+    )
+    print()
+    print(
+        "| processes | per-rank wall s (median) | per-rank CPU s (median) | models per rank "
+        "| speed-up, wall (per round) | speed-up, fastest rounds | speed-up, CPU |"
+    )
+    print("|---:|---:|---:|---|---:|---:|---:|")
+    base = statistics.median(slowest[1, "seconds"])
+    base_cpu = statistics.median(slowest[1, "cpu_seconds"])
+    for w in layouts:
+        t = statistics.median(slowest[w, "seconds"])
+        cpu = statistics.median(slowest[w, "cpu_seconds"])
+        per_round = " / ".join(
+            f"{a / b:.2f}x"
+            for a, b in zip(slowest[1, "seconds"], slowest[w, "seconds"], strict=True)
+        )
+        shares = "+".join(str(r["trained_here"]) for r in runs[w][0])
+        print(
+            f"| {w} | {t:.2f} | {cpu:.2f} | {shares} | {base / t:.2f}x ({per_round}) | "
+            f"{min(slowest[1, 'seconds']) / min(slowest[w, 'seconds']):.2f}x | "
+            f"{base_cpu / cpu:.2f}x |"
+        )
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\nload average after the runs: {load_after:.2f}")
+    print(f"largest parameter difference, {args.world_size} ranks vs 1 process: {diff:.2e}")
+
+
+def compare_checkpoints(args: argparse.Namespace) -> None:
+    """Stacked training without a checkpoint folder, saving every model to one, and resuming
+    from a full one, alternating over ``args.repeat`` rounds (each in a fresh child)."""
+    print(machine(args) + "; checkpoint_dir: none / saving every model / all saved")
+    modes = {"": "no checkpoint_dir", "save": "saving each model", "resume": "resuming, all saved"}
+    ctx = mp.get_context("spawn")
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for _ in range(args.repeat):
+        for mode in modes:
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                runs[mode].append(pool.submit(run, True, args, mode).result())
+    print()
+    print("| checkpoint_dir | wall s (median) | CPU s (median) | vs none, wall | models trained |")
+    print("|---|---:|---:|---:|---:|")
+    base = statistics.median(r["seconds"] for r in runs[""])
+    for mode, name in modes.items():
+        t = statistics.median(r["seconds"] for r in runs[mode])
+        cpu = statistics.median(r["cpu_seconds"] for r in runs[mode])
+        trained = runs[mode][0]["trained_here"]
+        print(f"| {name} | {t:.3f} | {cpu:.3f} | {t - base:+.3f} s | {trained} |")
+    diff = max(
+        float(np.abs(runs[m][0]["params"][k] - runs[""][0]["params"][k]).max())
+        for m in modes
+        for k in runs[""][0]["params"]
+    )
+    print(f"\nlargest parameter difference, saved or resumed vs none: {diff:.2e}")
 
 
 def main() -> None:
@@ -115,14 +272,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=5, help="alternating rounds per path")
-    args = parser.parse_args()
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {load:.2f}, "
-        f"device {args.device}, torch threads {args.threads}; {args.models} MLPs 64-32-10, "
-        f"Adam, {args.epochs} full-batch epochs on random halves of {args.records} digits"
+    parser.add_argument(
+        "--world-size", type=int, default=1, help="> 1: 1 process vs this many gloo ranks"
     )
+    parser.add_argument(
+        "--checkpoint", action="store_true", help="none vs saving to vs resuming from a folder"
+    )
+    args = parser.parse_args()
+    if args.world_size > 1:
+        compare_world_sizes(args)
+        return
+    if args.checkpoint:
+        compare_checkpoints(args)
+        return
+
+    print(machine(args))
     ctx = mp.get_context("spawn")
     runs: dict[bool, list[dict]] = {False: [], True: []}
     for _ in range(args.repeat):

@@ -272,9 +272,13 @@ def check_audit_set(data: Any, *, name: str) -> Any:
     return data
 
 
-def check_writable_dir(path: str, *, name: str) -> str:
-    """Return ``path`` after checking a directory exists there, or can be created there and
-    written to (the nearest existing ancestor is a writable directory)."""
+def check_writable_dir(path: str | os.PathLike[str], *, name: str) -> str:
+    """Return ``path`` (a string or path object) as a string after checking a directory exists
+    there, or can be created there and written to (the nearest existing ancestor is a writable
+    directory)."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{name} must be a directory path (str or os.PathLike), got {path!r}")
+    path = os.fspath(path)
     target = os.path.abspath(path)
     if os.path.exists(target) and not os.path.isdir(target):
         raise ValueError(f"{name} must be a directory path, but {path!r} is a file")

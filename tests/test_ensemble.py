@@ -265,6 +265,8 @@ def test_random_halves():
     assert not np.array_equal(m, random_halves(11, 200, seed=2))
     # models are independent: not all the same half
     assert len({tuple(r) for r in m}) > 150
+    # more models extend fewer: a checkpoint folder of 200 models serves the first 120
+    np.testing.assert_array_equal(random_halves(11, 120, seed=1), m[:120])
     with pytest.raises(ValueError, match="n_records must be an integer >= 2"):
         random_halves(1, 3, seed=0)
 
@@ -388,3 +390,134 @@ def test_argument_errors():
     assert isinstance(ens, Ensemble) and "n_models=3" in repr(ens)
     with pytest.raises(ValueError, match=r"i must be an index in \[0, 2\]"):
         ens.model(3)
+
+
+@pytest.mark.parametrize("model_fn", [mlp, normed_mlp])  # the linear stack and vmap
+@pytest.mark.parametrize("batch_size", [None, 10])  # full batch; a short, padded last batch
+def test_a_bad_record_poisons_only_the_models_that_train_on_it(model_fn, batch_size):
+    """Padded rows repeat the model's own record and never reach the loss: a record whose loss
+    is not finite (here an infinite input) spoils the models trained on it, as alone, and no
+    other model (padding once reused record 0 in every padded model)."""
+    x, y = data()
+    x[0] = float("inf")
+    masks = np.zeros((6, 40), bool)
+    for i, n in enumerate((21, 22, 23, 24, 25, 26)):  # unequal: every model but one padded
+        masks[i, 1 : n + 1] = True
+    masks[[2, 5], 0] = True
+    kw = {**SGD, "epochs": 3, "batch_size": batch_size}
+    ens = train_ensemble(model_fn(), (x, y), masks, **kw)
+    alone = train_ensemble(model_fn(), (x, y), masks, stacked=False, **kw)
+    for i in range(6):
+        finite = all(bool(torch.isfinite(p[i]).all()) for p in ens.params.values())
+        assert finite == (i not in (2, 5)), i
+        if finite:
+            for name, p in alone.params.items():
+                torch.testing.assert_close(ens.params[name][i], p[i], rtol=1e-9, atol=1e-10)
+
+
+def _recipe_kw(**changes):
+    return {**SGD, "epochs": 3, "batch_size": 7, **changes}
+
+
+def test_a_checkpoint_folder_resumes_without_retraining_what_was_saved(tmp_path):
+    x, y = data()
+    masks = random_halves(40, 5, seed=0)
+    full = train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [f"model-{i:06d}.pt" for i in range(5)]  # no partial file left
+    np.testing.assert_array_equal(full.trained_by, np.zeros(5))
+    for i in (1, 3):
+        (tmp_path / f"model-{i:06d}.pt").unlink()
+    resumed = train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    np.testing.assert_array_equal(resumed.trained_by, [-1, 0, -1, 0, -1])
+    for name in full.params:  # bit for bit: the same models, loaded or trained again
+        assert torch.equal(resumed.params[name], full.params[name])
+    # a folder of more models serves fewer: the first three are models 0-2 of the five
+    few = train_ensemble(mlp(), (x, y), masks[:3], checkpoint_dir=tmp_path, **_recipe_kw())
+    np.testing.assert_array_equal(few.trained_by, [-1, -1, -1])
+    assert torch.equal(few.params["0.weight"], full.params["0.weight"][:3])
+    # saved in a stack, resumed one by one: refused, the recipe says how they were trained
+    with pytest.raises(ValueError, match=r"training \('epochs=3, batch_size=7, stacked=True'"):
+        train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw(stacked=False))
+
+
+def zero_bias_mlp():
+    """The architecture of mlp(), initialised otherwise."""
+    model = mlp()()
+    nn.init.zeros_(model[0].bias)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"epochs": 4}, r"training \('epochs=3, .*'epochs=4, .*\) differs"),
+        ({"optimizer": lambda p: torch.optim.SGD(p, lr=0.2)}, r"optimizer \(.*'lr', '0.1'"),
+        ({"optimizer": lambda p: torch.optim.Adam(p, lr=0.1)}, r"torch.optim.adam.Adam"),
+        ({"loss_fn": lambda out, t: per_record_ce(out, t)}, r"loss_fn \('.*per_record_ce'"),
+        ({"model_fn": mlp(h=9)}, r"model \("),
+        ({"model_fn": zero_bias_mlp}, r"another model 0: its init is '[0-9a-f]{12}\.\.\.'"),
+        ({"seed": 1}, r"another model 0: its seed is \d+, here \d+; its init is"),
+        ({"x": 1.0}, r"data \('[0-9a-f]{12}\.\.\.' in the folder, '[0-9a-f]{12}\.\.\.' here\)"),
+        ({"masks": 1}, r"another model 0: its mask differs in \d+ of 40 entries"),
+    ],
+)
+def test_a_checkpoint_folder_of_another_recipe_is_refused_naming_what_differs(
+    tmp_path, change, message
+):
+    x, y = data()
+    masks = random_halves(40, 3, seed=0)
+    train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    model_fn = change.pop("model_fn", mlp())
+    if "x" in change:
+        x = x.clone()
+        x[5, 2] += change.pop("x")
+    if "masks" in change:
+        masks = masks.copy()
+        masks[0] = masks[change.pop("masks")]
+    with pytest.raises(ValueError, match=message):
+        train_ensemble(model_fn, (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw(**change))
+
+
+def test_checkpoint_files_are_loaded_without_running_code(tmp_path):
+    """``weights_only=True``: a file holding an arbitrary object is refused, not unpickled."""
+    x, y = data()
+    masks = random_halves(40, 2, seed=0)
+    train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    torch.save(
+        {"format": "privmon.audit.checkpoint/1", "payload": _Payload()},
+        tmp_path / "model-000000.pt",
+    )
+    with pytest.raises(ValueError, match=r"model-000000.pt cannot be read \(UnpicklingError"):
+        train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    assert not _Payload.unpickled
+    (tmp_path / "model-000001.pt").write_bytes(b"truncated")
+    (tmp_path / "model-000000.pt").unlink()
+    with pytest.raises(ValueError, match=r"model-000001.pt cannot be read .* remove it"):
+        train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    (tmp_path / "model-000001.pt").unlink()
+    torch.save({"format": "privmon.audit.checkpoint/1"}, tmp_path / "model-000001.pt")
+    with pytest.raises(ValueError, match="is not a privmon model checkpoint of model 1"):
+        train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    (tmp_path / "model-000001.pt").unlink()
+    ens = train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path, **_recipe_kw())
+    np.testing.assert_array_equal(ens.trained_by, [0, 0])
+
+
+class _Payload:
+    unpickled = False
+
+    def __setstate__(self, state):
+        type(self).unpickled = True
+
+
+def test_checkpoint_and_distributed_argument_errors(tmp_path):
+    x, y = data()
+    masks = random_halves(40, 2, seed=0)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="checkpoint_dir must be a directory path, but"):
+        train_ensemble(mlp(), (x, y), masks, checkpoint_dir=tmp_path / "file", **_recipe_kw())
+    with pytest.raises(TypeError, match=r"checkpoint_dir must be a directory path \(str or"):
+        train_ensemble(mlp(), (x, y), masks, checkpoint_dir=3, **_recipe_kw())
+    with pytest.raises(ValueError, match="distributed must be True or False"):
+        train_ensemble(mlp(), (x, y), masks, distributed="yes", **_recipe_kw())

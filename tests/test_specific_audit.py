@@ -688,3 +688,48 @@ def test_example_runs_with_tiny_settings():
     assert len(rows) == 3
     for row in rows:
         assert all(0.0 <= float(v) <= 1.0 for v in row[3:7])
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+
+def _counting(train_fn, calls):
+    def train(x, y, seed):
+        calls.append(seed)
+        return train_fn(x, y, seed)
+
+    return train
+
+
+@pytest.mark.parametrize("setup", ["specific", "average"])
+def test_a_checkpoint_folder_resumes_the_audit_without_retraining(tmp_path, setup):
+    """Each model's scores are saved once it is scored; a later call reads them back, trains
+    only the missing models and gives the same audit; another audit's folder is refused."""
+    data, ref = _data()
+    targets = [0, 5, 9, 17]
+
+    def run(calls, **kw):
+        train = _counting(ignore_data, calls)
+        common = {"n_models": 6, "seed": 3, "score_fn": random_score, **kw}
+        if setup == "specific":
+            return specific(train, data, targets, reference=ref, **common)
+        return average(train, data, targets, dataset_size=20, **common)
+
+    first: list[int] = []
+    full = run(first, checkpoint_dir=tmp_path)
+    assert len(first) == 6
+    assert sorted(os.listdir(tmp_path)) == [f"{setup}-{k:06d}.pt" for k in range(6)]
+    for k in (2, 4):
+        (tmp_path / f"{setup}-{k:06d}.pt").unlink()
+    again: list[int] = []
+    resumed = run(again, checkpoint_dir=tmp_path)
+    assert again == [int(full.model_seeds[k]) for k in (2, 4)]  # only the missing models
+    np.testing.assert_array_equal(resumed.scores, full.scores)
+    np.testing.assert_array_equal(resumed.auc, full.auc)
+    np.testing.assert_array_equal(run([]).scores, full.scores)  # as without a folder
+    with pytest.raises(ValueError, match=rf"audit.{setup}: .* seed \('3' in the folder, '4' here"):
+        run([], checkpoint_dir=tmp_path, seed=4)
+    with pytest.raises(ValueError, match=r"n_models \('6' in the folder, '8' here\)"):
+        run([], checkpoint_dir=tmp_path, n_models=8)
+    with pytest.raises(ValueError, match=r"score_fn \('.*random_score' in the folder, .*"):
+        run([], checkpoint_dir=tmp_path, score_fn=lambda model, x, y: random_score(model, x, y))

@@ -36,17 +36,26 @@ running stats: ``vmap`` cannot update them in place); such models train with ``s
 one by one with the same protocol, their global RNGs seeded with ``s_i`` for the whole training.
 Since all models step together, every model needs the same number of batches per epoch (equal
 member counts, e.g. :func:`random_halves`, or full batch); per-model batches of different sizes
-are padded and the padding weighted out of each mean (a BatchNorm, whose batch statistics
-would include it, then needs ``stacked=False``). The stacked path trains with the global RNGs
-seeded with ``seed`` (restored afterwards).
+are padded to the longest batch of all the models, each with its own batch's first record, and
+the padded rows are dropped before the loss (not weighted out after it: 0 · NaN is NaN), so a
+record whose loss is not finite spoils only the models that train on it, as it would alone (a
+BatchNorm, whose batch statistics would include the padding, then needs ``stacked=False``).
+The stacked path trains with the global RNGs seeded with ``seed`` (restored afterwards).
+
+Past one process, :func:`train_ensemble` splits the models over the ranks of a torch.distributed
+group (:mod:`privmon.audit.distributed`) and saves each to a checkpoint folder
+(:mod:`privmon.audit.checkpoints`). Every model trains on the same shapes in any share of the
+models (the padded length is that of all of them), so a rank's share gives each model the
+parameters the whole ensemble gives it.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -54,6 +63,8 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from privmon._validation import as_mask, check_callable, check_flag, check_int
+from privmon.audit.checkpoints import CheckpointFolder, digest, portable, qualified_name
+from privmon.audit.distributed import exchange, plan
 from privmon.audit.records import as_xy
 from privmon.audit.seeding import (
     TAG_HALVES,
@@ -289,6 +300,8 @@ class Ensemble:
             ``torch.func.stack_module_state`` lays them out.
         seeds: (k,) the seed of each model (initialisation and batch order).
         masks: (k, n) bool, the records each model trained on.
+        trained_by: (k,) int, the rank of the torch.distributed group that trained each model
+            (0 in one process), -1 for a model loaded from a checkpoint folder.
 
     ``ensemble(x)`` runs all k models on the same inputs in eval mode under ``no_grad``: an
     output of shape (k, n, ...). ``ensemble.model(i)`` returns model i as an ordinary module.
@@ -301,6 +314,8 @@ class Ensemble:
         buffers: dict[str, torch.Tensor],
         seeds: np.ndarray,
         masks: np.ndarray,
+        *,
+        trained_by: np.ndarray | None = None,
     ) -> None:
         self._template = template
         self._forward: dict[int, StackedForward] = {}  # by the inputs' number of dimensions
@@ -308,6 +323,7 @@ class Ensemble:
         self.buffers = {k: v.detach() for k, v in buffers.items()}
         self.seeds = seeds
         self.masks = masks
+        self.trained_by = np.zeros(len(seeds), dtype=np.int64) if trained_by is None else trained_by
 
     def __len__(self) -> int:
         return int(self.masks.shape[0])
@@ -416,6 +432,44 @@ def _train_one(
                 opt.step()
 
 
+class _Step(NamedTuple):
+    """One stacked step: the k models' inputs and targets (k, B, ...); where rows are padded,
+    the flat positions of the real rows (``real``); each model's batch length."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    real: torch.Tensor | None
+    lengths: torch.Tensor
+
+
+def _step_shapes(sizes: list[int], batch_size: int) -> list[tuple[int, bool]]:
+    """Per step of an epoch, the stacked batch length and whether any model's batch is shorter
+    (padded), from the member counts of *all* the models: a shard of them, or the models a
+    checkpoint folder lacks, then trains on the same shapes as the whole ensemble."""
+    shapes = []
+    for j in range(math.ceil(max(sizes) / batch_size)):
+        lengths = [min(batch_size, n - j * batch_size) for n in sizes]
+        shapes.append((max(lengths), min(lengths) != max(lengths)))
+    return shapes
+
+
+def _stacked_batch(
+    x: torch.Tensor, y: torch.Tensor, pos: list[torch.Tensor], longest: int, padded: bool
+) -> _Step:
+    """The k models' batches as (k, ``longest``, ...) inputs and targets. When ``padded``, a
+    shorter batch is padded with its own first record, so padding never reads another model's
+    records, and the real rows are listed so that the loss never sees a padded one."""
+    lengths = [p.shape[0] for p in pos]
+    count = torch.tensor(lengths, dtype=x.dtype if x.is_floating_point() else torch.float32)
+    count = count.to(x.device)
+    if not padded:
+        idx = torch.stack(pos)
+        return _Step(x[idx], y[idx], None, count)
+    idx = torch.stack([torch.cat([p, p[:1].expand(longest - p.shape[0])]) for p in pos])
+    real = torch.cat([torch.arange(n) + i * longest for i, n in enumerate(lengths)])
+    return _Step(x[idx], y[idx], real.to(x.device), count)
+
+
 def _train_stacked(
     models: list[nn.Module],
     x: torch.Tensor,
@@ -427,6 +481,7 @@ def _train_stacked(
     epochs: int,
     batch_size: int,
     seeds: np.ndarray,
+    shapes: list[tuple[int, bool]],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     k = len(models)
     params, buffers = stack_module_state(models)
@@ -435,19 +490,19 @@ def _train_stacked(
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     sizes = [r.shape[0] for r in rows]
     dev = x.device
-    fixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
+    fixed: _Step | None = None
     for _ in range(epochs):
         if fixed is not None:
             steps = [fixed]
         else:
             per_model = [_batches(n, batch_size, g) for n, g in zip(sizes, gens, strict=True)]
             steps = []
-            for j in range(len(per_model[0])):
+            for j, (longest, padded) in enumerate(shapes):
                 pos = [rows[i][per_model[i][j].to(dev)] for i in range(k)]
-                steps.append(_stacked_batch(x, y, pos))
+                steps.append(_stacked_batch(x, y, pos, longest, padded))
             if all(batch_size >= n for n in sizes):  # full batch: the same step every epoch
                 fixed = steps[0]
-        for xb, yb, w, count in steps:
+        for xb, yb, real, lengths in steps:
             try:
                 out = forward(params, buffers, xb)
             except RuntimeError as err:
@@ -458,30 +513,24 @@ def _train_stacked(
                     "stacked models would not match their one-by-one training; pass stacked=False"
                 ) from err
             b = xb.shape[1]
-            flat = loss_fn(out.reshape(k * b, *out.shape[2:]), yb.reshape(k * b, *yb.shape[2:]))
-            losses = _per_record_loss(flat, k * b).reshape(k, b)
-            per_model_mean = losses.mean(dim=1) if w is None else (losses * w).sum(1) / count
+            out, yb = out.reshape(k * b, *out.shape[2:]), yb.reshape(k * b, *yb.shape[2:])
+            if real is None:
+                losses = _per_record_loss(loss_fn(out, yb), k * b).reshape(k, b)
+                per_model_mean = losses.mean(dim=1)
+            else:
+                # padded rows are dropped before the loss, not weighted out after it: a
+                # non-finite loss of theirs would survive a zero weight (0 * nan = nan)
+                picked = loss_fn(out[real], yb[real])
+                picked = _per_record_loss(picked, real.shape[0])
+                losses = picked.new_zeros(k * b).index_copy(0, real, picked).reshape(k, b)
+                per_model_mean = losses.sum(dim=1) / lengths
             opt.zero_grad(set_to_none=True)
             per_model_mean.sum().backward()
             opt.step()
     return params, buffers
 
 
-def _stacked_batch(
-    x: torch.Tensor, y: torch.Tensor, pos: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The k models' batches as (k, B, ...) inputs and targets, padded to the longest with
-    weight 0 (weights None when every batch has the same length), and each batch's length."""
-    lengths = [p.shape[0] for p in pos]
-    count = torch.tensor(lengths, dtype=x.dtype if x.is_floating_point() else torch.float32)
-    count = count.to(x.device)
-    longest = max(lengths)
-    if min(lengths) == longest:
-        idx = torch.stack(pos)
-        return x[idx], y[idx], None, count
-    idx = torch.stack([torch.cat([p, p.new_zeros(longest - p.shape[0])]) for p in pos])
-    w = (torch.arange(longest, device=x.device)[None, :] < count[:, None]).to(count.dtype)
-    return x[idx], y[idx], w, count
+_WHAT = "train_ensemble"
 
 
 def train_ensemble(
@@ -495,8 +544,31 @@ def train_ensemble(
     batch_size: int | None = None,
     seed: int,
     stacked: bool = True,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    distributed: bool = True,
 ) -> Ensemble:
     """Train one model per row of ``masks``, each on its own records, all with one recipe.
+
+    Past one process: called on every rank of an initialised default process group
+    (``torchrun``; any backend) with the same arguments, the models are split over the ranks,
+    each rank training its contiguous share as one batched ensemble on its own device (``x``'s),
+    and every rank returns the whole ensemble, the one a single process trains (model i's seed
+    and mask depend only on ``(seed, i)``). A failure on one rank raises on every rank; a rank
+    that dies leaves the others with an error at the process group's timeout. Under NCCL set
+    each rank's device first (``torch.cuda.set_device``): the models travel through it.
+
+    Checkpoints: with ``checkpoint_dir``, every model is saved there as soon as it is trained
+    (one file per model; stacked, when its share's training ends) with its seed, mask and
+    initial parameters' digest and the recipe's fingerprint; a later call with the same folder
+    loads the models it finds and trains only the others. A file from another recipe or model
+    is refused, naming what differs. The fingerprint covers what can be read without running
+    code: the data (bytes, dtype and shape of ``x`` and ``y``), the architecture (the module's
+    repr, parameter and buffer names, shapes, dtypes), each model's initial parameters (bytes),
+    seed and mask, the optimizer's class and hyperparameters (from ``optimizer`` called on the
+    first model's parameters), ``loss_fn``'s qualified name (a changed body under the same name
+    goes unnoticed), ``epochs``, the batch size and ``stacked``. Loading uses
+    ``torch.load(weights_only=True)``. Under torch.distributed the folder may be shared by the
+    ranks or local to each (a model saved in any rank's folder is not trained again).
 
     Args:
         model_fn: ``model_fn() -> nn.Module``, a fresh model (privmon seeds the global RNGs
@@ -516,21 +588,29 @@ def train_ensemble(
         seed: non-negative integer; model i's seed derives from ``(seed, i)``.
         stacked: True (default): one vmapped ensemble; False: one model after another with the
             same protocol (any model, e.g. with dropout or BatchNorm).
+        checkpoint_dir: a folder (created when missing) to save each trained model in and to
+            resume from; None (default): nothing is saved.
+        distributed: True (default): split the models over the ranks of the default process
+            group when one is initialised (call on every rank); False: train them all in this
+            process (e.g. on rank 0 only).
 
     Returns:
-        An :class:`Ensemble` (parameters on ``x``'s device).
+        An :class:`Ensemble` (parameters on ``x``'s device), the same on every rank.
 
     Raises:
         ValueError / TypeError naming the argument: malformed ``data`` or ``masks``, a model
             without records, ``epochs`` / ``batch_size`` out of range, a ``loss_fn`` that does
             not return one loss per record, with ``stacked`` models that cannot be stacked or
-            member counts that give the models different numbers of batches per epoch.
+            member counts that give the models different numbers of batches per epoch; a
+            ``checkpoint_dir`` holding models of another recipe, data or mask; ranks called
+            with different arguments. RuntimeError on every rank when training failed on one.
     """
     check_callable(model_fn, name="model_fn")
     check_callable(loss_fn, name="loss_fn")
     check_callable(optimizer, name="optimizer")
     epochs = check_int(epochs, name="epochs", minimum=1)
     stacked = check_flag(stacked, name="stacked")
+    distributed = check_flag(distributed, name="distributed")
     seed = check_int(seed, name="seed")
     x, y = as_xy(data, name="data")
     if y is None:
@@ -557,38 +637,181 @@ def train_ensemble(
                 "together and need the same number: use equal member counts (random_halves), "
                 "full batch (batch_size=None) or stacked=False"
             )
+    k = len(sizes)
     masks_np = m.cpu().numpy()
-    seeds = training_seeds(seed, len(sizes))
-    rows = [torch.nonzero(r).squeeze(1).to(x.device) for r in m]
+    seeds = training_seeds(seed, k)
     with global_rngs_restored():
-        models = [_init(model_fn, int(s), x.device) for s in seeds]
+        template = _init(model_fn, int(seeds[0]), x.device)
     if stacked:
-        _check_stackable(models[0], padded=min(sizes) != max(sizes))
-        with seeded_global_rng(seed):  # a loss_fn drawing random numbers: seeded, restored
+        _check_stackable(template, padded=min(sizes) != max(sizes))
+    recipe = _recipe(template, x, y, loss_fn, optimizer, epochs=epochs, bs=bs, stacked=stacked)
+    folder = None
+    if checkpoint_dir is not None:
+        folder = CheckpointFolder(checkpoint_dir, kind="model", recipe=recipe, what=_WHAT)
+    work = plan(
+        k,
+        {
+            **recipe,
+            "masks": digest(masks_np),
+            "seed": str(seed),
+            "checkpoint_dir": str(folder is not None),
+        },
+        folder.present(k) if folder is not None else [],
+        distributed=distributed,
+        what=_WHAT,
+    )
+    rows = [torch.nonzero(r).squeeze(1).to(x.device) for r in m]
+    mine: dict[int, _Trained] = {}
+    error = None
+    try:
+        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
+            for i in work.load:
+                with global_rngs_restored():
+                    model = _init(model_fn, int(seeds[i]), x.device)
+                contents = folder.load(i, _identity(model, seeds[i], masks_np[i]))
+                mine[i] = _Trained(contents["params"], contents["buffers"], -1)
+        if work.train:
+            training = _Training(
+                loss_fn, optimizer, epochs, bs, seed, stacked, _step_shapes(sizes, bs), work.rank
+            )
+            trained = _train_share(
+                model_fn, x, y, rows, work.train, seeds, masks_np, training, folder
+            )
+            mine.update(trained)
+    except Exception as err:
+        error = err
+    if work.world > 1:  # CPU copies, each model's own (not views of a stacked tensor)
+        mine = {i: _Trained(portable(p), portable(b), r) for i, (p, b, r) in mine.items()}
+    every = exchange(mine, error, world=work.world, stage="training the shadow models")
+    params = {
+        name: torch.stack([every[i].params[name].to(x.device) for i in range(k)])
+        for name, _ in template.named_parameters()
+    }
+    buffers = {
+        name: torch.stack([every[i].buffers[name].to(x.device) for i in range(k)])
+        for name, _ in template.named_buffers()
+    }
+    trained_by = np.array([every[i].rank for i in range(k)], dtype=np.int64)
+    return Ensemble(template.eval(), params, buffers, seeds, masks_np, trained_by=trained_by)
+
+
+class _Trained(NamedTuple):
+    """One model's parameters and buffers (by name), and the rank that trained it (-1: loaded
+    from the checkpoint folder)."""
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    rank: int
+
+
+class _Training(NamedTuple):
+    """How a rank trains its share (the arguments of :func:`train_ensemble` it reads)."""
+
+    loss_fn: LossFn
+    optimizer: OptimizerFn
+    epochs: int
+    batch_size: int
+    seed: int
+    stacked: bool
+    shapes: list[tuple[int, bool]]
+    rank: int
+
+
+def _identity(model: nn.Module, seed: Any, mask: np.ndarray) -> dict[str, Any]:
+    """What makes a model model i, as its checkpoint records it: seed, mask and the digest of
+    its initial parameters and buffers (read before training)."""
+    state = model.state_dict()
+    return {"seed": int(seed), "mask": mask, "init": digest(*(state[k] for k in sorted(state)))}
+
+
+def _recipe(
+    template: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    optimizer: OptimizerFn,
+    *,
+    epochs: int,
+    bs: int,
+    stacked: bool,
+) -> dict[str, str]:
+    """The fingerprint of what every model of :func:`train_ensemble` shares (its docstring)."""
+    layout = [(k, tuple(v.shape), str(v.dtype)) for k, v in template.state_dict().items()]
+    probe = [p.detach().clone().requires_grad_(True) for p in template.parameters()]
+    opt = optimizer(probe)
+    groups = [sorted((k, repr(v)) for k, v in g.items() if k != "params") for g in opt.param_groups]
+    return {
+        "data": digest(x, y),
+        "model": f"{template!r} {layout}",
+        "optimizer": f"{qualified_name(type(opt))} {groups}",
+        "loss_fn": qualified_name(loss_fn),
+        "training": f"epochs={epochs}, batch_size={bs}, stacked={stacked}",
+    }
+
+
+def _train_share(
+    model_fn: Callable[[], nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: list[torch.Tensor],
+    indices: list[int],
+    seeds: np.ndarray,
+    masks: np.ndarray,
+    training: _Training,
+    folder: CheckpointFolder | None,
+) -> dict[int, _Trained]:
+    """Train models ``indices`` (stacked: together), saving each to ``folder`` once trained."""
+    with global_rngs_restored():
+        models = [_init(model_fn, int(seeds[i]), x.device) for i in indices]
+    # read before training; hashing every model's parameters is for checkpoints only
+    identities = [
+        _identity(models[j], seeds[i], masks[i]) if folder is not None else {}
+        for j, i in enumerate(indices)
+    ]
+    trained: dict[int, _Trained] = {}
+
+    def keep(j: int, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+        i = indices[j]
+        trained[i] = _Trained(params, buffers, training.rank)
+        if folder is not None:
+            folder.save(i, identities[j], {"params": params, "buffers": buffers})
+
+    if training.stacked:
+        with seeded_global_rng(training.seed):  # a loss_fn drawing random numbers: seeded, restored
             params, buffers = _train_stacked(
                 models,
                 x,
                 y,
-                rows,
-                loss_fn=loss_fn,
-                optimizer=optimizer,
-                epochs=epochs,
-                batch_size=bs,
-                seeds=seeds,
+                [rows[i] for i in indices],
+                loss_fn=training.loss_fn,
+                optimizer=training.optimizer,
+                epochs=training.epochs,
+                batch_size=training.batch_size,
+                seeds=seeds[indices],
+                shapes=training.shapes,
             )
-    else:
-        for model, r, s in zip(models, rows, seeds, strict=True):
-            _train_one(
-                model,
-                x,
-                y,
-                r,
-                loss_fn=loss_fn,
-                optimizer=optimizer,
-                epochs=epochs,
-                batch_size=bs,
-                seed=int(s),
+        for j in range(len(indices)):
+            keep(
+                j,
+                {name: p[j].detach() for name, p in params.items()},
+                {name: b[j].detach() for name, b in buffers.items()},
             )
-        params, buffers = stack_module_state(models)
-    template = copy.deepcopy(models[0]).eval()
-    return Ensemble(template, params, buffers, seeds, masks_np)
+        return trained
+    for j, (model, i) in enumerate(zip(models, indices, strict=True)):
+        _train_one(
+            model,
+            x,
+            y,
+            rows[i],
+            loss_fn=training.loss_fn,
+            optimizer=training.optimizer,
+            epochs=training.epochs,
+            batch_size=training.batch_size,
+            seed=int(seeds[i]),
+        )
+        keep(
+            j,
+            {name: p.detach() for name, p in model.named_parameters()},
+            {name: b.detach() for name, b in model.named_buffers()},
+        )
+    return trained

@@ -15,6 +15,7 @@ statistic matrix the caller computed (e.g. from models trained with ``train_fn``
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -207,6 +208,8 @@ def shadow_audit(
     a: float = 0.3,
     gamma: float = 1.0,
     stacked: bool = True,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    distributed: bool = True,
 ) -> ShadowAudit:
     """Train ``n_models`` classifiers on random halves of ``data`` and evaluate every attack
     leave-one-model-out (module docstring).
@@ -222,6 +225,10 @@ def shadow_audit(
             (:func:`privmon.audit.ensemble.train_ensemble`); ``loss_fn`` defaults to the
             per-record cross-entropy.
         attacks, fpr, fixed_variance, a, gamma: as in :func:`evaluate`.
+        checkpoint_dir, distributed: as in :func:`privmon.audit.ensemble.train_ensemble`:
+            each model saved as soon as it is trained, and resumed from; the models split over
+            the ranks of an initialised default process group (call on every rank), every rank
+            returning the audit of one process.
 
     Returns:
         A :class:`ShadowAudit` with the models' seeds.
@@ -244,6 +251,8 @@ def shadow_audit(
         batch_size=batch_size,
         seed=seed,
         stacked=stacked,
+        checkpoint_dir=checkpoint_dir,
+        distributed=distributed,
     )
     logits = ens(x).to(torch.float64)
     labels = y.to(logits.device).long().expand(k, -1)

@@ -49,10 +49,11 @@ is still reproducible) and restored afterwards: the caller's global RNG state is
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -61,11 +62,14 @@ from tqdm import tqdm
 
 from privmon._validation import (
     check_callable,
+    check_flag,
     check_indices,
     check_int,
     check_open_unit,
 )
 from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
+from privmon.audit.checkpoints import CheckpointFolder, digest, qualified_name
+from privmon.audit.distributed import exchange, plan
 from privmon.audit.records import as_xy, frozen
 from privmon.audit.results import AuditResult
 from privmon.audit.seeding import (
@@ -204,6 +208,16 @@ def _per_target_metrics(
 # --- shared driver --------------------------------------------------------------------------------
 
 
+class _Models(NamedTuple):
+    """How :func:`_run` trains and records the models: the checkpoint folder (or None), whether
+    to split them over the ranks, the recipe's fingerprint and each model's identity."""
+
+    checkpoint_dir: Any
+    distributed: bool
+    recipe: dict[str, str]
+    identity: Callable[[int], dict[str, Any]]
+
+
 def _run(
     setup: str,
     build: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]],
@@ -214,18 +228,40 @@ def _run(
     mask: np.ndarray,
     model_seeds: np.ndarray,
     progress: bool,
+    models: _Models,
 ) -> np.ndarray:
     n_models, n_targets = mask.shape
-    scores = np.empty((n_models, n_targets), dtype=np.float64)
+    what = f"privmon.audit.{setup}"
+    recipe = {
+        **models.recipe,
+        "train_fn": qualified_name(train_fn),
+        "score_fn": qualified_name(score_fn),
+        "n_models": str(n_models),
+    }
+    folder = None
+    if models.checkpoint_dir is not None:
+        folder = CheckpointFolder(models.checkpoint_dir, kind=setup, recipe=recipe, what=what)
+    work = plan(
+        n_models,
+        {**recipe, "checkpoint_dir": str(folder is not None)},
+        folder.present(n_models) if folder is not None else [],
+        distributed=models.distributed,
+        what=what,
+    )
+    rows: dict[int, np.ndarray] = {}
+    error = None
     # tqdm on stderr; disable=None turns it off when stderr is not a terminal (CI logs, pipes)
     bar = tqdm(
-        total=n_models,
+        total=len(work.train),
         desc=f"privmon {setup} audit",
         unit="model",
         disable=None if progress else True,
     )
     try:
-        for k in range(n_models):
+        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
+            for k in work.load:
+                rows[k] = folder.load(k, models.identity(k))["scores"].numpy()
+        for k in work.train:
             x_k, y_k = build(k)
             s = int(model_seeds[k])
             with seeded_global_rng(s):
@@ -233,12 +269,17 @@ def _run(
                 out = score_fn(
                     model, target_x.clone(), None if target_y is None else target_y.clone()
                 )
-            scores[k] = _scores_row(out, n_targets)
+            rows[k] = _scores_row(out, n_targets)
             del model, out
+            if folder is not None:
+                folder.save(k, models.identity(k), {"scores": rows[k]})
             bar.update(1)
+    except Exception as err:
+        error = err
     finally:
         bar.close()
-    return scores
+    every = exchange(rows, error, world=work.world, stage=f"the {setup} audit's models")
+    return np.stack([every[k] for k in range(n_models)])
 
 
 def _finish(
@@ -353,6 +394,8 @@ def specific(
     fpr: float = 0.1,
     reference_draw: str = "per_model",
     attack: str = "threshold",
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    distributed: bool = True,
 ) -> AuditResult:
     """Per-record membership risk of a model trained on *this* dataset (specific setup, §3.3).
 
@@ -409,6 +452,18 @@ def specific(
             in are drawn at random, without replacement within a model (the paper samples the
             reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by
             ``reference`` record ``j``.
+        checkpoint_dir: a folder (created when missing) where each model's scores of the
+            targets are saved as soon as it is scored, with its seed, mask row and reference
+            draw and the audit's fingerprint (the data, targets and reference records' bytes,
+            ``reference_draw``, ``seed``, ``n_models``, and the qualified names of ``train_fn``
+            and ``score_fn``: a changed body under the same name goes unnoticed); a later call
+            with the same folder reads the saved scores and trains only the other models. A
+            folder of another audit is refused, naming what differs. None (default): nothing
+            is saved.
+        distributed: True (default): called on every rank of an initialised default process
+            group with the same arguments, the models are split over the ranks
+            (:func:`privmon.audit.train_ensemble` explains how) and every rank returns the
+            result of one process; False: every model in this process.
 
     Returns:
         An :class:`AuditResult` with ``setup="specific"``.
@@ -421,6 +476,7 @@ def specific(
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
+    distributed = check_flag(distributed, name="distributed")
     if reference_draw not in ("per_model", "fixed"):
         raise ValueError(f"reference_draw must be 'per_model' or 'fixed', got {reference_draw!r}")
     x, y = as_xy(dataset, name="dataset")
@@ -483,6 +539,18 @@ def specific(
         mask,
         model_seeds,
         progress,
+        _Models(
+            checkpoint_dir,
+            distributed,
+            {
+                "data": digest(x, y),
+                "targets": digest(t),
+                "reference": digest(rx, ry),
+                "reference_draw": reference_draw,
+                "seed": str(seed),
+            },
+            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k], "draw": replacement[k]},
+        ),
     )
     return _finish("specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack)
 
@@ -499,6 +567,8 @@ def average(
     progress: bool = False,
     fpr: float = 0.1,
     attack: str = "threshold",
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    distributed: bool = True,
 ) -> AuditResult:
     """Per-record membership risk averaged over datasets (the usual *average* setup, §3.2).
 
@@ -518,6 +588,8 @@ def average(
         targets: indices into ``pool`` of the records to audit.
         dataset_size: records per training set; default ``len(pool) // 2``. Must lie in
             ``[len(targets), len(pool) - len(targets)]`` so that every draw is possible.
+        checkpoint_dir: as in :func:`specific` (the fingerprint covers the pool's bytes and
+            ``dataset_size`` in place of the dataset and reference records).
         Others: as in :func:`specific`.
 
     Returns:
@@ -525,6 +597,7 @@ def average(
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
+    distributed = check_flag(distributed, name="distributed")
     x, y = as_xy(pool, name="pool")
     n = x.shape[0]
     t = check_indices(targets, n, what="pool")
@@ -558,5 +631,16 @@ def average(
         mask,
         model_seeds,
         progress,
+        _Models(
+            checkpoint_dir,
+            distributed,
+            {
+                "data": digest(x, y),
+                "targets": digest(t),
+                "dataset_size": str(size),
+                "seed": str(seed),
+            },
+            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k]},
+        ),
     )
     return _finish("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)

@@ -1,7 +1,9 @@
 """Offline audits: the specific-setup per-record audit (only the training seed varies), shadow
-models trained as one batched ensemble, and the leave-one-model-out shadow audit of every
-reference-model attack."""
+models trained as one batched ensemble, the leave-one-model-out shadow audit of every
+reference-model attack, and canaries for one-run DP audits (gradient canaries inside an Opacus
+optimizer, input canaries for any model)."""
 
+from privmon.audit.canaries import GradientCanaries, InputCanaries, Placement
 from privmon.audit.ensemble import Ensemble, random_halves, train_ensemble
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
 from privmon.audit.specific import (
@@ -17,6 +19,9 @@ from privmon.audit.specific import (
 __all__ = [
     "AuditResult",
     "Ensemble",
+    "GradientCanaries",
+    "InputCanaries",
+    "Placement",
     "SetupComparison",
     "ShadowAudit",
     "average",

@@ -318,6 +318,20 @@ def test_bad_arguments_are_refused_with_the_valid_range():
         GradientCanaries(opt, 5)
 
 
+def test_a_scheduler_made_before_the_block_is_refused_and_one_made_after_schedules_it():
+    opt = private()[1]
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.5**epoch)
+    with pytest.raises(ValueError, match="create the GradientCanaries before the scheduler"):
+        GradientCanaries(opt, 5)
+    GradientCanaries(opt, 5, placement="parameters").detach()  # adds no param group
+    model, opt, loader = private()
+    GradientCanaries(opt, 5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.5**epoch)
+    train(model, opt, loader, 1)
+    scheduler.step()
+    assert [g["lr"] for g in opt.param_groups] == [LR / 2, LR / 2]
+
+
 def test_per_layer_clipping_is_refused():
     model = nn.Linear(3, 2)
     per_layer = DPPerLayerOptimizer(

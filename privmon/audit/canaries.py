@@ -160,10 +160,11 @@ class GradientCanaries:
     * ``"block"`` (default): a dedicated parameter block of ``n_canaries`` zeros, on the device
       and dtype of the optimizer's first parameter, added to the optimizer as a param group of
       its own with the first group's hyperparameters (create the canaries before an LR
-      scheduler so it schedules the block too). The model never uses it, so its clipped
-      per-sample gradients are exactly zero: it is kept out of Opacus' per-sample clipping
-      (which would cost a batch × n_canaries pass per step) and sees only the noise, the canaries
-      and the update: the idealised Gaussian mechanism of the audit, exactly. The model trains
+      scheduler, which must know that group: one made earlier is refused). The model never
+      uses the block, so its clipped per-sample gradients are exactly zero: it is kept out of
+      Opacus' per-sample clipping (which would cost a batch × n_canaries pass per step) and
+      sees only the noise, the canaries and the update: the idealised Gaussian mechanism of the
+      audit, exactly. The model trains
       as it would without canaries, in distribution; not bit for bit, because Opacus draws
       ``n_canaries`` more normals per step for the block from its noise source (its
       ``generator``, or the global torch RNG when it has none), after the model's noise, which
@@ -227,6 +228,12 @@ class GradientCanaries:
         if placement == "parameters":
             self._place_on_parameters(params, rng)
         else:
+            if "initial_lr" in optimizer.param_groups[0]:
+                raise ValueError(
+                    "optimizer already has an LR scheduler (its param groups carry "
+                    "'initial_lr'): create the GradientCanaries before the scheduler, which "
+                    "must know the canary block's param group (or use placement='parameters')"
+                )
             self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
             self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
             group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}

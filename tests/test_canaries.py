@@ -179,25 +179,6 @@ def test_score_is_higher_for_sampled_canaries_under_any_update_rule(kind, weight
     assert (score[counts > 0] > 0).all() and (score[counts == 0] == 0).all()
 
 
-def test_parameter_placement_one_step_is_the_hand_computation():
-    """One step, no noise: the canaries' coordinates move by −lr·C·(sampled)/B more than without
-    them, nothing else moves differently, and the score is θ_0 − θ_1 there."""
-    runs = []
-    for n in (None, 12):  # 12 coordinates: every one of the linear model's
-        model, opt, loader = private()
-        start = torch.cat([p.detach().flatten() for p in model.parameters()])
-        canaries = None if n is None else GradientCanaries(opt, n, placement="parameters")
-        train(model, opt, loader, 1)
-        end = torch.cat([p.detach().flatten() for p in model.parameters()])
-        runs.append((start, end, canaries))
-    (start, without, _), (_, with_, canaries) = runs
-    counts = canaries.sample_counts
-    assert counts.sum() > 0
-    np.testing.assert_allclose((without - with_).numpy(), LR * CLIP * counts / BATCH, atol=1e-6)
-    np.testing.assert_allclose(all_scores(canaries), (start - with_).numpy(), atol=1e-7)
-    assert canaries.placement == "parameters" and len(opt.param_groups) == 1
-
-
 # -- inclusion and sampling -------------------------------------------------------------------
 def test_inclusion_bits_are_seeded_and_fair_and_excluded_canaries_are_never_sampled():
     bits = {}
@@ -258,11 +239,10 @@ def test_detach_refuses_when_a_wrapped_method_was_wrapped_again():
         canaries.detach()
 
 
-@pytest.mark.parametrize("placement", ["block", "parameters"])
-def test_state_dict_round_trip_resumes_the_audit(placement):
+def test_state_dict_round_trip_resumes_the_audit():
     def setup():
         model, opt, loader = private(optimizer_fn=lambda p: torch.optim.SGD(p, lr=LR, momentum=0.5))
-        return model, opt, loader, GradientCanaries(opt, 8, seed=4, placement=placement)
+        return model, opt, loader, GradientCanaries(opt, 8, seed=4)
 
     model, opt, loader, canaries = setup()
     train(model, opt, loader, 6)
@@ -287,7 +267,6 @@ def test_a_mismatched_state_is_refused():
     for kwargs, field in [
         ({"n_canaries": 9, "seed": 4}, "n_canaries"),
         ({"n_canaries": 8, "seed": 5}, "seed"),
-        ({"n_canaries": 8, "seed": 4, "placement": "parameters"}, "placement"),
     ]:
         with pytest.raises(ValueError, match=field):
             GradientCanaries(private()[1], **kwargs).load_state_dict(state)
@@ -308,10 +287,6 @@ def test_bad_arguments_are_refused_with_the_valid_range():
             GradientCanaries(private()[1], bad)
     with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         GradientCanaries(private()[1], 5, seed=-1)
-    with pytest.raises(ValueError, match="placement must be one of"):
-        GradientCanaries(private()[1], 5, placement="model")
-    with pytest.raises(ValueError, match="at most the optimizer's 12 trainable coordinates"):
-        GradientCanaries(private()[1], 13, placement="parameters")
     opt = private()[1]
     GradientCanaries(opt, 5)
     with pytest.raises(ValueError, match="already carries GradientCanaries"):
@@ -323,7 +298,6 @@ def test_a_scheduler_made_before_the_block_is_refused_and_one_made_after_schedul
     torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.5**epoch)
     with pytest.raises(ValueError, match="create the GradientCanaries before the scheduler"):
         GradientCanaries(opt, 5)
-    GradientCanaries(opt, 5, placement="parameters").detach()  # adds no param group
     model, opt, loader = private()
     GradientCanaries(opt, 5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.5**epoch)

@@ -3,7 +3,7 @@ models trained as one batched ensemble, the leave-one-model-out shadow audit of 
 reference-model attack, and canaries for one-run DP audits (gradient canaries inside an Opacus
 optimizer, input canaries for any model)."""
 
-from privmon.audit.canaries import GradientCanaries, InputCanaries, Placement
+from privmon.audit.canaries import GradientCanaries, InputCanaries
 from privmon.audit.ensemble import Ensemble, random_halves, train_ensemble
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
 from privmon.audit.specific import (
@@ -21,7 +21,6 @@ __all__ = [
     "Ensemble",
     "GradientCanaries",
     "InputCanaries",
-    "Placement",
     "SetupComparison",
     "ShadowAudit",
     "average",

@@ -22,7 +22,7 @@ scores mean "included" for both kinds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,14 +31,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from privmon._validation import as_scores, check_int, check_unit
 
-__all__ = ["GradientCanaries", "InputCanaries", "Placement"]
+__all__ = ["GradientCanaries", "InputCanaries"]
 
-Placement = Literal["block", "parameters"]
-"""Where :class:`GradientCanaries` put their coordinates: ``"block"``, a dedicated parameter
-block the model never uses; ``"parameters"``, distinct coordinates of the model's own
-parameters."""
-
-_PLACEMENTS = ("block", "parameters")
 # Opacus optimizers whose step the canaries cannot join as a record: why, for the error message.
 _UNSUPPORTED = {
     "DistributedDPOptimizer": "it adds noise on rank 0 only and averages over ranks, so a "
@@ -140,43 +134,43 @@ class GradientCanaries:
     """Dirac gradient canaries inside an Opacus ``DPOptimizer``, for a one-run audit of DP-SGD.
 
     Nasr et al. 2023, "Tight Auditing of Differentially Private Machine Learning": canary i is
-    a gradient that is zero except coordinate i, where it equals the clipping bound C
-    (``optimizer.max_grad_norm``, read at every step). Each canary is included with probability
-    ½ (seeded, :attr:`included`); at every logical step each included canary is sampled with
-    the optimizer's sampling rate q (Poisson, like a record: q times the accumulated iterations,
-    as Opacus' accountant counts it) and added to the summed clipped gradient between
-    ``clip_and_accumulate`` and the optimizer's own ``add_noise``. It therefore passes through
-    exactly the noise, the ``expected_batch_size`` scaling and the update rule (SGD, momentum,
-    Adam, weight decay) a record does, and a broken ``add_noise`` is audited, never bypassed:
-    no noise is added here. Skipped (virtual) steps of ``BatchMemoryManager`` /
-    ``signal_skip_step`` never reach ``add_noise``, so each logical step adds the canaries once.
+    a gradient that is zero except coordinate i of a dedicated parameter block, where it equals
+    the clipping bound C (``optimizer.max_grad_norm``, read at every step). Each canary is
+    included with probability ½ (seeded, :attr:`included`); at every logical step each included
+    canary is sampled with the optimizer's sampling rate q (Poisson, like a record: q times the
+    accumulated iterations, as Opacus' accountant counts it) and added to the summed clipped
+    gradient between ``clip_and_accumulate`` and the optimizer's own ``add_noise``. It
+    therefore passes through exactly the noise, the ``expected_batch_size`` scaling and the
+    update rule (SGD, momentum, Adam, weight decay) a record does, and a broken ``add_noise`` is
+    audited, never bypassed: no noise is added here. Skipped (virtual) steps of
+    ``BatchMemoryManager`` / ``signal_skip_step`` never reach ``add_noise``, so each logical
+    step adds the canaries once.
 
     :meth:`scores` gives each canary's total update along its coordinate, θ_0 − θ_T (gradient
     descent moves against the canary's gradient, so higher = included): feed them to
     :func:`privmon.audit.one_run_epsilon`.
 
-    Placement (``placement=``):
+    The block: ``n_canaries`` zeros on the device and dtype of the optimizer's first parameter,
+    added to the optimizer as a param group of its own with the first group's hyperparameters
+    (create the canaries before an LR scheduler, which must know that group: one made earlier
+    is refused). The model never uses the block, so its clipped per-sample gradients are exactly
+    zero: it is kept out of Opacus' per-sample clipping (which would cost a batch × n_canaries
+    pass per step) and sees only the noise, the canaries and the update: the idealised Gaussian
+    mechanism of the audit, exactly, with as many canaries as wanted (1e5 cost +35 % CPU time
+    per step on a 19k-parameter MLP, benchmarks/dp_canaries.py). Canaries on the model's own
+    coordinates instead were measured and dropped: weaker bounds, at most one per coordinate,
+    and they perturb the model.
 
-    * ``"block"`` (default): a dedicated parameter block of ``n_canaries`` zeros, on the device
-      and dtype of the optimizer's first parameter, added to the optimizer as a param group of
-      its own with the first group's hyperparameters (create the canaries before an LR
-      scheduler, which must know that group: one made earlier is refused). The model never
-      uses the block, so its clipped per-sample gradients are exactly zero: it is kept out of
-      Opacus' per-sample clipping (which would cost a batch × n_canaries pass per step) and
-      sees only the noise, the canaries and the update: the idealised Gaussian mechanism of the
-      audit, exactly. The model trains
-      as it would without canaries, in distribution; not bit for bit, because Opacus draws
-      ``n_canaries`` more normals per step for the block from its noise source (its
-      ``generator``, or the global torch RNG when it has none), after the model's noise, which
-      shifts every later draw from that source (the next steps' noise and, where they share the
-      global RNG, the Poisson batches and dropout). ``optimizer.state_dict()`` holds the block's
-      group and state: a checkpoint loads into an optimizer that carries the same canaries.
-    * ``"parameters"``: ``n_canaries`` distinct coordinates of the optimizer's parameters
-      (seeded). No RNG stream changes (the noise has the same shapes), but the canaries perturb
-      the model at those coordinates and their scores drift with the real gradients there.
-
-    The canaries' own random numbers (inclusion and sampling) come from a dedicated generator
-    seeded with ``seed`` (sampling on the parameters' device), never from a global RNG.
+    Where training with canaries differs from training without: nowhere in distribution (the
+    model's clipping, noise and updates are unchanged); not bit for bit, because Opacus draws
+    ``n_canaries`` more normals per step for the block from its noise source (its
+    ``generator``, or the global torch RNG when it has none), after the model's noise, which
+    shifts every later draw from that source (the next steps' noise and, where they share the
+    global RNG, the Poisson batches and dropout). With ``noise_multiplier=0`` the model's weights
+    are bit-identical. ``optimizer.state_dict()`` holds the block's group and state: a
+    checkpoint loads into an optimizer that carries the same canaries. The canaries' own random
+    numbers (inclusion, sampling) come from a generator seeded with ``seed`` (sampling on the
+    block's device), never from a global RNG.
 
     Distributed Opacus (``DistributedDPOptimizer``) adds noise on rank 0 only and averages over
     ranks; canaries added on every rank would count ``world_size`` times, so it is refused, as
@@ -184,10 +178,8 @@ class GradientCanaries:
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
-        n_canaries: number of canaries m (>= 1; at most the number of trainable coordinates
-            with ``placement="parameters"``).
-        seed: seeds the inclusion bits, the coordinates and the sampling generator (>= 0).
-        placement: ``"block"`` or ``"parameters"`` (see above).
+        n_canaries: number of canaries m (>= 1).
+        seed: seeds the inclusion bits and the sampling generator (>= 0).
         sample_rate: probability that a record is in a batch. None (default) reads the rate
             Opacus' accountant hook was built with; a value must agree with it when both exist.
 
@@ -200,79 +192,46 @@ class GradientCanaries:
         n_canaries: int,
         *,
         seed: int = 0,
-        placement: Placement = "block",
         sample_rate: float | None = None,
     ) -> None:
         self._optimizer = _check_optimizer(optimizer)
         self._n = check_int(n_canaries, name="n_canaries", minimum=1)
         self._seed = check_int(seed, name="seed", minimum=0)
-        if placement not in _PLACEMENTS:
-            raise ValueError(f"placement must be one of {_PLACEMENTS}, got {placement!r}")
-        self._placement: Placement = placement
         self._sample_rate = _check_sample_rate(sample_rate, optimizer)
         params = list(optimizer.params)
         if not params:
             raise ValueError("optimizer has no trainable parameters to audit")
+        if "initial_lr" in optimizer.param_groups[0]:
+            raise ValueError(
+                "optimizer already has an LR scheduler (its param groups carry 'initial_lr'): "
+                "create the GradientCanaries before the scheduler, which must know the canary "
+                "block's param group"
+            )
         device, dtype = params[0].device, params[0].dtype
         included, rng = _inclusion(self._n, self._seed)
-        sampling_seed = int(rng.integers(2**62))
         self._included = torch.from_numpy(included).to(device)
-        self._generator = torch.Generator(device=device).manual_seed(sampling_seed)
+        self._generator = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
         self._counts = torch.zeros(self._n, dtype=torch.int64, device=device)
         self._steps = 0
-        self._block: nn.Parameter | None = None
-        self._sites: list[tuple[nn.Parameter, tuple[torch.Tensor, ...], torch.Tensor]] = []
-        self._coordinates = torch.empty(0, dtype=torch.int64)
-        self._initial = torch.empty(0)
-        self._final: torch.Tensor | None = None  # coordinate values frozen by detach()
-        if placement == "parameters":
-            self._place_on_parameters(params, rng)
-        else:
-            if "initial_lr" in optimizer.param_groups[0]:
-                raise ValueError(
-                    "optimizer already has an LR scheduler (its param groups carry "
-                    "'initial_lr'): create the GradientCanaries before the scheduler, which "
-                    "must know the canary block's param group (or use placement='parameters')"
-                )
-            self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
-            self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
-            group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-            optimizer.original_optimizer.add_param_group({**group, "params": [self._block]})
-        self._hooks = [_Hook(optimizer, "add_noise", self._add_noise)]
-        if self._block is not None:
-            self._hooks += [
-                _Hook(optimizer, "pre_step", self._pre_step),
-                _Hook(optimizer, "clip_and_accumulate", self._clip_and_accumulate),
-            ]
+        self._final: torch.Tensor | None = None  # the block's values frozen by detach()
+        self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
+        self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
+        group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        optimizer.original_optimizer.add_param_group({**group, "params": [self._block]})
+        self._hooks = [
+            _Hook(optimizer, "add_noise", self._add_noise),
+            _Hook(optimizer, "pre_step", self._pre_step),
+            _Hook(optimizer, "clip_and_accumulate", self._clip_and_accumulate),
+        ]
         for hook in self._hooks:
             setattr(optimizer, hook.name, hook)
-
-    def _place_on_parameters(self, params: list[nn.Parameter], rng: np.random.Generator) -> None:
-        sizes = [p.numel() for p in params]
-        total = sum(sizes)
-        if self._n > total:
-            raise ValueError(
-                f"n_canaries must be at most the optimizer's {total} trainable coordinates "
-                f"with placement='parameters', got {self._n}; use placement='block'"
-            )
-        coords = np.sort(rng.choice(total, size=self._n, replace=False))
-        self._coordinates = torch.from_numpy(coords)
-        offsets = np.cumsum([0, *sizes])
-        for k, p in enumerate(params):
-            lo, hi = np.searchsorted(coords, [offsets[k], offsets[k + 1]])
-            if lo == hi:
-                continue
-            local = torch.from_numpy(coords[lo:hi] - offsets[k]).to(p.device)
-            canary_ids = torch.arange(int(lo), int(hi), device=self._counts.device)
-            self._sites.append((p, torch.unravel_index(local, p.shape), canary_ids))
-        self._initial = self._values()
 
     # -- the optimizer's step ------------------------------------------------------------
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Give the block a per-sample gradient that costs no memory (zeros expanded to the
-        shape of a model parameter's, one per accumulated batch), so Opacus' bookkeeping
+        batch size of a model parameter's, one per accumulated batch), so Opacus' bookkeeping
         (``grad_samples``, ``accumulated_iterations``) counts it like every parameter."""
-        block = cast(nn.Parameter, self._block)
+        block = self._block
         reference = next(p for p in self._optimizer.params if p is not block)
         samples = getattr(reference, "grad_sample", None)
         zero = torch.zeros((), device=block.device, dtype=block.dtype)
@@ -287,7 +246,7 @@ class GradientCanaries:
     def _clip_and_accumulate(self, original: Any) -> None:
         """Opacus' clipping without the block (whose per-sample gradients are exactly zero: the
         norms are unchanged), then the block's share of the clipped sum, zero."""
-        block = cast(nn.Parameter, self._block)
+        block = self._block
         block.requires_grad_(False)  # Opacus' ``params`` skips it
         try:
             original()
@@ -297,30 +256,22 @@ class GradientCanaries:
             block.summed_grad = torch.zeros_like(block)  # type: ignore[attr-defined]
 
     def _add_noise(self, original: Any) -> None:
-        """Once per logical step: sample the included canaries, add C · (sampled) at their
-        coordinates of the summed clipped gradient, then the optimizer's own noise."""
+        """Once per logical step: sample the included canaries, add C · (sampled) to the block's
+        summed clipped gradient, then the optimizer's own noise."""
         opt = self._optimizer
         rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
         draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
         sampled = (draws < rate) & self._included
         self._counts += sampled
         self._steps += 1
-        bound = float(opt.max_grad_norm)
-        with torch.no_grad():
-            if self._block is not None:
-                self._block.summed_grad.add_(sampled.to(self._block.dtype), alpha=bound)  # type: ignore[attr-defined]
-            for p, index, canary_ids in self._sites:
-                values = sampled[canary_ids].to(device=p.device, dtype=p.dtype) * bound
-                p.summed_grad.index_put_(index, values, accumulate=True)  # type: ignore[attr-defined]
+        summed = self._block.summed_grad  # type: ignore[attr-defined]
+        summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
         original()
 
     # -- results ---------------------------------------------------------------------------
     def _values(self) -> torch.Tensor:
-        """The canaries' coordinates now, float64 on the CPU."""
-        with torch.no_grad():
-            if self._block is not None:
-                return self._block.detach().to("cpu", torch.float64).clone()
-            return torch.cat([p[index].to("cpu", torch.float64) for p, index, _ in self._sites])
+        """The block now, float64 on the CPU."""
+        return self._block.detach().to("cpu", torch.float64).clone()
 
     def scores(self) -> tuple[np.ndarray, np.ndarray]:
         """(in_scores, out_scores): θ_0 − θ_T along each canary's coordinate (higher = included),
@@ -328,8 +279,7 @@ class GradientCanaries:
 
         After :meth:`detach` the scores are those of the moment it was called."""
         current = self._final if self._final is not None else self._values()
-        start = self._initial if self._block is None else torch.zeros_like(current)
-        score = (start - current).numpy()
+        score = -current.numpy()  # θ_0 = 0
         included = self.included
         return score[included], score[~included]
 
@@ -360,20 +310,14 @@ class GradientCanaries:
         return self._n
 
     @property
-    def placement(self) -> Placement:
-        """``"block"`` or ``"parameters"``."""
-        return self._placement
-
-    @property
     def attached(self) -> bool:
         """True until :meth:`detach`."""
         return self._final is None
 
     # -- detaching and checkpoints -----------------------------------------------------------
     def detach(self) -> None:
-        """Restore the optimizer as it was: its methods, and (block placement) its param
-        groups and state without the block. Scores stay readable, frozen at this moment.
-        Calling it again does nothing.
+        """Restore the optimizer as it was: its methods, its param groups and its state without
+        the block. Scores stay readable, frozen at this moment. Calling it again does nothing.
 
         Raises:
             RuntimeError: a method the canaries wrapped was wrapped again by someone else
@@ -394,14 +338,13 @@ class GradientCanaries:
                 delattr(opt, hook.name)
             else:
                 setattr(opt, hook.name, hook.previous)
-        if self._block is not None:
-            block = self._block
-            groups = opt.original_optimizer.param_groups
-            groups[:] = [g for g in groups if not any(p is block for p in g["params"])]
-            opt.original_optimizer.state.pop(block, None)
-            for name in ("grad_sample", "summed_grad"):
-                setattr(block, name, None)
-            block.grad = None
+        block = self._block
+        groups = opt.original_optimizer.param_groups
+        groups[:] = [g for g in groups if not any(p is block for p in g["params"])]
+        opt.original_optimizer.state.pop(block, None)
+        for name in ("grad_sample", "summed_grad"):
+            setattr(block, name, None)
+        block.grad = None
 
     def __enter__(self) -> GradientCanaries:
         return self
@@ -411,27 +354,24 @@ class GradientCanaries:
 
     def state_dict(self) -> dict[str, Any]:
         """What resumes the audit after a checkpoint and lets :meth:`load_state_dict` check it
-        is loaded into the same canaries: configuration (n, seed, placement, sampling rate,
-        inclusion bits, coordinates), progress (sample counts, steps, sampling generator) and
-        the canaries' starting and current values. Tensors on the CPU (``torch.save``-able)."""
+        is loaded into the same canaries: configuration (n, seed, sampling rate, inclusion
+        bits), progress (sample counts, steps, the sampling generator's state) and the block's
+        values. Tensors on the CPU (``torch.save``-able)."""
         return {
             "n_canaries": self._n,
             "seed": self._seed,
-            "placement": self._placement,
             "sample_rate": self._sample_rate,
             "included": self._included.cpu().clone(),
-            "coordinates": self._coordinates.clone(),
             "sample_counts": self._counts.cpu().clone(),
             "steps": self._steps,
             "generator_state": self._generator.get_state(),
-            "initial": self._initial.clone(),
             "values": self._values(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator and
-        (block placement) the block's values; the optimizer's own state (the block's momentum
-        or Adam moments) comes back with ``optimizer.load_state_dict``.
+        """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator and the
+        block's values; the optimizer's own state for the block (momentum, Adam moments) comes
+        back with ``optimizer.load_state_dict``.
 
         Raises:
             ValueError: ``state`` lacks a field, or was saved by canaries of another
@@ -441,25 +381,25 @@ class GradientCanaries:
         missing = sorted(set(mine) - set(state))
         if missing:
             raise ValueError(f"state is not a GradientCanaries state_dict: it lacks {missing}")
-        for key in ("n_canaries", "seed", "placement", "sample_rate"):
+        for key in ("n_canaries", "seed", "sample_rate"):
             if state[key] != mine[key]:
                 raise ValueError(
                     f"state was saved by canaries with {key}={state[key]!r}; these have "
                     f"{key}={mine[key]!r}"
                 )
-        for key in ("included", "coordinates"):
-            if not torch.equal(torch.as_tensor(state[key]), mine[key]):
-                raise ValueError(f"state's {key} differ from these canaries' (another model?)")
+        if not torch.equal(torch.as_tensor(state["included"]), mine["included"]):
+            raise ValueError("state's included bits differ from these canaries'")
         counts = torch.as_tensor(state["sample_counts"], dtype=torch.int64)
+        values = torch.as_tensor(state["values"])
         if counts.shape != (self._n,) or bool((counts[~mine["included"]] != 0).any()):
             raise ValueError("state's sample_counts do not fit these canaries")
+        if values.shape != (self._n,):
+            raise ValueError(f"state's values must have shape ({self._n},)")
         self._counts.copy_(counts)
         self._steps = check_int(state["steps"], name="state['steps']")
         self._generator.set_state(state["generator_state"])
-        self._initial = torch.as_tensor(state["initial"], dtype=torch.float64).clone()
-        if self._block is not None:
-            with torch.no_grad():
-                self._block.copy_(torch.as_tensor(state["values"]))
+        with torch.no_grad():
+            self._block.copy_(values)
 
 
 class InputCanaries:

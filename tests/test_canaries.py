@@ -145,15 +145,17 @@ def test_virtual_steps_add_the_canaries_once_per_logical_step():
     )
 
 
-def test_the_model_trains_as_without_canaries_when_no_noise_is_drawn():
-    """With σ = 0 no random number is shared: the model's weights are bit-identical with and
-    without a canary block (its clipping, scaling and update leave the model untouched)."""
+@pytest.mark.parametrize(("sigma", "steps"), [(0.0, 15), (1.0, 1)])
+def test_the_model_trains_as_without_canaries(sigma, steps):
+    """The block leaves the model's clipping, noise, scaling and update alone: bit-identical
+    weights with and without it, over many steps without noise, and over the first step with
+    noise (the block's noise is drawn after the model's; later steps' draws shift)."""
     runs = []
     for n in (None, 1000):
-        model, opt, loader = private()
+        model, opt, loader = private(sigma=sigma)
         if n is not None:
             GradientCanaries(opt, n)
-        train(model, opt, loader, 15)
+        train(model, opt, loader, steps)
         runs.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)

@@ -19,8 +19,8 @@ not depend on the model under SGD, so a small one gives the same mechanism, fast
 fraction of runs whose audited ε exceeds the accountant's ε with the correct noise (a false
 alarm; at most the significance, 5 %) and with half the noise (power).
 
-    python benchmarks/dp_canaries.py            # markdown tables (about 10 minutes, 2 cores)
-    python benchmarks/dp_canaries.py --quick    # 1 seed, 100 steps, 20 null runs (smoke test)
+    python benchmarks/dp_canaries.py            # markdown tables (9 CPU minutes, one thread)
+    python benchmarks/dp_canaries.py --quick    # 1 seed, 100 steps, 10 null runs (smoke test)
 """
 
 from __future__ import annotations

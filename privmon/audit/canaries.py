@@ -156,8 +156,8 @@ class GradientCanaries:
     is refused). The model never uses the block, so its clipped per-sample gradients are exactly
     zero: it is kept out of Opacus' per-sample clipping (which would cost a batch × n_canaries
     pass per step) and sees only the noise, the canaries and the update: the idealised Gaussian
-    mechanism of the audit, exactly, with as many canaries as wanted (1e5 cost +35 % CPU time
-    per step on a 19k-parameter MLP, benchmarks/dp_canaries.py). Canaries on the model's own
+    mechanism of the audit, exactly, with as many canaries as wanted (1e5 cost about +30 % CPU
+    time per step on a 19k-parameter MLP, benchmarks/dp_canaries.py). Canaries on the model's own
     coordinates instead were measured and dropped: weaker bounds, at most one per coordinate,
     and they perturb the model.
 

@@ -174,3 +174,26 @@ def test_lira_audit():
         assert table[name][2] > 3 * table["loss"][2], table
     ranks = dict(re.findall(r"^  (\w+)\s+ranks ([\d ]+) of 200", out, re.MULTILINE))
     assert max(int(r) for r in ranks["lira"].split()) <= 20, out
+
+
+def dp_audit(*args: str) -> tuple[float, dict[tuple[str, str], float]]:
+    """Run dp_audit.py: the accountant's ε and the audited ε per (canary kind, method)."""
+    out = run_example("dp_audit.py", "--steps", "150", "--canaries", "20000", *args)
+    accountant = float(re.search(rf"accountant ε = ({NUM})", out).group(1))
+    audited = {
+        (kind, method): float(eps)
+        for kind, method, eps in re.findall(
+            rf"^(\w+) canaries \(\d+\) (\w+)\s+audited ε >= ({NUM})", out, re.MULTILINE
+        )
+    }
+    assert set(audited) == {(k, m) for k in ("gradient", "input") for m in ("steinke", "fdp")}
+    return accountant, audited
+
+
+def test_dp_audit_catches_an_optimizer_that_adds_no_noise():
+    accountant, correct = dp_audit()
+    assert 0 < accountant < 5
+    assert all(0 <= eps < accountant for eps in correct.values()), (accountant, correct)
+    buggy_accountant, buggy = dp_audit("--noise-factor", "0", "--input-canaries", "20")
+    assert buggy_accountant == accountant  # the bug is silent: the accountant sees σ = 2.5
+    assert buggy["gradient", "steinke"] > accountant and buggy["gradient", "fdp"] > accountant

@@ -1,7 +1,9 @@
 """Offline audits: the specific-setup per-record audit (only the training seed varies), shadow
 models trained as one batched ensemble, the leave-one-model-out shadow audit of every
-reference-model attack, and ε lower bounds from one training run's canaries."""
+reference-model attack, and one-run DP audits: canaries (gradient canaries inside an Opacus
+optimizer, input canaries for any model) and the ε lower bound their scores give."""
 
+from privmon.audit.canaries import GradientCanaries, InputCanaries
 from privmon.audit.ensemble import Ensemble, random_halves, train_ensemble
 from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
 from privmon.audit.results import AuditResult, SetupComparison, compare
@@ -11,6 +13,8 @@ from privmon.audit.specific import average, default_score, logit_score, specific
 __all__ = [
     "AuditResult",
     "Ensemble",
+    "GradientCanaries",
+    "InputCanaries",
     "OneRunAudit",
     "SetupComparison",
     "ShadowAudit",

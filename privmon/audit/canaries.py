@@ -1,0 +1,490 @@
+"""Canaries for one-run DP audits: Dirac gradient canaries inside an Opacus optimizer, and input
+canaries for any model.
+
+A one-run audit (Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run",
+Algorithm 1) includes each of m canaries with probability ½, trains once, scores every canary
+and turns how well the scores tell the included canaries from the others into a lower bound on
+ε (:func:`privmon.audit.one_run_epsilon`). This module makes and scores the canaries; higher
+scores mean "included" for both kinds.
+
+* :class:`GradientCanaries` (white box, DP-SGD): the Dirac canaries of Nasr et al. 2023, "Tight
+  Auditing of Differentially Private Machine Learning": a gradient that is zero except one
+  coordinate, where it equals the clipping bound C. Each included canary is sampled at every
+  step like a record (Poisson, at the optimizer's sampling rate) and added to the summed clipped
+  gradient *before* the optimizer's own ``add_noise``, so it passes through exactly the noise, the
+  scaling and the update rule a record does. A run whose optimizer adds less noise than the
+  accountant assumes is caught: the audited ε exceeds the accountant's.
+* :class:`InputCanaries` (black box, any model): records (mislabelled ones are the strongest)
+  of which a seeded half joins the training set; a query scores all of them at a check. Much
+  weaker than gradient canaries: they audit the whole training pipeline, not the mechanism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from privmon._validation import as_scores, check_int, check_unit
+
+__all__ = ["GradientCanaries", "InputCanaries"]
+
+# Opacus optimizers whose step the canaries cannot join as a record: why, for the error message.
+_UNSUPPORTED = {
+    "DistributedDPOptimizer": "it adds noise on rank 0 only and averages over ranks, so a "
+    "canary added on every rank would count world_size times",
+    "DPPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
+    "SimpleDistributedPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
+    "DPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
+    "DistributedDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
+    "FSDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
+    "AdaClipDPOptimizer": "adaptive clipping changes the noise multiplier and the bound per step",
+}
+
+
+def _inclusion(n: int, seed: int) -> tuple[np.ndarray, np.random.Generator]:
+    """Which of ``n`` canaries are included (independent fair coins), and the generator that
+    drew them, for whatever the caller draws next from the same seed."""
+    rng = np.random.default_rng(seed)
+    return rng.random(n) < 0.5, rng
+
+
+def _hook_sample_rate(optimizer: Any) -> float | None:
+    """The sampling rate Opacus' accountant hook was built with (``make_private`` attaches
+    ``accountant.get_optimizer_hook_fn(sample_rate=...)``: the rate is a free variable of the
+    hook), or None when the optimizer carries no such hook."""
+    hook = getattr(optimizer, "step_hook", None)
+    code, cells = getattr(hook, "__code__", None), getattr(hook, "__closure__", None)
+    if code is None or not cells or "sample_rate" not in code.co_freevars:
+        return None
+    rate = cells[code.co_freevars.index("sample_rate")].cell_contents
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:
+        return None
+    return float(rate)
+
+
+def _check_optimizer(optimizer: Any) -> Any:
+    try:
+        from opacus.optimizers import DPOptimizer
+    except ImportError:  # pragma: no cover - opacus is an optional dependency
+        raise TypeError(
+            "optimizer must be an Opacus DPOptimizer, and opacus is not installed "
+            "(pip install 'privmon[dp]')"
+        ) from None
+    if not isinstance(optimizer, DPOptimizer):
+        raise TypeError(
+            "optimizer must be an Opacus DPOptimizer (the optimizer PrivacyEngine.make_private "
+            f"returns), got {type(optimizer).__name__}"
+        )
+    for cls in type(optimizer).__mro__:
+        if cls.__module__.startswith("opacus") and cls.__name__ in _UNSUPPORTED:
+            raise ValueError(
+                f"optimizer is an Opacus {cls.__name__}, which GradientCanaries do not support: "
+                f"{_UNSUPPORTED[cls.__name__]}. Use flat clipping on one process "
+                "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+            )
+    if isinstance(optimizer.__dict__.get("add_noise"), _Hook):
+        raise ValueError(
+            "optimizer already carries GradientCanaries: detach() them before attaching others"
+        )
+    return optimizer
+
+
+def _check_sample_rate(sample_rate: Any, optimizer: Any) -> float:
+    hooked = _hook_sample_rate(optimizer)
+    if sample_rate is None:
+        if hooked is None:
+            raise ValueError(
+                "sample_rate: the optimizer carries no Opacus accountant hook to read its "
+                "sampling rate from (it was not made by PrivacyEngine.make_private); pass "
+                "sample_rate=, the probability that a record is in a batch, in (0, 1]"
+            )
+        return hooked
+    rate = check_unit(sample_rate, name="sample_rate")
+    if rate == 0:
+        raise ValueError("sample_rate must be in the interval (0, 1], got 0")
+    if hooked is not None and not np.isclose(rate, hooked, rtol=1e-9, atol=0):
+        raise ValueError(
+            f"sample_rate={rate!r} differs from the rate the optimizer's accountant uses "
+            f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
+        )
+    return rate
+
+
+class _Hook:
+    """A wrapper that replaces one method of an Opacus optimizer instance (recognisable, so a
+    second set of canaries is refused and :meth:`GradientCanaries.detach` can tell whether
+    someone wrapped the method again since)."""
+
+    def __init__(self, optimizer: Any, name: str, body: Any) -> None:
+        self.name = name
+        self.previous = optimizer.__dict__.get(name)  # an instance-level wrapper, or None
+        self.original = getattr(optimizer, name)
+        self.body = body
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.body(self.original, *args, **kwargs)
+
+
+class GradientCanaries:
+    """Dirac gradient canaries inside an Opacus ``DPOptimizer``, for a one-run audit of DP-SGD.
+
+    Nasr et al. 2023, "Tight Auditing of Differentially Private Machine Learning": canary i is
+    a gradient that is zero except coordinate i of a dedicated parameter block, where it equals
+    the clipping bound C (``optimizer.max_grad_norm``, read at every step). Each canary is
+    included with probability ½ (seeded, :attr:`included`); at every logical step each included
+    canary is sampled with the optimizer's sampling rate q (Poisson, like a record: q times the
+    accumulated iterations, as Opacus' accountant counts it) and added to the summed clipped
+    gradient between ``clip_and_accumulate`` and the optimizer's own ``add_noise``. It
+    therefore passes through exactly the noise, the ``expected_batch_size`` scaling and the
+    update rule (SGD, momentum, Adam, weight decay) a record does, and a broken ``add_noise`` is
+    audited, never bypassed: no noise is added here. Skipped (virtual) steps of
+    ``BatchMemoryManager`` / ``signal_skip_step`` never reach ``add_noise``, so each logical
+    step adds the canaries once.
+
+    :meth:`scores` gives each canary's total update along its coordinate, θ_0 − θ_T (gradient
+    descent moves against the canary's gradient, so higher = included): feed them to
+    :func:`privmon.audit.one_run_epsilon`.
+
+    The block: ``n_canaries`` zeros on the device and dtype of the optimizer's first parameter,
+    added to the optimizer as a param group of its own with the first group's hyperparameters
+    (create the canaries before an LR scheduler, which must know that group: one made earlier
+    is refused). The model never uses the block, so its clipped per-sample gradients are exactly
+    zero: it is kept out of Opacus' per-sample clipping (which would cost a batch × n_canaries
+    pass per step) and sees only the noise, the canaries and the update: the idealised Gaussian
+    mechanism of the audit, exactly, with as many canaries as wanted (1e5 cost about +30 % CPU
+    time per step on a 19k-parameter MLP, benchmarks/dp_canaries.py). Canaries on the model's own
+    coordinates instead were measured and dropped: weaker bounds, at most one per coordinate,
+    and they perturb the model.
+
+    Where training with canaries differs from training without: nowhere in distribution (the
+    model's clipping, noise and updates are unchanged); not bit for bit, because Opacus draws
+    ``n_canaries`` more normals per step for the block from its noise source (its
+    ``generator``, or the global torch RNG when it has none), after the model's noise, which
+    shifts every later draw from that source (the next steps' noise and, where they share the
+    global RNG, the Poisson batches and dropout). With ``noise_multiplier=0`` the model's weights
+    are bit-identical. ``optimizer.state_dict()`` holds the block's group and state: a
+    checkpoint loads into an optimizer that carries the same canaries. The canaries' own random
+    numbers (inclusion, sampling) come from a generator seeded with ``seed`` (sampling on the
+    block's device), never from a global RNG.
+
+    Distributed Opacus (``DistributedDPOptimizer``) adds noise on rank 0 only and averages over
+    ranks; canaries added on every rank would count ``world_size`` times, so it is refused, as
+    are per-layer, adaptive and ghost clipping.
+
+    Args:
+        optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
+        n_canaries: number of canaries m (>= 1).
+        seed: seeds the inclusion bits and the sampling generator (>= 0).
+        sample_rate: probability that a record is in a batch. None (default) reads the rate
+            Opacus' accountant hook was built with; a value must agree with it when both exist.
+
+    Use as a context manager (or call :meth:`detach`) to restore the optimizer.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        n_canaries: int,
+        *,
+        seed: int = 0,
+        sample_rate: float | None = None,
+    ) -> None:
+        self._optimizer = _check_optimizer(optimizer)
+        self._n = check_int(n_canaries, name="n_canaries", minimum=1)
+        self._seed = check_int(seed, name="seed", minimum=0)
+        self._sample_rate = _check_sample_rate(sample_rate, optimizer)
+        params = list(optimizer.params)
+        if not params:
+            raise ValueError("optimizer has no trainable parameters to audit")
+        if "initial_lr" in optimizer.param_groups[0]:
+            raise ValueError(
+                "optimizer already has an LR scheduler (its param groups carry 'initial_lr'): "
+                "create the GradientCanaries before the scheduler, which must know the canary "
+                "block's param group"
+            )
+        device, dtype = params[0].device, params[0].dtype
+        included, rng = _inclusion(self._n, self._seed)
+        self._included = torch.from_numpy(included).to(device)
+        self._generator = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
+        self._counts = torch.zeros(self._n, dtype=torch.int64, device=device)
+        self._steps = 0
+        self._final: torch.Tensor | None = None  # the block's values frozen by detach()
+        self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
+        self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
+        group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        optimizer.original_optimizer.add_param_group({**group, "params": [self._block]})
+        self._hooks = [
+            _Hook(optimizer, "add_noise", self._add_noise),
+            _Hook(optimizer, "pre_step", self._pre_step),
+            _Hook(optimizer, "clip_and_accumulate", self._clip_and_accumulate),
+        ]
+        for hook in self._hooks:
+            setattr(optimizer, hook.name, hook)
+
+    # -- the optimizer's step ------------------------------------------------------------
+    def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        """Give the block a per-sample gradient that costs no memory (zeros expanded to the
+        batch size of a model parameter's, one per accumulated batch), so Opacus' bookkeeping
+        (``grad_samples``, ``accumulated_iterations``) counts it like every parameter."""
+        block = self._block
+        reference = next(p for p in self._optimizer.params if p is not block)
+        samples = getattr(reference, "grad_sample", None)
+        zero = torch.zeros((), device=block.device, dtype=block.dtype)
+        if isinstance(samples, torch.Tensor):
+            block.grad_sample = zero.expand(len(samples), self._n)  # type: ignore[attr-defined]
+        elif isinstance(samples, list):
+            block.grad_sample = [zero.expand(len(s), self._n) for s in samples]  # type: ignore[attr-defined]
+        else:  # Opacus reports the model parameter's missing per-sample gradient itself
+            block.grad_sample = None  # type: ignore[attr-defined]
+        return original(*args, **kwargs)
+
+    def _clip_and_accumulate(self, original: Any) -> None:
+        """Opacus' clipping without the block (whose per-sample gradients are exactly zero: the
+        norms are unchanged), then the block's share of the clipped sum, zero."""
+        block = self._block
+        block.requires_grad_(False)  # Opacus' ``params`` skips it
+        try:
+            original()
+        finally:
+            block.requires_grad_(True)
+        if block.summed_grad is None:  # type: ignore[attr-defined]
+            block.summed_grad = torch.zeros_like(block)  # type: ignore[attr-defined]
+
+    def _add_noise(self, original: Any) -> None:
+        """Once per logical step: sample the included canaries, add C · (sampled) to the block's
+        summed clipped gradient, then the optimizer's own noise."""
+        opt = self._optimizer
+        rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
+        draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
+        sampled = (draws < rate) & self._included
+        self._counts += sampled
+        self._steps += 1
+        summed = self._block.summed_grad  # type: ignore[attr-defined]
+        summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
+        original()
+
+    # -- results ---------------------------------------------------------------------------
+    def _values(self) -> torch.Tensor:
+        """The block now, float64 on the CPU."""
+        return self._block.detach().to("cpu", torch.float64).clone()
+
+    def scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """(in_scores, out_scores): θ_0 − θ_T along each canary's coordinate (higher = included),
+        for the included and the excluded canaries, each in canary order, float64.
+
+        After :meth:`detach` the scores are those of the moment it was called."""
+        current = self._final if self._final is not None else self._values()
+        score = -current.numpy()  # θ_0 = 0
+        included = self.included
+        return score[included], score[~included]
+
+    @property
+    def included(self) -> np.ndarray:
+        """Which canaries are included (bool, shape (n_canaries,); fair coins drawn from the
+        seed)."""
+        return self._included.cpu().numpy().copy()
+
+    @property
+    def sample_counts(self) -> np.ndarray:
+        """How many steps sampled each canary (int64; always 0 for excluded canaries)."""
+        return self._counts.cpu().numpy().copy()
+
+    @property
+    def steps(self) -> int:
+        """Logical steps the canaries took part in (noised steps, not skipped virtual ones)."""
+        return self._steps
+
+    @property
+    def sample_rate(self) -> float:
+        """Probability that a canary is sampled at a step (the records' rate)."""
+        return self._sample_rate
+
+    @property
+    def n_canaries(self) -> int:
+        """Number of canaries m."""
+        return self._n
+
+    @property
+    def attached(self) -> bool:
+        """True until :meth:`detach`."""
+        return self._final is None
+
+    # -- detaching and checkpoints -----------------------------------------------------------
+    def detach(self) -> None:
+        """Restore the optimizer as it was: its methods, its param groups and its state without
+        the block. Scores stay readable, frozen at this moment. Calling it again does nothing.
+
+        Raises:
+            RuntimeError: a method the canaries wrapped was wrapped again by someone else
+                since (detach that first).
+        """
+        if not self.attached:
+            return
+        opt = self._optimizer
+        for hook in self._hooks:
+            if opt.__dict__.get(hook.name) is not hook:
+                raise RuntimeError(
+                    f"optimizer.{hook.name} was replaced after the canaries were attached; "
+                    "restore it before detaching the canaries"
+                )
+        self._final = self._values()
+        for hook in reversed(self._hooks):
+            if hook.previous is None:
+                delattr(opt, hook.name)
+            else:
+                setattr(opt, hook.name, hook.previous)
+        block = self._block
+        groups = opt.original_optimizer.param_groups
+        groups[:] = [g for g in groups if not any(p is block for p in g["params"])]
+        opt.original_optimizer.state.pop(block, None)
+        for name in ("grad_sample", "summed_grad"):
+            setattr(block, name, None)
+        block.grad = None
+
+    def __enter__(self) -> GradientCanaries:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resumes the audit after a checkpoint and lets :meth:`load_state_dict` check it
+        is loaded into the same canaries: configuration (n, seed, sampling rate, inclusion
+        bits), progress (sample counts, steps, the sampling generator's state) and the block's
+        values. Tensors on the CPU (``torch.save``-able)."""
+        return {
+            "n_canaries": self._n,
+            "seed": self._seed,
+            "sample_rate": self._sample_rate,
+            "included": self._included.cpu().clone(),
+            "sample_counts": self._counts.cpu().clone(),
+            "steps": self._steps,
+            "generator_state": self._generator.get_state(),
+            "values": self._values(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator and the
+        block's values; the optimizer's own state for the block (momentum, Adam moments) comes
+        back with ``optimizer.load_state_dict``.
+
+        Raises:
+            ValueError: ``state`` lacks a field, or was saved by canaries of another
+                configuration (the message names the first field that differs).
+        """
+        mine = self.state_dict()
+        missing = sorted(set(mine) - set(state))
+        if missing:
+            raise ValueError(f"state is not a GradientCanaries state_dict: it lacks {missing}")
+        for key in ("n_canaries", "seed", "sample_rate"):
+            if state[key] != mine[key]:
+                raise ValueError(
+                    f"state was saved by canaries with {key}={state[key]!r}; these have "
+                    f"{key}={mine[key]!r}"
+                )
+        if not torch.equal(torch.as_tensor(state["included"]), mine["included"]):
+            raise ValueError("state's included bits differ from these canaries'")
+        counts = torch.as_tensor(state["sample_counts"], dtype=torch.int64)
+        values = torch.as_tensor(state["values"])
+        if counts.shape != (self._n,) or bool((counts[~mine["included"]] != 0).any()):
+            raise ValueError("state's sample_counts do not fit these canaries")
+        if values.shape != (self._n,):
+            raise ValueError(f"state's values must have shape ({self._n},)")
+        self._counts.copy_(counts)
+        self._steps = check_int(state["steps"], name="state['steps']")
+        self._generator.set_state(state["generator_state"])
+        with torch.no_grad():
+            self._block.copy_(values)
+
+
+class InputCanaries:
+    """Input canaries for a black-box one-run audit of any model.
+
+    Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run": each canary
+    record is included in the training set with probability ½ (seeded, :attr:`included`);
+    after (or during) training a query scores every canary and
+    :func:`privmon.audit.one_run_epsilon` turns the scores into an ε lower bound. Mislabelled
+    records are the usual canaries: a model that memorises them fits labels no other record
+    supports.
+
+    Args:
+        records: the canary records, a map-style dataset (``len`` and integer indexing; a
+            ``TensorDataset`` of ``(x, y)``, a list of ``(x, y)`` tuples) whose items the
+            training loop and the query both accept after default collation.
+        seed: seeds the inclusion bits (>= 0).
+    """
+
+    def __init__(self, records: Dataset[Any] | Sequence[Any], *, seed: int = 0) -> None:
+        if not hasattr(records, "__getitem__") or not hasattr(records, "__len__"):
+            raise TypeError(
+                "records must be a map-style dataset (len() and integer indexing), got "
+                f"{type(records).__name__}"
+            )
+        n = len(records)
+        if n < 2:
+            raise ValueError(f"records must hold at least 2 canaries, got {n}")
+        self.records = records
+        self._seed = check_int(seed, name="seed", minimum=0)
+        self._included, _ = _inclusion(n, self._seed)
+
+    @property
+    def included(self) -> np.ndarray:
+        """Which canaries are in the training set (bool, shape (len(records),))."""
+        return self._included.copy()
+
+    @property
+    def training_records(self) -> Subset[Any]:
+        """The included canaries, to add to the training set (e.g. ``ConcatDataset([train,
+        canaries.training_records])``)."""
+        return Subset(cast(Dataset[Any], self.records), np.flatnonzero(self._included).tolist())
+
+    def scores(self, query: Any, *, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """(in_scores, out_scores) of the query on every canary, signed so that higher =
+        included (negated when ``query.higher_is_member`` is False), float64, in record order.
+
+        The query runs as at a monitor check (``prepare(device)``, one call per batch,
+        ``release()``) under ``torch.no_grad()`` with its modules in eval mode; modes, gradients,
+        Opacus hooks and every RNG are restored afterwards, so training can go on. Non-finite
+        scores are kept (aligned with the records); ``one_run_epsilon`` drops and counts them.
+
+        Args:
+            query: a privmon query (e.g. ``privmon.queries.LossQuery(model)``) with one score
+                per record and a known direction (``higher_is_member`` True or False).
+            batch_size: records per query call (>= 1).
+
+        Raises:
+            ValueError: the query's direction is unknown, or it returns other than one score
+                per record.
+        """
+        from privmon.callbacks._protect import untouched_training  # callbacks import audit
+
+        direction = getattr(query, "higher_is_member", None)
+        if direction not in (True, False) or not callable(query):
+            raise ValueError(
+                "query must be a privmon query with one score per record and a known direction "
+                f"(higher_is_member True or False), got {query!r} with higher_is_member="
+                f"{direction!r}"
+            )
+        size = check_int(batch_size, name="batch_size", minimum=1)
+        loader = DataLoader(cast(Dataset[Any], self.records), batch_size=size, shuffle=False)
+        modules = list(getattr(query, "modules", ()))
+        parts = []
+        try:
+            with untouched_training(modules, []), torch.no_grad():
+                getattr(query, "prepare", lambda device: None)(getattr(query, "device", None))
+                parts = [query(batch).detach() for batch in loader]
+        finally:
+            getattr(query, "release", lambda: None)()
+        scores, _ = as_scores(torch.cat(parts), name="query scores", drop=False)
+        if scores.shape != (len(self._included), 1):
+            raise ValueError(
+                f"query must give one score per record: got shape {tuple(scores.shape)} for "
+                f"{len(self._included)} records"
+            )
+        values = scores[:, 0].cpu().numpy() * (1.0 if direction else -1.0)
+        return values[self._included], values[~self._included]

@@ -402,6 +402,18 @@ class GradientCanaries:
             self._block.copy_(values)
 
 
+def _check_query(query: Any) -> bool:
+    """The direction of a query with one score per record (ValueError when unknown)."""
+    direction = getattr(query, "higher_is_member", None)
+    if direction not in (True, False) or not callable(query):
+        raise ValueError(
+            "query must be a privmon query with one score per record and a known direction "
+            f"(higher_is_member True or False), got {query!r} with higher_is_member="
+            f"{direction!r}"
+        )
+    return bool(direction)
+
+
 class InputCanaries:
     """Input canaries for a black-box one-run audit of any model.
 
@@ -416,10 +428,15 @@ class InputCanaries:
         records: the canary records, a map-style dataset (``len`` and integer indexing; a
             ``TensorDataset`` of ``(x, y)``, a list of ``(x, y)`` tuples) whose items the
             training loop and the query both accept after default collation.
+        query: the query :meth:`scores` runs when called without one (e.g.
+            ``privmon.queries.LossQuery(model)``), so that the canaries can be handed to
+            ``PrivacyMonitor(canaries=...)``, which calls ``scores()`` at every check.
         seed: seeds the inclusion bits (>= 0).
     """
 
-    def __init__(self, records: Dataset[Any] | Sequence[Any], *, seed: int = 0) -> None:
+    def __init__(
+        self, records: Dataset[Any] | Sequence[Any], *, query: Any = None, seed: int = 0
+    ) -> None:
         if not hasattr(records, "__getitem__") or not hasattr(records, "__len__"):
             raise TypeError(
                 "records must be a map-style dataset (len() and integer indexing), got "
@@ -429,6 +446,9 @@ class InputCanaries:
         if n < 2:
             raise ValueError(f"records must hold at least 2 canaries, got {n}")
         self.records = records
+        if query is not None:
+            _check_query(query)
+        self.query = query
         self._seed = check_int(seed, name="seed", minimum=0)
         self._included, _ = _inclusion(n, self._seed)
 
@@ -443,7 +463,7 @@ class InputCanaries:
         canaries.training_records])``)."""
         return Subset(cast(Dataset[Any], self.records), np.flatnonzero(self._included).tolist())
 
-    def scores(self, query: Any, *, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    def scores(self, query: Any = None, *, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
         """(in_scores, out_scores) of the query on every canary, signed so that higher =
         included (negated when ``query.higher_is_member`` is False), float64, in record order.
 
@@ -454,7 +474,8 @@ class InputCanaries:
 
         Args:
             query: a privmon query (e.g. ``privmon.queries.LossQuery(model)``) with one score
-                per record and a known direction (``higher_is_member`` True or False).
+                per record and a known direction (``higher_is_member`` True or False); default
+                the one given at construction.
             batch_size: records per query call (>= 1).
 
         Raises:
@@ -463,13 +484,13 @@ class InputCanaries:
         """
         from privmon.callbacks._protect import untouched_training  # callbacks import audit
 
-        direction = getattr(query, "higher_is_member", None)
-        if direction not in (True, False) or not callable(query):
-            raise ValueError(
-                "query must be a privmon query with one score per record and a known direction "
-                f"(higher_is_member True or False), got {query!r} with higher_is_member="
-                f"{direction!r}"
-            )
+        if query is None:
+            if self.query is None:
+                raise ValueError(
+                    "scores() needs a query: pass one here or to InputCanaries(query=)"
+                )
+            query = self.query
+        direction = _check_query(query)
         size = check_int(batch_size, name="batch_size", minimum=1)
         loader = DataLoader(cast(Dataset[Any], self.records), batch_size=size, shuffle=False)
         modules = list(getattr(query, "modules", ()))

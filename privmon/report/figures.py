@@ -93,10 +93,13 @@ def plot_epsilon(checks: Checks) -> str:
         for m in checks.methods(q):
             s, v = checks.series(f"privacy/{q}/{m}/epsilon_lower_bound")
             ax.plot(s, v, "--o", ms=3, label=_literal(f"ε lower bound ({q}, {m})"))
+    for m in checks.canary_methods():
+        s, v = checks.series(f"privacy/canaries/{m}/epsilon_lower_bound")
+        ax.plot(s, v, "-s", ms=4, lw=1.5, label=f"ε lower bound (one-run canary audit, {m})")
     ax.set_ylim(bottom=0.0)
     ax.set_xlabel("training step")
     ax.set_ylabel("ε")
-    ax.set_title("ε: accountant vs measured lower bounds")
+    ax.set_title("ε: accountant vs audited lower bounds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     return _png(fig)

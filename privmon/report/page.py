@@ -223,8 +223,16 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     out.append("<h2>Advantage over training</h2>")
     for q in checks.queries():
         out.append(_img(*plot_advantage(checks, q, floor)))
-    if checks.has("privacy/epsilon"):
-        out.append(_img(plot_epsilon(checks), "epsilon: accountant vs measured lower bounds"))
+    if checks.has("privacy/epsilon") or checks.canary_methods():
+        out.append(_img(plot_epsilon(checks), "epsilon: accountant vs audited lower bounds"))
+        if checks.canary_methods():
+            out.append(
+                "<p class='caption'>The one-run canary audit's ε lower bounds (Steinke et al.; "
+                "f-DP, Mahloujifar et al.) hold together over the run at the monitor's "
+                "confidence; the canaries' inclusion is randomised, so an audited ε above the "
+                "accountant's proves the DP implementation or its accounting wrong, whatever "
+                "the audit sets.</p>"
+            )
         out.append(f"<p class='caption'>{esc(EXCHANGEABILITY)}</p>")
     out.append(f"<h2>ROC at the last check (step {last['step']})</h2>")
     for q in checks.queries():

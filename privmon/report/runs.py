@@ -29,6 +29,7 @@ from privmon.report.check import Report
 __all__ = [
     "ADVANTAGE_TAG",
     "AXIS_TAGS",
+    "CANARY_TAG",
     "JSONL_NAME",
     "RISK_TAG",
     "ROC_TAG",
@@ -57,6 +58,8 @@ ADVANTAGE_TAG = re.compile(
     r"^privacy/(.+)/(histogram|kde)/"
     r"(value|lower|lower_check|plugin|plugin_upper|upper|epsilon_lower_bound)$"
 )
+CANARY_TAG = re.compile(r"^privacy/canaries/(.+)/epsilon_lower_bound$")
+"""The one-run canary audit's ε lower bound of a method (the method in group 1)."""
 RISK_TAG = re.compile(r"^privacy/(.+)/risk/(q\d+|max|n_above_[0-9.]+)$")
 ROC_TAG = re.compile(r"^privacy/(.+)/(auc|tpr@fpr=.+|accuracy_at_median)$")
 _PR_RE = re.compile(r"^privacy/(.+)/membership_pr$")
@@ -152,6 +155,16 @@ class Checks:
     def queries(self) -> list[str]:
         """The queries with advantage figures, in order of first appearance."""
         return list(self._index())
+
+    def canary_methods(self) -> list[str]:
+        """The one-run canary audit's methods the checks report, in order of first appearance."""
+        found: dict[str, None] = {}
+        for r in self.records:
+            for tag in r["scalars"]:
+                m = CANARY_TAG.match(tag)
+                if m:
+                    found.setdefault(m.group(1))
+        return list(found)
 
     def methods(self, query: str) -> list[str]:
         """The estimation methods ``query`` reports ("histogram", "kde"), in that order."""

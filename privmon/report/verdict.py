@@ -57,13 +57,21 @@ def certified_floor(hits: Sequence[tuple[int, str, str, float, float]]) -> float
 
 
 def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
-    """(step, tag, lower, ceiling, eps) for each query/method above the (ε, δ) ceiling."""
+    """(step, tag, lower, ceiling, eps) for each query/method above the (ε, δ) ceiling, and
+    (step, "canaries/<method>", audited ε, accountant ε, accountant ε) for each one-run canary
+    bound above the accountant's ε."""
     out = []
+    canaries = checks.canary_methods()
     for r in checks.records:
         s = r["scalars"]
         ceiling = s.get("privacy/ceiling/eps_delta", math.nan)
         eps = r["epsilon"] if r["epsilon"] is not None else s.get("privacy/epsilon", math.nan)
         found = False
+        for m in canaries:
+            audited = s.get(f"privacy/canaries/{m}/epsilon_lower_bound", math.nan)
+            if not math.isnan(eps) and audited > eps + TOL:
+                out.append((r["step"], f"canaries/{m}", audited, eps, eps))
+                found = True
         if not math.isnan(ceiling):
             for q in checks.queries():
                 for m in checks.methods(q):
@@ -106,24 +114,39 @@ def verdict(checks: Checks) -> Verdict:
     violations = _violations(checks)
     has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has("privacy/epsilon")
     if violations:
-        step, tag, lower, ceiling, eps = violations[0]
-        what = (
-            f"the certified lower bound on the membership advantage ({tag}: {lower:.3f}) exceeds "
-            f"the ceiling {ceiling:.3f} that (ε = {eps:.3g}, δ)-DP allows"
-            if tag != "?"
-            else "the monitor flagged a certified advantage above the (ε, δ)-DP ceiling"
+        # the canaries' figure first: it needs no assumption on the audit sets
+        step, tag, lower, ceiling, eps = min(
+            violations, key=lambda v: (not v[1].startswith("canaries/"), v[0])
         )
+        if tag.startswith("canaries/"):
+            what = (
+                f"the one-run canary audit ({tag.split('/', 1)[1]}) certifies ε ≥ {lower:.3g}, "
+                f"above the accountant's ε = {eps:.3g}"
+            )
+        elif tag != "?":
+            what = (
+                f"the certified lower bound on the membership advantage ({tag}: {lower:.3f}) "
+                f"exceeds the ceiling {ceiling:.3f} that (ε = {eps:.3g}, δ)-DP allows"
+            )
+        else:
+            what = "the monitor flagged a certified advantage above the (ε, δ)-DP ceiling"
         headline = f"DP violation: at step {step} {what}."
         steps = sorted({v[0] for v in violations})
+        only_canaries = all(v[1].startswith("canaries/") for v in violations)
         details.append(
             f"Flagged at {len(steps)} of {n} checks (steps {_steps_text(steps)}). Something the DP "
             "claim rests on is false: either the DP implementation or its accounting is broken "
-            "(e.g. less noise than the accountant was told), or the audit sets are not "
-            "exchangeable."
+            "(e.g. less noise than the accountant was told)"
+            + (
+                ". The canaries' inclusion is randomised, so this holds whatever the audit sets."
+                if only_canaries
+                else ", or the audit sets are not exchangeable."
+            )
         )
         if best is not None:
             details.append("Leakage detected. " + leak_text)
-        details.append(EXCHANGEABILITY)
+        if not only_canaries:
+            details.append(EXCHANGEABILITY)
         return Verdict("violation", headline, tuple(details))
     if best is not None:
         headline = f"Leakage detected: certified advantage ≥ {best[3]:.3f} at step {best[0]}."
@@ -162,6 +185,19 @@ def verdict(checks: Checks) -> Verdict:
             f"Consistent with the DP budget: no certified lower bound exceeded the (ε, δ) "
             f"ceiling (at the last check ε = {fmt(eps_last)}, ceiling {fmt(ceil)}). "
             + EXCHANGEABILITY
+        )
+    audited = [
+        (r["scalars"].get(f"privacy/canaries/{m}/epsilon_lower_bound", math.nan), r["step"], m)
+        for r in checks.records
+        for m in checks.canary_methods()
+    ]
+    audited = [a for a in audited if not math.isnan(a[0])]
+    if audited:
+        top = max(audited)
+        details.append(
+            f"One-run canary audit: the largest audited ε lower bound was {fmt(top[0])} (step "
+            f"{top[1]}, {top[2]})"
+            + (", below the accountant's ε at every check." if has_eps else ".")
         )
     return Verdict(level, headline, tuple(details))
 

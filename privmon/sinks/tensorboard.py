@@ -25,7 +25,7 @@ import numpy as np
 
 from privmon._validation import check_writable_dir
 from privmon.report import Report
-from privmon.report.runs import AXIS_TAGS, RUN_ID_TAG
+from privmon.report.runs import AXIS_TAGS, CANARY_TAG, RUN_ID_TAG
 from privmon.sinks.base import Backlog
 
 __all__ = ["TensorBoardSink"]
@@ -86,6 +86,19 @@ class TensorBoardSink:
                 "Multiline",
                 [_exactly("privacy/epsilon")]
                 + [_exactly(t) for t in report.scalars if t.endswith("epsilon_lower_bound")],
+            ]
+        canaries = [t for t in report.scalars if CANARY_TAG.match(t)]
+        if canaries:
+            accountant = "privacy/epsilon" in report.scalars
+            title = (
+                "epsilon: accountant vs one-run canary audit"
+                if accountant
+                else ("epsilon: one-run canary audit")
+            )
+            charts[title] = [
+                "Multiline",
+                ([_exactly("privacy/epsilon")] if accountant else [])
+                + [_exactly(t) for t in canaries],
             ]
         self.writer.add_custom_scalars({"privacy": charts})
         self._layout_written = True

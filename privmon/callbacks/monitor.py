@@ -31,11 +31,13 @@ from privmon._validation import (
     check_subset,
 )
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
-from privmon.callbacks._protect import audit_view, untouched_training, warn_if_shuffled
+from privmon.callbacks._protect import audit_view, begin_check, end_check, warn_if_shuffled
+from privmon.callbacks.collection import collect_scores
 from privmon.callbacks.distributed import (
     StepDisagreement,
     agree,
     agree_on_outcomes,
+    agree_on_schedule,
     agree_on_scores,
     gather_scores,
     rank_and_world,
@@ -43,6 +45,7 @@ from privmon.callbacks.distributed import (
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RankedRecords, RecordTracker
+from privmon.callbacks.traps import Traps
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.estimates import METHODS, describe_error
 from privmon.estimators.spending import check_delta
@@ -67,6 +70,12 @@ def _as_queries(given: list[Any]) -> list[Any]:
         raise ValueError("query must be a query or a non-empty sequence of queries")
     out, unnamed = [], 0
     for q in given:
+        if isinstance(q, nn.Module) and not isinstance(getattr(q, "name", None), str):
+            raise ValueError(
+                f"query is a model ({type(q).__name__}), not a query: pass what an attacker "
+                "observes of it, e.g. privmon.queries.LossQuery(model), another privmon.queries "
+                "query, or a function batch -> scores"
+            )
         if not callable(q):
             raise ValueError(
                 f"query {q!r} is not callable: pass a privmon.queries query (e.g. "
@@ -169,8 +178,15 @@ class PrivacyMonitor:
         names = [q.name for q in queries]
         if len(set(names)) != len(names):
             raise ValueError(f"query names must be unique, got {names}")
+        if members is nonmembers:
+            raise ValueError(
+                "members and nonmembers are the same object: every figure would read no leak. "
+                "Pass training records as members and held-out records as nonmembers"
+            )
+        # under torch.distributed a rank's shard may be empty: it contributes no records
+        sharded = rank_and_world()[1] > 1
         for data, name in ((members, "members"), (nonmembers, "nonmembers")):
-            check_audit_set(data, name=name)
+            check_audit_set(data, name=name, allow_empty=sharded)
         warn_if_shuffled(members, name="members")
         modules = (modules,) if isinstance(modules, nn.Module) else tuple(modules or ())
         for module in modules:
@@ -232,33 +248,31 @@ class PrivacyMonitor:
         self._last_step: int | None = None
         # one id per run, on every line and event it writes; a resumed run keeps its id
         self.run_id = uuid.uuid4().hex
-        self._warned_order = False
         self._stop = False
+        self._traps = Traps()  # silent traps said out loud, once each
+        self._schedule_agreed = False  # under torch.distributed: at the first step()
 
     # -- training-loop API ------------------------------------------------------------------
     def step(self, global_step: int) -> bool:
         """Run a check when one is due — ``global_step`` a multiple of ``every_n_steps`` and past
         the last checked step — ; True when training should stop. Under torch.distributed the
-        ranks decide together: a step one rank has already checked (its state restored alone) is
-        skipped on all of them, so no rank waits in a check the others never enter."""
+        ranks decide together: at the first call they agree on ``every_n_steps`` (on a mismatch
+        every rank takes rank 0's, said loudly; ``strict``: raises), and a step one rank has
+        already checked (its state restored alone) is skipped on all of them, so no rank waits
+        in a check the others never enter."""
+        fresh = self._last_step is None and self.n_failed == 0 and self.n_certified_checks == 0
+        self._traps.saw_step(global_step, every_n_steps=self.every_n_steps, fresh=fresh)
+        if not self._schedule_agreed and rank_and_world()[1] > 1:
+            self.every_n_steps = agree_on_schedule(self.every_n_steps, strict=self.strict)
+            self._schedule_agreed = True
         if global_step % self.every_n_steps != 0:
             return self._stop
         checked = self._last_step is not None and global_step <= self._last_step
         if rank_and_world()[1] > 1:
             (checked,) = agree(None, stage="deciding on a check", flags=[checked])
         if checked:
-            if (
-                self._last_step is not None
-                and global_step < self._last_step
-                and not self._warned_order
-            ):
-                self._warned_order = True  # once: a restarted loop repeats this every step
-                logger.warning(
-                    "privmon: step %s comes before the last checked step %s: no check until the "
-                    "steps pass it (was training restarted without monitor.load_state_dict?)",
-                    global_step,
-                    self._last_step,
-                )
+            if self._last_step is not None and global_step < self._last_step:
+                self._traps.behind(global_step, self._last_step)  # once: a loop repeats it
             return self._stop
         self.check(global_step)
         return self._stop
@@ -274,18 +288,43 @@ class PrivacyMonitor:
         return self.history[-1] if self.history else None
 
     def check(self, global_step: int) -> Report | None:
-        """Run one check now. Returns its report, or None when it failed (logged, skipped)."""
+        """Run one check now. Returns its report, or None when it failed (logged, skipped; the
+        first failure of a run with no successful check also warns).
+
+        One check runs at a time in a process: a call while another is running (from another
+        thread, or from inside a query) is refused — counted in ``n_failed``, logged, None
+        (``strict``: a RuntimeError) — rather than let the two save and restore each other's
+        eval mode, gradients and RNGs."""
         global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
+        if not begin_check():
+            self.n_failed += 1
+            message = (
+                f"privmon: the check at step {global_step} is refused: another check is running "
+                "in this process (check() called from two threads, or from inside a query)"
+            )
+            if self.strict:
+                raise RuntimeError(message)
+            logger.error(message)
+            return None
+        try:
+            return self._check_and_act(global_step)
+        finally:
+            end_check()
+
+    def _check_and_act(self, global_step: int) -> Report | None:
+        """:meth:`check` holding the check lock: the check, then the sinks and early stopping."""
         self._last_step = global_step
         try:
             report = self._check(global_step)
-        except Exception:
+        except Exception as err:
             self.n_failed += 1
             if self.strict:
                 raise
             logger.exception(
                 "privmon: the privacy check at step %s failed and was skipped", global_step
             )
+            if not self.history:
+                self._traps.check_failed(global_step, describe_error(err))
             return None
         self.history.append(report)
         stop, error = False, None
@@ -356,7 +395,10 @@ class PrivacyMonitor:
         return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
-        """Close every sink; one that raises is logged and the others are still closed."""
+        """Close every sink; one that raises is logged and the others are still closed. A run
+        that ran no check at all is said out loud (``step(epoch)`` instead of the global step)."""
+        checked = bool(self.history) or self.n_failed > 0
+        self._traps.at_close(checked=checked, every_n_steps=self.every_n_steps)
         for sink in self.sinks:
             self._guarded(sink.close, what=f"closing sink {sink!r}")
 
@@ -378,59 +420,26 @@ class PrivacyMonitor:
         self,
     ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str], float]:
         """Scores of every query on members and non-members, the training state untouched; the
-        queries that raised (name -> error: the others are still scored); and the seconds
-        spent in the queries themselves (the forward passes)."""
-        device = self._device()
-        try:
-            with untouched_training(self._modules(), self._audit_sets), torch.no_grad():
-                failed: dict[str, str] = {}
-                for q in self.queries:
-                    try:
-                        getattr(q, "prepare", lambda device: None)(device)
-                    except Exception as err:  # this query only: the others are still scored
-                        if self.strict:
-                            raise
-                        logger.exception("privmon: query %r failed to prepare", q.name)
-                        failed[q.name] = describe_error(err)
-                out, forward = {}, 0.0
-                scores: dict[str, list[list[torch.Tensor]]] = {
-                    q.name: [[], []] for q in self.queries
-                }
-                for side, data in enumerate(self._audit_sets):
-                    for i, batch in enumerate(data):
-                        if self.max_batches is not None and i >= self.max_batches:
-                            break
-                        t = time.perf_counter()
-                        for q in self.queries:
-                            if q.name not in failed:
-                                try:
-                                    scores[q.name][side].append(q(batch).detach())
-                                except Exception as err:  # this query only: the others go on
-                                    if self.strict:
-                                        raise
-                                    logger.exception("privmon: query %r failed", q.name)
-                                    failed[q.name] = describe_error(err)
-                        forward += time.perf_counter() - t
-                for name, (mem, non) in scores.items():
-                    if name in failed:
-                        continue
-                    if not mem or not non:
-                        raise ValueError(
-                            "members and nonmembers must each yield at least one batch"
-                        )
-                    out[name] = (torch.cat(mem), torch.cat(non))
-                if device.type == "cuda":  # queued kernels belong to the forward passes
-                    t = time.perf_counter()
-                    torch.cuda.synchronize(device)
-                    forward += time.perf_counter() - t
-                return out, failed, forward
-        finally:
-            # after training's state is restored: a release() that raises cannot leave the
-            # model in eval mode or the RNGs advanced
-            for q in self.queries:
-                self._guarded(
-                    getattr(q, "release", lambda: None), what=f"release of query {q.name!r}"
-                )
+        queries left out (name -> why: the others are still scored); and the seconds spent in
+        the queries themselves (the forward passes). The first check also compares the two
+        sets' records by content: identical sets fail this check and every later one,
+        overlapping ones warn."""
+        if self._traps.identical is not None:
+            raise ValueError(self._traps.identical)
+        collected = collect_scores(
+            self.queries,
+            self._audit_sets,
+            roots=self._modules(),
+            device=self._device(),
+            max_batches=self.max_batches,
+            strict=self.strict,
+            digests=not self._traps.overlap_checked,
+            allow_empty=rank_and_world()[1] > 1,  # a rank's empty shard contributes nothing
+        )
+        self._traps.check_overlap(collected.digests)
+        if self._traps.identical is not None:
+            raise ValueError(self._traps.identical)
+        return collected.scores, collected.failed, collected.forward
 
     def _gathered_scores(
         self, step: int
@@ -457,6 +466,7 @@ class PrivacyMonitor:
         settings = repr(
             (
                 self._config(),
+                self.every_n_steps,  # the schedule: ranks that differ never meet in a check
                 self.top_k,
                 None if self.accountant is None else self.delta,
                 [
@@ -482,7 +492,7 @@ class PrivacyMonitor:
             raise
         self.n_certified_checks = agreed.spent
         failed.update(agreed.left_out)
-        return gather_scores(local, agreed.rows), failed, forward
+        return gather_scores(local, agreed), failed, forward
 
     def _figures_per_check(self) -> int:
         """Certified figures per check: one per query and method it applies to."""
@@ -575,6 +585,13 @@ class PrivacyMonitor:
                     failures[q.name] = result
                     continue
                 results[q.name] = result
+                self._traps.check_direction(
+                    step,
+                    q.name,
+                    higher_is_member=getattr(q, "higher_is_member", None),
+                    auc=result.roc.get("auc"),
+                    scores=scores[q.name],
+                )
                 failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
                 scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
                 # ε implied by each certified lower bound, in one call

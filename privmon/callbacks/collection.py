@@ -58,8 +58,11 @@ def collect_scores(
     """Run every query on the member and non-member batches (at most ``max_batches`` of each)
     with the training state of ``roots`` guarded; ``release()`` every query after, once the
     state is restored. ``allow_empty``: a set that yields no batch gives zero rows (a rank's
-    empty shard) instead of failing the check. ``digests``: also digest every record."""
+    empty shard) instead of failing the check. ``digests``: also digest every record, read
+    through the first query ``transform`` there is (the raw batch without one)."""
     failed: dict[str, str] = {}
+    transforms = (getattr(q, "transform", None) for q in queries)
+    digest_transform = next((t for t in transforms if t is not None), None)
 
     def fail(q: Any, err: Exception, what: str) -> None:
         if strict:
@@ -89,7 +92,10 @@ def collect_scores(
                         break
                     batches[side] += 1
                     if seen is not None:
-                        found = batch_digests(batch)
+                        try:
+                            found = batch_digests(batch, digest_transform)
+                        except Exception:  # a batch the transform cannot read: not compared
+                            found = None
                         if found is None:
                             seen = None
                         else:

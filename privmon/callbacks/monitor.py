@@ -115,6 +115,25 @@ def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: f
     )
 
 
+def _checked_last_step(last_step: Any, history: ReportHistory, n_failed: int) -> int | None:
+    """A saved ``last_step``, checked against the checks the state ran: every check sets it,
+    so it is None only before the first check kept, and equals the last kept check's step
+    when no check failed (a larger one would switch monitoring off until the steps pass it)."""
+    if last_step is None:
+        if history:
+            raise ValueError(f"state last_step is None, but the state holds {len(history)} checks")
+        return None
+    last_step = check_int(last_step, name="state last_step")
+    if not history and not n_failed:
+        raise ValueError(f"state last_step is {last_step}, but the state ran no check")
+    if history and not n_failed and last_step != int(history.steps[-1]):
+        raise ValueError(
+            f"state last_step ({last_step}) differs from its last check's step "
+            f"({int(history.steps[-1])}), although no check failed"
+        )
+    return last_step
+
+
 class PrivacyMonitor:
     """Watch a model's membership leakage during training.
 
@@ -464,16 +483,16 @@ class PrivacyMonitor:
         except Exception as err:
             error = err
         settings = repr(
-            (
-                self._config(),
-                self.every_n_steps,  # the schedule: ranks that differ never meet in a check
-                self.top_k,
-                None if self.accountant is None else self.delta,
-                [
+            {
+                **self._config(),
+                "every_n_steps": self.every_n_steps,  # ranks that differ never meet in a check
+                "top_k": self.top_k,
+                "delta": None if self.accountant is None else self.delta,
+                "kinds": [
                     (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
                     for q in self.queries
                 ],
-            )
+            }
         )
         try:
             agreed = agree_on_scores(
@@ -647,6 +666,29 @@ class PrivacyMonitor:
             "planned_checks": self.planned_checks,
         }
 
+    def _check_config(self, config: Any) -> None:
+        """Refuse a saved setup that differs from this monitor's: naming the fields that differ,
+        or those a newer privmon saved that this one does not know. A field the saved setup
+        lacks (saved by an older privmon) is not compared; states saved before the setup was
+        kept have none."""
+        if config is None:
+            return
+        if not isinstance(config, dict):
+            raise ValueError(f"state config must be a dict, got {type(config).__name__}")
+        mine = self._config()
+        unknown = sorted(set(config) - set(mine))
+        if unknown:
+            raise ValueError(
+                "state was saved by a newer privmon, with setup fields this one does not know "
+                f"({', '.join(unknown)}): resume it with that version"
+            )
+        diff = {k: (config[k], v) for k, v in mine.items() if k in config and config[k] != v}
+        if diff:
+            raise ValueError(
+                "state was saved by a monitor with another setup (saved, this monitor): "
+                + ", ".join(f"{k}: {a!r} != {b!r}" for k, (a, b) in diff.items())
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs — the setup it was measured under, the history's
         figures, counters, early stopping's and the record tracker's state — as tensors and
@@ -668,28 +710,23 @@ class PrivacyMonitor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`. The state must come from a monitor with the same
         queries, methods, prior, ``interval_delta`` and ``planned_checks`` (the run's confidence
-        budget goes on where it stopped); every field is checked before any is applied, so a
-        state that does not fit raises a ValueError naming the field and changes nothing."""
+        budget goes on where it stopped; a newer privmon's setup fields are refused by name);
+        every field is checked before any is applied, and against the others (``last_step``
+        against the checks kept), so a state that does not fit raises a ValueError naming the
+        field and changes nothing. A certified-check count above the checks the state ran
+        loads with a warning (looser bounds from then on)."""
         if not isinstance(state, dict):
             raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         required = ("history", "last_step", "stop", "n_failed", "records", "early_stopping")
         missing = [key for key in required if key not in state]
         if missing:
             raise ValueError(f"state lacks {missing}: is it a PrivacyMonitor.state_dict()?")
-        config = state.get("config")  # states saved before the config was kept have none
-        if config is not None and config != self._config():
-            diff = {k: (config.get(k), v) for k, v in self._config().items() if config.get(k) != v}
-            raise ValueError(
-                "state was saved by a monitor with another setup (saved, this monitor): "
-                + ", ".join(f"{k}: {a!r} != {b!r}" for k, (a, b) in diff.items())
-            )
+        self._check_config(state.get("config"))
         history = ReportHistory.from_state_dict(state["history"])
-        last_step = state["last_step"]
-        if last_step is not None:
-            last_step = check_int(last_step, name="state last_step")
         if not isinstance(state["stop"], bool):
             raise ValueError(f"state stop must be True or False, got {state['stop']!r}")
         n_failed = check_int(state["n_failed"], name="state n_failed")
+        last_step = _checked_last_step(state["last_step"], history, n_failed)
         # a resumed run goes on spending where it stopped (older states: one per kept check)
         n_certified = check_int(
             state.get("n_certified_checks", len(history)), name="state n_certified_checks"
@@ -708,6 +745,16 @@ class PrivacyMonitor:
         run_id = state.get("run_id", self.run_id)  # states saved before run ids: a new one
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"state run_id must be a non-empty string, got {run_id!r}")
+        if n_certified > len(history) + n_failed:
+            # a rank that went on from another rank's count gets here; a crafted count too
+            message = (
+                f"privmon: the state's n_certified_checks ({n_certified}) exceeds the "
+                f"{len(history) + n_failed} checks it ran: every later check certifies at a "
+                "smaller share of interval_delta, so its lower bounds are looser (still valid). "
+                "Expected only after a torch.distributed run whose ranks restored different states"
+            )
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
         # every field checked: apply them all
         if self.early_stopping is not None:
             self.early_stopping.load_state_dict(es)

@@ -150,11 +150,11 @@ def count_records(batch: Batch, transform: Transform | None = None) -> int | Non
     return None if rows is None else len(rows)
 
 
-def batch_digests(batch: Batch) -> list[bytes] | None:
-    """One 128-bit BLAKE2b digest per record of a raw batch: of its input row (the rows
-    :func:`count_records` counts) and, where the batch has one label per record, its label.
-    None when the batch holds no rows. Only the digests are kept, never the records."""
-    x, y = _raw_split(batch)
+def batch_digests(batch: Batch, transform: Transform | None = None) -> list[bytes] | None:
+    """One 128-bit BLAKE2b digest per record of a batch, read as :func:`count_records` reads
+    it: of its input row and, where the batch has one label (or row of labels) per record, its
+    label. None when the batch holds no rows. Only the digests are kept, never the records."""
+    x, y = _transformed(batch, transform) if transform is not None else _raw_split(batch)
     rows = _rows(x)
     if rows is None:
         return None

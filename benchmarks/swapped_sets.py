@@ -85,7 +85,9 @@ def main() -> None:
             # swapped: the "members" are the held-out records, the "non-members" the trained
             m, h = rng.normal(size=(r, n1)), rng.normal(shift, 1.0, size=(r, n2))
             k, n = alarm_rate(m, h)
-            print(f"{'normal':<12} {n1:>5} {n2:>5} {true_auc:>5} {1 - true_auc:>8.1f} {k / n:>11.3f}")
+            print(
+                f"{'normal':<12} {n1:>5} {n2:>5} {true_auc:>5} {1 - true_auc:>8.1f} {k / n:>11.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """PrivacyMonitor: audit a model's membership leakage while it trains.
 
-One check: save every RNG and the train/eval mode of every
-module involved; run the member and non-member batches through each query under
-``torch.no_grad()`` with the modules in eval mode; restore everything; estimate the optimal
+One check: save every RNG and the state of every module involved (modes, buffers, gradients;
+:mod:`~privmon.callbacks._protect`); run the member and non-member batches through each query
+under ``torch.no_grad()`` with the modules in eval mode, each query's output checked
+(:mod:`~privmon.callbacks.collection`); restore everything; estimate the optimal
 advantage per query and method, AUC and TPR at low FPR, per-record risk; read ε from the Opacus
 accountant and compare with the ceilings; hand one immutable :class:`~privmon.report.Report` to
 the sinks and to early stopping.
@@ -140,11 +141,14 @@ class PrivacyMonitor:
     Args:
         query: a :mod:`privmon.queries` query, any callable ``batch -> scores`` (named by its
             ``__name__``; lambdas ``query``, ``query_1``, …), or a sequence of them (names must
-            differ). List the modules a plain function runs in ``modules`` so a check can
-            protect their train / eval mode.
+            differ); a model is refused (pass ``LossQuery(model)``). List the modules a plain
+            function runs in ``modules`` so a check can protect their state. Each query's
+            output is checked at every batch: one row per record, one trailing shape.
         members: iterable of batches of training records (the audit member set; keep its order
-            fixed — per-record indices refer to the order it yields).
-        nonmembers: iterable of batches of held-out records, drawn from the same distribution.
+            fixed — per-record indices refer to the order it yields). Under torch.distributed,
+            this rank's shard, which may be empty.
+        nonmembers: iterable of batches of held-out records, drawn from the same distribution,
+            never the members themselves (the same object is refused; shared records warn).
         every_n_steps: ``step(global_step)`` runs a check when global_step is a multiple of it.
         prior: P(member) of the membership experiment, in (0, 1).
         methods: estimators per query, from ("histogram", "kde"); KDE is skipped for discrete

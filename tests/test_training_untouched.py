@@ -402,3 +402,35 @@ def test_a_check_running_while_another_is_in_progress_is_refused():
     assert mon.n_failed == 1 and [r.step for r in mon.history] == [1]
     assert all(m.training for m in model.modules())
     assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
+
+
+def test_a_query_converting_the_model_or_replacing_a_weight_is_put_back_and_refused():
+    x, y = _data()
+    model = _bn_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model[0].weight
+
+    def converting(batch):  # .double() gives every parameter and buffer new storage
+        model.double()
+        return F.cross_entropy(model(batch[0].double()), batch[1], reduction="none")
+
+    def replacing(batch):
+        model[3].weight = nn.Parameter(torch.zeros_like(model[3].weight))
+        return batch[0][:, 0]
+
+    mon = privmon.PrivacyMonitor(
+        [
+            CallableQuery(converting, name="converting", modules=model),
+            CallableQuery(replacing, name="replacing", modules=model),
+            LossQuery(model),
+        ],
+        *_audit_sets(x, y),
+        methods=("histogram",),
+    )
+    report = mon.check(1)
+    assert model[0].weight is weight and weight.dtype == torch.float32
+    for k, v in model.state_dict().items():
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+    assert "wrote to parameters (0.weight, 0.bias, 1.weight" in report.failures["converting"]
+    assert "wrote to parameters (3.weight)" in report.failures["replacing"]
+    assert "privacy/loss/histogram/value" in report.scalars  # measured on the training weights

@@ -102,15 +102,16 @@ def end_check() -> None:
 
 
 class _Param(NamedTuple):
-    """A parameter as a check found it: where it lives, the tensor, and what an in-place write
-    changes (its version counter, its storage)."""
+    """A parameter as a check found it: where it lives, the tensor, its storage (an alias:
+    ``p.data = …`` rebinds it, which is put back) and its gradient and ``requires_grad``."""
 
     owner: nn.Module
     name: str
     qualified: str
-    tensor: torch.Tensor
-    version: int
-    data_ptr: int
+    tensor: nn.Parameter
+    storage: torch.Tensor
+    grad: torch.Tensor | None
+    requires_grad: bool
 
 
 class _Buffer(NamedTuple):
@@ -145,13 +146,16 @@ class TrainingGuard:
       neither consumes the training step's captured activations nor leaves partial per-sample
       gradients that make the next training step fail.
 
+    - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
+      ``p.data = …`` are put back).
+
     Inside, the roots are in eval mode, grad mode is off and every ``.grad`` is None.
     :meth:`after_query`, called after each query call, puts that back for the next one and says
-    when the call wrote to a parameter in place: weights (and the optimizer state, which only
-    changes with a step that writes the weights) cannot be restored without a copy of the
-    model, so the call's result is refused instead. Writes are seen through the parameters'
-    version counters and storage, which every in-place torch operation and optimizer step
-    updates; a write through ``.data`` (``p.data.add_(…)``) bypasses both and is not seen.
+    when the call changed a parameter: one written to in place cannot be restored without a copy
+    of the model (nor can the optimizer state, which only changes with a step that writes the
+    weights), so the call's result is refused instead. In-place writes are seen through the
+    parameters' version counters, which every in-place torch operation and optimizer step
+    updates; a write through ``.data`` (``p.data.add_(…)``) bypasses them and is not seen.
     """
 
     def __init__(self, roots: Sequence[nn.Module], loaders: Sequence[Any]) -> None:
@@ -164,9 +168,8 @@ class TrainingGuard:
         self._dtype, self._grad_mode = torch.get_default_dtype(), torch.is_grad_enabled()
         modules = list({id(m): m for root in self.roots for m in root.modules()}.values())
         self._modes = [(m, m.training) for m in modules]
-        self._params = _parameters(self.roots)  # watched for writes (re-read after one)
-        # restored on exit: each parameter's gradient and requires_grad as found
-        self._found = [(p.tensor, p.tensor.grad, p.tensor.requires_grad) for p in self._params]
+        self._params = _parameters(self.roots)
+        self._versions = [p.tensor._version for p in self._params]  # advanced after a write
         self._buffers = [
             _Buffer(m, name, b, b._version, b.detach().clone())
             for m in modules
@@ -187,9 +190,9 @@ class TrainingGuard:
     def _set_check_state(self) -> None:
         """What each query starts from: eval mode, no gradients (``requires_grad`` as found), no
         Opacus hooks, the default dtype as found, grad mode off."""
-        for tensor, _, requires_grad in self._found:
-            tensor.grad = None
-            tensor.requires_grad_(requires_grad)
+        for p in self._params:
+            p.tensor.grad = None
+            p.tensor.requires_grad_(p.requires_grad)
         for m, _ in self._opacus:
             m.disable_hooks()
         for root in self.roots:
@@ -201,30 +204,44 @@ class TrainingGuard:
         """After a query call: restore what it changed that the next call reads (modes,
         buffers, ``requires_grad``, gradients, hooks, default dtype, grad mode); return why its
         result must be refused — the parameters it wrote to in place — or None."""
-        changed = self._changed_parameters()
-        if changed:  # later calls are judged on their own writes
-            self._params = _parameters(self.roots)
-        moved = any(m.training for m, _ in self._modes)
-        if moved or any(b.tensor._version != b.version for b in self._buffers):
+        changed = self._restore_parameters()
+        written = [
+            p.qualified for p, v in zip(self._params, self._versions, strict=True)
+            if p.tensor._version != v
+        ]  # fmt: skip
+        if written:  # later calls are judged on their own writes
+            self._versions = [p.tensor._version for p in self._params]
+        changed += [name for name in written if name not in changed]
+        if any(m.training for m, _ in self._modes) or any(
+            b.owner._buffers.get(b.name) is not b.tensor or b.tensor._version != b.version
+            for b in self._buffers
+        ):  # BatchNorm in training mode updates its statistics without a version bump
             self._restore_buffers()
         self._set_check_state()
         if not changed:
             return None
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" * (len(changed) > 5))
         return (
-            f"wrote to parameters in place ({shown}): the weights, and the optimizer state "
-            "that moves with them, differ from training's — its scores are refused (a query "
-            "must not step an optimizer or change weights)"
+            f"wrote to parameters ({shown}): its scores are of other weights than training's, "
+            "and are refused (a weight written to in place stays written, as does the "
+            "optimizer state that moves with it: a query must not step an optimizer or change "
+            "weights)"
         )
 
-    def _changed_parameters(self) -> list[str]:
-        return [
-            p.qualified
-            for p in self._params
-            if p.owner._parameters.get(p.name) is not p.tensor
-            or p.tensor._version != p.version
-            or p.tensor.data_ptr() != p.data_ptr
-        ]
+    def _restore_parameters(self) -> list[str]:
+        """Put back every parameter replaced in its module or given other storage; their
+        names."""
+        put_back = []
+        for p in self._params:
+            moved = p.owner._parameters.get(p.name) is not p.tensor
+            if moved:
+                p.owner._parameters[p.name] = p.tensor
+            if p.tensor.data_ptr() != p.storage.data_ptr() or p.tensor.shape != p.storage.shape:
+                p.tensor.data = p.storage
+                moved = True
+            if moved:
+                put_back.append(p.qualified)
+        return put_back
 
     def _restore_buffers(self) -> None:
         with torch.no_grad():
@@ -238,9 +255,10 @@ class TrainingGuard:
     def _restore(self) -> None:
         for m, training in self._modes:
             m.training = training
-        for tensor, grad, requires_grad in self._found:
-            tensor.grad = grad
-            tensor.requires_grad_(requires_grad)
+        self._restore_parameters()
+        for p in self._params:
+            p.tensor.grad = p.grad
+            p.tensor.requires_grad_(p.requires_grad)
         self._restore_buffers()
         for m, enabled in self._opacus:
             m.hooks_enabled = enabled
@@ -262,7 +280,7 @@ def _parameters(roots: Sequence[nn.Module]) -> list[_Param]:
                 if p is None or id(p) in found:
                     continue
                 qualified = f"{prefix}{module_name}.{name}" if module_name else prefix + name
-                found[id(p)] = _Param(m, name, qualified, p, p._version, p.data_ptr())
+                found[id(p)] = _Param(m, name, qualified, p, p.data, p.grad, p.requires_grad)
     return list(found.values())
 
 

@@ -241,10 +241,10 @@ def check_has_methods(obj: Any, *methods: str, name: str, expected: str) -> Any:
     return obj
 
 
-def check_audit_set(data: Any, *, name: str) -> Any:
+def check_audit_set(data: Any, *, name: str, allow_empty: bool = False) -> Any:
     """Return ``data`` after checking it can be iterated once per check, batch by batch: an
     iterable that is not a one-shot iterator, a string, a mapping or an array, and is not
-    empty when it has a length."""
+    empty when it has a length (unless ``allow_empty``: a rank's shard of a set)."""
     what = f"{name} must be an iterable of batches that can be iterated again at every check "
     what += "(a DataLoader, a list of batches)"
     if isinstance(data, (str, bytes)):
@@ -267,7 +267,7 @@ def check_audit_set(data: Any, *, name: str) -> Any:
         empty = isinstance(data, Sized) and len(data) == 0
     except TypeError:  # no length (an iterable dataset): the first check tells
         empty = False
-    if empty:
+    if empty and not allow_empty:
         raise ValueError(f"{name} is empty: it must yield at least one batch")
     return data
 

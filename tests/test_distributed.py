@@ -207,6 +207,21 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         stopper = PrivacyEarlyStopping(metric, -1.0, use="value")
         return check(make(LossQuery(model), early_stopping=stopper, strict=strict))
 
+    def schedule(strict):  # rank 1 checks every 50 steps, rank 0 every 100
+        mon = make(LossQuery(model), every_n_steps=100 if rank == 0 else 50, strict=strict)
+
+        def run():
+            for s in (50, 100, 150, 200):
+                mon.step(s)
+            return mon.last_report
+
+        return mon, run
+
+    def empty():  # rank 1's member shard is empty: it contributes its non-members only
+        members_shard = mem if rank == 0 else []
+        mon = PrivacyMonitor(LossQuery(model), members_shard, non, methods=("histogram",))
+        return mon, lambda: mon.check(10)
+
     def sink():  # rank 0, the only one that writes, has a sink whose write raises
         sinks = [JsonlSink(f"{tmp}/sink{rank}.jsonl")] if rank == 0 else []
         for s in sinks:
@@ -227,6 +242,9 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         "stopping": lambda: stopping(False),
         "stopping_strict": lambda: stopping(True),
         "sink_strict": sink,
+        "schedule": lambda: schedule(False),
+        "schedule_strict": lambda: schedule(True),
+        "empty": empty,
     }
 
 
@@ -355,6 +373,9 @@ CASES = [
     "stopping",
     "stopping_strict",
     "sink_strict",
+    "schedule",
+    "schedule_strict",
+    "empty",
 ]
 
 
@@ -442,6 +463,8 @@ def test_ranks_at_different_steps_skip_then_realign(ranks):
     # both then check at step 300, with the same share of the run's δ: the same report
     assert a["report"] is not None and a["report"] == b["report"]
     assert _logged(a, "rank 0: 0, rank 1: 1")  # the spent checks, aligned on the most
+    # check 3 of the run (rank 1's restored check, the failed one, this), not check 2
+    assert a["report"]["privacy/certify_delta"] == pytest.approx(0.0065453116615, rel=1e-10)
 
 
 def test_monitors_set_up_differently_skip_the_check(ranks):
@@ -469,3 +492,24 @@ def test_stopping_or_a_sink_failing_on_one_rank_raises_on_every_rank_when_strict
     a, b = r0["sink_strict"], r1["sink_strict"]
     assert a["raised"].startswith("ValueError: I/O operation on closed file")
     assert "failed on rank 0: ValueError: I/O operation on closed file" in b["raised"]
+
+
+def test_ranks_on_different_schedules_take_rank_0s(ranks, expected):
+    _, (r0, r1) = ranks
+    a, b = r0["schedule"], r1["schedule"]
+    assert a["n_failed"] == b["n_failed"] == 0
+    assert a["report"] is not None and a["report"] == b["report"]  # both checked 100 and 200
+    assert _logged(a, "different schedules (every_n_steps: rank 0: 100, rank 1: 50)")
+    assert _logged(b, "every rank checks every 100 steps, as rank 0 does")
+    a, b = r0["schedule_strict"], r1["schedule_strict"]
+    assert "different schedules" in a["raised"] and a["raised"] == b["raised"]
+
+
+def test_an_empty_shard_contributes_nothing_instead_of_vetoing(ranks):
+    _, (r0, r1) = ranks
+    a, b = r0["empty"], r1["empty"]
+    assert a["n_failed"] == b["n_failed"] == 0 and a["report"] == b["report"]
+    # one process auditing rank 0's members and every non-member
+    model, members, nonmembers = _audit()
+    alone = PrivacyMonitor(LossQuery(model), members[:4], nonmembers, methods=("histogram",))
+    assert a["report"] == dict(alone.check(10).scalars)

@@ -372,3 +372,296 @@ def test_an_accountant_whose_epsilon_is_not_a_number_fails_at_construction():
     assert late.check(1).epsilon == 2.0
     opacus = pytest.importorskip("opacus")
     assert _monitor(query, accountant=opacus.accountants.RDPAccountant()).check(1).epsilon == 0.0
+
+
+# --- a query's output is checked inside its own guard ---------------------------------------------
+
+
+class ScalarQuery(privmon.queries.Query):
+    """A Query subclass returning one number per batch (a 0-d tensor)."""
+
+    def __call__(self, batch):
+        return torch.as_tensor(batch, dtype=torch.float32).mean()
+
+
+class ExtraRowQuery(privmon.queries.Query):
+    """A Query subclass returning one row more than its batch has records."""
+
+    def __call__(self, batch):
+        t = torch.as_tensor(batch, dtype=torch.float32)
+        return torch.cat([t, t[:1]])
+
+
+def _sets():
+    rng = np.random.default_rng(1)
+    members = [rng.normal(0.5, 1, 40).astype(np.float32) for _ in range(3)]
+    nonmembers = [rng.normal(0, 1, 40).astype(np.float32) for _ in range(3)]
+    return members, nonmembers
+
+
+def test_queries_returning_the_wrong_rows_or_shapes_are_left_out_alone():
+    members, nonmembers = _sets()
+    widths = iter([1, 1, 2, 2, 2, 2])
+
+    def widening(batch):  # (n, 1) for the first two batches, then (n, 2)
+        t = torch.as_tensor(batch)
+        return t[:, None].expand(-1, next(widths))
+
+    queries = [
+        CallableQuery(lambda b: torch.as_tensor(b), name="good"),
+        CallableQuery(lambda b: torch.as_tensor(b)[:-1], name="fewer"),  # one row short
+        ExtraRowQuery(name="more"),
+        ScalarQuery(name="scalar"),
+        CallableQuery(widening, name="widening"),
+    ]
+    mon = privmon.PrivacyMonitor(queries, members, nonmembers, methods=("histogram",))
+    report = mon.check(1)
+    assert report is not None and mon.n_failed == 0
+    assert set(report.failures) == {"fewer", "more", "scalar", "widening"}
+    assert "returned 39 rows (shape (39,)) for a batch of 40 records" in report.failures["fewer"]
+    assert "returned 41 rows" in report.failures["more"]
+    assert "a 0-d tensor (one number for the whole batch)" in report.failures["scalar"]
+    assert "(n, 1) at first, then (n, 2)" in report.failures["widening"]
+    good = privmon.PrivacyMonitor(
+        CallableQuery(lambda b: torch.as_tensor(b), name="good"),
+        members,
+        nonmembers,
+        methods=("histogram",),
+    ).check(1)
+    # the query that returned the right rows is measured as if it were alone (δ aside)
+    assert (
+        report.scalars["privacy/good/histogram/value"]
+        == good.scalars["privacy/good/histogram/value"]
+    )
+    assert report.queries["good"].member_risk.shape == (120,)
+    with pytest.raises(ValueError, match="query 'fewer' returned 39 rows"):
+        privmon.PrivacyMonitor(queries[1], members, nonmembers, strict=True).check(1)
+
+
+def test_rows_are_counted_by_the_batch_convention_and_the_query_transform():
+    from privmon.queries.batches import count_records
+
+    x, y = torch.zeros(5, 3), torch.zeros(5)
+    assert count_records((x, y)) == 5
+    assert count_records({"input_ids": torch.zeros(4, 7), "labels": torch.zeros(4, 7)}) == 4
+    assert count_records({"features": torch.zeros(6, 2)}) == 6  # no input key: first tensor
+    assert count_records(["a text", "another"]) == 2
+    assert count_records(np.zeros(8)) == 8
+    assert count_records(({"a": torch.zeros(3, 2)}, y)) == 3  # keyword inputs
+    assert count_records((x, y), lambda b: (b[0][:2], None)) == 2
+    assert count_records(3.0) is None  # nothing that holds rows: not checked
+    # a classifier query reads its batch through its transform: the rows are counted there
+    model = nn.Linear(3, 2)
+    q = privmon.queries.LossQuery(model, transform=lambda b: (b["pixels"], b["target"]))
+    # the raw batch's first tensor ("ids") has 5 rows, the records the model reads 10
+    batch = {"ids": x, "pixels": torch.randn(10, 3), "target": torch.randint(0, 2, (10,))}
+    mon = privmon.PrivacyMonitor(q, [batch], [batch | {"pixels": torch.randn(10, 3)}])
+    assert mon.check(1) is not None and mon.last_report.failures == {}
+
+
+# --- silent traps said out loud -------------------------------------------------------------------
+
+
+def _memorised(n=200):
+    """A small MLP that memorised random labels of its first n // 2 records."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, 6, generator=g), torch.randint(0, 2, (n,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(150):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[: n // 2]), y[: n // 2]).backward()
+        opt.step()
+    return model, [(x[: n // 2], y[: n // 2])], [(x[n // 2 :], y[n // 2 :])]
+
+
+def _user_warnings(record):
+    return [str(w.message) for w in record if issubclass(w.category, UserWarning)]
+
+
+def test_the_same_or_identical_audit_sets_are_refused_and_overlapping_ones_warned():
+    model, members, nonmembers = _memorised()
+    query = privmon.queries.LossQuery(model)
+    with pytest.raises(ValueError, match="members and nonmembers are the same object"):
+        privmon.PrivacyMonitor(query, members, members)
+    # the same records in another container: every check fails, loudly
+    mon = privmon.PrivacyMonitor(query, members, [tuple(t.clone() for t in members[0])])
+    with pytest.warns(UserWarning, match="failed and was skipped.*hold the same 100 records"):
+        assert mon.check(1) is None
+    assert mon.check(2) is None and mon.n_failed == 2
+    with pytest.raises(ValueError, match="hold the same 100 records"):
+        privmon.PrivacyMonitor(query, members, list(members), strict=True).check(1)
+    # 30 records shared: warned once, and the check still runs
+    (xm, ym), (xn, yn) = members[0], nonmembers[0]
+    shared = [(torch.cat([xn[:70], xm[:30]]), torch.cat([yn[:70], ym[:30]]))]
+    mon = privmon.PrivacyMonitor(query, members, shared, methods=("histogram",))
+    with pytest.warns(UserWarning, match="30 of the 100 non-member records also appear"):
+        assert mon.check(1) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mon.check(2) is not None  # said once
+    # disjoint sets: nothing said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        privmon.PrivacyMonitor(query, members, nonmembers, methods=("histogram",)).check(1)
+
+
+def test_a_run_that_closes_with_no_check_says_so():
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+    mon = _monitor(query, every_n_steps=100)
+    for epoch in range(3):  # step(epoch) instead of the global step
+        mon.step(epoch + 1)
+    with pytest.warns(UserWarning, match=r"no privacy check: step\(\) was called 3 times, with "
+                      r"steps 1 to 3, and none was a multiple of every_n_steps=100"):  # fmt: skip
+        mon.close()
+    with pytest.warns(UserWarning, match=r"neither step\(\) nor check\(\) was called"):
+        _monitor(query).close()
+    checked = _monitor(query, every_n_steps=2)
+    checked.step(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checked.close()
+
+
+def test_the_first_failed_check_warns_with_strict_guidance_once():
+    model = nn.Linear(1, 1).double()  # a float64 model given float32 batches fails every check
+    query = CallableQuery(lambda b: model(torch.as_tensor(b, dtype=torch.float32)[:, None])[:, 0],
+                          name="s", modules=model)  # fmt: skip
+    mon = _monitor(query, every_n_steps=1)
+    with pytest.warns(UserWarning, match=r"check at step 1 failed.*pass strict=True") as record:
+        mon.step(1)
+    assert "dtype" in str(record[0].message)  # the error itself, not only that there was one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mon.step(2)  # said once
+    assert mon.n_failed == 2 and mon.last_report is None
+    fine = _monitor(CallableQuery(lambda b: torch.as_tensor(b), name="s"), every_n_steps=1)
+    fine.step(1)
+    fine.queries[0].fn = lambda b: 1 / 0  # fails after a success: the log says it, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fine.step(2)
+    assert fine.n_failed == 1
+
+
+def test_swapped_sets_are_suspected_on_a_query_that_knows_its_direction():
+    model, members, nonmembers = _memorised()
+    query = privmon.queries.LossQuery(model)
+    right = privmon.PrivacyMonitor(query, members, nonmembers, methods=("histogram",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        auc = right.check(1).scalars["privacy/loss/auc"]
+    assert auc > 0.7
+    swapped = privmon.PrivacyMonitor(query, nonmembers, members, methods=("histogram",))
+    with pytest.warns(UserWarning, match="'loss' ranks members below non-members: AUC "):
+        assert swapped.check(1).scalars["privacy/loss/auc"] == pytest.approx(1 - auc)
+    # without a known direction the AUC is oriented either way: nothing to suspect
+    undirected = CallableQuery(lambda b: nn.functional.cross_entropy(model(b[0]), b[1],
+                               reduction="none"), name="loss")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        privmon.PrivacyMonitor(undirected, nonmembers, members, methods=("histogram",)).check(1)
+
+
+def test_a_model_passed_as_the_query_points_at_loss_query():
+    model, members, nonmembers = _memorised()
+    with pytest.raises(ValueError, match=r"query is a model \(Sequential\).*LossQuery\(model\)"):
+        privmon.PrivacyMonitor(model, members, nonmembers)
+
+
+def test_a_new_monitor_first_called_past_its_first_check_suggests_loading_its_state():
+    query = CallableQuery(lambda b: torch.as_tensor(b), name="s")
+    saved = _monitor(query, every_n_steps=10)
+    for step in range(1, 31):
+        saved.step(step)
+    resumed = _monitor(query, every_n_steps=10)
+    with pytest.warns(UserWarning, match=r"first step this monitor sees is 31.*load_state_dict"):
+        resumed.step(31)
+    loaded = _monitor(query, every_n_steps=10)
+    loaded.load_state_dict(saved.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded.step(31)
+        _monitor(query, every_n_steps=10).step(1)  # a run from its start
+        _monitor(query, every_n_steps=10).step(0)
+    with pytest.warns(UserWarning, match="step 20 comes before the last checked step 30"):
+        loaded.step(20)  # a restart behind the loaded state: no check until step 30 is passed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded.step(20)  # said once
+    assert [r.step for r in loaded.history] == [10, 20, 30]
+
+
+def test_a_state_must_be_consistent_with_its_checks():
+    mon = _checked_monitor()
+    for step in (1, 2):
+        mon.step(step)
+    state = _saved(mon)
+    # a last step far ahead would switch monitoring off until the steps pass it
+    for last_step, match in [
+        (10**12, r"last_step \(1000000000000\) differs from its last check's step \(2\)"),
+        (None, "last_step is None, but the state holds 2 checks"),
+    ]:
+        fresh = _checked_monitor()
+        with pytest.raises(ValueError, match=match):
+            fresh.load_state_dict(_corrupt(state, ("last_step",), last_step))
+        assert fresh.history == []
+    fresh = _checked_monitor()
+    fresh.load_state_dict(_corrupt(state, ("n_failed",), 1) | {"last_step": 7})  # a failed check
+    assert fresh.state_dict()["last_step"] == 7
+    empty = _saved(_checked_monitor())
+    with pytest.raises(ValueError, match="last_step is 5, but the state ran no check"):
+        _checked_monitor().load_state_dict(_corrupt(empty, ("last_step",), 5))
+    # more certified checks than it ran: every later bound would be looser, without a word
+    crafted = _corrupt(state, ("n_certified_checks",), 10**6)
+    with pytest.warns(UserWarning, match=r"n_certified_checks \(1000000\) exceeds the 2 checks"):
+        fresh.load_state_dict(crafted)
+    assert fresh.n_certified_checks == 10**6
+
+
+def test_a_state_from_a_newer_setup_names_the_fields_this_version_does_not_know():
+    mon = _checked_monitor()
+    mon.step(1)
+    state = _saved(mon)
+    newer = _corrupt(state, ("config", "canaries"), 8)
+    with pytest.raises(ValueError, match=r"newer privmon, with setup fields .*\(canaries\)"):
+        _checked_monitor().load_state_dict(newer)
+    older = {**state, "config": {k: v for k, v in state["config"].items() if k != "planned_checks"}}
+    fresh = _checked_monitor()
+    fresh.load_state_dict(older)  # a field an older version did not save is not compared
+    assert [r.step for r in fresh.history] == [1]
+
+
+def test_a_shuffling_batch_sampler_is_warned_as_a_shuffling_loader():
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+    data = torch.utils.data.TensorDataset(torch.randn(20))
+    query = CallableQuery(lambda b: b[0], name="s")
+    shuffled = DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 5, False))
+    with pytest.warns(UserWarning, match="members is a shuffling DataLoader"):
+        privmon.PrivacyMonitor(query, shuffled, [np.zeros(5)])
+    ordered = DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), 5, False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        privmon.PrivacyMonitor(query, ordered, [np.zeros(5)])
+
+
+def test_a_merge_of_different_grids_and_a_singular_kde_say_how_to_fix_them():
+    from privmon.estimators import StreamingAdvantage
+
+    rng = np.random.default_rng(0)
+    here, there = StreamingAdvantage(), StreamingAdvantage()
+    here.update(rng.normal(size=50), rng.normal(size=50))
+    there.update(rng.normal(size=50) + 5, rng.normal(size=50))  # its own first batch: its grid
+    with pytest.raises(ValueError, match=r"this state: 100 bins over \[.*\], 4 folds; the other"
+                       r".*same low, high, bins and folds"):  # fmt: skip
+        here.merge_(there)
+    fixed = [StreamingAdvantage(low=-6.0, high=10.0) for _ in range(2)]
+    fixed[0].update(rng.normal(size=50), rng.normal(size=50))
+    fixed[1].update(rng.normal(size=50) + 5, rng.normal(size=50))
+    fixed[0].merge_(fixed[1])  # the fix the message names
+    synthetic = rng.normal(size=(60, 3))
+    synthetic[:, 2] = synthetic[:, 0] + synthetic[:, 1]  # collinear: a singular covariance
+    with pytest.raises(ValueError, match=r"singular.*embed='pca'.*density='flow'"):
+        privmon.domias_scores(rng.normal(size=(10, 3)), synthetic, rng.normal(size=(60, 3)))

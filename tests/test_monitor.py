@@ -478,3 +478,23 @@ def test_any_callable_is_a_query():
         assert rep.scalars[tag] == pytest.approx(wrapped.scalars[tag], abs=1e-12), tag
     with pytest.raises(ValueError, match=r"privmon\.queries"):
         PrivacyMonitor("loss", members, nonmembers)
+
+
+def test_history_reads_figures_back_as_their_shortest_decimal_pads_absent_tags_and_keeps_notes():
+    from privmon.callbacks.history import ReportHistory
+    from privmon.report import Report
+
+    history = ReportHistory()
+    history.append(Report(step=1, scalars={"a": 0.563}, failures={"q": "exploded"}))
+    history.append(Report(step=2, scalars={"a": 0.25, "b": 1 / 3}, messages=("violation",)))
+    history.append(Report(step=3, scalars={"b": 0.1}))
+    first, second, _ = history  # the last is kept whole; the others are rebuilt
+    assert first.scalars == {"a": 0.563}  # float32 storage, read back as the shortest decimal
+    assert second.scalars == {"a": 0.25, "b": 0.33333334}
+    assert first.failures == {"q": "exploded"} and first.messages == ()
+    assert second.messages == ("violation",) and second.failures == {}
+    np.testing.assert_array_equal(history.column("a"), [0.563, 0.25, np.nan])  # absent: NaN
+    np.testing.assert_array_equal(history.column("b"), [np.nan, 0.33333334, 0.1])
+    restored = ReportHistory.from_state_dict(history.state_dict())
+    assert [r.failures for r in restored] == [{"q": "exploded"}, {}, {}]
+    assert restored[0].scalars == {"a": 0.563}

@@ -491,3 +491,33 @@ class _Pair(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.net(x)
         return z, z.softmax(-1)
+
+
+def test_online_rmia_takes_a_population_outside_the_reference_data(halves_world):
+    # the docstring asks for population records neither the model nor the references trained
+    # on, so none of them is in reference_data: online RMIA's Pr(z) is the mean over all
+    # references, which needs no membership
+    w = halves_world
+    x, y, refs = w["x"], w["y"], w["refs"]
+    d = sklearn_datasets.load_digits()
+    outside = np.setdiff1d(np.arange(len(d.target)), np.random.default_rng(5).permutation(
+        len(d.target))[: 2 * N])[:60]  # fmt: skip
+    px = torch.tensor(d.data[outside] / 16.0, dtype=torch.float32)
+    py = torch.tensor(d.target[outside])
+    q = ReferenceModelQuery(
+        w["target"], refs, attack="rmia", online=True, reference_data=(x, y), population=(px, py)
+    )
+    got = run(q, (x[:50], y[:50])).numpy()
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    both_x, both_y = torch.cat([x[:50], px]), torch.cat([y[:50], py])
+    mask = np.concatenate([refs.masks[:, :50], np.zeros((len(refs), 60), bool)], axis=1)
+    want = rmia(
+        sig(phi(w["target"], both_x, both_y)),
+        sig(phi(refs, both_x, both_y)),
+        mask,
+        population=np.arange(50, 110),  # indices of the appended population records
+        online=True,
+    )
+    np.testing.assert_allclose(got, want[:50], rtol=0, atol=1e-12)
+    mon = privmon.PrivacyMonitor(q, [(x[:50], y[:50])], [(x[50:100], y[50:100])], strict=True)
+    assert mon.check(1) is not None

@@ -172,3 +172,265 @@ def test_a_persistent_worker_training_loader_as_member_set_keeps_its_epoch():
     assert seen == [40, 40, 40]  # the epoch saw all 120 records, not 40
     assert len(mon.history) == 3
     assert mon.last_report.queries["loss"].member_risk.shape == (120,)
+
+
+# --- what a query may change, and what the check does about it ------------------------------------
+
+
+def _bn_model():
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _audit_sets(x, y):
+    return [(x[:60], y[:60])], [(x[60:], y[60:])]
+
+
+def test_a_query_calling_train_leaves_batchnorm_statistics_and_the_other_queries_untouched():
+    x, y = _data()
+    model = _bn_model()
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def train_mode_loss(batch):  # a query that switches the model to training mode
+        model.train()
+        return F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+
+    mon = privmon.PrivacyMonitor(
+        [CallableQuery(train_mode_loss, name="rogue", modules=model), LossQuery(model)],
+        *_audit_sets(x, y),
+        methods=("histogram",),
+        strict=True,
+    )
+    report = mon.check(1)
+    for k, v in model.state_dict().items():  # running mean / var, num_batches_tracked
+        assert torch.equal(v, before[k]), k
+    assert all(m.training for m in model.modules())
+    # the LossQuery after it saw the model in eval mode with the statistics of before
+    clean = privmon.PrivacyMonitor(
+        LossQuery(model), *_audit_sets(x, y), methods=("histogram",), strict=True
+    ).check(1)
+    for tag in ("auc", "histogram/plugin", "tpr@fpr=0.1"):
+        assert report.scalars[f"privacy/loss/{tag}"] == clean.scalars[f"privacy/loss/{tag}"]
+
+
+def test_a_query_writing_the_weights_is_refused_by_name_and_the_others_kept(caplog):
+    x, y = _data()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def stepping(batch):  # a query that trains: backward and an optimizer step
+        with torch.enable_grad():
+            loss = F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+            loss.mean().backward()
+        opt.step()
+        return loss.detach()
+
+    mon = privmon.PrivacyMonitor(
+        [CallableQuery(stepping, name="stepping", modules=model), LossQuery(model)],
+        *_audit_sets(x, y),
+        methods=("histogram",),
+    )
+    with caplog.at_level("ERROR", logger="privmon"):
+        report = mon.check(1)
+    assert report is not None and "privacy/loss/histogram/value" in report.scalars
+    assert "wrote to parameters" in report.failures["stepping"]
+    assert "0.weight" in report.failures["stepping"]  # the parameter, by name
+    assert not any(t.startswith("privacy/stepping/") for t in report.scalars)
+    assert "stepping" in caplog.text
+    strict = privmon.PrivacyMonitor(
+        CallableQuery(stepping, name="stepping", modules=model), *_audit_sets(x, y), strict=True
+    )
+    with pytest.raises(RuntimeError, match="query 'stepping' wrote to parameters"):
+        strict.check(1)
+
+
+def test_default_dtype_grad_mode_and_requires_grad_are_restored():
+    x, y = _data()
+    model = _model()
+    model[0].bias.requires_grad_(False)  # frozen by the training, thawed by the query
+
+    def careless(batch):
+        torch.set_default_dtype(torch.float64)
+        torch.set_grad_enabled(True)
+        for p in model.parameters():
+            p.requires_grad_(not p.requires_grad)
+        return batch[0][:, 0].double()
+
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(careless, name="careless", modules=model),
+        *_audit_sets(x, y),
+        methods=("histogram",),
+        strict=True,
+    )
+    with torch.no_grad():
+        mon.check(1)
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled()
+    mon.check(2)
+    assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
+    assert [p.requires_grad for p in model.parameters()] == [True, False, True, True]
+
+
+def test_grads_are_cleared_before_each_query_and_restored_after():
+    x, y = _data()
+    model = _model()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)  # the training step's gradients, not yet applied
+    kept = [p.grad for p in model.parameters()]
+    seen = []
+
+    def accumulating(batch):  # backward without zero_grad: it reads whatever .grad holds
+        with torch.enable_grad():
+            F.cross_entropy(model(batch[0]), batch[1]).backward()
+        seen.append(model[0].bias.grad.clone())
+        return batch[0][:, 0]
+
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(accumulating, name="acc", modules=model),
+        *_audit_sets(x, y),
+        methods=("histogram",),
+        strict=True,
+    )
+    mon.check(1)
+    model.eval()  # as in the check: dropout off
+    for (xb, yb), grad in zip(((x[:60], y[:60]), (x[60:], y[60:])), seen, strict=True):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xb), yb).backward()
+        assert torch.equal(grad, model[0].bias.grad)  # this batch's gradient alone
+    model.train()
+    for p, grad in zip(model.parameters(), kept, strict=True):
+        p.grad = grad  # what the test's own backward replaced
+    mon.check(2)
+    assert all(p.grad is g for p, g in zip(model.parameters(), kept, strict=True))
+    assert all(bool((g == 7.0).all()) for g in kept)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_opacus_hooks_are_left_as_found(enabled):
+    opacus = pytest.importorskip("opacus")
+    x, y = _data()
+    model = opacus.GradSampleModule(_model())
+    if not enabled:
+        model.disable_hooks()
+    seen = []
+
+    def query(batch):
+        seen.append(model.hooks_enabled)
+        return F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(query, name="q", modules=model),
+        *_audit_sets(x, y),
+        methods=("histogram",),
+        strict=True,
+    )
+    mon.check(1)
+    assert seen == [False, False]  # disabled inside the check
+    assert model.hooks_enabled is enabled
+
+
+def test_numpy_and_python_rngs_are_restored():
+    import random
+
+    import numpy as np
+
+    x, y = _data()
+
+    def drawing(batch):
+        np.random.rand(5)  # noqa: NPY002
+        random.random()
+        return batch[0][:, 0] + torch.rand(len(batch[0]))
+
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(drawing, name="q"), *_audit_sets(x, y), methods=("histogram",), strict=True
+    )
+    np.random.seed(4)  # noqa: NPY002
+    random.seed(4)
+    torch.manual_seed(4)
+    want = (np.random.rand(), random.random(), torch.rand(1))  # noqa: NPY002
+    np.random.seed(4)  # noqa: NPY002
+    random.seed(4)
+    torch.manual_seed(4)
+    mon.check(1)
+    assert np.random.rand() == want[0] and random.random() == want[1]  # noqa: NPY002
+    assert torch.equal(torch.rand(1), want[2])
+
+
+def test_a_check_running_while_another_is_in_progress_is_refused():
+    # thread A's check is inside its queries when thread B calls check(): B must not save A's
+    # eval mode and cleared gradients as "the training state" and put them back after A
+    import threading
+
+    x, y = _data()
+    model = _model()
+    model.train()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    grads = [p.grad for p in model.parameters()]
+    a_inside, b_went, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def query(batch):
+        if threading.current_thread().name == "A":
+            a_inside.set()
+            assert b_went.wait(30)
+        else:  # B's check got as far as its queries: hold it there until A has finished
+            b_went.set()
+            assert a_done.wait(30)
+        return F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(query, name="q", modules=model), *_audit_sets(x, y), methods=("histogram",)
+    )
+    results = {}
+
+    def run_a():
+        results["A"] = mon.check(1)
+        a_done.set()
+
+    def run_b():
+        assert a_inside.wait(30)
+        results["B"] = mon.check(2)
+        b_went.set()
+
+    threads = [threading.Thread(target=run_a, name="A"), threading.Thread(target=run_b, name="B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results["A"] is not None and results["B"] is None  # B was refused, A measured
+    assert mon.n_failed == 1 and [r.step for r in mon.history] == [1]
+    assert all(m.training for m in model.modules())
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
+
+
+def test_a_query_converting_the_model_or_replacing_a_weight_is_put_back_and_refused():
+    x, y = _data()
+    model = _bn_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model[0].weight
+
+    def converting(batch):  # .double() gives every parameter and buffer new storage
+        model.double()
+        return F.cross_entropy(model(batch[0].double()), batch[1], reduction="none")
+
+    def replacing(batch):
+        model[3].weight = nn.Parameter(torch.zeros_like(model[3].weight))
+        return batch[0][:, 0]
+
+    mon = privmon.PrivacyMonitor(
+        [
+            CallableQuery(converting, name="converting", modules=model),
+            CallableQuery(replacing, name="replacing", modules=model),
+            LossQuery(model),
+        ],
+        *_audit_sets(x, y),
+        methods=("histogram",),
+    )
+    report = mon.check(1)
+    assert model[0].weight is weight and weight.dtype == torch.float32
+    for k, v in model.state_dict().items():
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+    assert "wrote to parameters (0.weight, 0.bias, 1.weight" in report.failures["converting"]
+    assert "wrote to parameters (3.weight)" in report.failures["replacing"]
+    assert "privacy/loss/histogram/value" in report.scalars  # measured on the training weights

@@ -166,4 +166,11 @@ def fit_kde(data: torch.Tensor, *, name: str, bandwidth: str | float) -> Gaussia
     except ValueError as err:
         if "bandwidth" in str(err):
             raise
-        raise ValueError(f"{name}: {err}") from None
+        hint = (
+            ": drop constant or duplicated columns (a one-hot block sums to 1), or embed the "
+            "records in fewer dimensions (embed='pca' with embed_dim below the data's rank); "
+            "domias_scores also takes density='flow'"
+            if "singular" in str(err)
+            else ""
+        )
+        raise ValueError(f"{name}: {err}{hint}") from None

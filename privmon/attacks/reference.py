@@ -307,9 +307,14 @@ def rmia(
         shadow_probs: (k, n) the same under k reference models.
         shadow_in: (k, n) bool membership of the records in the reference models; needed only
             offline, where None means no reference model saw any record.
-        population: which of the n records are population records z (records the target did not
-            train on): a bool mask (n,) or integer indices. It may include scored records; a
-            record compared with itself has LR = 1.
+        population: which of the n records are the population records z (records the target
+            did not train on), as positions among the n: a bool mask (n,) or a 1-D array of
+            integer indices into them (``[3, 7]`` and the mask true at 3 and 7 are the same).
+            Not the records themselves, unlike :class:`privmon.queries.ReferenceModelQuery`'s
+            ``population=(x, y)``: to compare with separate population records, append their
+            probabilities to ``target_probs`` and ``shadow_probs`` (and False columns to
+            ``shadow_in``) and pass their indices. It may include scored records; a record
+            compared with itself has LR = 1.
         online: the Pr(x) estimate (above).
         a: offline only, the slope of Pr_in(x) ≈ a·Pr_out(x) + (1 − a), in [0, 1]; the paper
             tunes it on reference models (0.3 is a common value for small datasets).

@@ -1,26 +1,35 @@
-"""What a check must leave as it found it: the training's RNGs, modes, gradients, Opacus
-per-sample-gradient hooks and the audit loaders' generators and iterators.
+"""What a check must leave as it found it: the training's RNGs, modes, buffers, gradients,
+default dtype and grad mode, Opacus per-sample-gradient hooks and the audit loaders' generators
+and iterators; and the weights, which it cannot restore cheaply, it watches.
 
 A check runs the user's queries between two training steps. Anything they can change that the
-next step reads is saved before and restored after (:func:`untouched_training`); the audit loaders
-are iterated through views that cannot reset an iterator the training loop is using
-(:func:`audit_view`).
+next step reads is saved before and restored after (:class:`TrainingGuard`), and a query that
+writes to the weights has its result refused; one check runs at a time in a process
+(:func:`begin_check`). The audit loaders are iterated through views that cannot reset an
+iterator the training loop is using (:func:`audit_view`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
+import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-__all__ = ["audit_view", "untouched_training", "warn_if_shuffled"]
+__all__ = [
+    "TrainingGuard",
+    "audit_view",
+    "begin_check",
+    "end_check",
+    "warn_if_shuffled",
+]
 
 
 def _save_rng() -> dict[str, Any]:
@@ -74,41 +83,205 @@ def _opacus_modules(roots: Sequence[nn.Module]) -> list[Any]:
     return list(found.values())
 
 
-@contextlib.contextmanager
-def untouched_training(roots: Sequence[nn.Module], loaders: Sequence[Any]) -> Iterator[None]:
-    """Run the block with ``roots`` in eval mode and leave, whatever the block does or raises:
+_CHECK_LOCK = threading.Lock()
+
+
+def begin_check() -> bool:
+    """Take the process's check lock, without waiting: False when another check holds it.
+
+    Two checks at a time would each save the other's eval mode and cleared gradients as "the
+    training state" and put them back last; the RNGs they restore are the process's, so the
+    lock is one per process, not per monitor. A refused check does not wait: a query calling
+    ``check()`` would otherwise wait for itself. Release it with :func:`end_check`."""
+    return _CHECK_LOCK.acquire(blocking=False)
+
+
+def end_check() -> None:
+    """Release the lock :func:`begin_check` took."""
+    _CHECK_LOCK.release()
+
+
+class _Param(NamedTuple):
+    """A parameter as a check found it: where it lives, the tensor, its storage (an alias:
+    ``p.data = …`` rebinds it, which is put back) and its gradient and ``requires_grad``."""
+
+    owner: nn.Module
+    name: str
+    qualified: str
+    tensor: nn.Parameter
+    storage: torch.Tensor
+    grad: torch.Tensor | None
+    requires_grad: bool
+
+
+class _Buffer(NamedTuple):
+    """A buffer as a check found it, with a copy of its values."""
+
+    owner: nn.Module
+    name: str
+    tensor: torch.Tensor
+    version: int
+    saved: torch.Tensor
+
+
+def _unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit the same values (NaN included, which ``torch.equal`` calls unequal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+class TrainingGuard:
+    """What a check must leave as it found it: a context manager over the modules ``roots``
+    (duplicates counted once) and the audit ``loaders``.
+
+    Entering saves, and exiting restores, whatever the block does or raises:
 
     - every RNG (Python, numpy, torch, CUDA) and every generator the audit ``loaders`` draw from;
-    - every submodule's train / eval mode;
-    - every parameter's ``.grad`` (a gradient query's ``backward()`` writes to a fresh one);
+    - every submodule's train / eval mode, every parameter's ``requires_grad`` and ``.grad``;
+    - every buffer's values (BatchNorm statistics: a query that calls ``.train()`` changes
+      them), a copy of each taken on entry;
+    - the default dtype and the grad mode;
     - Opacus' per-sample-gradient hooks, disabled inside the block, so a query's backward pass
       neither consumes the training step's captured activations nor leaves partial per-sample
       gradients that make the next training step fail.
+
+    - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
+      ``p.data = …`` are put back).
+
+    Inside, the roots are in eval mode, grad mode is off and every ``.grad`` is None.
+    :meth:`after_query`, called after each query call, puts that back for the next one and says
+    when the call changed a parameter: one written to in place cannot be restored without a copy
+    of the model (nor can the optimizer state, which only changes with a step that writes the
+    weights), so the call's result is refused instead. In-place writes are seen through the
+    parameters' version counters, which every in-place torch operation and optimizer step
+    updates; a write through ``.data`` (``p.data.add_(…)``) bypasses them and is not seen.
     """
-    rng = _save_rng()
-    generators = [(g, g.get_state()) for g in _loader_generators(loaders)]
-    modes = {m: m.training for root in roots for m in root.modules()}
-    params = list({id(p): p for root in roots for p in root.parameters()}.values())
-    grads = [p.grad for p in params]
-    opacus = [(m, m.hooks_enabled) for m in _opacus_modules(roots)]
-    try:
-        for p in params:
-            p.grad = None
-        for m, _ in opacus:
+
+    def __init__(self, roots: Sequence[nn.Module], loaders: Sequence[Any]) -> None:
+        self.roots = list({id(root): root for root in roots}.values())
+        self.loaders = list(loaders)
+
+    def __enter__(self) -> TrainingGuard:
+        self._rng = _save_rng()
+        self._generators = [(g, g.get_state()) for g in _loader_generators(self.loaders)]
+        self._dtype, self._grad_mode = torch.get_default_dtype(), torch.is_grad_enabled()
+        modules = list({id(m): m for root in self.roots for m in root.modules()}.values())
+        self._modes = [(m, m.training) for m in modules]
+        self._params = _parameters(self.roots)
+        self._versions = [p.tensor._version for p in self._params]  # advanced after a write
+        self._buffers = [
+            _Buffer(m, name, b, b._version, b.detach().clone())
+            for m in modules
+            for name, b in m._buffers.items()
+            if b is not None and not is_lazy(b)
+        ]
+        self._opacus = [(m, m.hooks_enabled) for m in _opacus_modules(self.roots)]
+        try:
+            self._set_check_state()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _set_check_state(self) -> None:
+        """What each query starts from: eval mode, no gradients (``requires_grad`` as found), no
+        Opacus hooks, the default dtype as found, grad mode off."""
+        for p in self._params:
+            p.tensor.grad = None
+            p.tensor.requires_grad_(p.requires_grad)
+        for m, _ in self._opacus:
             m.disable_hooks()
-        for root in roots:
+        for root in self.roots:
             root.eval()
-        yield
-    finally:
-        for m, training in modes.items():
+        torch.set_default_dtype(self._dtype)
+        torch.set_grad_enabled(False)
+
+    def after_query(self) -> str | None:
+        """After a query call: restore what it changed that the next call reads (modes,
+        buffers, ``requires_grad``, gradients, hooks, default dtype, grad mode); return why its
+        result must be refused — the parameters it wrote to in place — or None."""
+        changed = self._restore_parameters()
+        written = [
+            p.qualified for p, v in zip(self._params, self._versions, strict=True)
+            if p.tensor._version != v
+        ]  # fmt: skip
+        if written:  # later calls are judged on their own writes
+            self._versions = [p.tensor._version for p in self._params]
+        changed += [name for name in written if name not in changed]
+        if any(m.training for m, _ in self._modes) or any(
+            b.owner._buffers.get(b.name) is not b.tensor or b.tensor._version != b.version
+            for b in self._buffers
+        ):  # BatchNorm in training mode updates its statistics without a version bump
+            self._restore_buffers()
+        self._set_check_state()
+        if not changed:
+            return None
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" * (len(changed) > 5))
+        return (
+            f"wrote to parameters ({shown}): its scores are of other weights than training's, "
+            "and are refused (a weight written to in place stays written, as does the "
+            "optimizer state that moves with it: a query must not step an optimizer or change "
+            "weights)"
+        )
+
+    def _restore_parameters(self) -> list[str]:
+        """Put back every parameter replaced in its module or given other storage; their
+        names."""
+        put_back = []
+        for p in self._params:
+            moved = p.owner._parameters.get(p.name) is not p.tensor
+            if moved:
+                p.owner._parameters[p.name] = p.tensor
+            if p.tensor.data_ptr() != p.storage.data_ptr() or p.tensor.shape != p.storage.shape:
+                p.tensor.data = p.storage
+                moved = True
+            if moved:
+                put_back.append(p.qualified)
+        return put_back
+
+    def _restore_buffers(self) -> None:
+        with torch.no_grad():
+            for b in self._buffers:
+                if b.owner._buffers.get(b.name) is not b.tensor:
+                    b.owner._buffers[b.name] = b.tensor
+                if not _unchanged(b.tensor, b.saved):
+                    b.tensor.copy_(b.saved)
+        self._buffers = [b._replace(version=b.tensor._version) for b in self._buffers]
+
+    def _restore(self) -> None:
+        for m, training in self._modes:
             m.training = training
-        for p, grad in zip(params, grads, strict=True):
-            p.grad = grad
-        for m, enabled in opacus:
+        self._restore_parameters()
+        for p in self._params:
+            p.tensor.grad = p.grad
+            p.tensor.requires_grad_(p.requires_grad)
+        self._restore_buffers()
+        for m, enabled in self._opacus:
             m.hooks_enabled = enabled
-        for g, state in generators:
+        for g, state in self._generators:
             g.set_state(state)
-        _restore_rng(rng)
+        _restore_rng(self._rng)
+        torch.set_default_dtype(self._dtype)
+        torch.set_grad_enabled(self._grad_mode)
+
+
+def _parameters(roots: Sequence[nn.Module]) -> list[_Param]:
+    """Every parameter of the roots once, with its qualified name (prefixed by the root's
+    class and position when there are several roots)."""
+    found: dict[int, _Param] = {}
+    for i, root in enumerate(roots):
+        prefix = f"{type(root).__name__}#{i}." if len(roots) > 1 else ""
+        for module_name, m in root.named_modules(remove_duplicate=False):
+            for name, p in m._parameters.items():
+                if p is None or id(p) in found:
+                    continue
+                qualified = f"{prefix}{module_name}.{name}" if module_name else prefix + name
+                found[id(p)] = _Param(m, name, qualified, p, p.data, p.grad, p.requires_grad)
+    return list(found.values())
 
 
 def audit_view(data: Any) -> Any:

@@ -14,6 +14,7 @@ times out.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from privmon.estimators.estimates import describe_error
+from privmon.queries.base import score_shape
 
 __all__ = [
     "Agreement",
@@ -28,6 +30,7 @@ __all__ = [
     "StepDisagreement",
     "agree",
     "agree_on_outcomes",
+    "agree_on_schedule",
     "agree_on_scores",
     "gather_scores",
     "rank_and_world",
@@ -36,6 +39,7 @@ __all__ = [
 logger = logging.getLogger("privmon")
 
 Scores = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+Layout = tuple[str, tuple[int, ...]]  # a side's scores: dtype and trailing shape
 
 
 class RankFailure(RuntimeError):
@@ -62,6 +66,9 @@ class Agreement:
 
     rows: dict[str, tuple[list[int], list[int]]]
     """Per query to exchange: its member rows and its non-member rows on each rank."""
+    layouts: dict[str, tuple[Layout, Layout]]
+    """Per query to exchange: its members' and non-members' dtype and trailing shape (a rank
+    with no rows on a side takes them from the others)."""
     left_out: dict[str, str]
     """Per query no rank exchanges: why."""
     spent: int
@@ -146,16 +153,39 @@ def agree_on_outcomes(
     return reasons
 
 
-def _layout(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    return tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape[1:])) for t in scores)
+def _layout(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[Layout | None, ...]:
+    """Per side, the scores' dtype and trailing shape; None for a side with no rows (an empty
+    shard), which takes the other ranks'."""
+    return tuple(
+        None if t.shape[0] == 0 else (str(t.dtype).removeprefix("torch."), tuple(t.shape[1:]))
+        for t in scores
+    )
 
 
-def _show(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
-    def shape(trailing: tuple[int, ...]) -> str:
-        return "(n,)" if not trailing else f"(n, {', '.join(map(str, trailing))})"
+def _show(layout: tuple[Layout | None, ...]) -> str:
+    def side(what: str, found: Layout | None) -> str:
+        return f"{what} none" if found is None else f"{what} {found[0]} {score_shape(found[1])}"
 
-    (mem_dtype, mem_shape), (non_dtype, non_shape) = layout
-    return f"members {mem_dtype} {shape(mem_shape)}, non-members {non_dtype} {shape(non_shape)}"
+    return f"{side('members', layout[0])}, {side('non-members', layout[1])}"
+
+
+def agree_on_schedule(every_n_steps: int, *, strict: bool) -> int:
+    """The check schedule every rank follows, agreed at the first ``step()`` (one all-gather of
+    an integer): each rank decides alone whether a step is due, so ranks with different
+    ``every_n_steps`` would enter checks the others never enter. On a mismatch every rank takes
+    rank 0's, said as an error and a warning; ``strict``: every rank raises a
+    :class:`RankFailure`."""
+    every = _every_rank(every_n_steps)
+    if len(set(every)) == 1:
+        return every_n_steps
+    shown = ", ".join(f"rank {r}: {e}" for r, e in enumerate(every))
+    message = f"privmon: the ranks' monitors check on different schedules (every_n_steps: {shown})"
+    if strict:
+        raise RankFailure(message)
+    message += f": every rank checks every {every[0]} steps, as rank 0 does"
+    logger.error(message)
+    warnings.warn(message, UserWarning, stacklevel=3)
+    return int(every[0])
 
 
 def agree_on_scores(
@@ -175,9 +205,11 @@ def agree_on_scores(
     (``failed``) or its scores' dtype, trailing shape and rows.
 
     Raises on every rank when the collection failed on any (that rank its own ``error``), when
-    the names or settings differ, and (:class:`StepDisagreement`) when the steps differ. A query
-    that failed on any rank, or whose scores differ in dtype or trailing shape between ranks, is
-    left out on every rank (logged), or with ``strict`` raises on every rank.
+    the names or settings differ, (:class:`StepDisagreement`) when the steps differ, and when
+    no rank has a member or a non-member. A query that failed on any rank, or whose scores
+    differ in dtype or trailing shape between ranks, is left out on every rank (logged), or with
+    ``strict`` raises on every rank. A rank with no rows on a side (an empty shard) contributes
+    none and takes the others' dtype and shape.
     """
     mine = {
         "step": step,
@@ -202,7 +234,7 @@ def agree_on_scores(
     steps = [other["step"] for other in ranks]
     if len(set(steps)) > 1:
         raise StepDisagreement(steps)
-    rows, left_out = {}, {}
+    rows, left_out, agreed = {}, {}, {}
     for name in names:
         errors = [
             (r, other["failed"][name]) for r, other in enumerate(ranks) if name in other["failed"]
@@ -215,7 +247,8 @@ def agree_on_scores(
                 )
             continue
         layouts = [other["layout"][name] for other in ranks]
-        if len(set(layouts)) > 1:
+        sides = [{layout[i] for layout in layouts if layout[i] is not None} for i in (0, 1)]
+        if any(len(found) > 1 for found in sides):
             shown = "; ".join(f"rank {r}: {_show(layout)}" for r, layout in enumerate(layouts))
             reason = f"its scores differ in dtype or shape between ranks ({shown})"
             if strict:
@@ -223,6 +256,11 @@ def agree_on_scores(
             logger.error("privmon: query %r is left out on every rank: %s", name, reason)
             left_out[name] = reason
             continue
+        if not all(sides):
+            raise ValueError(
+                "members and nonmembers must each yield at least one batch (on some rank)"
+            )
+        agreed[name] = (sides[0].pop(), sides[1].pop())
         rows[name] = (
             [other["rows"][name][0] for other in ranks],
             [other["rows"][name][1] for other in ranks],
@@ -235,14 +273,15 @@ def agree_on_scores(
             ", ".join(f"rank {r}: {s}" for r, s in enumerate(spents)),
             max(spents),
         )
-    return Agreement(rows=rows, left_out=left_out, spent=max(spents))
+    return Agreement(rows=rows, layouts=agreed, left_out=left_out, spent=max(spents))
 
 
 def gather_scores(
-    scores: Scores, rows: Mapping[str, tuple[list[int], list[int]]]
+    scores: Scores, agreed: Agreement
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Every rank's rows of each query in ``rows``, concatenated in rank order (shards may differ
-    in length; ``rows`` comes from :func:`agree_on_scores`).
+    """Every rank's rows of each query in ``agreed.rows``, concatenated in rank order (shards
+    may differ in length, an empty one has none; ``agreed`` comes from
+    :func:`agree_on_scores`).
 
     The buffers are allocated before the first exchange, and the results assembled after the
     last, and ranks :func:`agree` on both: a rank that runs out of memory there fails the check
@@ -254,9 +293,12 @@ def gather_scores(
     buffers: list[tuple[list[int], torch.Tensor, list[torch.Tensor]]] = []
     error = None
     try:
-        for name, sides in rows.items():
-            for local, counts in zip(scores[name], sides, strict=True):
-                padded = local.detach().to(dev).new_zeros((max(counts), *local.shape[1:]))
+        for name, sides in agreed.rows.items():
+            layouts = agreed.layouts[name]
+            for local, counts, (dtype, trailing) in zip(scores[name], sides, layouts, strict=True):
+                padded = torch.zeros(
+                    (max(counts), *trailing), dtype=getattr(torch, dtype), device=dev
+                )
                 padded[: local.shape[0]] = local
                 buffers.append((counts, padded, [torch.empty_like(padded) for _ in range(world)]))
     except Exception as err:
@@ -270,7 +312,7 @@ def gather_scores(
         while buffers:  # each buffer is dropped once its rows are assembled
             counts, _, parts = buffers.pop(0)
             whole.append(torch.cat([p[:k] for p, k in zip(parts, counts, strict=True)]))
-        for i, name in enumerate(rows):
+        for i, name in enumerate(agreed.rows):
             mem, non = scores[name]
             out[name] = (whole[2 * i].to(mem.device), whole[2 * i + 1].to(non.device))
     except Exception as err:

@@ -1,8 +1,9 @@
 """PrivacyMonitor: audit a model's membership leakage while it trains.
 
-One check: save every RNG and the train/eval mode of every
-module involved; run the member and non-member batches through each query under
-``torch.no_grad()`` with the modules in eval mode; restore everything; estimate the optimal
+One check: save every RNG and the state of every module involved (modes, buffers, gradients;
+:mod:`~privmon.callbacks._protect`); run the member and non-member batches through each query
+under ``torch.no_grad()`` with the modules in eval mode, each query's output checked
+(:mod:`~privmon.callbacks.collection`); restore everything; estimate the optimal
 advantage per query and method, AUC and TPR at low FPR, per-record risk; read ε from the Opacus
 accountant and compare with the ceilings; hand one immutable :class:`~privmon.report.Report` to
 the sinks and to early stopping.
@@ -31,11 +32,13 @@ from privmon._validation import (
     check_subset,
 )
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
-from privmon.callbacks._protect import audit_view, untouched_training, warn_if_shuffled
+from privmon.callbacks._protect import audit_view, begin_check, end_check, warn_if_shuffled
+from privmon.callbacks.collection import collect_scores
 from privmon.callbacks.distributed import (
     StepDisagreement,
     agree,
     agree_on_outcomes,
+    agree_on_schedule,
     agree_on_scores,
     gather_scores,
     rank_and_world,
@@ -43,6 +46,7 @@ from privmon.callbacks.distributed import (
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RankedRecords, RecordTracker
+from privmon.callbacks.traps import Traps
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.estimates import METHODS, describe_error
 from privmon.estimators.spending import check_delta
@@ -67,6 +71,12 @@ def _as_queries(given: list[Any]) -> list[Any]:
         raise ValueError("query must be a query or a non-empty sequence of queries")
     out, unnamed = [], 0
     for q in given:
+        if isinstance(q, nn.Module) and not isinstance(getattr(q, "name", None), str):
+            raise ValueError(
+                f"query is a model ({type(q).__name__}), not a query: pass what an attacker "
+                "observes of it, e.g. privmon.queries.LossQuery(model), another privmon.queries "
+                "query, or a function batch -> scores"
+            )
         if not callable(q):
             raise ValueError(
                 f"query {q!r} is not callable: pass a privmon.queries query (e.g. "
@@ -106,17 +116,39 @@ def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: f
     )
 
 
+def _checked_last_step(last_step: Any, history: ReportHistory, n_failed: int) -> int | None:
+    """A saved ``last_step``, checked against the checks the state ran: every check sets it,
+    so it is None only before the first check kept, and equals the last kept check's step
+    when no check failed (a larger one would switch monitoring off until the steps pass it)."""
+    if last_step is None:
+        if history:
+            raise ValueError(f"state last_step is None, but the state holds {len(history)} checks")
+        return None
+    last_step = check_int(last_step, name="state last_step")
+    if not history and not n_failed:
+        raise ValueError(f"state last_step is {last_step}, but the state ran no check")
+    if history and not n_failed and last_step != int(history.steps[-1]):
+        raise ValueError(
+            f"state last_step ({last_step}) differs from its last check's step "
+            f"({int(history.steps[-1])}), although no check failed"
+        )
+    return last_step
+
+
 class PrivacyMonitor:
     """Watch a model's membership leakage during training.
 
     Args:
         query: a :mod:`privmon.queries` query, any callable ``batch -> scores`` (named by its
             ``__name__``; lambdas ``query``, ``query_1``, …), or a sequence of them (names must
-            differ). List the modules a plain function runs in ``modules`` so a check can
-            protect their train / eval mode.
+            differ); a model is refused (pass ``LossQuery(model)``). List the modules a plain
+            function runs in ``modules`` so a check can protect their state. Each query's
+            output is checked at every batch: one row per record, one trailing shape.
         members: iterable of batches of training records (the audit member set; keep its order
-            fixed — per-record indices refer to the order it yields).
-        nonmembers: iterable of batches of held-out records, drawn from the same distribution.
+            fixed — per-record indices refer to the order it yields). Under torch.distributed,
+            this rank's shard, which may be empty.
+        nonmembers: iterable of batches of held-out records, drawn from the same distribution,
+            never the members themselves (the same object is refused; shared records warn).
         every_n_steps: ``step(global_step)`` runs a check when global_step is a multiple of it.
         prior: P(member) of the membership experiment, in (0, 1).
         methods: estimators per query, from ("histogram", "kde"); KDE is skipped for discrete
@@ -169,8 +201,15 @@ class PrivacyMonitor:
         names = [q.name for q in queries]
         if len(set(names)) != len(names):
             raise ValueError(f"query names must be unique, got {names}")
+        if members is nonmembers:
+            raise ValueError(
+                "members and nonmembers are the same object: every figure would read no leak. "
+                "Pass training records as members and held-out records as nonmembers"
+            )
+        # under torch.distributed a rank's shard may be empty: it contributes no records
+        sharded = rank_and_world()[1] > 1
         for data, name in ((members, "members"), (nonmembers, "nonmembers")):
-            check_audit_set(data, name=name)
+            check_audit_set(data, name=name, allow_empty=sharded)
         warn_if_shuffled(members, name="members")
         modules = (modules,) if isinstance(modules, nn.Module) else tuple(modules or ())
         for module in modules:
@@ -232,33 +271,31 @@ class PrivacyMonitor:
         self._last_step: int | None = None
         # one id per run, on every line and event it writes; a resumed run keeps its id
         self.run_id = uuid.uuid4().hex
-        self._warned_order = False
         self._stop = False
+        self._traps = Traps()  # silent traps said out loud, once each
+        self._schedule_agreed = False  # under torch.distributed: at the first step()
 
     # -- training-loop API ------------------------------------------------------------------
     def step(self, global_step: int) -> bool:
         """Run a check when one is due — ``global_step`` a multiple of ``every_n_steps`` and past
         the last checked step — ; True when training should stop. Under torch.distributed the
-        ranks decide together: a step one rank has already checked (its state restored alone) is
-        skipped on all of them, so no rank waits in a check the others never enter."""
+        ranks decide together: at the first call they agree on ``every_n_steps`` (on a mismatch
+        every rank takes rank 0's, said loudly; ``strict``: raises), and a step one rank has
+        already checked (its state restored alone) is skipped on all of them, so no rank waits
+        in a check the others never enter."""
+        fresh = self._last_step is None and self.n_failed == 0 and self.n_certified_checks == 0
+        self._traps.saw_step(global_step, every_n_steps=self.every_n_steps, fresh=fresh)
+        if not self._schedule_agreed and rank_and_world()[1] > 1:
+            self.every_n_steps = agree_on_schedule(self.every_n_steps, strict=self.strict)
+            self._schedule_agreed = True
         if global_step % self.every_n_steps != 0:
             return self._stop
         checked = self._last_step is not None and global_step <= self._last_step
         if rank_and_world()[1] > 1:
             (checked,) = agree(None, stage="deciding on a check", flags=[checked])
         if checked:
-            if (
-                self._last_step is not None
-                and global_step < self._last_step
-                and not self._warned_order
-            ):
-                self._warned_order = True  # once: a restarted loop repeats this every step
-                logger.warning(
-                    "privmon: step %s comes before the last checked step %s: no check until the "
-                    "steps pass it (was training restarted without monitor.load_state_dict?)",
-                    global_step,
-                    self._last_step,
-                )
+            if self._last_step is not None and global_step < self._last_step:
+                self._traps.behind(global_step, self._last_step)  # once: a loop repeats it
             return self._stop
         self.check(global_step)
         return self._stop
@@ -274,18 +311,43 @@ class PrivacyMonitor:
         return self.history[-1] if self.history else None
 
     def check(self, global_step: int) -> Report | None:
-        """Run one check now. Returns its report, or None when it failed (logged, skipped)."""
+        """Run one check now. Returns its report, or None when it failed (logged, skipped; the
+        first failure of a run with no successful check also warns).
+
+        One check runs at a time in a process: a call while another is running (from another
+        thread, or from inside a query) is refused — counted in ``n_failed``, logged, None
+        (``strict``: a RuntimeError) — rather than let the two save and restore each other's
+        eval mode, gradients and RNGs."""
         global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
+        if not begin_check():
+            self.n_failed += 1
+            message = (
+                f"privmon: the check at step {global_step} is refused: another check is running "
+                "in this process (check() called from two threads, or from inside a query)"
+            )
+            if self.strict:
+                raise RuntimeError(message)
+            logger.error(message)
+            return None
+        try:
+            return self._check_and_act(global_step)
+        finally:
+            end_check()
+
+    def _check_and_act(self, global_step: int) -> Report | None:
+        """:meth:`check` holding the check lock: the check, then the sinks and early stopping."""
         self._last_step = global_step
         try:
             report = self._check(global_step)
-        except Exception:
+        except Exception as err:
             self.n_failed += 1
             if self.strict:
                 raise
             logger.exception(
                 "privmon: the privacy check at step %s failed and was skipped", global_step
             )
+            if not self.history:
+                self._traps.check_failed(global_step, describe_error(err))
             return None
         self.history.append(report)
         stop, error = False, None
@@ -356,7 +418,10 @@ class PrivacyMonitor:
         return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
-        """Close every sink; one that raises is logged and the others are still closed."""
+        """Close every sink; one that raises is logged and the others are still closed. A run
+        that ran no check at all is said out loud (``step(epoch)`` instead of the global step)."""
+        checked = bool(self.history) or self.n_failed > 0
+        self._traps.at_close(checked=checked, every_n_steps=self.every_n_steps)
         for sink in self.sinks:
             self._guarded(sink.close, what=f"closing sink {sink!r}")
 
@@ -378,59 +443,26 @@ class PrivacyMonitor:
         self,
     ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str], float]:
         """Scores of every query on members and non-members, the training state untouched; the
-        queries that raised (name -> error: the others are still scored); and the seconds
-        spent in the queries themselves (the forward passes)."""
-        device = self._device()
-        try:
-            with untouched_training(self._modules(), self._audit_sets), torch.no_grad():
-                failed: dict[str, str] = {}
-                for q in self.queries:
-                    try:
-                        getattr(q, "prepare", lambda device: None)(device)
-                    except Exception as err:  # this query only: the others are still scored
-                        if self.strict:
-                            raise
-                        logger.exception("privmon: query %r failed to prepare", q.name)
-                        failed[q.name] = describe_error(err)
-                out, forward = {}, 0.0
-                scores: dict[str, list[list[torch.Tensor]]] = {
-                    q.name: [[], []] for q in self.queries
-                }
-                for side, data in enumerate(self._audit_sets):
-                    for i, batch in enumerate(data):
-                        if self.max_batches is not None and i >= self.max_batches:
-                            break
-                        t = time.perf_counter()
-                        for q in self.queries:
-                            if q.name not in failed:
-                                try:
-                                    scores[q.name][side].append(q(batch).detach())
-                                except Exception as err:  # this query only: the others go on
-                                    if self.strict:
-                                        raise
-                                    logger.exception("privmon: query %r failed", q.name)
-                                    failed[q.name] = describe_error(err)
-                        forward += time.perf_counter() - t
-                for name, (mem, non) in scores.items():
-                    if name in failed:
-                        continue
-                    if not mem or not non:
-                        raise ValueError(
-                            "members and nonmembers must each yield at least one batch"
-                        )
-                    out[name] = (torch.cat(mem), torch.cat(non))
-                if device.type == "cuda":  # queued kernels belong to the forward passes
-                    t = time.perf_counter()
-                    torch.cuda.synchronize(device)
-                    forward += time.perf_counter() - t
-                return out, failed, forward
-        finally:
-            # after training's state is restored: a release() that raises cannot leave the
-            # model in eval mode or the RNGs advanced
-            for q in self.queries:
-                self._guarded(
-                    getattr(q, "release", lambda: None), what=f"release of query {q.name!r}"
-                )
+        queries left out (name -> why: the others are still scored); and the seconds spent in
+        the queries themselves (the forward passes). The first check also compares the two
+        sets' records by content: identical sets fail this check and every later one,
+        overlapping ones warn."""
+        if self._traps.identical is not None:
+            raise ValueError(self._traps.identical)
+        collected = collect_scores(
+            self.queries,
+            self._audit_sets,
+            roots=self._modules(),
+            device=self._device(),
+            max_batches=self.max_batches,
+            strict=self.strict,
+            digests=not self._traps.overlap_checked,
+            allow_empty=rank_and_world()[1] > 1,  # a rank's empty shard contributes nothing
+        )
+        self._traps.check_overlap(collected.digests)
+        if self._traps.identical is not None:
+            raise ValueError(self._traps.identical)
+        return collected.scores, collected.failed, collected.forward
 
     def _gathered_scores(
         self, step: int
@@ -455,15 +487,16 @@ class PrivacyMonitor:
         except Exception as err:
             error = err
         settings = repr(
-            (
-                self._config(),
-                self.top_k,
-                None if self.accountant is None else self.delta,
-                [
+            {
+                **self._config(),
+                "every_n_steps": self.every_n_steps,  # ranks that differ never meet in a check
+                "top_k": self.top_k,
+                "delta": None if self.accountant is None else self.delta,
+                "kinds": [
                     (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
                     for q in self.queries
                 ],
-            )
+            }
         )
         try:
             agreed = agree_on_scores(
@@ -482,7 +515,7 @@ class PrivacyMonitor:
             raise
         self.n_certified_checks = agreed.spent
         failed.update(agreed.left_out)
-        return gather_scores(local, agreed.rows), failed, forward
+        return gather_scores(local, agreed), failed, forward
 
     def _figures_per_check(self) -> int:
         """Certified figures per check: one per query and method it applies to."""
@@ -575,6 +608,13 @@ class PrivacyMonitor:
                     failures[q.name] = result
                     continue
                 results[q.name] = result
+                self._traps.check_direction(
+                    step,
+                    q.name,
+                    higher_is_member=getattr(q, "higher_is_member", None),
+                    auc=result.roc.get("auc"),
+                    scores=scores[q.name],
+                )
                 failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
                 scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
                 # ε implied by each certified lower bound, in one call
@@ -630,6 +670,29 @@ class PrivacyMonitor:
             "planned_checks": self.planned_checks,
         }
 
+    def _check_config(self, config: Any) -> None:
+        """Refuse a saved setup that differs from this monitor's: naming the fields that differ,
+        or those a newer privmon saved that this one does not know. A field the saved setup
+        lacks (saved by an older privmon) is not compared; states saved before the setup was
+        kept have none."""
+        if config is None:
+            return
+        if not isinstance(config, dict):
+            raise ValueError(f"state config must be a dict, got {type(config).__name__}")
+        mine = self._config()
+        unknown = sorted(set(config) - set(mine))
+        if unknown:
+            raise ValueError(
+                "state was saved by a newer privmon, with setup fields this one does not know "
+                f"({', '.join(unknown)}): resume it with that version"
+            )
+        diff = {k: (config[k], v) for k, v in mine.items() if k in config and config[k] != v}
+        if diff:
+            raise ValueError(
+                "state was saved by a monitor with another setup (saved, this monitor): "
+                + ", ".join(f"{k}: {a!r} != {b!r}" for k, (a, b) in diff.items())
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs — the setup it was measured under, the history's
         figures, counters, early stopping's and the record tracker's state — as tensors and
@@ -651,28 +714,23 @@ class PrivacyMonitor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`. The state must come from a monitor with the same
         queries, methods, prior, ``interval_delta`` and ``planned_checks`` (the run's confidence
-        budget goes on where it stopped); every field is checked before any is applied, so a
-        state that does not fit raises a ValueError naming the field and changes nothing."""
+        budget goes on where it stopped; a newer privmon's setup fields are refused by name);
+        every field is checked before any is applied, and against the others (``last_step``
+        against the checks kept), so a state that does not fit raises a ValueError naming the
+        field and changes nothing. A certified-check count above the checks the state ran
+        loads with a warning (looser bounds from then on)."""
         if not isinstance(state, dict):
             raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         required = ("history", "last_step", "stop", "n_failed", "records", "early_stopping")
         missing = [key for key in required if key not in state]
         if missing:
             raise ValueError(f"state lacks {missing}: is it a PrivacyMonitor.state_dict()?")
-        config = state.get("config")  # states saved before the config was kept have none
-        if config is not None and config != self._config():
-            diff = {k: (config.get(k), v) for k, v in self._config().items() if config.get(k) != v}
-            raise ValueError(
-                "state was saved by a monitor with another setup (saved, this monitor): "
-                + ", ".join(f"{k}: {a!r} != {b!r}" for k, (a, b) in diff.items())
-            )
+        self._check_config(state.get("config"))
         history = ReportHistory.from_state_dict(state["history"])
-        last_step = state["last_step"]
-        if last_step is not None:
-            last_step = check_int(last_step, name="state last_step")
         if not isinstance(state["stop"], bool):
             raise ValueError(f"state stop must be True or False, got {state['stop']!r}")
         n_failed = check_int(state["n_failed"], name="state n_failed")
+        last_step = _checked_last_step(state["last_step"], history, n_failed)
         # a resumed run goes on spending where it stopped (older states: one per kept check)
         n_certified = check_int(
             state.get("n_certified_checks", len(history)), name="state n_certified_checks"
@@ -691,6 +749,16 @@ class PrivacyMonitor:
         run_id = state.get("run_id", self.run_id)  # states saved before run ids: a new one
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"state run_id must be a non-empty string, got {run_id!r}")
+        if n_certified > len(history) + n_failed:
+            # a rank that went on from another rank's count gets here; a crafted count too
+            message = (
+                f"privmon: the state's n_certified_checks ({n_certified}) exceeds the "
+                f"{len(history) + n_failed} checks it ran: every later check certifies at a "
+                "smaller share of interval_delta, so its lower bounds are looser (still valid). "
+                "Expected only after a torch.distributed run whose ranks restored different states"
+            )
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
         # every field checked: apply them all
         if self.early_stopping is not None:
             self.early_stopping.load_state_dict(es)

@@ -403,7 +403,13 @@ class BinnedScores:
                 and torch.equal(grid.high, theirs.high.to(grid.high))
             )
         ):
-            raise ValueError("cannot merge states with different grids or folds")
+            raise ValueError(
+                f"cannot merge states with different grids or folds (this state: "
+                f"{_grid_text(self)}; the other: {_grid_text(other)}): each state fixes its "
+                "grid on its first batch "
+                "unless low / high are given — create the states to merge (one per rank or "
+                "worker) with the same low, high, bins and folds"
+            )
         for name in self.reducible:
             getattr(self, name).add_(getattr(other, name).to(grid.low.device))
         return self
@@ -724,3 +730,11 @@ def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
         "histogram": select_folds(grid, (coarse, ns, covs)),
         "kde": select_folds(fine, fine_folds),
     }
+
+
+def _grid_text(state: BinnedScores) -> str:
+    """A state's grid in words, for a merge that cannot be made."""
+    grid = state.allocated()
+    bins = " x ".join(map(str, np.atleast_1d(grid.bins).tolist()))
+    edges = ", ".join(f"[{lo:.4g}, {hi:.4g}]" for lo, hi in zip(grid.low, grid.high, strict=True))
+    return f"{bins} bins over {edges}, {state.folds} folds"

@@ -20,7 +20,7 @@ from privmon.queries.batches import (
     unique_modules,
 )
 
-__all__ = ["CallableQuery", "Query"]
+__all__ = ["CallableQuery", "Query", "check_scores", "score_shape"]
 
 
 class Query(abc.ABC):
@@ -119,3 +119,42 @@ class CallableQuery(Query):
                 f"{self.name}: fn returned shape {tuple(t.shape)}; expected (n,) or (n, d)"
             )
         return t
+
+
+def check_scores(
+    scores: Any, *, records: int | None, trailing: tuple[int, ...] | None, name: str
+) -> torch.Tensor:
+    """A query's scores for one batch, checked against the protocol: a tensor of shape (n,) or
+    (n, d), one row per record of the batch (``records``, from
+    :func:`~privmon.queries.batches.count_records`; None: not checked) and the trailing shape of
+    the query's earlier batches (``trailing``; None at its first batch). A ValueError names the
+    query (``name``) and what it returned: rows that do not match the records would give the
+    wrong records' risks."""
+    if not isinstance(scores, torch.Tensor):
+        raise ValueError(
+            f"query {name!r} returned a {type(scores).__name__}; expected a torch.Tensor of "
+            "shape (n,) or (n, d)"
+        )
+    shape = tuple(scores.shape)
+    if scores.ndim not in (1, 2):
+        what = "a 0-d tensor (one number for the whole batch)" if not shape else f"shape {shape}"
+        raise ValueError(
+            f"query {name!r} returned {what}; expected one score per record, shape (n,) or (n, d)"
+        )
+    if records is not None and shape[0] != records:
+        raise ValueError(
+            f"query {name!r} returned {shape[0]} rows (shape {shape}) for a batch of "
+            f"{records} records; expected one row per record, in the batch's order"
+        )
+    if trailing is not None and shape[1:] != trailing:
+        raise ValueError(
+            f"query {name!r} changed its scores' shape between batches: "
+            f"{score_shape(trailing)} at first, then {score_shape(shape[1:])}"
+        )
+    return scores
+
+
+def score_shape(trailing: tuple[int, ...]) -> str:
+    """Scores' shape as the protocol writes it, from their trailing shape: ``(n,)``,
+    ``(n, d)``."""
+    return "(n,)" if not trailing else f"(n, {', '.join(map(str, trailing))})"

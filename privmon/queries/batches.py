@@ -19,7 +19,9 @@ __all__ = [
     "Batch",
     "Transform",
     "as_float",
+    "batch_digests",
     "call_module",
+    "count_records",
     "first_tensor",
     "flat_records",
     "module_device",
@@ -69,17 +71,19 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def _transformed(batch: Batch, transform: Transform) -> tuple[Any, Any]:
+    out = transform(batch)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise ValueError("transform must return a pair (x, y), with y None when there is no label")
+    return out[0], out[1]
+
+
 def split_batch(
     batch: Batch, device: torch.device, transform: Transform | None = None
 ) -> tuple[Any, torch.Tensor | None]:
     """Split a batch into (x, y or None) following the module's batch convention; move to device."""
     if transform is not None:
-        out = transform(batch)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ValueError(
-                "transform must return a pair (x, y), with y None when there is no label"
-            )
-        x, y = out
+        x, y = _transformed(batch, transform)
     elif isinstance(batch, torch.Tensor):
         x, y = batch, None
     elif isinstance(batch, Mapping):
@@ -106,6 +110,64 @@ def split_batch(
     if y is not None:
         y = y.to(device) if isinstance(y, torch.Tensor) else torch.as_tensor(y, device=device)
     return x, y
+
+
+def _rows(x: Any) -> torch.Tensor | np.ndarray | list[str] | None:
+    """What holds one row per record in an input: the input itself (a tensor or an array), a
+    list of strings (texts), or the first tensor or array among keyword inputs (the first input
+    key present, else the first value) or positional ones; None when there is none."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return x if x.ndim else None
+    if isinstance(x, Mapping):
+        keys = [k for k in INPUT_KEYS if k in x] + list(x)
+        return next((r for r in map(_rows, (x[k] for k in keys)) if r is not None), None)
+    if isinstance(x, (tuple, list)) and x:
+        if all(isinstance(v, str) for v in x):
+            return list(x)
+        return next((r for r in map(_rows, x) if r is not None), None)
+    return None
+
+
+def _raw_split(batch: Batch) -> tuple[Any, Any]:
+    """(x, y or None) of a raw batch by the batch convention, left where they are; a batch that
+    follows none of its forms (a mapping without an input key, a list of texts) is all input."""
+    if isinstance(batch, Mapping):
+        xk = next((k for k in INPUT_KEYS if k in batch), None)
+        yk = next((k for k in LABEL_KEYS if k in batch), None)
+        return (batch if xk is None else batch[xk]), (None if yk is None else batch[yk])
+    if isinstance(batch, (tuple, list)) and batch and not isinstance(batch[0], str):
+        return batch[0], batch[1] if len(batch) > 1 else None
+    return batch, None
+
+
+def count_records(batch: Batch, transform: Transform | None = None) -> int | None:
+    """How many records a batch holds, read as the queries read it: the length of its input
+    (``transform(batch)[0]`` when a transform is given, else the input by the batch convention):
+    a tensor's or array's first dimension, a list of texts' length, or that of the first tensor
+    among keyword or positional inputs. None when no input holds rows."""
+    x, _ = _transformed(batch, transform) if transform is not None else _raw_split(batch)
+    rows = _rows(x)
+    return None if rows is None else len(rows)
+
+
+def batch_digests(batch: Batch, transform: Transform | None = None) -> list[bytes] | None:
+    """One 128-bit BLAKE2b digest per record of a batch, read as :func:`count_records` reads
+    it: of its input row and, where the batch has one label (or row of labels) per record, its
+    label. None when the batch holds no rows. Only the digests are kept, never the records."""
+    x, y = _transformed(batch, transform) if transform is not None else _raw_split(batch)
+    rows = _rows(x)
+    if rows is None:
+        return None
+    if isinstance(rows, list):
+        return [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in rows]
+    try:
+        x_rows = torch.as_tensor(rows)
+        labels = torch.as_tensor(y) if isinstance(y, (torch.Tensor, np.ndarray)) else None
+    except (TypeError, ValueError):  # arrays of objects: nothing to digest
+        return None
+    if labels is None or labels.shape[:1] != x_rows.shape[:1] or labels.is_complex():
+        labels = torch.zeros(x_rows.shape[0], dtype=torch.long)
+    return record_digests(x_rows, labels)
 
 
 def tensor_digest(x: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
@@ -199,9 +261,10 @@ def records_on_cpu(
 
 
 def record_digests(x: torch.Tensor, y: torch.Tensor) -> list[bytes]:
-    """One 128-bit BLAKE2b digest per record of its input row's bytes and its label."""
+    """One 128-bit BLAKE2b digest per record of its input row's bytes and its label (or its
+    row of labels, e.g. a language model's per-token labels)."""
     rows = x.detach().cpu().contiguous().reshape(x.shape[0], -1).view(torch.uint8).numpy()
-    labels = y.detach().cpu().long().reshape(-1, 1).view(torch.uint8).numpy()
+    labels = y.detach().cpu().long().reshape(x.shape[0], -1).view(torch.uint8).numpy()
     return [
         hashlib.blake2b(r.tobytes() + lab.tobytes(), digest_size=16).digest()
         for r, lab in zip(rows, labels, strict=True)

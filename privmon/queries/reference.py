@@ -312,11 +312,16 @@ class ReferenceModelQuery(ClassifierQuery):
         m[:, found] = self._reference_in[:, cols[found]]
         return m.to(y.device)
 
-    def _reference_values(self, x: Any, y: torch.Tensor, n_classes: int | None) -> torch.Tensor:
+    def _reference_values(
+        self, x: Any, y: torch.Tensor, n_classes: int | None, *, population: bool = False
+    ) -> torch.Tensor:
         """The per-record reference values: (6, n) μ, σ², count of the in and the out side
-        (LiRA), (n,) Pr(x) (RMIA) or the out-references' mean loss (calibrated)."""
+        (LiRA), (n,) Pr(x) (RMIA) or the out-references' mean loss (calibrated). For the
+        ``population`` records online RMIA looks up no membership: its Pr(z) is the mean over
+        every reference, and the population is by definition outside ``reference_data``."""
         phi = self._reference_phi(x, y, n_classes)
-        m = self._shadow_in(x, y)
+        online_rmia = self.attack == "rmia" and self.online
+        m = None if population and online_rmia else self._shadow_in(x, y)
         out = None if m is None else ~m
         if self.attack == "lira":
             mu_out, var_out, n_out = gaussian_fit(phi, out)
@@ -372,7 +377,7 @@ class ReferenceModelQuery(ClassifierQuery):
             return
         x, y, logits = self._population()
         if self._population_values is None:
-            self._population_values = self._reference_values(x, y, logits.shape[1])
+            self._population_values = self._reference_values(x, y, logits.shape[1], population=True)
         p = torch.sigmoid(logit_confidence_from_logits(logits.double(), y))
         ratio = p / self._population_values.to(p.device)
         finite = ~torch.isnan(ratio)

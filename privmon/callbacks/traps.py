@@ -1,0 +1,178 @@
+"""The traps a run falls into without a word, said out loud: each as a ``UserWarning`` and a
+line in the ``privmon`` log, once per monitor.
+
+- member and non-member sets that share records (identical sets are refused: every figure
+  would read "no leak"), found by content digests of the records the first check audits;
+- a run that closes with no check (``step(epoch)`` instead of the global step);
+- every check failing (a broken query, a model in another dtype): said at the first failure;
+- members scoring as non-members on a query that knows its direction (sets swapped?);
+- a new monitor first called past its first due step (a resumed run that did not load the
+  monitor's state restarts the run's confidence budget);
+- steps that come before the last checked one (no check until they pass it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+import torch
+
+__all__ = ["SWAP_Z", "Traps", "audit_overlap", "swapped_sets_alarm"]
+
+logger = logging.getLogger("privmon")
+
+SWAP_Z = 4.0
+"""How many null standard deviations below ½ an AUC must lie for :func:`swapped_sets_alarm`."""
+
+
+def swapped_sets_alarm(auc: float, n_members: int, n_nonmembers: int) -> bool:
+    """True when an AUC, oriented by the query's known direction, lies more than
+    :data:`SWAP_Z` standard deviations below ½ under the null of exchangeable sets: the
+    Mann–Whitney variance (n₁ + n₂ + 1) / (12 n₁ n₂) without ties (ties only shrink it, so
+    the alarm is conservative for discrete scores). False rate per check under the null: about
+    3e-5 (normal tail; ``benchmarks/swapped_sets.py`` measures it with its power)."""
+    if n_members < 1 or n_nonmembers < 1 or not math.isfinite(auc):
+        return False
+    sd = math.sqrt((n_members + n_nonmembers + 1) / (12.0 * n_members * n_nonmembers))
+    return auc < 0.5 - SWAP_Z * sd
+
+
+def audit_overlap(members: list[bytes], nonmembers: list[bytes]) -> tuple[int, bool]:
+    """How many non-member records also appear among the members (by digest), and whether the
+    two sets hold exactly the same records."""
+    member_set = set(members)
+    shared = sum(d in member_set for d in nonmembers)
+    identical = len(members) == len(nonmembers) and member_set == set(nonmembers)
+    return shared, identical
+
+
+def _finite_rows(scores: torch.Tensor) -> int:
+    return int(torch.isfinite(scores.reshape(scores.shape[0], -1)).all(dim=1).sum())
+
+
+class Traps:
+    """The traps one monitor watches for, and what it has already said (each trap once)."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+        self.steps_seen = 0
+        self.first_step: int | None = None
+        self.last_step_seen: int | None = None
+        self.overlap_checked = False
+        self.identical: str | None = None  # the error every check raises once sets matched
+
+    def say(self, key: str, message: str, *, stacklevel: int) -> None:
+        """Warn (``UserWarning``) and log ``message`` unless the trap ``key`` was said;
+        ``stacklevel``: the frames from say's caller up to the user's call (the caller is 1)."""
+        if key in self._said:
+            return
+        self._said.add(key)
+        logger.warning(message)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+
+    def saw_step(self, step: int, *, every_n_steps: int, fresh: bool) -> None:
+        """Count a ``step()`` call; the first one of a ``fresh`` monitor (no check run or
+        loaded) past its first due step suggests a resumed run that did not load its state."""
+        if self.first_step is None:
+            self.first_step = step
+            if fresh and step > every_n_steps:
+                self.say(
+                    "resumed",
+                    f"privmon: the first step this monitor sees is {step}, past every_n_steps="
+                    f"{every_n_steps}: if the run resumes from a checkpoint, call "
+                    "monitor.load_state_dict(saved) before it goes on — a new monitor restarts "
+                    "the run's confidence budget (interval_delta), and its certified figures "
+                    "then hold for each part of the run, not for the whole run",
+                    stacklevel=3,
+                )
+        self.steps_seen += 1
+        self.last_step_seen = step
+
+    def behind(self, step: int, last: int) -> None:
+        """A due step before the last checked one: no check until the steps pass it."""
+        self.say(
+            "behind",
+            f"privmon: step {step} comes before the last checked step {last}: no check until the "
+            "steps pass it (was training restarted without monitor.load_state_dict, or the "
+            "state loaded from another run?)",
+            stacklevel=3,
+        )
+
+    def at_close(self, *, checked: bool, every_n_steps: int) -> None:
+        """At ``close()``: say so when the run ran no check at all."""
+        if checked:
+            return
+        if self.first_step is None:
+            seen = "neither step() nor check() was called"
+        else:
+            seen = (
+                f"step() was called {self.steps_seen} times, with steps {self.first_step} to "
+                f"{self.last_step_seen}, and none was a multiple of every_n_steps="
+                f"{every_n_steps}: pass step() the global step (batches so far), not the epoch, "
+                "or lower every_n_steps"
+            )
+        self.say("no check", f"privmon: the run closes with no privacy check: {seen}", stacklevel=3)
+
+    def check_failed(self, step: int, error: str) -> None:
+        """The first failed check of a run none of whose checks has succeeded yet."""
+        self.say(
+            "failing",
+            f"privmon: the privacy check at step {step} failed and was skipped ({error}). "
+            "Training goes on, but a run whose every check fails measures nothing "
+            "(last_report stays None): the traceback is in the 'privmon' log; pass strict=True "
+            "to raise the error where it happens",
+            stacklevel=4,
+        )
+
+    def check_direction(
+        self,
+        step: int,
+        name: str,
+        *,
+        higher_is_member: bool | None,
+        auc: float | None,
+        scores: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """Say so when a query of known direction ranks members below non-members far beyond
+        chance (:func:`swapped_sets_alarm`)."""
+        if higher_is_member is None or auc is None:
+            return
+        n1, n2 = (_finite_rows(s) for s in scores)
+        if not swapped_sets_alarm(auc, n1, n2):
+            return
+        direction = "higher" if higher_is_member else "lower"
+        self.say(
+            "swapped",
+            f"privmon: query {name!r} ranks members below non-members: AUC {auc:.3f} at step "
+            f"{step}, far below 0.5 for {n1} members and {n2} non-members, although "
+            f"{direction} scores mean member for it. Are members and nonmembers swapped? (A "
+            "held-out set from another distribution, easier than the training records, does "
+            "this too.)",
+            stacklevel=5,
+        )
+
+    def check_overlap(self, digests: tuple[list[bytes], list[bytes]] | None) -> None:
+        """At the first check that digested its records: refuse identical sets (every later
+        check raises too), warn when they share records."""
+        if digests is None:
+            return
+        self.overlap_checked = True
+        members, nonmembers = digests
+        shared, identical = audit_overlap(members, nonmembers)
+        if identical:
+            self.identical = (
+                f"privmon: members and nonmembers hold the same {len(members)} records "
+                "(matched by content): every figure would read no leak. Pass training records "
+                "as members and held-out records as nonmembers"
+            )
+        elif shared:
+            self.say(
+                "overlap",
+                f"privmon: {shared} of the {len(nonmembers)} non-member records also appear "
+                f"among the {len(members)} members (matched by content: input and label): the "
+                "audit compares the sets with themselves in part, which biases every figure "
+                "towards no leak. Audit with disjoint sets",
+                stacklevel=7,
+            )

@@ -21,6 +21,8 @@ alarm; at most the significance, 5 %) and with half the noise (power).
 
     python benchmarks/dp_canaries.py            # markdown tables (9 CPU minutes, one thread)
     python benchmarks/dp_canaries.py --quick    # 1 seed, 100 steps, 10 null runs (smoke test)
+    python benchmarks/dp_canaries.py --parts audit --peer-python /work/venv-jaxprivacy/bin/python
+                                                # the audit beside jax_privacy on the same scores
 """
 
 from __future__ import annotations
@@ -138,10 +140,12 @@ def small() -> nn.Module:
     return nn.Linear(64, 10)
 
 
-def audit_table(seeds: int, steps: int) -> None:
-    """Audited ε per seed beside the accountant's, and the cost in test accuracy."""
+def audit_table(seeds: int, steps: int, peer_python: str | None = None) -> None:
+    """Audited ε per seed beside the accountant's, and the cost in test accuracy; with
+    ``peer_python``, jax_privacy's bounds on the same canary scores."""
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     audited: dict[tuple[str, str, str], list[float]] = {}
+    arrays: dict[str, np.ndarray] = {}
     t0 = time.perf_counter()
     for seed in range(seeds):
         data = digits(seed)
@@ -150,6 +154,8 @@ def audit_table(seeds: int, steps: int) -> None:
                 r = run(seed, factor, canaries, steps=steps, model_fn=mlp, data=data)
                 results.setdefault((noise, name), []).append(r)
                 if "scores" in r:
+                    key = f"{noise}-{name}_{seed}"
+                    arrays[f"in_{key}"], arrays[f"out_{key}"] = r["scores"]
                     for method in METHODS:
                         eps = one_run_epsilon(*r["scores"], delta=DELTA, method=method)
                         audited.setdefault((noise, name, method), []).append(float(eps))
@@ -168,6 +174,8 @@ def audit_table(seeds: int, steps: int) -> None:
             f"| {noise} | {name} | {accountant:.2f} | {method} | {per_seed} | "
             f"{above}/{len(values)} |"
         )
+    if peer_python:
+        peer_table(peer_python, arrays, audited, results, seeds)
     print(f"\n## Cost in test accuracy (mean ± sd over {seeds} seeds)\n")
     print("| noise | canaries | test accuracy |")
     print("|---|---|---|")
@@ -175,6 +183,34 @@ def audit_table(seeds: int, steps: int) -> None:
         acc = [r["accuracy"] for r in rs]
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
         print(f"| {noise} | {name} | {statistics.mean(acc):.3f} ± {sd:.3f} |")
+
+
+def peer_table(
+    peer_python: str,
+    arrays: dict[str, np.ndarray],
+    audited: dict[tuple[str, str, str], list[float]],
+    results: dict[tuple[str, str], list[dict[str, Any]]],
+    seeds: int,
+) -> None:
+    """jax_privacy's one-run bounds on the same canary scores, in its own environment
+    (``benchmarks/one_run_audit.py``'s peer: only arrays cross over)."""
+    from one_run_audit import run_peer
+
+    peer = run_peer(peer_python, arrays)
+    print(f"\n## jax_privacy {peer['version']} on the same scores (δ = {DELTA:g}, 0.05)\n")
+    print(
+        "Mean over seeds and runs above the accountant's ε; jax_privacy guesses positive only; "
+        "its default corrects by Bonferroni over its threshold hull.\n"
+    )
+    print("| noise | canaries | method | privmon | jax_privacy default | jax_privacy Split |")
+    print("|---|---|---|---|---|---|")
+    for (noise, name, method), values in audited.items():
+        accountant = results[(noise, name)][0]["eps"]
+        cells = [f"{np.mean(values):.2f} ({sum(v > accountant for v in values)}/{seeds})"]
+        for choice in ("bonferroni", "split"):
+            theirs = [peer["scores"][f"{noise}-{name}_{s} {method} {choice}"] for s in range(seeds)]
+            cells.append(f"{np.mean(theirs):.2f} ({sum(v > accountant for v in theirs)}/{seeds})")
+        print(f"| {noise} | {name} | {method} | {' | '.join(cells)} |")
 
 
 def timing_table(repeats: int, steps: int) -> None:
@@ -231,13 +267,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats")
     parser.add_argument("--null-runs", type=int, default=100, help="runs for level and power")
     parser.add_argument("--quick", action="store_true", help="a smoke test: everything small")
+    parser.add_argument(
+        "--peer-python",
+        default=None,
+        help="jax_privacy's interpreter (its own venv, see benchmarks/one_run_audit.py): its "
+        "bounds on the same scores",
+    )
+    parser.add_argument("--parts", default="audit,timing,alarm")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.steps, args.repeats, args.null_runs = 1, 100, 1, 10
     torch.set_num_threads(1)
-    audit_table(args.seeds, args.steps)
-    timing_table(args.repeats, min(args.steps, 100))
-    alarm_table(args.null_runs, args.steps)
+    parts = args.parts.split(",")
+    if "audit" in parts:
+        audit_table(args.seeds, args.steps, args.peer_python)
+    if "timing" in parts:
+        timing_table(args.repeats, min(args.steps, 100))
+    if "alarm" in parts:
+        alarm_table(args.null_runs, args.steps)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -170,7 +171,6 @@ def timing_part() -> None:
 def jax_part(peer_python: str, seeds: int) -> None:
     from privmon.audit import epsilon_from_guesses, one_run_epsilon
 
-    out = Path(tempfile.mkdtemp(prefix="privmon-one-run-"))
     arrays, ours = {}, {}
     for sigma in (1.0, 2.0):
         for seed in range(seeds):
@@ -182,16 +182,7 @@ def jax_part(peer_python: str, seeds: int) -> None:
                         ins, outs, delta=DELTA, method=method, selection=selection, seed=seed
                     )
                     ours[(sigma, method, selection, seed)] = audit.epsilon
-    np.savez(out / "scores.npz", counts=np.array(COUNTS), **arrays)
-    run = subprocess.run(
-        [peer_python, __file__, "--peer-side", str(out / "scores.npz"), "--seeds", str(seeds)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if run.returncode != 0:
-        sys.exit(f"the peer failed:\n{run.stderr[-3000:]}")
-    peer = json.loads(run.stdout.strip().splitlines()[-1])
+    peer = run_peer(peer_python, arrays, COUNTS)
     print(f"\n### jax_privacy {peer['version']} on the same scores (m = 1e5, δ = 1e-5, 0.05)")
     print(f"mean over seeds 0..{seeds - 1}; jax_privacy guesses positive only\n")
     print(
@@ -207,7 +198,9 @@ def jax_part(peer_python: str, seeds: int) -> None:
                 for sel in ("split", "bonferroni")
             ]
             theirs = [
-                np.mean(peer["scores"][f"{sigma:g} {method} {strategy}"])
+                np.mean(
+                    [peer["scores"][f"{sigma:g}_{s} {method} {strategy}"] for s in range(seeds)]
+                )
                 for strategy in ("bonferroni", "split")
             ]
             print(
@@ -226,38 +219,59 @@ def jax_part(peer_python: str, seeds: int) -> None:
         print(f"| {m} | {r} | {v} | {' | '.join(cells)} |")
 
 
-def peer_side(npz: str, seeds: int) -> None:
-    """Runs in jax_privacy's environment: no privmon, no torch; prints one JSON line."""
+def peer_side(npz: str) -> None:
+    """Runs in jax_privacy's environment: no privmon, no torch; prints one JSON line with
+    jax_privacy's bounds (both methods, its default Bonferroni over the threshold hull and its
+    Split) for every pair ``in_<name>`` / ``out_<name>`` of the file, and the count-level bounds
+    of its ``counts`` (when present)."""
     from importlib.metadata import version
 
     from jax_privacy import auditing
 
     data = np.load(npz)
-    scores: dict[str, list[float]] = {}
-    for sigma in (1.0, 2.0):
-        for seed in range(seeds):
-            auditor = auditing.CanaryScoreAuditor(
-                data[f"in_{sigma:g}_{seed}"], data[f"out_{sigma:g}_{seed}"]
-            )
-            for method, fn in (
-                ("steinke", auditor.epsilon_one_run),
-                ("fdp", auditor.epsilon_one_run_fdp),
+    scores: dict[str, float] = {}
+    for key in data.files:
+        if not key.startswith("in_"):
+            continue
+        name = key[len("in_") :]
+        auditor = auditing.CanaryScoreAuditor(data[f"in_{name}"], data[f"out_{name}"])
+        seed = int(name.rsplit("_", 1)[1])
+        for method, fn in (
+            ("steinke", auditor.epsilon_one_run),
+            ("fdp", auditor.epsilon_one_run_fdp),
+        ):
+            for strategy, choice in (
+                ("bonferroni", auditing.Bonferroni()),
+                ("split", auditing.Split(seed=seed)),
             ):
-                for strategy, choice in (
-                    ("bonferroni", auditing.Bonferroni()),
-                    ("split", auditing.Split(seed=seed)),
-                ):
-                    key = f"{sigma:g} {method} {strategy}"
-                    eps = fn(LEVEL, DELTA, threshold_strategy=choice)
-                    scores.setdefault(key, []).append(float(eps))
+                scores[f"{name} {method} {strategy}"] = float(
+                    fn(LEVEL, DELTA, threshold_strategy=choice)
+                )
     counts = [
         {
             "steinke": auditing._epsilon_one_run(0, int(m), int(r), int(v), LEVEL, DELTA),
             "fdp": auditing._epsilon_one_run_fdp(0, int(m), int(r), int(v), LEVEL, DELTA),
         }
-        for m, r, v in data["counts"]
+        for m, r, v in (data["counts"] if "counts" in data.files else [])
     ]
     print(json.dumps({"version": version("jax-privacy"), "scores": scores, "counts": counts}))
+
+
+def run_peer(peer_python: str, arrays: dict[str, np.ndarray], counts: Any = None) -> dict:
+    """jax_privacy's bounds on ``arrays`` (pairs ``in_<name>_<seed>`` / ``out_<name>_<seed>``),
+    computed by :func:`peer_side` in the peer's own environment: only arrays cross over."""
+    out = Path(tempfile.mkdtemp(prefix="privmon-one-run-"))
+    extra = {} if counts is None else {"counts": np.array(counts)}
+    np.savez(out / "scores.npz", **extra, **arrays)
+    run = subprocess.run(
+        [peer_python, __file__, "--peer-side", str(out / "scores.npz")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if run.returncode != 0:
+        sys.exit(f"the peer failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -273,7 +287,7 @@ def main() -> None:
     parser.add_argument("--peer-side", help=argparse.SUPPRESS)  # the peer's own process
     args = parser.parse_args()
     if args.peer_side:
-        peer_side(args.peer_side, args.seeds)
+        peer_side(args.peer_side)
         return
     parts = args.parts.split(",")
     if "gaussian" in parts:

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from privmon.audit import one_run_epsilon
 from privmon.callbacks.canary_audit import (
@@ -16,6 +17,7 @@ from privmon.callbacks.canary_audit import (
     canary_tag,
     check_canaries,
 )
+from privmon.estimators.spending import check_delta
 from privmon.report import Report, verdict
 from privmon.report.runs import checks_from_reports
 
@@ -108,3 +110,135 @@ def test_the_page_and_tensorboard_draw_accountant_and_audited_epsilon(tmp_path):
     assert charts["epsilon: accountant vs one-run canary audit"] == [
         re.escape(t) + "$" for t in expected
     ]
+
+
+# -- the monitor on real DP-SGD ------------------------------------------------------------------
+
+N, BATCH, SIGMA, CLIP, LR = 300, 30, 2.0, 1.0, 0.3  # q = 0.1
+
+
+def _dp_run(noise_factor: float, *, canaries: int = 20_000, steps: int = 120, seed: int = 0):
+    """A linear model trained by Opacus DP-SGD under a monitor with gradient canaries; with
+    ``noise_factor`` < 1 the optimizer silently adds that fraction of the noise it reports (the
+    accountant still reads σ). Returns the monitor and the accountant's final ε."""
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privmon import PrivacyMonitor
+    from privmon.audit import GradientCanaries
+    from privmon.queries import LossQuery
+
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(2 * N, 8, generator=g), torch.randint(0, 3, (2 * N,), generator=g)
+    model = nn.Linear(8, 3)
+    engine = PrivacyEngine()
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=DataLoader(TensorDataset(x[:N], y[:N]), batch_size=BATCH),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+    )
+    if noise_factor != 1.0:  # the silent bug: σ · factor in add_noise, σ again for the hook
+        original = optimizer.add_noise
+
+        def add_noise():
+            optimizer.noise_multiplier = SIGMA * noise_factor
+            try:
+                original()
+            finally:
+                optimizer.noise_multiplier = SIGMA
+
+        optimizer.add_noise = add_noise
+    monitor = PrivacyMonitor(
+        LossQuery(model),
+        [(x[:100], y[:100])],
+        [(x[N : N + 100], y[N : N + 100])],
+        every_n_steps=60,
+        methods=("histogram",),
+        accountant=engine,
+        canaries=GradientCanaries(optimizer, canaries, seed=seed),
+        strict=True,
+    )
+    step = 0
+    while step < steps:
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+            step += 1
+            monitor.step(step)
+            if step == steps:
+                break
+    return monitor, float(engine.get_epsilon(1e-5))
+
+
+ignore_opacus_warnings = pytest.mark.filterwarnings(
+    "ignore:Secure RNG", "ignore:Optimal order", "ignore:Full backward"
+)
+
+
+@ignore_opacus_warnings
+def test_a_correct_dp_sgd_run_stays_under_the_accountant():
+    pytest.importorskip("opacus")
+    monitor, eps = _dp_run(1.0)
+    report = monitor.last_report
+    assert [r.step for r in monitor.history] == [60, 120]
+    for method in CANARY_METHODS:
+        audited = report.scalars[canary_tag(method)]
+        assert 0.0 < audited < eps
+    assert report.scalars["privacy/dp_violation"] == 0.0 and not report.dp_violation
+    # the canaries' two bounds take their share of the check's δ: one query's figure + 2 bounds
+    assert report.scalars["privacy/certify_delta"] == check_delta(2, delta=0.05) / 3
+
+
+@ignore_opacus_warnings
+def test_a_dp_sgd_run_whose_optimizer_adds_no_noise_raises_the_alarm():
+    pytest.importorskip("opacus")
+    from privmon import PrivacyViolationWarning
+
+    with pytest.warns(PrivacyViolationWarning, match="one-run canary audit"):
+        monitor, eps = _dp_run(0.0)
+    report = monitor.last_report
+    for method in CANARY_METHODS:
+        assert report.scalars[canary_tag(method)] > eps
+    assert report.dp_violation and report.scalars["privacy/dp_violation"] == 1.0
+    assert any("canary audit" in m for m in report.messages)
+    assert verdict(checks_from_reports(monitor.history)).level == "violation"
+
+
+def test_input_canaries_bound_to_a_query_feed_the_monitor():
+    from torch import nn
+
+    from privmon import PrivacyMonitor
+    from privmon.audit import InputCanaries
+    from privmon.queries import LossQuery
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    g = torch.Generator().manual_seed(1)
+    records = torch.utils.data.TensorDataset(
+        torch.randn(40, 4, generator=g), torch.randint(0, 2, (40,), generator=g)
+    )
+    canaries = InputCanaries(records, query=LossQuery(model), seed=3)
+    x, y = torch.randn(60, 4, generator=g), torch.randint(0, 2, (60,), generator=g)
+    monitor = PrivacyMonitor(
+        LossQuery(model),
+        [(x[:30], y[:30])],
+        [(x[30:], y[30:])],
+        every_n_steps=1,
+        methods=("histogram",),
+        canaries=canaries,
+        strict=True,
+    )
+    report = monitor.check(1)
+    ins, outs = canaries.scores()
+    audit = one_run_epsilon(
+        ins, outs, delta=1e-5, significance=report.scalars["privacy/certify_delta"], method="fdp"
+    )
+    assert report.scalars[canary_tag("fdp")] == audit.epsilon
+    assert "privacy/dp_violation" not in report.scalars  # no accountant: nothing to compare
+    with pytest.raises(ValueError, match="canaries must have a scores"):
+        PrivacyMonitor(LossQuery(model), [(x[:30], y[:30])], [(x[30:], y[30:])], canaries=records)

@@ -468,8 +468,9 @@ class InputCanaries:
         included (negated when ``query.higher_is_member`` is False), float64, in record order.
 
         The query runs as at a monitor check (``prepare(device)``, one call per batch,
-        ``release()``) under ``torch.no_grad()`` with its modules in eval mode; modes, gradients,
-        Opacus hooks and every RNG are restored afterwards, so training can go on. Non-finite
+        ``release()``) under the monitor's training guard: modes, buffers, gradients, Opacus
+        hooks and every RNG are restored afterwards, so training can go on, and a query that
+        writes to the weights is refused (RuntimeError). Non-finite
         scores are kept (aligned with the records); ``one_run_epsilon`` drops and counts them.
 
         Args:
@@ -482,7 +483,7 @@ class InputCanaries:
             ValueError: the query's direction is unknown, or it returns other than one score
                 per record.
         """
-        from privmon.callbacks._protect import untouched_training  # callbacks import audit
+        from privmon.callbacks._protect import TrainingGuard  # callbacks import audit
 
         if query is None:
             if self.query is None:
@@ -496,9 +497,14 @@ class InputCanaries:
         modules = list(getattr(query, "modules", ()))
         parts = []
         try:
-            with untouched_training(modules, []), torch.no_grad():
+            with TrainingGuard(modules, []) as guard:
                 getattr(query, "prepare", lambda device: None)(getattr(query, "device", None))
-                parts = [query(batch).detach() for batch in loader]
+                for batch in loader:
+                    out = query(batch)
+                    refused = guard.after_query()
+                    if refused:
+                        raise RuntimeError(f"the canaries' query {refused}")
+                    parts.append(out.detach())
         finally:
             getattr(query, "release", lambda: None)()
         scores, _ = as_scores(torch.cat(parts), name="query scores", drop=False)

@@ -33,6 +33,12 @@ from privmon._validation import (
 )
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
 from privmon.callbacks._protect import audit_view, begin_check, end_check, warn_if_shuffled
+from privmon.callbacks.canary_audit import (
+    CANARY_METHODS,
+    CanaryFigures,
+    canary_figures,
+    check_canaries,
+)
 from privmon.callbacks.collection import collect_scores
 from privmon.callbacks.distributed import (
     StepDisagreement,
@@ -57,6 +63,8 @@ from privmon.sinks.base import Sink
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
 
 logger = logging.getLogger("privmon")
+
+_CANARIES = "canaries"  # the canary audit's entry among a check's outcomes and failures
 
 
 class PrivacyViolationWarning(UserWarning):
@@ -158,13 +166,23 @@ class PrivacyMonitor:
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
+        canaries: a one-run DP audit beside the accountant: a
+            :class:`~privmon.audit.GradientCanaries` in the Opacus optimizer, an
+            :class:`~privmon.audit.InputCanaries` bound to a query (``query=``), or any object
+            whose ``scores()`` returns ``(in_scores, out_scores)``. Each check reports
+            ``privacy/canaries/<method>/epsilon_lower_bound`` for the f-DP and Steinke et al.
+            bounds (:mod:`~privmon.callbacks.canary_audit`), certified over the run like every
+            other figure, and an audited ε above the accountant's ε is a DP violation
+            (``dp_violation``, :class:`PrivacyViolationWarning`) — one that, unlike the
+            advantage against the ceiling, needs no assumption on the audit sets.
         interval_delta: the run's confidence budget, in (0, 1). Every figure called certified
-            (``…/lower``, the ε lower bounds, ``dp_violation``, early stopping on ``"lower"``)
-            holds simultaneously over all checks, queries and methods of the run with
-            probability ≥ 1 − interval_delta: check k certifies at its share δ_k of it
+            (``…/lower``, the ε lower bounds, the canaries' ε, ``dp_violation``, early stopping
+            on ``"lower"``) holds simultaneously over all checks, queries and methods of the run
+            with probability ≥ 1 − interval_delta: check k certifies at its share δ_k of it
             (:mod:`privmon.estimators.spending`, Σ δ_k ≤ interval_delta), split evenly over its
-            queries and methods. ``…/lower_check`` is the bound at interval_delta for one
-            pre-chosen check only; the plug-in interval uses interval_delta too.
+            queries and methods (and the canaries' two bounds). ``…/lower_check`` is the bound
+            at interval_delta for one pre-chosen check only; the plug-in interval uses
+            interval_delta too.
         planned_checks: the number of checks the run is expected to have, if known: the budget
             is then spent evenly over them (90 %) and the rest over any checks beyond — tighter
             certificates than the default sequence for unknown run lengths. Optional.
@@ -190,6 +208,7 @@ class PrivacyMonitor:
         sinks: Sink | Sequence[Sink] | None = (),
         accountant: Any = None,
         delta: float = 1e-5,
+        canaries: Any = None,
         interval_delta: float = 0.05,
         planned_checks: int | None = None,
         early_stopping: PrivacyEarlyStopping | None = None,
@@ -255,6 +274,7 @@ class PrivacyMonitor:
 
             self.sinks.insert(0, TensorBoardSink(writer))
         self.accountant = accountant
+        self.canaries = None if canaries is None else check_canaries(canaries)
         self.delta = check_open_unit(delta, name="delta")
         if accountant is not None:
             _check_epsilon_readable(accountant, delta=self.delta)
@@ -518,11 +538,32 @@ class PrivacyMonitor:
         return gather_scores(local, agreed), failed, forward
 
     def _figures_per_check(self) -> int:
-        """Certified figures per check: one per query and method it applies to."""
-        return sum(
+        """Certified figures per check: one per query and method it applies to, and one per
+        canary bound."""
+        canaries = 0 if self.canaries is None else len(CANARY_METHODS)
+        return canaries + sum(
             sum(m != "kde" or not getattr(q, "discrete", False) for m in self.methods)
             for q in self.queries
         )
+
+    def _audit_canaries(self, canaries: Any, step: int, eps: float | None, significance: float):
+        """The canaries' figures at this check, or the error (a string) when their scores or
+        bounds failed (logged; re-raised when strict)."""
+        try:
+            in_scores, out_scores = canaries.scores()
+            return canary_figures(
+                in_scores,
+                out_scores,
+                delta=self.delta,
+                significance=significance,
+                epsilon=eps,
+                step=step,
+            )
+        except Exception as err:
+            if self.strict:
+                raise
+            logger.exception("privmon: the canary audit failed at step %s", step)
+            return describe_error(err)
 
     def _analyse(self, q: Any, mem: torch.Tensor, non: torch.Tensor, lower_delta: float):
         """One query's figures, or the error (a string) when its analysis failed (logged;
@@ -557,6 +598,7 @@ class PrivacyMonitor:
         # outcome before going on, so a failure skips the check (or the query) on all of them
         # and none is left waiting in a later collective.
         eps, analysed, error = None, {}, None
+        canaries: CanaryFigures | str = "not computed"
         try:
             if self.accountant is not None:
                 eps = float(epsilon_from_opacus(self.accountant, delta=self.delta))
@@ -573,9 +615,11 @@ class PrivacyMonitor:
             for q in self.queries:
                 if q.name not in failed:
                     analysed[q.name] = self._analyse(q, *scores[q.name], lower_delta)
+            if self.canaries is not None:
+                canaries = self._audit_canaries(self.canaries, step, eps, lower_delta)
         except Exception as err:
             error = err
-        # what failed on this rank ("" for nothing), per query still in
+        # what failed on this rank ("" for nothing), per query still in, and the canaries
         outcomes = dict.fromkeys((q.name for q in self.queries if q.name not in failed), "")
         for name, result in analysed.items():
             outcomes[name] = (
@@ -583,6 +627,8 @@ class PrivacyMonitor:
                 if isinstance(result, str)
                 else "; ".join(f"{what}: {e}" for what, e in result.failures.items())
             )
+        if self.canaries is not None:
+            outcomes[_CANARIES] = canaries if isinstance(canaries, str) else ""
         failed.update(agree_on_outcomes(error, outcomes, stage="reading ε or the analysis"))
         self.n_certified_checks += 1
         results: dict[str, QueryResult] = {}
@@ -635,6 +681,16 @@ class PrivacyMonitor:
                         messages.append(msg)
                         logger.warning(msg)
                         warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
+            if self.canaries is not None:
+                if _CANARIES in failed or isinstance(canaries, str):
+                    failures[_CANARIES] = failed.get(_CANARIES) or str(canaries)
+                else:
+                    scalars.update(canaries.scalars)
+                    violation = violation or canaries.violation
+                    for msg in canaries.messages:
+                        messages.append(msg)
+                        logger.warning(msg)
+                        warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
             if not results:
                 raise RuntimeError(f"every query's analysis failed: {failures}")
             if eps is not None:
@@ -668,6 +724,7 @@ class PrivacyMonitor:
             "prior": self.prior,
             "interval_delta": self.interval_delta,
             "planned_checks": self.planned_checks,
+            "canaries": self.canaries is not None,  # they take a share of every check's δ
         }
 
     def _check_config(self, config: Any) -> None:

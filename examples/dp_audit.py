@@ -6,14 +6,17 @@ accountant reports ε ≈ 3.7 at δ = 1e-5. Two kinds of canaries ride along:
 
 * 100,000 Dirac gradient canaries (white box) in a parameter block the model never uses: each
   is included with probability ½, sampled like a record and added before the optimizer's noise.
-  Their updates give an ε lower bound (one-run audit, Steinke et al. and f-DP): it must stay
-  under the accountant's ε. An optimizer that silently adds less noise than the accountant
-  assumes (``--noise-factor 0``: none at all) is caught: the audited ε exceeds it.
+  A ``PrivacyMonitor(canaries=...)`` turns their updates into an ε lower bound at every check
+  (one-run audit, Steinke et al. and f-DP, certified over the run): it must stay under the
+  accountant's ε. An optimizer that silently adds less noise than the accountant assumes
+  (``--noise-factor 0``: none at all) raises the alarm: the audited ε exceeds it
+  (``dp_violation``, a ``PrivacyViolationWarning``).
 * 200 mislabelled digits (black box), of which half join the training set (among the 600),
   scored by their loss: far weaker, but they need nothing from the training code.
 
     python examples/dp_audit.py                   # correct noise: audited ε < accountant ε
     python examples/dp_audit.py --noise-factor 0  # the silent bug: audited ε > accountant ε
+    python examples/dp_audit.py --logdir runs/dp  # also TensorBoard and privmon report files
 """
 
 import argparse
@@ -26,9 +29,10 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
-from privmon.audit import GradientCanaries, InputCanaries
-from privmon.audit.one_run import one_run_epsilon
+from privmon import PrivacyMonitor, PrivacyViolationWarning
+from privmon.audit import GradientCanaries, InputCanaries, one_run_epsilon
 from privmon.queries import LossQuery
+from privmon.sinks import JsonlSink
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=400)
@@ -41,10 +45,12 @@ parser.add_argument(
     help="simulate a bug: the optimizer adds this fraction of the noise it reports",
 )
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--logdir", default=None, help="TensorBoard events and checks.jsonl here")
 args = parser.parse_args()
 DELTA, SIGMA = 1e-5, 2.5
 for message in ("Secure RNG", "Optimal order", "Full backward hook"):
     warnings.filterwarnings("ignore", message=message)
+warnings.simplefilter("ignore", PrivacyViolationWarning)  # printed below, once
 torch.set_num_threads(1)  # a small MLP: more threads only add overhead
 torch.manual_seed(args.seed)
 
@@ -89,6 +95,21 @@ if args.noise_factor != 1.0:
     optimizer.add_noise = add_noise
 
 canaries = GradientCanaries(optimizer, args.canaries, seed=args.seed)
+# The monitor: a loss query on 200 training / 200 held-out digits, the accountant, and the
+# canaries, checked every 50 steps.
+held_out = test_idx[:200]
+monitor = PrivacyMonitor(
+    LossQuery(model),
+    [(x[train_idx[:200]], y[train_idx[:200]])],
+    [(x[held_out], y[held_out])],
+    every_n_steps=50,
+    methods=("histogram",),
+    accountant=engine,
+    canaries=canaries,
+    planned_checks=args.steps // 50,
+    writer=args.logdir,
+    sinks=[JsonlSink(f"{args.logdir}/checks.jsonl")] if args.logdir else (),
+)
 loss_fn = nn.CrossEntropyLoss()
 step = 0
 while step < args.steps:
@@ -97,8 +118,10 @@ while step < args.steps:
         loss_fn(model(xb), yb).backward()
         optimizer.step()
         step += 1
+        monitor.step(step)
         if step == args.steps:
             break
+monitor.close()
 canaries.detach()
 
 model.eval()
@@ -107,14 +130,26 @@ with torch.no_grad():
 accountant = engine.get_epsilon(DELTA)
 print(f"steps {step}, noise factor {args.noise_factor}, test accuracy {accuracy:.3f}")
 print(f"accountant ε = {accountant:.3f} at δ = {DELTA:g}")
-audits = {"gradient": canaries.scores(), "input": input_canaries.scores(LossQuery(model))}
-for kind, scores in audits.items():
-    for method in ("steinke", "fdp"):
-        eps = float(one_run_epsilon(*scores, delta=DELTA, method=method))
-        verdict = (
-            "EXCEEDS the accountant: the run is not as private as claimed"
-            if (eps > accountant)
-            else "consistent with the accountant"
-        )
-        n = len(scores[0]) + len(scores[1])
-        print(f"{kind} canaries ({n}) {method:8s} audited ε >= {eps:.3f}  {verdict}")
+report = monitor.last_report
+alarms = [r.step for r in monitor.history if r.dp_violation]
+print(
+    f"monitor: {len(monitor.history)} checks, DP alarm at steps {alarms}"
+    if alarms
+    else f"monitor: {len(monitor.history)} checks, no DP alarm"
+)
+n = args.canaries
+for method in ("steinke", "fdp"):
+    eps = report.scalars[f"privacy/canaries/{method}/epsilon_lower_bound"]
+    verdict = (
+        "EXCEEDS the accountant: the run is not as private as claimed"
+        if eps > accountant
+        else "consistent with the accountant"
+    )
+    print(f"gradient canaries ({n}) {method:8s} audited ε >= {eps:.3f}  {verdict}")
+# The input canaries, audited once after training (a single test at 95 %).
+scores = input_canaries.scores(LossQuery(model))
+for method in ("steinke", "fdp"):
+    eps = float(one_run_epsilon(*scores, delta=DELTA, method=method))
+    verdict = "EXCEEDS the accountant" if eps > accountant else "consistent with the accountant"
+    n = len(scores[0]) + len(scores[1])
+    print(f"input canaries ({n}) {method:8s} audited ε >= {eps:.3f}  {verdict}")

@@ -176,10 +176,13 @@ def test_lira_audit():
     assert max(int(r) for r in ranks["lira"].split()) <= 20, out
 
 
-def dp_audit(*args: str) -> tuple[float, dict[tuple[str, str], float]]:
-    """Run dp_audit.py: the accountant's ε and the audited ε per (canary kind, method)."""
+def dp_audit(*args: str) -> tuple[float, dict[tuple[str, str], float], bool]:
+    """Run dp_audit.py: the accountant's ε, the audited ε per (canary kind, method) and whether
+    the monitor raised the DP alarm."""
     out = run_example("dp_audit.py", "--steps", "150", "--canaries", "20000", *args)
     accountant = float(re.search(rf"accountant ε = ({NUM})", out).group(1))
+    alarm = re.search(r"^monitor: 3 checks, (no DP alarm|DP alarm at steps .*)$", out, re.M)
+    assert alarm is not None, out
     audited = {
         (kind, method): float(eps)
         for kind, method, eps in re.findall(
@@ -187,13 +190,14 @@ def dp_audit(*args: str) -> tuple[float, dict[tuple[str, str], float]]:
         )
     }
     assert set(audited) == {(k, m) for k in ("gradient", "input") for m in ("steinke", "fdp")}
-    return accountant, audited
+    return accountant, audited, alarm.group(1) != "no DP alarm"
 
 
 def test_dp_audit_catches_an_optimizer_that_adds_no_noise():
-    accountant, correct = dp_audit()
-    assert 0 < accountant < 5
+    accountant, correct, alarm = dp_audit()
+    assert 0 < accountant < 5 and not alarm
     assert all(0 <= eps < accountant for eps in correct.values()), (accountant, correct)
-    buggy_accountant, buggy = dp_audit("--noise-factor", "0", "--input-canaries", "20")
+    buggy_accountant, buggy, alarm = dp_audit("--noise-factor", "0", "--input-canaries", "20")
+    assert alarm  # the monitor raised it during training
     assert buggy_accountant == accountant  # the bug is silent: the accountant sees σ = 2.5
     assert buggy["gradient", "steinke"] > accountant and buggy["gradient", "fdp"] > accountant

@@ -252,8 +252,8 @@ class TrainingGuard:
                     continue  # no needless write: it would bump the version autograd checks
                 if b.tensor.shape == b.saved.shape:
                     b.tensor.copy_(b.saved)
-                else:  # resized in place
-                    b.tensor.set_(b.saved.clone())
+                else:  # resized in place: back to the saved size, then the saved values
+                    b.tensor.resize_(b.saved.shape).copy_(b.saved)
         self._buffers = [b._replace(version=b.tensor._version) for b in self._buffers]
 
     def _restore(self) -> None:

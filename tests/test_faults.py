@@ -295,9 +295,32 @@ def _corrupt(state, path, value):
         (("n_failed",), 1.5, "n_failed"),
         (("n_certified_checks",), 1, "n_certified_checks"),
         (("history", "fields", "steps"), torch.tensor([1]), "'epsilon' has 2 entries, .* 1 checks"),
-        (("history", "fields", "epsilon"), torch.zeros(2, dtype=torch.float32), "epsilon"),
+        (
+            ("history", "fields", "epsilon"),
+            torch.zeros(2, dtype=torch.float32),
+            r"history field 'epsilon' must be a 1-D torch\.float64 tensor",
+        ),
+        (("history", "fields", "epsilon"), torch.zeros(2, 1, dtype=torch.float64), "1-D"),
+        (("history", "fields", "steps"), torch.tensor([1, -2]), "steps must be non-negative"),
+        (("history", "fields", "tagset"), torch.tensor([0, 1], dtype=torch.int32), "index"),
+        (("history", "fields"), {"steps": torch.tensor([1, 2])}, "history fields must be"),
+        (("history", "fields"), [1, 2], "history fields must be"),
         (("history", "tagsets"), [["x"]], "scalars|tagset"),
+        (("history", "tagsets"), "loss", "tagsets must be lists of tag names"),
+        (("history", "tagsets"), [[1]], "tagsets must be lists of tag names"),
+        (("history", "tagsets"), [1], "tagsets must be lists of tag names"),
         (("history", "scalars"), {}, "scalars"),
+        (("history", "scalars"), [], "one column per reported tag"),
+        (("history", "run_id"), 7, "history run_id must be a string"),
+        (("history", "extra"), 1, "history must hold fields, scalars, tagsets and notes"),
+        (("history", "notes"), {2: {"messages": [], "failures": {}}}, "notes must map"),
+        (("history", "notes"), {-1: {"messages": [], "failures": {}}}, "notes must map"),
+        (("history", "notes"), {"0": {"messages": [], "failures": {}}}, "notes must map"),
+        (("history", "notes"), {0: {"messages": []}}, "notes must map"),
+        (("history", "notes"), {0: []}, "notes must map"),
+        (("history", "notes"), [], "notes must map"),
+        (("history",), [{"step": 1}], "history entry 0 must hold step, scalars"),
+        (("history",), [3], "history entry 0 must hold step, scalars"),
         (("early_stopping", "wait"), -1, "wait"),
         (("early_stopping", "threshold"), 0.5, "threshold"),
         (("records",), {"s": {"last": torch.zeros(3)}}, "record track"),
@@ -323,6 +346,26 @@ def test_a_bad_state_raises_naming_the_field_and_changes_nothing(path, value, ma
     assert [r.step for r in fresh.history] == [1, 2]
 
 
+def test_a_history_state_with_step_zero_or_no_checks_loads():
+    from privmon.callbacks.history import ReportHistory
+    from privmon.report import Report
+
+    history = ReportHistory()
+    assert ReportHistory.from_state_dict(history.state_dict()) == []
+    with pytest.raises(ValueError, match="notes must map"):  # no check: no note either
+        ReportHistory.from_state_dict(
+            {**history.state_dict(), "notes": {0: {"messages": [], "failures": {}}}}
+        )
+    history.append(Report(step=0, scalars={"a": 1.0}))
+    history.append(Report(step=3, scalars={"a": 2.0}, failures={"q": "x"}))
+    state = history.state_dict()
+    assert set(state["notes"]) == {1}  # kept only for the checks that have them
+    restored = ReportHistory.from_state_dict(state)
+    assert restored.steps.tolist() == [0, 3] and restored[1].failures == {"q": "x"}
+    restored.append(Report(step=4, scalars={"a": 3.0}))  # a tag set it knows: no new one
+    assert len(restored.state_dict()["tagsets"]) == 1
+
+
 def test_a_state_from_before_the_columns_still_loads():
     mon = _checked_monitor()
     mon.step(1)
@@ -335,6 +378,9 @@ def test_a_state_from_before_the_columns_still_loads():
     fresh = _checked_monitor()
     fresh.load_state_dict(legacy)
     assert fresh.history[0].scalars == pytest.approx(report.scalars, rel=1e-7)
+    # every legacy check is read back from the float32 columns, the last one too
+    kept = {tag: float(str(np.float32(v))) for tag, v in report.scalars.items()}
+    assert fresh.history[-1].scalars == kept
 
 
 def test_top_records_across_checks_say_when_ties_decided_the_list():

@@ -498,3 +498,17 @@ def test_history_reads_figures_back_as_their_shortest_decimal_pads_absent_tags_a
     restored = ReportHistory.from_state_dict(history.state_dict())
     assert [r.failures for r in restored] == [{"q": "exploded"}, {}, {}]
     assert restored[0].scalars == {"a": 0.563}
+    # a read-only sequence of reports
+    assert [r.step for r in history[-2:]] == [2, 3] and history[-3].step == 1
+    for index in (3, -4):
+        with pytest.raises(IndexError, match=f"history index {index} out of range for 3 checks"):
+            history[index]
+    assert repr(history) == "ReportHistory(3 checks)"
+    assert (history == 3) is False and history != "x" and history == list(history)
+    assert history != list(history)[:2] and history != [*history[:2], first]
+    with pytest.raises(KeyError, match="no check reported 'c'"):
+        history.column("c")
+    same = ReportHistory()
+    for step in (1, 2, 3):
+        same.append(Report(step=step, scalars={"a": 1.0}))
+    assert len(same.state_dict()["tagsets"]) == 1  # one tag set, however many checks

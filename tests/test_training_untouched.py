@@ -250,7 +250,16 @@ def test_default_dtype_grad_mode_and_requires_grad_are_restored():
     model = _model()
     model[0].bias.requires_grad_(False)  # frozen by the training, thawed by the query
 
+    seen = []
+
     def careless(batch):
+        seen.append(
+            (
+                torch.get_default_dtype(),
+                torch.is_grad_enabled(),
+                [p.requires_grad for p in model.parameters()],
+            )
+        )
         torch.set_default_dtype(torch.float64)
         torch.set_grad_enabled(True)
         for p in model.parameters():
@@ -270,6 +279,8 @@ def test_default_dtype_grad_mode_and_requires_grad_are_restored():
     mon.check(2)
     assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
     assert [p.requires_grad for p in model.parameters()] == [True, False, True, True]
+    # every call, the second batch's included, starts from the state the check found
+    assert seen == [(torch.float32, False, [True, False, True, True])] * 4
 
 
 def test_grads_are_cleared_before_each_query_and_restored_after():
@@ -418,9 +429,18 @@ def test_a_query_converting_the_model_or_replacing_a_weight_is_put_back_and_refu
         model[3].weight = nn.Parameter(torch.zeros_like(model[3].weight))
         return batch[0][:, 0]
 
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    observed = []
+
+    def observing(batch):  # what the next query sees: the training's tensors, as they were
+        now = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        observed.append(all(now[k] is t and t.dtype == before[k].dtype for k, t in tensors.items()))
+        return batch[0][:, 0]
+
     mon = privmon.PrivacyMonitor(
         [
             CallableQuery(converting, name="converting", modules=model),
+            CallableQuery(observing, name="observing", modules=model),
             CallableQuery(replacing, name="replacing", modules=model),
             LossQuery(model),
         ],
@@ -428,9 +448,161 @@ def test_a_query_converting_the_model_or_replacing_a_weight_is_put_back_and_refu
         methods=("histogram",),
     )
     report = mon.check(1)
+    assert observed == [True, True]
     assert model[0].weight is weight and weight.dtype == torch.float32
     for k, v in model.state_dict().items():
         assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
-    assert "wrote to parameters (0.weight, 0.bias, 1.weight" in report.failures["converting"]
+    assert report.failures["converting"].startswith(
+        "RuntimeError: query 'converting' wrote to parameters (0.weight, 0.bias, 1.weight, "
+        "1.bias, 3.weight and 1 more): its scores are of other weights than training's"
+    )
     assert "wrote to parameters (3.weight)" in report.failures["replacing"]
     assert "privacy/loss/histogram/value" in report.scalars  # measured on the training weights
+    # five parameters, one of them an absent bias, and two models: each named, none left out
+    first, second = nn.Linear(3, 3), nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1, bias=False))
+
+    def converting_both(batch):
+        first.double()
+        second.double()
+        return batch[0][:, 0]
+
+    fine = CallableQuery(lambda b: b[0][:, 0], name="fine")  # so that the check has a report
+    both = privmon.PrivacyMonitor(
+        [CallableQuery(converting_both, name="both", modules=[first, second]), fine],
+        *_audit_sets(x, y),
+        methods=("histogram",),
+    )
+    assert (
+        "wrote to parameters (Linear#0.weight, Linear#0.bias, Sequential#1.0.weight, "
+        "Sequential#1.0.bias, Sequential#1.1.weight):" in both.check(1).failures["both"]
+    )
+    alone = privmon.PrivacyMonitor(
+        [CallableQuery(converting_both, name="first", modules=first), fine],
+        *_audit_sets(x, y),
+        methods=("histogram",),
+    )
+    assert "wrote to parameters (weight, bias):" in alone.check(1).failures["first"]
+
+
+def test_buffers_written_out_of_sight_or_resized_are_put_back_and_untouched_ones_not_written():
+    x, y = _data()
+    model = _bn_model()
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    versions = {k: v._version for k, v in model.named_buffers()}
+    mon = privmon.PrivacyMonitor(
+        LossQuery(model), *_audit_sets(x, y), methods=("histogram",), strict=True
+    )
+    mon.check(1)  # a check that changes nothing writes nothing (autograd checks versions)
+    assert {k: v._version for k, v in model.named_buffers()} == versions
+
+    def sneaky(batch):  # through .data: no version bump, no mode change
+        model[1].running_mean.data.add_(1.0)
+        model[1].running_var.resize_(3)
+        return batch[0][:, 0]
+
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(sneaky, name="sneaky", modules=model), *_audit_sets(x, y), strict=True
+    )
+    mon.check(1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_prepare_runs_in_the_check_state_and_a_failing_eval_leaves_training_untouched():
+    x, y = _data()
+    model = _model()
+    model.train()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    seen = []
+
+    class Preparing(CallableQuery):
+        def prepare(self, device=None):
+            seen.append((model.training, torch.is_grad_enabled(), model[0].weight.grad))
+
+    privmon.PrivacyMonitor(
+        Preparing(lambda b: b[0][:, 0], name="q", modules=model), *_audit_sets(x, y), strict=True
+    ).check(1)
+    assert seen == [(False, False, None)]
+
+    class Stubborn(nn.Module):  # refuses to leave training mode
+        def train(self, mode=True):
+            if not mode:
+                raise RuntimeError("stays in training mode")
+            return super().train(mode)
+
+    stubborn = nn.Sequential(model, Stubborn())
+    grads = [p.grad for p in model.parameters()]
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(lambda b: b[0][:, 0], name="q", modules=[stubborn]), *_audit_sets(x, y)
+    )
+    assert mon.check(1) is None and mon.n_failed == 1
+    assert all(m.training for m in stubborn.modules())
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
+    assert torch.is_grad_enabled()
+
+
+def test_the_guard_alone_restores_what_its_block_changed_even_when_it_raises():
+    from privmon.callbacks._protect import TrainingGuard
+
+    model = _bn_model()
+    weight, before = model[0].weight, model[0].weight.detach().clone()
+    with pytest.raises(RuntimeError, match="inside"), TrainingGuard([model], []):
+        model[0].weight = nn.Parameter(torch.zeros(8, 5))
+        torch.set_default_dtype(torch.float64)
+        raise RuntimeError("inside")
+    assert model[0].weight is weight and torch.equal(weight, before)
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_only_opacus_modules_have_their_hooks_switched():
+    x, y = _data()
+
+    class LooksLikeOpacus(nn.Linear):  # a hooks_enabled flag, but no disable_hooks()
+        hooks_enabled = True
+
+    model = LooksLikeOpacus(5, 2)
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(lambda b: model(b[0])[:, 0], name="q", modules=model),
+        *_audit_sets(x, y),
+        strict=True,
+    )
+    assert mon.check(1) is not None and model.hooks_enabled is True
+
+
+def test_a_persistent_audit_loader_is_iterated_through_a_twin_of_each_kind():
+    from torch.utils.data import IterableDataset
+
+    from privmon.callbacks._protect import audit_view
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(6.0))
+
+    data = TensorDataset(torch.arange(6.0))
+    loaders = [
+        DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True),
+        DataLoader(data, batch_size=None, num_workers=1, persistent_workers=True),
+        DataLoader(Stream(), batch_size=4, num_workers=1, persistent_workers=True),
+    ]
+    for loader in loaders:
+        twin = audit_view(loader)
+        assert twin is not loader and twin.persistent_workers is False
+        got = [b[0] if isinstance(b, (list, tuple)) else b for b in twin]
+        want = [b[0] if isinstance(b, (list, tuple)) else b for b in loader]
+        assert len(got) == len(want) > 0
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    plain = DataLoader(data, batch_size=4)
+    assert audit_view(plain) is plain
+
+
+def test_the_shuffling_warning_points_at_the_callers_line():
+    data = TensorDataset(torch.randn(20))
+    with pytest.warns(UserWarning, match="shuffling DataLoader") as record:
+        privmon.PrivacyMonitor(
+            CallableQuery(lambda b: b[0], name="s"),
+            DataLoader(data, batch_size=5, shuffle=True),
+            [torch.zeros(5)],
+        )
+    assert record[0].filename == __file__

@@ -248,8 +248,12 @@ class TrainingGuard:
             for b in self._buffers:
                 if b.owner._buffers.get(b.name) is not b.tensor:
                     b.owner._buffers[b.name] = b.tensor
-                if not _unchanged(b.tensor, b.saved):
+                if _unchanged(b.tensor, b.saved):
+                    continue  # no needless write: it would bump the version autograd checks
+                if b.tensor.shape == b.saved.shape:
                     b.tensor.copy_(b.saved)
+                else:  # resized in place: back to the saved size, then the saved values
+                    b.tensor.resize_(b.saved.shape).copy_(b.saved)
         self._buffers = [b._replace(version=b.tensor._version) for b in self._buffers]
 
     def _restore(self) -> None:

@@ -38,7 +38,8 @@ class Collected:
     failed: dict[str, str]
     """Per query left out: why."""
     forward: float
-    """Seconds spent in the queries themselves (the forward passes)."""
+    """Seconds spent in the query calls themselves (the forward passes), without the guard's
+    work between them."""
     digests: tuple[list[bytes], list[bytes]] | None
     """Per side, one digest per record (:func:`~privmon.queries.batches.batch_digests`) when
     asked for and every batch held rows; else None."""
@@ -100,15 +101,16 @@ def collect_scores(
                             seen = None
                         else:
                             seen[side].extend(found)
-                    t = time.perf_counter()
                     for q in queries:
                         if q.name in failed:
                             continue
                         try:
                             records = count_records(batch, getattr(q, "transform", None))
+                            t = time.perf_counter()
                             try:
                                 out = q(batch)
                             finally:
+                                forward += time.perf_counter() - t  # the call, not the guard
                                 refused = guard.after_query()
                             if refused:
                                 raise RuntimeError(f"query {q.name!r} {refused}")
@@ -121,7 +123,6 @@ def collect_scores(
                             parts[q.name][side].append(out)
                         except Exception as err:  # this query only: the others go on
                             fail(q, err, f"query {q.name!r}")
-                    forward += time.perf_counter() - t
             if not allow_empty and not all(batches):
                 raise ValueError("members and nonmembers must each yield at least one batch")
             scores = {}

@@ -670,8 +670,8 @@ def test_a_state_from_a_newer_setup_names_the_fields_this_version_does_not_know(
     mon = _checked_monitor()
     mon.step(1)
     state = _saved(mon)
-    newer = _corrupt(state, ("config", "secure_aggregation"), 8)  # a field no privmon has
-    with pytest.raises(ValueError, match=r"newer privmon, with setup fields .*\(secure_aggregation\)"):
+    newer = _corrupt(state, ("config", "sealed"), 8)  # a field no privmon has
+    with pytest.raises(ValueError, match=r"newer privmon, with setup fields .*\(sealed\)"):
         _checked_monitor().load_state_dict(newer)
     older = {**state, "config": {k: v for k, v in state["config"].items() if k != "planned_checks"}}
     fresh = _checked_monitor()

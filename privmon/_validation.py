@@ -20,6 +20,7 @@ __all__ = [
     "check_choice",
     "check_flag",
     "check_fprs",
+    "check_half_open_interval",
     "check_indices",
     "check_int",
     "check_module",
@@ -79,6 +80,11 @@ def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
 def check_open_interval(value: float, *, name: str, low: float, high: float) -> float:
     """Return ``value`` as a float after checking it lies in the open interval (low, high)."""
     return _number(value, name=name, ok=lambda v: low < v < high, where=f"in ({low}, {high})")
+
+
+def check_half_open_interval(value: float, *, name: str, low: float, high: float) -> float:
+    """Return ``value`` as a float after checking it lies in [low, high)."""
+    return _number(value, name=name, ok=lambda v: low <= v < high, where=f"in [{low}, {high})")
 
 
 def check_choice(value: Any, valid: tuple[Any, ...], *, name: str) -> Any:

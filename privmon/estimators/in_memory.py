@@ -9,9 +9,10 @@ import math
 
 import torch
 
-from privmon.estimators.binning import fold_of
+from privmon.estimators.binning import CERTIFY_FOLDS, fold_of
+from privmon.estimators.certificate import certify
 from privmon.estimators.density import GaussianKDE
-from privmon.estimators.estimates import certify, make_estimate
+from privmon.estimators.estimates import make_estimate
 from privmon.estimators.learned import learned_rule_counts
 from privmon.estimators.plugins import cell_histogram_plugin, sampled_kde_plugin
 from privmon.estimators.rules import bayes_rule
@@ -39,7 +40,8 @@ def kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
             continue
         tp += float(predict(tm, th, m[fm == k], 0.5).sum())
         fp += float(predict(tm, th, h[fh == k], 0.5).sum())
-    cm, ch = (fm < 2), (fh < 2)
+    folds_certified = torch.tensor(CERTIFY_FOLDS, device=m.device)
+    cm, ch = torch.isin(fm, folds_certified), torch.isin(fh, folds_certified)
     tie = float(prior > 0.5)
     if int((~cm).sum()) < 2 or int((~ch).sum()) < 2:
         return tp, fp, 0.0, 0.0

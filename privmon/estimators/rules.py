@@ -1,7 +1,7 @@
 """Stage 3 of the estimators on the grid: the rule and its certificate. The Bayes rule
 sign(p·P̂ − (1−p)·Q̂) of each fold selection's smoothed densities (stage 2), its held-out true /
 false positives (the cross-fitted ``value``), and the certificate rule's, certified by
-Clopper–Pearson (:mod:`~privmon.estimators.estimates`)."""
+:mod:`~privmon.estimators.certificate`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from privmon.estimators.binning import GridSelections
-from privmon.estimators.estimates import AdvantageEstimate, certify, make_estimate
+from privmon.estimators.certificate import certify
+from privmon.estimators.estimates import AdvantageEstimate, make_estimate
 from privmon.estimators.tensors import small_tensor
 
 __all__ = ["RuleDensities", "bayes_rule", "grid_estimates"]
@@ -54,7 +55,7 @@ def grid_estimates(
     """Each grid method's estimate and its :class:`RuleDensities`, from its grid's fold
     selections, the rules' smoothed densities ``masses`` (2, K + 1, cells) and its plug-in (a
     0-d tensor). Every figure of every method comes back in one device transfer, and the
-    certificates share one pair of Clopper–Pearson calls."""
+    certificates share one set of Clopper–Pearson calls."""
     first = next(iter(grids.values()))
     ns = first.selected[1]
     n1, n2 = ns[:, 0].tolist()
@@ -103,8 +104,12 @@ def _rule_figures(
     counts = grid.selected[0]
     total = counts[:, 0]
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
-    # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side
-    rules = bayes_rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
+    # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side;
+    # each reads ties to the scale of its own densities (the value does not depend on the
+    # certificate's rule)
+    peak = mass.amax(dim=(0, 2))
+    tol = 1e-9 * torch.cat([peak[:k].amax().expand(k), peak[k:]]).unsqueeze(1)
+    rules = bayes_rule(diff, _ties(k, prior, diff.device), tol)
     rule, cert_rule = rules[:k], rules[k]
     cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
     return torch.cat(

@@ -247,10 +247,12 @@ def smooth_selections(
     cells')); else that first value is empty."""
     k = grid.folds
     counts, ns, covs = grid.selected
-    t = k + 1  # training selections
-    rows = counts[:, 1:].reshape(2 * t, -1)
-    row_ns = ns[:, 1:].reshape(-1)
-    row_covs = covs[:, 1:].flatten(0, 1)
+    # the cross-fitted rules' selections (and U_N's) in one pass, the certificate rule's in
+    # another: a pass's padding follows its widest kernel, so the cross-fitted densities (the
+    # value, the per-record risks) and U_N do not depend on the certificate's training folds
+    rows = counts[:, 1 : k + 1].reshape(2 * k, -1)
+    row_ns = ns[:, 1 : k + 1].reshape(-1)
+    row_covs = covs[:, 1 : k + 1].flatten(0, 1)
     n_extended = 2 if extended else 0
     if extended:  # U_N needs the full-data KDEs on the extended grid: two more rows
         rows = torch.cat([counts[:, 0], rows])
@@ -259,7 +261,10 @@ def smooth_selections(
     plug_rows, mass = smooth(
         grid.bins, grid.width, rows, row_ns, row_covs, method, bandwidth, n_extended
     )
-    return plug_rows, mass.reshape(2, t, -1)
+    _, cert_mass = smooth(
+        grid.bins, grid.width, counts[:, k + 1], ns[:, k + 1], covs[:, k + 1], method, bandwidth, 0
+    )
+    return plug_rows, torch.cat([mass.reshape(2, k, -1), cert_mass.unsqueeze(1)], dim=1)
 
 
 def smooth_raw(raw: ClassCounts, bandwidth) -> torch.Tensor | None:

@@ -24,12 +24,16 @@ trivial attack that always guesses the more likely class reaches it without look
   large ones; it is floored at |2p − 1|, which the truth never falls below. The rule's densities
   are smoothed (histogram method: an average shifted histogram over the 100 bins with Scott's bin
   width 3.5·σ·n^(−1/(2+d)); KDE method: the same Gaussian KDE as U_N, Scott's factor).
-* ``lower`` — a certified lower confidence bound at level 1 − δ: the rule learned on folds 2..K−1
-  is applied to folds 0-1, which it has never seen; exact one-sided Clopper–Pearson bounds at
-  level δ/2 on its TPR (lower) and FPR (upper) (Bonferroni across the two) bound the rule's true
-  advantage, which bounds the optimal one from below. ``lower_check`` is the same bound at the
-  call's ``delta``; the two differ only inside the monitor, which certifies ``lower`` at the
-  share of its run-level δ that the check is allotted (:mod:`privmon.estimators.spending`).
+* ``lower`` — a certified lower confidence bound at level 1 − δ: a rule learned on some folds
+  (1-2 D: folds 3..K−1; above 2-D: folds 2..K−1) is applied to the others, which it has never
+  seen, and an exact bound on its true advantage — which bounds the optimal one from below —
+  is read from its correct calls (:mod:`privmon.estimators.certificate`: one Clopper–Pearson
+  bound on members' and non-members' correct calls pooled, without splitting δ, when the
+  records are balanced for the prior; else bounds on its TPR and FPR at δ/2 each).
+  ``lower_check`` is the same bound at the call's ``delta``; the two differ only inside the
+  monitor, which certifies ``lower`` at the share of its run-level δ that the check is allotted
+  (:mod:`privmon.estimators.spending`). What it can detect at a given audit size:
+  :func:`~privmon.estimators.certificate.detectable_advantage`.
 * ``upper`` — the paper's plug-in + McDiarmid half-width sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ))
   (Thm 2-3 (2); equals sqrt(2/N·log(2/δ)) when N1 = pN). It bounds the plug-in's deviation from
   its own mean, not the plug-in's bias, so it is **not** an upper bound on the advantage: the

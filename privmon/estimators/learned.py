@@ -92,8 +92,8 @@ class RuleCounts:
     """Held-out positives of the learned rules. ``tp`` / ``fp``: members / non-members the K
     cross-fitted rules call members on their held-out folds, summed over folds (ties 1/2).
     ``cert_tp`` / ``cert_fp``: the same for the certificate's rule (learned on folds 2..K−1)
-    on folds 0-1, which hold ``n1_cert`` members and ``n2_cert`` non-members (ties on the
-    prior's side)."""
+    on folds 0-1 (``HIGH_DIM_CERTIFY_FOLDS``), which hold ``n1_cert`` members and ``n2_cert``
+    non-members (ties on the prior's side)."""
 
     tp: float
     fp: float

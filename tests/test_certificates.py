@@ -159,6 +159,49 @@ def test_lower_of_a_perfect_split_equals_the_formula_on_its_folds():
     )
 
 
+@pytest.mark.parametrize("d", [1, 2])
+def test_the_certificates_rule_reads_its_own_records_alone(d):
+    # The premise of the certificate's proof: given the records its rule learns on (folds 3..),
+    # the rule and the cell of every record are fixed. Move the held-out records (folds 0-2)
+    # anywhere, even past every training record: the rule's densities and the training
+    # records' cells stay bit for bit, and each held-out record's cell follows its own score.
+    from privmon.estimators.binning import bin_records, grid_selections
+    from privmon.estimators.smoothing import smooth_selections
+
+    rng = np.random.default_rng(3)
+    n1, n2 = 300, 260
+    x = torch.from_numpy(np.concatenate([rng.normal(0.5, 1, (n1, d)), rng.normal(0, 1, (n2, d))]))
+    position = torch.cat([torch.arange(n1), torch.arange(n2)])
+    held_out = fold_of(position, 4) < 3
+    moved = x.clone()
+    moved[held_out] = torch.from_numpy(rng.standard_cauchy((int(held_out.sum()), d)) * 5)
+    densities, cells = [], []
+    for scores in (x, moved):
+        binned = bin_records(scores, n1, bins=100, fine_bins=2000 if d == 1 else None)
+        grids = grid_selections(binned)
+        densities.append(
+            {m: smooth_selections(g, m, bandwidth="scott", extended=False)[1][:, -1]
+             for m, g in grids.items()}
+        )  # fmt: skip
+        cells.append(binned.certified.cell_index(_certificate_coordinates(binned, scores))[0])
+    for method, before in densities[0].items():
+        assert torch.equal(before, densities[1][method]), method
+    assert torch.equal(cells[0][~held_out], cells[1][~held_out])
+    assert not torch.equal(cells[0][held_out], cells[1][held_out])
+
+
+def _certificate_coordinates(binned, scores):
+    """Where bin_records put each record for the certificate: its mid-rank among the rule's
+    records (folds 3..) in 1-D, its score in 2-D."""
+    if scores.shape[1] == 2:
+        return scores
+    train = np.sort(scores[binned.fold >= 3, 0].numpy())
+    values = scores[:, 0].numpy()
+    below = np.searchsorted(train, values, side="left")
+    tied = np.searchsorted(train, values, side="right") - below
+    return torch.from_numpy((2 * below + tied) / (2 * train.size))[:, None]
+
+
 def _detection_probability(n1, n2, rate, *, prior, delta, threshold):
     """P(certificate > threshold) for a rule right on each held-out record with probability
     ``rate``, by enumerating every (tp, tn)."""

@@ -55,6 +55,7 @@ from privmon.estimators.binning import (
     BinnedScores,
     GridSelections,
     bin_records,
+    record_selections,
     select_folds,
 )
 from privmon.estimators.density import bandwidth_factor
@@ -280,7 +281,7 @@ def estimate_from_scores(
             torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
         )
         return grid_figures(  # a lost plug-in reads NaN; the rule's figures stand
-            {method: select_folds(binned.grid)},
+            {method: record_selections(binned)},
             prior=prior,
             delta=delta,
             bandwidth=bandwidth,
@@ -300,12 +301,11 @@ def estimate_from_scores(
         ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
         exact = kde_grid_too_coarse(ns, covs, width, bandwidth)
     if d == 2 and not exact:
-        state = BinnedScores(
-            bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
+        binned = bin_records(
+            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
         )
-        state.update(m, h)
         return grid_figures(
-            {method: select_folds(state)},
+            {method: record_selections(binned)},
             prior=prior,
             delta=delta,
             bandwidth=bandwidth,
@@ -431,7 +431,11 @@ class StreamingAdvantage:
     ``compute()`` returns the same :class:`AdvantageEstimate` as :func:`advantage_from_state` on
     the same records binned at once. In 2-D that is the functional form's estimate when the grid
     is the same (pass ``low`` / ``high``, or let the first batch fix it, see
-    :class:`~privmon.estimators.binning.BinnedScores`), except where a class's KDE bandwidth is
+    :class:`~privmon.estimators.binning.BinnedScores`), except for ``lower`` (the functional
+    certificate bins its rule's records again, on their own range; a stream's certificate reads
+    the stream's one grid, whose edges the first batch fixed — a dependence on the certified
+    records, through those edges, that the proof in :mod:`privmon.estimators.certificate` does
+    not cover: pass ``low`` / ``high`` to remove it) and where a class's KDE bandwidth is
     narrower than a grid cell (the functional KDE then takes exact kernel sums, which a stream
     keeping no records cannot). In 1-D the functional rule reads the pooled ranks of all records,
     which a stream cannot know: the stream's rule reads its fixed grid on the scores' own scale,

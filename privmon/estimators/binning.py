@@ -43,13 +43,16 @@ __all__ = [
     "MAX_CELLS",
     "BinnedRecords",
     "BinnedScores",
+    "CertificateCells",
     "ClassCounts",
     "GridSelections",
     "Selections",
     "bin_records",
+    "certificate_selections",
     "fold_of",
     "fold_selections",
     "grid_selections",
+    "record_selections",
     "robust_range",
     "select_folds",
 ]
@@ -537,15 +540,24 @@ def _mean_cov(n: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor):
     return mean, cov
 
 
-def pooled_ranks(sorted_values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+def pooled_ranks(
+    sorted_values: torch.Tensor, order: torch.Tensor, among: torch.Tensor | None = None
+) -> torch.Tensor:
     """The pooled mid-ranks of 1-D scores scaled into (0, 1), in the scores' own order, from
     their ascending sort (``sorted_values``, ``order``): a score at sorted positions [s, e) of n
-    (a group of ties) maps to (s + e) / (2n). A strictly increasing transform of the scores
-    leaves these unchanged, so every figure computed from them is invariant under it."""
+    (a group of ties) maps to (s + e) / (2n). ``among`` (a boolean mask over the scores): rank
+    every score among those records only — m of them, b below a score and t tied with it give
+    (2b + t) / (2m), a function of those records alone. A strictly increasing transform of the
+    scores leaves these unchanged, so every figure computed from them is invariant under it."""
     n = sorted_values.shape[0]
     _, counts = torch.unique_consecutive(sorted_values, return_counts=True)
     ends = torch.cumsum(counts, 0)
-    mid = (2 * ends - counts).to(torch.float64) / (2 * n)
+    tied, total = counts, n
+    if among is not None:  # the counted records up to each group's end, and within it
+        ends = torch.cumsum(among[order].to(torch.int64), 0)[ends - 1]
+        tied = torch.diff(ends, prepend=ends.new_zeros(1))
+        total = max(int(ends[-1]), 1)
+    mid = (2 * ends - tied).to(torch.float64) / (2 * total)
     ranks = torch.empty(n, dtype=torch.float64, device=sorted_values.device)
     ranks[order] = torch.repeat_interleave(mid, counts)
     return ranks
@@ -604,7 +616,10 @@ class BinnedRecords:
     holds the scores themselves on their robust range, for the paper's plug-ins (W_N / U_N are
     defined on the query's own scale); in 2-D the rules' states hold the scores and ``raw`` is
     None. ``ascending`` (1-D) the pooled scores sorted ascending and the sorting indices: the
-    one sort of the check, which the ranks and the ROC read.
+    one sort of the check, which the ranks and the ROC read. ``certified``: the records binned
+    again, on ``fine``'s cells, where the certificate's rule and the folds it is applied to
+    read them: at coordinates that its own training records fix (:func:`bin_records`), so that
+    the rule is a function of those records alone.
     """
 
     fine: BinnedScores
@@ -613,6 +628,7 @@ class BinnedRecords:
     fold: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
     raw: ClassCounts | None
+    certified: BinnedScores
 
 
 def bin_records(
@@ -629,7 +645,15 @@ def bin_records(
     pass per grid (margin 0). ``fine_bins`` (a multiple of ``bins``): bin the rules' records on
     that finer grid and coarsen it to ``bins`` for the histogram. In 1-D one sort gives the
     ranks the rules read, the raw grid's range and the ROC's ranking. ``low`` / ``high``: the raw
-    scores' grid (default their robust range, :func:`robust_range`)."""
+    scores' grid (default their robust range, :func:`robust_range`).
+
+    The certificate's rule learns on the folds outside ``CERTIFY_FOLDS``: its records are
+    binned again (``certified``) at coordinates those folds alone fix — in 1-D each score's
+    mid-rank among them (:func:`pooled_ranks` ``among``), in 2-D the scores on those folds'
+    robust range (``low`` / ``high`` aside) — so that, given its training records, the rule and
+    the cell each held-out record falls in are fixed and the held-out records are independent
+    draws (:mod:`privmon.estimators.certificate`). The pooled ranks and range the other rules
+    read depend on every record."""
     sizes = (n_members, x.shape[0] - n_members)
     ascending = raw = None
     if x.shape[1] == 1:
@@ -660,20 +684,42 @@ def bin_records(
         grid = fine.coarsen(factor)
         cell = torch.div(cell, factor, rounding_mode="floor")
     fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
-    return BinnedRecords(fine, grid, cell, fold, ascending, raw)
+    learns = ~torch.isin(fold, torch.tensor(CERTIFY_FOLDS, device=fold.device))
+    cert_range: tuple[Any, Any] = (low, high)
+    cert_x = x
+    if ascending is not None:  # mid-ranks among the certificate rule's records, on [0, 1]
+        cert_x, cert_range = pooled_ranks(*ascending, among=learns)[:, None], (0.0, 1.0)
+    elif bool(learns.any()):  # in 2-D the range of its records, whatever grid the others read
+        cert_range = robust_range(x[learns])
+    certified = BinnedScores(
+        bins=fine_bins or bins, folds=folds, margin=0.0, low=cert_range[0], high=cert_range[1],
+        device=x.device,
+    )  # fmt: skip
+    certified._add(cert_x, sizes)
+    return BinnedRecords(fine, grid, cell, fold, ascending, raw, certified)
 
 
 # -- fold selections -------------------------------------------------------------------------
-# Cell counts (2, K+2, cells), record counts (2, K+2), covariances (2, K+2, d, d): all folds,
-# the complement of each fold, the certificate rule's folds.
+# Cell counts (2, T, cells), record counts (2, T), covariances (2, T, d, d) of T selections of
+# folds: for the cross-fitted rules all folds then the complement of each fold (T = K + 1); for
+# the certificate its held-out folds then its rule's (T = 2).
 Selections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class CertificateCells(NamedTuple):
+    """The certificate's :func:`certificate_selections` (``selected``) on a grid of the same
+    number of cells as its method's, of cell ``width`` (see :class:`BinnedRecords`
+    ``certified``)."""
+
+    width: torch.Tensor
+    selected: Selections
 
 
 class GridSelections(NamedTuple):
     """What the later stages read of one grid method's binned records, so that they never call
     back into this stage: the grid's ``bins`` and cell ``width``, its ``folds``, its per-fold
-    cell ``counts`` (2, folds, cells), the records dropped (``n_dropped``, (2,)) and the
-    :func:`fold_selections` (``selected``)."""
+    cell ``counts`` (2, folds, cells), the records dropped (``n_dropped``, (2,)), the
+    :func:`fold_selections` (``selected``) and the certificate's :class:`CertificateCells`."""
 
     bins: tuple[int, ...]
     width: torch.Tensor
@@ -681,34 +727,75 @@ class GridSelections(NamedTuple):
     counts: torch.Tensor
     n_dropped: torch.Tensor
     selected: Selections
+    certificate: CertificateCells
 
 
-def select_folds(state: BinnedScores, selected: Selections | None = None) -> GridSelections:
-    """The :class:`GridSelections` of a state (its :func:`fold_selections` unless given)."""
+def select_folds(
+    state: BinnedScores,
+    selected: Selections | None = None,
+    certificate: CertificateCells | None = None,
+) -> GridSelections:
+    """The :class:`GridSelections` of a state: its :func:`fold_selections` and (read on the
+    same state unless given) the certificate's cells. A stream has one state only: its
+    certificate's rule reads the grid the stream's first batch fixed."""
     grid = state.allocated()
     if selected is None:
         selected = fold_selections(state)
+    if certificate is None:
+        certificate = CertificateCells(state.width, certificate_selections(state))
     return GridSelections(
-        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected
+        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected, certificate
     )
 
 
-def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cell counts (2, K+2, cells), record counts (2, K+2) and covariances (2, K+2, d, d) of the
-    fold selections an estimate uses: all folds (the plug-in), the complement of each fold
-    (cross-fitting), then folds 3.. (the certificate's rule) — one matrix product each."""
+def fold_selections(state: BinnedScores) -> Selections:
+    """Cell counts (2, K+1, cells), record counts (2, K+1) and covariances (2, K+1, d, d) of the
+    fold selections the cross-fitted rules use: all folds (the plug-in), then the complement
+    of each fold — one matrix product each."""
     device = state.allocated().counts.device
     counts, ns, _, covs = state.pooled(_selection_weights(state.folds, device))
     return counts, ns, covs
 
 
+def certificate_selections(state: BinnedScores) -> Selections:
+    """Cell counts (2, 2, cells), record counts (2, 2) and covariances (2, 2, d, d) of the
+    certificate's held-out folds (``CERTIFY_FOLDS``) and of the folds its rule learns on."""
+    device = state.allocated().counts.device
+    counts, ns, _, covs = state.pooled(_certificate_weights(state.folds, device))
+    return counts, ns, covs
+
+
 @functools.lru_cache(maxsize=8)
 def _selection_weights(k: int, device: torch.device) -> torch.Tensor:
-    """The (K+2, K) 0/1 fold weights of :func:`fold_selections` (cached: read-only)."""
-    weights = torch.ones(k + 2, k, dtype=torch.float64, device=device)
-    weights[1 : k + 1].fill_diagonal_(0.0)
-    weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
+    """The (K+1, K) 0/1 fold weights of :func:`fold_selections` (cached: read-only)."""
+    weights = torch.ones(k + 1, k, dtype=torch.float64, device=device)
+    weights[1:].fill_diagonal_(0.0)
     return weights
+
+
+@functools.lru_cache(maxsize=8)
+def _certificate_weights(k: int, device: torch.device) -> torch.Tensor:
+    """The (2, K) 0/1 fold weights of :func:`certificate_selections` (cached: read-only)."""
+    weights = torch.zeros(2, k, dtype=torch.float64, device=device)
+    weights[0, list(CERTIFY_FOLDS)] = 1.0
+    weights[1] = 1.0 - weights[0]
+    return weights
+
+
+def record_selections(binned: BinnedRecords) -> GridSelections:
+    """The :class:`GridSelections` of records binned on one grid (no finer KDE grid), with the
+    certificate read where :func:`bin_records` binned it."""
+    certified = binned.certified
+    return select_folds(
+        binned.grid,
+        certificate=CertificateCells(certified.width, certificate_selections(certified)),
+    )
+
+
+def _coarsened(selections: Selections, bins: int, factor: int) -> Selections:
+    """1-D selections on a grid ``factor`` times coarser: each cell the sum of ``factor``."""
+    counts, ns, covs = selections
+    return counts.reshape(*counts.shape[:2], bins, factor).sum(dim=-1), ns, covs
 
 
 def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
@@ -716,13 +803,20 @@ def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
     or (1-D, when the KDE's finer grid was binned) the KDE's and the histogram's summed from
     its cells."""
     if binned.fine is binned.grid:
-        return {"histogram": select_folds(binned.grid)}
-    grid, fine = binned.grid, binned.fine
-    counts, ns, covs = fine_folds = fold_selections(fine)
+        return {"histogram": record_selections(binned)}
+    grid, fine, certified = binned.grid, binned.fine, binned.certified
+    fine_folds = fold_selections(fine)
+    fine_certificate = certificate_selections(certified)
     coarse_bins = grid.allocated().bins[0]
     factor = fine.allocated().bins[0] // coarse_bins
-    coarse = counts.reshape(*counts.shape[:2], coarse_bins, factor).sum(dim=-1)
+    coarse_width = _cell_width(
+        certified.allocated().low, certified.allocated().high, (coarse_bins,)
+    )
     return {
-        "histogram": select_folds(grid, (coarse, ns, covs)),
-        "kde": select_folds(fine, fine_folds),
+        "histogram": select_folds(
+            grid,
+            _coarsened(fine_folds, coarse_bins, factor),
+            CertificateCells(coarse_width, _coarsened(fine_certificate, coarse_bins, factor)),
+        ),
+        "kde": select_folds(fine, fine_folds, CertificateCells(certified.width, fine_certificate)),
     }

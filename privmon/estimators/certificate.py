@@ -3,12 +3,19 @@
 **Setting.** The certificate's rule is learned on some folds of the records and applied to the
 others, which it has never seen: ``n1`` members and ``n2`` non-members (1-2 dimensions: learned
 on folds 3..K−1 and applied to folds 0-2; above 2-D on folds 2..K−1 and applied to folds 0-1,
-:func:`certified_records`). Given the rule, each held-out record is an independent draw, and a
-record on which the densities tie goes to a side fixed in advance, so the members it calls
-members, ``tp`` ~ Bin(n1, TPR), and the non-members it calls non-members, ``tn = n2 − fp`` ~
-Bin(n2, TNR), are independent binomials. The rule's accuracy advantage at prior p,
-A = 2p·TPR + 2(1−p)·TNR − 1, is at most the optimal advantage (MACE, "Membership privacy
-estimation", eq. 7-8): a lower confidence bound on A is one on the optimal advantage.
+:func:`certified_records`). The rule reads every record at coordinates its own records fix (in
+1-D a score's mid-rank among them, in 2-D the grid over their range, above 2-D their
+standardisation: :func:`~privmon.estimators.binning.bin_records`,
+:mod:`~privmon.estimators.learned`), so given those records the rule, and the call it makes on
+any score, are fixed. Each held-out record is an independent draw, and a record on which the
+densities tie goes to a side fixed in advance, so the members it calls members,
+``tp`` ~ Bin(n1, TPR), and the non-members it calls non-members, ``tn = n2 − fp`` ~ Bin(n2, TNR),
+are independent binomials. (A :class:`~privmon.StreamingAdvantage` keeps one grid, whose edges
+its first batch fixed: its certificate depends on the held-out records through those edges,
+which this proof does not cover, unless ``low`` / ``high`` are given.) The rule's accuracy
+advantage at prior p, A = 2p·TPR + 2(1−p)·TNR − 1, is at most the optimal advantage (MACE, "A
+Framework for Membership Privacy Estimation in Generative Models", eq. 7-8): a lower
+confidence bound on A is one on the optimal advantage.
 
 **Two bounds**, each at level 1 − δ (:func:`certified_advantage`):
 

@@ -65,7 +65,7 @@ def grid_estimates(
         mass = masses[method]
         parts.append(_rule_figures(grid, mass, plugins[method], prior=prior))
         densities[method] = RuleDensities(mass[:, :k], grid.selected[1][:, 1 : k + 1])
-    n_certified = ns[:, 0] - ns[:, k + 1]  # the certificate's folds: all but its rule's
+    n_certified = first.certificate.selected[1][:, 0]  # the records of the certificate's folds
     dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
     *values, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
     plugin, tp, fp, tpc, fpc = np.asarray(values).reshape(len(grids), 5).T
@@ -101,8 +101,6 @@ def _rule_figures(
     """The plug-in, the held-out true / false positives of the cross-fitted rules and those of
     the certificate's rule, as a (5,) tensor on the state's device (no sync)."""
     k = grid.folds
-    counts = grid.selected[0]
-    total = counts[:, 0]
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
     # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side;
     # each reads ties to the scale of its own densities (the value does not depend on the
@@ -111,11 +109,11 @@ def _rule_figures(
     tol = 1e-9 * torch.cat([peak[:k].amax().expand(k), peak[k:]]).unsqueeze(1)
     rules = bayes_rule(diff, _ties(k, prior, diff.device), tol)
     rule, cert_rule = rules[:k], rules[k]
-    cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
+    held_out = grid.certificate.selected[0][:, 0]  # the certificate's folds, on its own cells
     return torch.cat(
         [
             plugin.reshape(1),
             (rule * grid.counts).sum(dim=(1, 2)),  # held-out true / false positives
-            cert @ cert_rule,
+            held_out @ cert_rule,
         ]
     )

@@ -242,17 +242,17 @@ def smooth_selections(
     grid: GridSelections, method: str, *, bandwidth, extended: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rules' smoothed densities of one grid method's fold selections, (2, K + 1, cells):
-    the complement of each fold (the cross-fitted rules) and the certificate rule's folds. With
-    ``extended``, also the classes' full-data KDEs on the extended grid (U_N's rows, (2,
-    cells')); else that first value is empty."""
+    the complement of each fold (the cross-fitted rules) and the certificate rule's folds (on
+    the certificate's coordinates). With ``extended``, also the classes' full-data KDEs on the
+    extended grid (U_N's rows, (2, cells')); else that first value is empty."""
     k = grid.folds
     counts, ns, covs = grid.selected
     # the cross-fitted rules' selections (and U_N's) in one pass, the certificate rule's in
     # another: a pass's padding follows its widest kernel, so the cross-fitted densities (the
     # value, the per-record risks) and U_N do not depend on the certificate's training folds
-    rows = counts[:, 1 : k + 1].reshape(2 * k, -1)
-    row_ns = ns[:, 1 : k + 1].reshape(-1)
-    row_covs = covs[:, 1 : k + 1].flatten(0, 1)
+    rows = counts[:, 1:].reshape(2 * k, -1)
+    row_ns = ns[:, 1:].reshape(-1)
+    row_covs = covs[:, 1:].flatten(0, 1)
     n_extended = 2 if extended else 0
     if extended:  # U_N needs the full-data KDEs on the extended grid: two more rows
         rows = torch.cat([counts[:, 0], rows])
@@ -261,9 +261,11 @@ def smooth_selections(
     plug_rows, mass = smooth(
         grid.bins, grid.width, rows, row_ns, row_covs, method, bandwidth, n_extended
     )
+    cert_counts, cert_ns, cert_covs = grid.certificate.selected
     _, cert_mass = smooth(
-        grid.bins, grid.width, counts[:, k + 1], ns[:, k + 1], covs[:, k + 1], method, bandwidth, 0
-    )
+        grid.bins, grid.certificate.width, cert_counts[:, 1], cert_ns[:, 1], cert_covs[:, 1],
+        method, bandwidth, 0,
+    )  # fmt: skip
     return plug_rows, torch.cat([mass.reshape(2, k, -1), cert_mass.unsqueeze(1)], dim=1)
 
 

@@ -471,7 +471,7 @@ def test_null_runs_certify_leakage_in_at_most_a_delta_fraction():
     limit = binom.ppf(0.999, runs, delta)  # 33
     assert certified <= limit and alarms <= limit
     assert alarms <= certified  # the ceiling is above the floor: an alarm needs a certificate
-    assert per_check > limit, per_check  # 48 of 100
+    assert per_check > limit, per_check
 
 
 def test_a_real_leak_is_still_certified_over_the_run():

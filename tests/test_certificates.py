@@ -21,6 +21,7 @@ from privmon.estimators import spending
 from privmon.estimators.binning import fold_of
 from privmon.estimators.certificate import (
     audit_records_needed,
+    certificates_of,
     certified_advantage,
     certified_records,
     detectable_advantage,
@@ -143,59 +144,64 @@ def test_certificate_values():
 
 
 def test_lower_of_a_perfect_split_equals_the_formula_on_its_folds():
-    # Members at 1, non-members at 0: the certificate's rule (learned on fold 3) is right on
-    # every record of folds 0-2; at n1c ≠ n2c the classes pool (share n2c / N at p = 1/2),
-    # and Beta⁻¹(δ; N, 1) = δ^(1/N)
+    # Members at 1, non-members at 0: each certificate's rule is right on every record it is
+    # applied to; the one learned on fold 3 certifies folds 0-2 and, on more records, is the
+    # larger. At n1c ≠ n2c the classes pool (share min(n1c, n2c) / N at p = 1/2), each
+    # certificate at δ/2, and Beta⁻¹(δ/2; N, 1) = (δ/2)^(1/N).
     n1, n2, delta = 123, 117, 0.02
     est = privmon.optimal_advantage(np.ones(n1), np.zeros(n2), delta=delta)
     n1c, n2c = (int((fold_of(torch.arange(n), 4) < 3).sum()) for n in (n1, n2))
-    assert (n1c, n2c) == certified_records(n1, n2) and pools(n1c, n2c, 0.5, delta)
-    expected = 1 - (1 - delta ** (1 / (n1c + n2c))) * (n1c + n2c) / min(n1c, n2c)
+    assert (n1c, n2c) == certified_records(n1, n2) and pools(n1c, n2c, 0.5, delta / 2)
+    total = n1c + n2c
+    expected = 1 - (1 - (delta / 2) ** (1 / total)) * total / min(n1c, n2c)
     assert est.lower == pytest.approx(expected, abs=1e-12)
     assert est.lower_check == est.lower
-    # the learned rule above 2-D certifies on folds 0-1
+    # above 2-D the learned rule's one certificate reads folds 0-1, at δ
     assert certified_records(n1, n2, dim=3) == tuple(
         int((fold_of(torch.arange(n), 4) < 2).sum()) for n in (n1, n2)
     )
+    assert certificates_of(3) == 1 and certificates_of(2) == 2
 
 
 @pytest.mark.parametrize("d", [1, 2])
-def test_the_certificates_rule_reads_its_own_records_alone(d):
-    # The premise of the certificate's proof: given the records its rule learns on (folds 3..),
-    # the rule and the cell of every record are fixed. Move the held-out records (folds 0-2)
-    # anywhere, even past every training record: the rule's densities and the training
-    # records' cells stay bit for bit, and each held-out record's cell follows its own score.
-    from privmon.estimators.binning import bin_records, grid_selections
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_certificates_rule_reads_its_own_records_alone(d, which):
+    # The premise of the certificate's proof: given the records its rule learns on, the rule
+    # and the cell of every record are fixed. Move the records a certificate holds out (the
+    # first: folds 0-2, the second: folds 0-1) anywhere, even past every training record: its
+    # rule's densities and its training records' cells stay bit for bit, and each held-out
+    # record's cell follows its own score.
+    from privmon.estimators.binning import CERTIFY_FOLDS, bin_records, grid_selections
     from privmon.estimators.smoothing import smooth_selections
 
     rng = np.random.default_rng(3)
     n1, n2 = 300, 260
     x = torch.from_numpy(np.concatenate([rng.normal(0.5, 1, (n1, d)), rng.normal(0, 1, (n2, d))]))
     position = torch.cat([torch.arange(n1), torch.arange(n2)])
-    held_out = fold_of(position, 4) < 3
+    held_out = torch.isin(fold_of(position, 4), torch.tensor(CERTIFY_FOLDS[which]))
     moved = x.clone()
     moved[held_out] = torch.from_numpy(rng.standard_cauchy((int(held_out.sum()), d)) * 5)
     densities, cells = [], []
     for scores in (x, moved):
         binned = bin_records(scores, n1, bins=100, fine_bins=2000 if d == 1 else None)
-        grids = grid_selections(binned)
         densities.append(
-            {m: smooth_selections(g, m, bandwidth="scott", extended=False)[1][:, -1]
-             for m, g in grids.items()}
+            {m: smooth_selections(g, m, bandwidth="scott", extended=False)[1][:, 4 + which]
+             for m, g in grid_selections(binned).items()}
         )  # fmt: skip
-        cells.append(binned.certified.cell_index(_certificate_coordinates(binned, scores))[0])
+        coordinates = _certificate_coordinates(scores, ~held_out)
+        cells.append(binned.certified[which].cell_index(coordinates)[0])
     for method, before in densities[0].items():
         assert torch.equal(before, densities[1][method]), method
     assert torch.equal(cells[0][~held_out], cells[1][~held_out])
     assert not torch.equal(cells[0][held_out], cells[1][held_out])
 
 
-def _certificate_coordinates(binned, scores):
-    """Where bin_records put each record for the certificate: its mid-rank among the rule's
-    records (folds 3..) in 1-D, its score in 2-D."""
+def _certificate_coordinates(scores, learns):
+    """Where bin_records puts each record for a certificate whose rule learns on the records
+    ``learns``: its mid-rank among them in 1-D, its score in 2-D."""
     if scores.shape[1] == 2:
         return scores
-    train = np.sort(scores[binned.fold >= 3, 0].numpy())
+    train = np.sort(scores[learns, 0].numpy())
     values = scores[:, 0].numpy()
     below = np.searchsorted(train, values, side="left")
     tied = np.searchsorted(train, values, side="right") - below
@@ -223,12 +229,14 @@ def test_detectable_advantage_is_detected_with_the_power_asked(
     n1, n2, prior, delta, threshold, power
 ):
     found = detectable_advantage(n1, n2, delta=delta, prior=prior, threshold=threshold, power=power)
+    # the first certificate, at its δ/2 share: exactly the power asked for
     n1c, n2c = certified_records(n1, n2)
+    share = delta / certificates_of(1)
     at = threshold if threshold is not None else abs(2 * prior - 1)
     rate = (1 + found) / 2
-    hit = _detection_probability(n1c, n2c, rate, prior=prior, delta=delta, threshold=at)
+    hit = _detection_probability(n1c, n2c, rate, prior=prior, delta=share, threshold=at)
     # at the rate found the probability crosses power: it is reached there, not just below
-    below = _detection_probability(n1c, n2c, rate - 1e-6, prior=prior, delta=delta, threshold=at)
+    below = _detection_probability(n1c, n2c, rate - 1e-6, prior=prior, delta=share, threshold=at)
     assert below < power <= hit + 1e-9 and hit - power < 1e-4
     assert at < found < 1
 
@@ -237,8 +245,8 @@ def test_detectable_advantage_values_and_limits():
     # 500 + 500 records at a check's δ share of a planned 15-check run with two methods
     share = check_delta(15, delta=0.05, planned_checks=15) / 2
     assert share == pytest.approx(0.0015)
-    assert detectable_advantage(500, 500, delta=share) == pytest.approx(0.10882, abs=1e-5)
-    assert detectable_advantage(200, 200, delta=share) == pytest.approx(0.17210, abs=1e-5)
+    assert detectable_advantage(500, 500, delta=share) == pytest.approx(0.11688, abs=1e-5)
+    assert detectable_advantage(200, 200, delta=share) == pytest.approx(0.18560, abs=1e-5)
     # more records, a larger δ, a smaller power: smaller; a threshold: larger
     sizes = [detectable_advantage(n, n, delta=0.01) for n in (50, 100, 400, 1600)]
     assert sizes == sorted(sizes, reverse=True)
@@ -256,7 +264,7 @@ def test_audit_records_needed_inverts_detectable_advantage():
         n = audit_records_needed(advantage, delta=0.0015, **kwargs)
         assert detectable_advantage(n, n, delta=0.0015, **kwargs) <= advantage
         assert detectable_advantage(n - 1, n - 1, delta=0.0015, **kwargs) > advantage
-    assert audit_records_needed(0.3, delta=0.0015) == 69
+    assert audit_records_needed(0.3, delta=0.0015) == 80
     assert audit_records_needed(0.2, delta=0.0015, threshold=0.1) > audit_records_needed(
         0.2, delta=0.0015
     )

@@ -25,11 +25,13 @@ trivial attack that always guesses the more likely class reaches it without look
   are smoothed (histogram method: an average shifted histogram over the 100 bins with Scott's bin
   width 3.5·σ·n^(−1/(2+d)); KDE method: the same Gaussian KDE as U_N, Scott's factor).
 * ``lower`` — a certified lower confidence bound at level 1 − δ: a rule learned on some folds
-  (1-2 D: folds 3..K−1; above 2-D: folds 2..K−1) is applied to the others, which it has never
-  seen, and an exact bound on its true advantage — which bounds the optimal one from below —
-  is read from its correct calls (:mod:`privmon.estimators.certificate`: one Clopper–Pearson
-  bound on members' and non-members' correct calls pooled, without splitting δ, when the
-  records are balanced for the prior; else bounds on its TPR and FPR at δ/2 each).
+  is applied to the others, which it has never seen, and an exact bound on its true advantage
+  — which bounds the optimal one from below — is read from its correct calls
+  (:mod:`privmon.estimators.certificate`: one Clopper–Pearson bound on members' and
+  non-members' correct calls pooled, without splitting δ, when the records are balanced for
+  the prior; else bounds on its TPR and FPR at δ/2 each). In 1-2 D two rules are certified,
+  learned on folds 3..K−1 and on folds 2..K−1, each at δ/2, and ``lower`` is the larger; above
+  2-D the one learned on folds 2..K−1, at δ.
   ``lower_check`` is the same bound at the call's ``delta``; the two differ only inside the
   monitor, which certifies ``lower`` at the share of its run-level δ that the check is allotted
   (:mod:`privmon.estimators.spending`). What it can detect at a given audit size:

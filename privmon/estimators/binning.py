@@ -59,9 +59,11 @@ __all__ = [
 
 _HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 MAX_CELLS = 1 << 22
-# the folds the certificate scores (its rule learns on the others): 1-2-D rules learned on one
-# fold of four lose little against the certificate's larger count (benchmarks/power.py)
-CERTIFY_FOLDS = (0, 1, 2)
+# The certificates of a 1-2-D estimate, by the folds each one certifies (its rule learns on the
+# others); ``lower`` is the larger, each certified at δ / 2. A rule learned on one fold of four
+# certifies on three, which wins on most leaks; one learned on two folds finds a sharp leak from
+# few members that the first blurs (a classifier's losses at 100 members, benchmarks/power.py).
+CERTIFY_FOLDS: tuple[tuple[int, ...], ...] = ((0, 1, 2), (0, 1))
 
 
 TAIL_IQRS = 5.0
@@ -616,10 +618,10 @@ class BinnedRecords:
     holds the scores themselves on their robust range, for the paper's plug-ins (W_N / U_N are
     defined on the query's own scale); in 2-D the rules' states hold the scores and ``raw`` is
     None. ``ascending`` (1-D) the pooled scores sorted ascending and the sorting indices: the
-    one sort of the check, which the ranks and the ROC read. ``certified``: the records binned
-    again, on ``fine``'s cells, where the certificate's rule and the folds it is applied to
-    read them: at coordinates that its own training records fix (:func:`bin_records`), so that
-    the rule is a function of those records alone.
+    one sort of the check, which the ranks and the ROC read. ``certified``: for each
+    certificate (``CERTIFY_FOLDS``), the records binned again, on ``fine``'s cells, where its
+    rule and the folds it is applied to read them: at coordinates that its own training
+    records fix (:func:`bin_records`), so that the rule is a function of those records alone.
     """
 
     fine: BinnedScores
@@ -628,7 +630,7 @@ class BinnedRecords:
     fold: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
     raw: ClassCounts | None
-    certified: BinnedScores
+    certified: tuple[BinnedScores, ...]
 
 
 def bin_records(
@@ -647,13 +649,13 @@ def bin_records(
     ranks the rules read, the raw grid's range and the ROC's ranking. ``low`` / ``high``: the raw
     scores' grid (default their robust range, :func:`robust_range`).
 
-    The certificate's rule learns on the folds outside ``CERTIFY_FOLDS``: its records are
-    binned again (``certified``) at coordinates those folds alone fix — in 1-D each score's
-    mid-rank among them (:func:`pooled_ranks` ``among``), in 2-D the scores on those folds'
-    robust range (``low`` / ``high`` aside) — so that, given its training records, the rule and
-    the cell each held-out record falls in are fixed and the held-out records are independent
-    draws (:mod:`privmon.estimators.certificate`). The pooled ranks and range the other rules
-    read depend on every record."""
+    Each certificate's rule learns on the folds outside its ``CERTIFY_FOLDS``: the records are
+    binned again for it (``certified``) at coordinates those folds alone fix — in 1-D each
+    score's mid-rank among them (:func:`pooled_ranks` ``among``), in 2-D the scores on those
+    folds' robust range (``low`` / ``high`` aside) — so that, given its training records, the
+    rule and the cell each held-out record falls in are fixed and the held-out records are
+    independent draws (:mod:`privmon.estimators.certificate`). The pooled ranks and range the
+    other rules read depend on every record."""
     sizes = (n_members, x.shape[0] - n_members)
     ascending = raw = None
     if x.shape[1] == 1:
@@ -684,19 +686,40 @@ def bin_records(
         grid = fine.coarsen(factor)
         cell = torch.div(cell, factor, rounding_mode="floor")
     fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
-    learns = ~torch.isin(fold, torch.tensor(CERTIFY_FOLDS, device=fold.device))
-    cert_range: tuple[Any, Any] = (low, high)
+    certified = tuple(
+        _certified_state(x, sizes, fold, held_out, ascending, bins=fine_bins or bins, grid=fine)
+        for held_out in CERTIFY_FOLDS
+    )
+    return BinnedRecords(fine, grid, cell, fold, ascending, raw, certified)
+
+
+def _certified_state(
+    x: torch.Tensor,
+    sizes: tuple[int, int],
+    fold: torch.Tensor,
+    held_out: tuple[int, ...],
+    ascending: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    bins: int,
+    grid: BinnedScores,
+) -> BinnedScores:
+    """The records binned for the certificate of folds ``held_out`` (:func:`bin_records`): in
+    1-D at their mid-ranks among the other folds' records, on [0, 1]; in 2-D on those records'
+    robust range (``grid``'s range when there are none)."""
+    learns = ~torch.isin(fold, torch.tensor(held_out, device=fold.device))
+    limits = grid.allocated()
+    cert_range: tuple[Any, Any] = (limits.low, limits.high)
     cert_x = x
-    if ascending is not None:  # mid-ranks among the certificate rule's records, on [0, 1]
+    if ascending is not None:
         cert_x, cert_range = pooled_ranks(*ascending, among=learns)[:, None], (0.0, 1.0)
-    elif bool(learns.any()):  # in 2-D the range of its records, whatever grid the others read
+    elif bool(learns.any()):
         cert_range = robust_range(x[learns])
     certified = BinnedScores(
-        bins=fine_bins or bins, folds=folds, margin=0.0, low=cert_range[0], high=cert_range[1],
+        bins=bins, folds=grid.folds, margin=0.0, low=cert_range[0], high=cert_range[1],
         device=x.device,
     )  # fmt: skip
     certified._add(cert_x, sizes)
-    return BinnedRecords(fine, grid, cell, fold, ascending, raw, certified)
+    return certified
 
 
 # -- fold selections -------------------------------------------------------------------------
@@ -719,7 +742,8 @@ class GridSelections(NamedTuple):
     """What the later stages read of one grid method's binned records, so that they never call
     back into this stage: the grid's ``bins`` and cell ``width``, its ``folds``, its per-fold
     cell ``counts`` (2, folds, cells), the records dropped (``n_dropped``, (2,)), the
-    :func:`fold_selections` (``selected``) and the certificate's :class:`CertificateCells`."""
+    :func:`fold_selections` (``selected``) and each certificate's :class:`CertificateCells`
+    (``certificates``, in the order of ``CERTIFY_FOLDS``)."""
 
     bins: tuple[int, ...]
     width: torch.Tensor
@@ -727,24 +751,27 @@ class GridSelections(NamedTuple):
     counts: torch.Tensor
     n_dropped: torch.Tensor
     selected: Selections
-    certificate: CertificateCells
+    certificates: tuple[CertificateCells, ...]
 
 
 def select_folds(
     state: BinnedScores,
     selected: Selections | None = None,
-    certificate: CertificateCells | None = None,
+    certificates: tuple[CertificateCells, ...] | None = None,
 ) -> GridSelections:
     """The :class:`GridSelections` of a state: its :func:`fold_selections` and (read on the
-    same state unless given) the certificate's cells. A stream has one state only: its
-    certificate's rule reads the grid the stream's first batch fixed."""
+    same state unless given) the certificates' cells. A stream has one state only: its
+    certificates' rules read the grid the stream's first batch fixed."""
     grid = state.allocated()
     if selected is None:
         selected = fold_selections(state)
-    if certificate is None:
-        certificate = CertificateCells(state.width, certificate_selections(state))
+    if certificates is None:
+        certificates = tuple(
+            CertificateCells(state.width, certificate_selections(state, held_out))
+            for held_out in CERTIFY_FOLDS
+        )
     return GridSelections(
-        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected, certificate
+        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected, certificates
     )
 
 
@@ -757,11 +784,11 @@ def fold_selections(state: BinnedScores) -> Selections:
     return counts, ns, covs
 
 
-def certificate_selections(state: BinnedScores) -> Selections:
-    """Cell counts (2, 2, cells), record counts (2, 2) and covariances (2, 2, d, d) of the
-    certificate's held-out folds (``CERTIFY_FOLDS``) and of the folds its rule learns on."""
+def certificate_selections(state: BinnedScores, held_out: tuple[int, ...]) -> Selections:
+    """Cell counts (2, 2, cells), record counts (2, 2) and covariances (2, 2, d, d) of a
+    certificate's held-out folds and of the folds its rule learns on (the others)."""
     device = state.allocated().counts.device
-    counts, ns, _, covs = state.pooled(_certificate_weights(state.folds, device))
+    counts, ns, _, covs = state.pooled(_certificate_weights(state.folds, held_out, device))
     return counts, ns, covs
 
 
@@ -774,21 +801,23 @@ def _selection_weights(k: int, device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=8)
-def _certificate_weights(k: int, device: torch.device) -> torch.Tensor:
+def _certificate_weights(k: int, held_out: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The (2, K) 0/1 fold weights of :func:`certificate_selections` (cached: read-only)."""
     weights = torch.zeros(2, k, dtype=torch.float64, device=device)
-    weights[0, list(CERTIFY_FOLDS)] = 1.0
+    weights[0, list(held_out)] = 1.0
     weights[1] = 1.0 - weights[0]
     return weights
 
 
 def record_selections(binned: BinnedRecords) -> GridSelections:
     """The :class:`GridSelections` of records binned on one grid (no finer KDE grid), with the
-    certificate read where :func:`bin_records` binned it."""
-    certified = binned.certified
+    certificates read where :func:`bin_records` binned them."""
     return select_folds(
         binned.grid,
-        certificate=CertificateCells(certified.width, certificate_selections(certified)),
+        certificates=tuple(
+            CertificateCells(state.width, certificate_selections(state, held_out))
+            for state, held_out in zip(binned.certified, CERTIFY_FOLDS, strict=True)
+        ),
     )
 
 
@@ -804,19 +833,24 @@ def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
     its cells."""
     if binned.fine is binned.grid:
         return {"histogram": record_selections(binned)}
-    grid, fine, certified = binned.grid, binned.fine, binned.certified
+    grid, fine = binned.grid, binned.fine
     fine_folds = fold_selections(fine)
-    fine_certificate = certificate_selections(certified)
     coarse_bins = grid.allocated().bins[0]
     factor = fine.allocated().bins[0] // coarse_bins
-    coarse_width = _cell_width(
-        certified.allocated().low, certified.allocated().high, (coarse_bins,)
-    )
+    fine_certificates, coarse_certificates = [], []
+    for state, held_out in zip(binned.certified, CERTIFY_FOLDS, strict=True):
+        selected = certificate_selections(state, held_out)
+        limits = state.allocated()
+        fine_certificates.append(CertificateCells(state.width, selected))
+        coarse_certificates.append(
+            CertificateCells(
+                _cell_width(limits.low, limits.high, (coarse_bins,)),
+                _coarsened(selected, coarse_bins, factor),
+            )
+        )
     return {
         "histogram": select_folds(
-            grid,
-            _coarsened(fine_folds, coarse_bins, factor),
-            CertificateCells(coarse_width, _coarsened(fine_certificate, coarse_bins, factor)),
+            grid, _coarsened(fine_folds, coarse_bins, factor), tuple(coarse_certificates)
         ),
-        "kde": select_folds(fine, fine_folds, CertificateCells(certified.width, fine_certificate)),
+        "kde": select_folds(fine, fine_folds, tuple(fine_certificates)),
     }

@@ -61,8 +61,9 @@ _HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 MAX_CELLS = 1 << 22
 # The certificates of a 1-2-D estimate, by the folds each one certifies (its rule learns on the
 # others); ``lower`` is the larger, each certified at δ / 2. A rule learned on one fold of four
-# certifies on three, which wins on most leaks; one learned on two folds finds a sharp leak from
-# few members that the first blurs (a classifier's losses at 100 members, benchmarks/power.py).
+# certifies on three, which wins on most leaks (benchmarks/power.py); one learned on two folds
+# finds a sharp leak from few members that the first blurs (examples/dp_classifier.py's losses
+# of 100 members).
 CERTIFY_FOLDS: tuple[tuple[int, ...], ...] = ((0, 1, 2), (0, 1))
 
 
@@ -211,7 +212,7 @@ class BinnedScores:
     """Member / non-member scores binned on a fixed grid, kept per fold, with moments.
 
     ``bins``: cells per dimension (an int, or one per dimension). ``folds``: cross-fitting folds
-    (at least 4: folds 0-2 certify the lower bound against a rule fitted on the rest).
+    (at least 4: folds 0-2 and 0-1 certify the lower bound against rules fitted on the rest).
     """
 
     def __init__(

@@ -45,7 +45,7 @@ import torch
 from scipy.stats import chi2, norm
 
 import privmon
-from privmon.estimators.estimates import certified_advantage
+from privmon.estimators.certificate import certified_advantage
 from privmon.estimators.learned import learned_rule_counts
 
 N = 2000

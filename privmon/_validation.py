@@ -24,7 +24,7 @@ __all__ = [
     "check_flag",
     "check_fprs",
     "check_fraction",
-    "check_half_open_unit",
+    "check_half_open_interval",
     "check_indices",
     "check_int",
     "check_module",
@@ -89,6 +89,11 @@ def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
 def check_open_interval(value: float, *, name: str, low: float, high: float) -> float:
     """Return ``value`` as a float after checking it lies in the open interval (low, high)."""
     return _number(value, name=name, ok=lambda v: low < v < high, where=f"in ({low}, {high})")
+
+
+def check_half_open_interval(value: float, *, name: str, low: float, high: float) -> float:
+    """Return ``value`` as a float after checking it lies in [low, high)."""
+    return _number(value, name=name, ok=lambda v: low <= v < high, where=f"in [{low}, {high})")
 
 
 def check_choice(value: Any, valid: tuple[Any, ...], *, name: str) -> Any:
@@ -183,11 +188,6 @@ def check_quantiles(q: Any) -> tuple[np.ndarray, bool]:
     if bad.any():
         raise ValueError(f"q must be in the half-open interval (0, 1], got {arr[bad].tolist()}")
     return arr, scalar
-
-
-def check_half_open_unit(value: float, *, name: str) -> float:
-    """Return ``value`` as a float after checking it lies in [0, 1)."""
-    return _number(value, name=name, ok=lambda v: 0.0 <= v < 1.0, where="in [0, 1)")
 
 
 def check_count(value: Any, *, name: str) -> int:

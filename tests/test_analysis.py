@@ -1,16 +1,13 @@
 """privmon.analyse: one pure call per query equals the public functions called one by one; a
-failing method or step is isolated; the certificate equals the Clopper–Pearson formula."""
+failing method or step is isolated (the certificate's formulas: tests/test_certificates.py)."""
 
 import math
 
 import numpy as np
 import pytest
-import torch
 from scipy.stats import beta, norm
 
 import privmon
-from privmon.estimators.binning import fold_of
-from privmon.estimators.estimates import certified_advantage
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -193,32 +190,6 @@ def test_analyse_rejects_bad_arguments():
         privmon.analyse([np.nan, np.inf], x)
     with pytest.raises(ValueError, match="same dimension"):
         privmon.analyse(np.zeros((5, 2)), np.zeros((5, 3)))
-
-
-@pytest.mark.parametrize(
-    ("tp", "n1", "fp", "n2", "delta"), [(80, 100, 30, 100, 0.05), (7, 40, 0, 55, 1e-4)]
-)
-def test_certificate_equals_the_clopper_pearson_formula(tp, n1, fp, n2, delta):
-    # TPR ≥ Beta⁻¹(δ/2; tp, n1 − tp + 1), FPR ≤ Beta⁻¹(1 − δ/2; fp + 1, n2 − fp): δ split in two
-    tpr_lo = beta.ppf(delta / 2, tp, n1 - tp + 1)
-    fpr_hi = beta.ppf(1 - delta / 2, fp + 1, n2 - fp)
-    got = certified_advantage(tp, n1, fp, n2, prior=0.5, delta=delta)
-    assert float(got) == pytest.approx(tpr_lo - fpr_hi, abs=1e-12)
-    # at prior p the advantage is 2p·TPR − 2(1−p)·FPR + 1 − 2p
-    got = certified_advantage(tp, n1, fp, n2, prior=0.3, delta=delta)
-    assert float(got) == pytest.approx(0.6 * tpr_lo - 1.4 * fpr_hi + 0.4, abs=1e-12)
-
-
-def test_lower_of_a_perfect_split_equals_the_formula_on_its_folds():
-    # Members at 1, non-members at 0: the certificate's rule (learned on folds 2..) is right on
-    # every record of folds 0-1, so lower = (δ/2)^(1/n1c) − (1 − (δ/2)^(1/n2c)) exactly.
-    n1, n2, delta = 123, 97, 0.02
-    est = privmon.optimal_advantage(np.ones(n1), np.zeros(n2), delta=delta)
-    n1c = int((fold_of(torch.arange(n1), 4) < 2).sum())
-    n2c = int((fold_of(torch.arange(n2), 4) < 2).sum())
-    expected = (delta / 2) ** (1 / n1c) - (1 - (delta / 2) ** (1 / n2c))
-    assert est.lower == pytest.approx(expected, abs=1e-12)
-    assert est.lower_check == est.lower
 
 
 def test_epsilon_from_counts_splits_alpha_between_the_rates():

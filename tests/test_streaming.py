@@ -71,8 +71,12 @@ def test_batches_of_any_size_equal_one_update(method, d):
     assert_same_state(one.state, many.state)
     assert many.compute() == one.compute()
     functional = optimal_advantage(m, h, method=method)
-    if d == 2:  # with the grid on the data range, the streaming form is the functional form
-        assert one.compute() == functional
+    if d == 2:  # with the grid on the data range, the streaming form is the functional form,
+        # but for the certificate: the functional one bins its rule's records on their own range
+        stream_figures = one.compute().as_dict()
+        for name, figure in functional.as_dict().items():
+            if name not in ("lower", "lower_check"):
+                assert stream_figures[name] == figure, name
     else:  # 1-D: the functional rule reads ranks, which a stream cannot; the plug-in agrees
         assert one.compute().plugin == pytest.approx(functional.plugin, abs=1e-12)
         assert one.compute().value == pytest.approx(functional.value, abs=0.03)

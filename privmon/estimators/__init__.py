@@ -1,4 +1,5 @@
 """Pure math on scores: the per-query analysis of a check (:func:`analyse`), optimal advantage,
+what its certificate can detect (:func:`detectable_advantage`, :func:`audit_records_needed`),
 individual risk, generalized metrics, ROC, densities, streaming states. Functions take numpy
 arrays or torch tensors on any device."""
 
@@ -11,6 +12,7 @@ from privmon.estimators.advantage import (
 )
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.binning import BinnedScores
+from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.generalized import (
     GeneralizedEstimate,
@@ -40,6 +42,8 @@ __all__ = [
     "advantage_from_state",
     "analyse",
     "auc",
+    "audit_records_needed",
+    "detectable_advantage",
     "generalized_advantage",
     "individual_risk",
     "optimal_advantage",

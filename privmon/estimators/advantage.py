@@ -24,12 +24,18 @@ trivial attack that always guesses the more likely class reaches it without look
   large ones; it is floored at |2p − 1|, which the truth never falls below. The rule's densities
   are smoothed (histogram method: an average shifted histogram over the 100 bins with Scott's bin
   width 3.5·σ·n^(−1/(2+d)); KDE method: the same Gaussian KDE as U_N, Scott's factor).
-* ``lower`` — a certified lower confidence bound at level 1 − δ: the rule learned on folds 2..K−1
-  is applied to folds 0-1, which it has never seen; exact one-sided Clopper–Pearson bounds at
-  level δ/2 on its TPR (lower) and FPR (upper) (Bonferroni across the two) bound the rule's true
-  advantage, which bounds the optimal one from below. ``lower_check`` is the same bound at the
-  call's ``delta``; the two differ only inside the monitor, which certifies ``lower`` at the
-  share of its run-level δ that the check is allotted (:mod:`privmon.estimators.spending`).
+* ``lower`` — a certified lower confidence bound at level 1 − δ: a rule learned on some folds
+  is applied to the others, which it has never seen, and an exact bound on its true advantage
+  — which bounds the optimal one from below — is read from its correct calls
+  (:mod:`privmon.estimators.certificate`: one Clopper–Pearson bound on members' and
+  non-members' correct calls pooled, without splitting δ, when the records are balanced for
+  the prior; else bounds on its TPR and FPR at δ/2 each). In 1-2 D two rules are certified,
+  learned on folds 3..K−1 and on folds 2..K−1, each at δ/2, and ``lower`` is the larger; above
+  2-D the one learned on folds 2..K−1, at δ.
+  ``lower_check`` is the same bound at the call's ``delta``; the two differ only inside the
+  monitor, which certifies ``lower`` at the share of its run-level δ that the check is allotted
+  (:mod:`privmon.estimators.spending`). What it can detect at a given audit size:
+  :func:`~privmon.estimators.certificate.detectable_advantage`.
 * ``upper`` — the paper's plug-in + McDiarmid half-width sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ))
   (Thm 2-3 (2); equals sqrt(2/N·log(2/δ)) when N1 = pN). It bounds the plug-in's deviation from
   its own mean, not the plug-in's bias, so it is **not** an upper bound on the advantage: the
@@ -51,6 +57,7 @@ from privmon.estimators.binning import (
     BinnedScores,
     GridSelections,
     bin_records,
+    record_selections,
     select_folds,
 )
 from privmon.estimators.density import bandwidth_factor
@@ -276,7 +283,7 @@ def estimate_from_scores(
             torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
         )
         return grid_figures(  # a lost plug-in reads NaN; the rule's figures stand
-            {method: select_folds(binned.grid)},
+            {method: record_selections(binned)},
             prior=prior,
             delta=delta,
             bandwidth=bandwidth,
@@ -296,12 +303,11 @@ def estimate_from_scores(
         ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
         exact = kde_grid_too_coarse(ns, covs, width, bandwidth)
     if d == 2 and not exact:
-        state = BinnedScores(
-            bins=nbins, folds=folds, margin=0.0, low=low, high=high, device=m.device
+        binned = bin_records(
+            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
         )
-        state.update(m, h)
         return grid_figures(
-            {method: select_folds(state)},
+            {method: record_selections(binned)},
             prior=prior,
             delta=delta,
             bandwidth=bandwidth,
@@ -427,7 +433,11 @@ class StreamingAdvantage:
     ``compute()`` returns the same :class:`AdvantageEstimate` as :func:`advantage_from_state` on
     the same records binned at once. In 2-D that is the functional form's estimate when the grid
     is the same (pass ``low`` / ``high``, or let the first batch fix it, see
-    :class:`~privmon.estimators.binning.BinnedScores`), except where a class's KDE bandwidth is
+    :class:`~privmon.estimators.binning.BinnedScores`), except for ``lower`` (the functional
+    certificate bins its rule's records again, on their own range; a stream's certificate reads
+    the stream's one grid, whose edges the first batch fixed — a dependence on the certified
+    records, through those edges, that the proof in :mod:`privmon.estimators.certificate` does
+    not cover: pass ``low`` / ``high`` to remove it) and where a class's KDE bandwidth is
     narrower than a grid cell (the functional KDE then takes exact kernel sums, which a stream
     keeping no records cannot). In 1-D the functional rule reads the pooled ranks of all records,
     which a stream cannot know: the stream's rule reads its fixed grid on the scores' own scale,

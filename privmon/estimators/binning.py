@@ -43,20 +43,28 @@ __all__ = [
     "MAX_CELLS",
     "BinnedRecords",
     "BinnedScores",
+    "CertificateCells",
     "ClassCounts",
     "GridSelections",
     "Selections",
     "bin_records",
+    "certificate_selections",
     "fold_of",
     "fold_selections",
     "grid_selections",
+    "record_selections",
     "robust_range",
     "select_folds",
 ]
 
 _HASH = 0x9E3779B1  # Knuth's multiplicative hash constant (2^32 / golden ratio)
 MAX_CELLS = 1 << 22
-CERTIFY_FOLDS = (0, 1)  # the folds the certificate scores (its rule learns on the others)
+# The certificates of a 1-2-D estimate, by the folds each one certifies (its rule learns on the
+# others); ``lower`` is the larger, each certified at δ / 2. A rule learned on one fold of four
+# certifies on three, which wins on most leaks (benchmarks/power.py); one learned on two folds
+# finds a sharp leak from few members that the first blurs (examples/dp_classifier.py's losses
+# of 100 members).
+CERTIFY_FOLDS: tuple[tuple[int, ...], ...] = ((0, 1, 2), (0, 1))
 
 
 TAIL_IQRS = 5.0
@@ -204,7 +212,7 @@ class BinnedScores:
     """Member / non-member scores binned on a fixed grid, kept per fold, with moments.
 
     ``bins``: cells per dimension (an int, or one per dimension). ``folds``: cross-fitting folds
-    (at least 4: folds 0-1 certify the lower bound against a rule fitted on the rest).
+    (at least 4: folds 0-2 and 0-1 certify the lower bound against rules fitted on the rest).
     """
 
     def __init__(
@@ -541,15 +549,24 @@ def _mean_cov(n: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor):
     return mean, cov
 
 
-def pooled_ranks(sorted_values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+def pooled_ranks(
+    sorted_values: torch.Tensor, order: torch.Tensor, among: torch.Tensor | None = None
+) -> torch.Tensor:
     """The pooled mid-ranks of 1-D scores scaled into (0, 1), in the scores' own order, from
     their ascending sort (``sorted_values``, ``order``): a score at sorted positions [s, e) of n
-    (a group of ties) maps to (s + e) / (2n). A strictly increasing transform of the scores
-    leaves these unchanged, so every figure computed from them is invariant under it."""
+    (a group of ties) maps to (s + e) / (2n). ``among`` (a boolean mask over the scores): rank
+    every score among those records only — m of them, b below a score and t tied with it give
+    (2b + t) / (2m), a function of those records alone. A strictly increasing transform of the
+    scores leaves these unchanged, so every figure computed from them is invariant under it."""
     n = sorted_values.shape[0]
     _, counts = torch.unique_consecutive(sorted_values, return_counts=True)
     ends = torch.cumsum(counts, 0)
-    mid = (2 * ends - counts).to(torch.float64) / (2 * n)
+    tied, total = counts, n
+    if among is not None:  # the counted records up to each group's end, and within it
+        ends = torch.cumsum(among[order].to(torch.int64), 0)[ends - 1]
+        tied = torch.diff(ends, prepend=ends.new_zeros(1))
+        total = max(int(ends[-1]), 1)
+    mid = (2 * ends - tied).to(torch.float64) / (2 * total)
     ranks = torch.empty(n, dtype=torch.float64, device=sorted_values.device)
     ranks[order] = torch.repeat_interleave(mid, counts)
     return ranks
@@ -608,7 +625,10 @@ class BinnedRecords:
     holds the scores themselves on their robust range, for the paper's plug-ins (W_N / U_N are
     defined on the query's own scale); in 2-D the rules' states hold the scores and ``raw`` is
     None. ``ascending`` (1-D) the pooled scores sorted ascending and the sorting indices: the
-    one sort of the check, which the ranks and the ROC read.
+    one sort of the check, which the ranks and the ROC read. ``certified``: for each
+    certificate (``CERTIFY_FOLDS``), the records binned again, on ``fine``'s cells, where its
+    rule and the folds it is applied to read them: at coordinates that its own training
+    records fix (:func:`bin_records`), so that the rule is a function of those records alone.
     """
 
     fine: BinnedScores
@@ -617,6 +637,7 @@ class BinnedRecords:
     fold: torch.Tensor
     ascending: tuple[torch.Tensor, torch.Tensor] | None
     raw: ClassCounts | None
+    certified: tuple[BinnedScores, ...]
 
 
 def bin_records(
@@ -633,7 +654,15 @@ def bin_records(
     pass per grid (margin 0). ``fine_bins`` (a multiple of ``bins``): bin the rules' records on
     that finer grid and coarsen it to ``bins`` for the histogram. In 1-D one sort gives the
     ranks the rules read, the raw grid's range and the ROC's ranking. ``low`` / ``high``: the raw
-    scores' grid (default their robust range, :func:`robust_range`)."""
+    scores' grid (default their robust range, :func:`robust_range`).
+
+    Each certificate's rule learns on the folds outside its ``CERTIFY_FOLDS``: the records are
+    binned again for it (``certified``) at coordinates those folds alone fix — in 1-D each
+    score's mid-rank among them (:func:`pooled_ranks` ``among``), in 2-D the scores on those
+    folds' robust range (``low`` / ``high`` aside) — so that, given its training records, the
+    rule and the cell each held-out record falls in are fixed and the held-out records are
+    independent draws (:mod:`privmon.estimators.certificate`). The pooled ranks and range the
+    other rules read depend on every record."""
     sizes = (n_members, x.shape[0] - n_members)
     ascending = raw = None
     if x.shape[1] == 1:
@@ -664,20 +693,64 @@ def bin_records(
         grid = fine.coarsen(factor)
         cell = torch.div(cell, factor, rounding_mode="floor")
     fold = torch.remainder(group, fine.folds)  # group = class · folds + fold
-    return BinnedRecords(fine, grid, cell, fold, ascending, raw)
+    certified = tuple(
+        _certified_state(x, sizes, fold, held_out, ascending, bins=fine_bins or bins, grid=fine)
+        for held_out in CERTIFY_FOLDS
+    )
+    return BinnedRecords(fine, grid, cell, fold, ascending, raw, certified)
+
+
+def _certified_state(
+    x: torch.Tensor,
+    sizes: tuple[int, int],
+    fold: torch.Tensor,
+    held_out: tuple[int, ...],
+    ascending: tuple[torch.Tensor, torch.Tensor] | None,
+    *,
+    bins: int,
+    grid: BinnedScores,
+) -> BinnedScores:
+    """The records binned for the certificate of folds ``held_out`` (:func:`bin_records`): in
+    1-D at their mid-ranks among the other folds' records, on [0, 1]; in 2-D on those records'
+    robust range (``grid``'s range when there are none)."""
+    learns = ~torch.isin(fold, torch.tensor(held_out, device=fold.device))
+    limits = grid.allocated()
+    cert_range: tuple[Any, Any] = (limits.low, limits.high)
+    cert_x = x
+    if ascending is not None:
+        cert_x, cert_range = pooled_ranks(*ascending, among=learns)[:, None], (0.0, 1.0)
+    elif bool(learns.any()):
+        cert_range = robust_range(x[learns])
+    certified = BinnedScores(
+        bins=bins, folds=grid.folds, margin=0.0, low=cert_range[0], high=cert_range[1],
+        device=x.device,
+    )  # fmt: skip
+    certified._add(cert_x, sizes)
+    return certified
 
 
 # -- fold selections -------------------------------------------------------------------------
-# Cell counts (2, K+2, cells), record counts (2, K+2), covariances (2, K+2, d, d): all folds,
-# the complement of each fold, the certificate rule's folds.
+# Cell counts (2, T, cells), record counts (2, T), covariances (2, T, d, d) of T selections of
+# folds: for the cross-fitted rules all folds then the complement of each fold (T = K + 1); for
+# the certificate its held-out folds then its rule's (T = 2).
 Selections = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class CertificateCells(NamedTuple):
+    """The certificate's :func:`certificate_selections` (``selected``) on a grid of the same
+    number of cells as its method's, of cell ``width`` (see :class:`BinnedRecords`
+    ``certified``)."""
+
+    width: torch.Tensor
+    selected: Selections
 
 
 class GridSelections(NamedTuple):
     """What the later stages read of one grid method's binned records, so that they never call
     back into this stage: the grid's ``bins`` and cell ``width``, its ``folds``, its per-fold
-    cell ``counts`` (2, folds, cells), the records dropped (``n_dropped``, (2,)) and the
-    :func:`fold_selections` (``selected``)."""
+    cell ``counts`` (2, folds, cells), the records dropped (``n_dropped``, (2,)), the
+    :func:`fold_selections` (``selected``) and each certificate's :class:`CertificateCells`
+    (``certificates``, in the order of ``CERTIFY_FOLDS``)."""
 
     bins: tuple[int, ...]
     width: torch.Tensor
@@ -685,34 +758,80 @@ class GridSelections(NamedTuple):
     counts: torch.Tensor
     n_dropped: torch.Tensor
     selected: Selections
+    certificates: tuple[CertificateCells, ...]
 
 
-def select_folds(state: BinnedScores, selected: Selections | None = None) -> GridSelections:
-    """The :class:`GridSelections` of a state (its :func:`fold_selections` unless given)."""
+def select_folds(
+    state: BinnedScores,
+    selected: Selections | None = None,
+    certificates: tuple[CertificateCells, ...] | None = None,
+) -> GridSelections:
+    """The :class:`GridSelections` of a state: its :func:`fold_selections` and (read on the
+    same state unless given) the certificates' cells. A stream has one state only: its
+    certificates' rules read the grid the stream's first batch fixed."""
     grid = state.allocated()
     if selected is None:
         selected = fold_selections(state)
+    if certificates is None:
+        certificates = tuple(
+            CertificateCells(state.width, certificate_selections(state, held_out))
+            for held_out in CERTIFY_FOLDS
+        )
     return GridSelections(
-        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected
+        grid.bins, state.width, state.folds, grid.counts, state.n_dropped, selected, certificates
     )
 
 
-def fold_selections(state: BinnedScores) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cell counts (2, K+2, cells), record counts (2, K+2) and covariances (2, K+2, d, d) of the
-    fold selections an estimate uses: all folds (the plug-in), the complement of each fold
-    (cross-fitting), then folds 2.. (the certificate's rule) — one matrix product each."""
+def fold_selections(state: BinnedScores) -> Selections:
+    """Cell counts (2, K+1, cells), record counts (2, K+1) and covariances (2, K+1, d, d) of the
+    fold selections the cross-fitted rules use: all folds (the plug-in), then the complement
+    of each fold — one matrix product each."""
     device = state.allocated().counts.device
     counts, ns, _, covs = state.pooled(_selection_weights(state.folds, device))
     return counts, ns, covs
 
 
+def certificate_selections(state: BinnedScores, held_out: tuple[int, ...]) -> Selections:
+    """Cell counts (2, 2, cells), record counts (2, 2) and covariances (2, 2, d, d) of a
+    certificate's held-out folds and of the folds its rule learns on (the others)."""
+    device = state.allocated().counts.device
+    counts, ns, _, covs = state.pooled(_certificate_weights(state.folds, held_out, device))
+    return counts, ns, covs
+
+
 @functools.lru_cache(maxsize=8)
 def _selection_weights(k: int, device: torch.device) -> torch.Tensor:
-    """The (K+2, K) 0/1 fold weights of :func:`fold_selections` (cached: read-only)."""
-    weights = torch.ones(k + 2, k, dtype=torch.float64, device=device)
-    weights[1 : k + 1].fill_diagonal_(0.0)
-    weights[k + 1, list(CERTIFY_FOLDS)] = 0.0
+    """The (K+1, K) 0/1 fold weights of :func:`fold_selections` (cached: read-only)."""
+    weights = torch.ones(k + 1, k, dtype=torch.float64, device=device)
+    weights[1:].fill_diagonal_(0.0)
     return weights
+
+
+@functools.lru_cache(maxsize=8)
+def _certificate_weights(k: int, held_out: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The (2, K) 0/1 fold weights of :func:`certificate_selections` (cached: read-only)."""
+    weights = torch.zeros(2, k, dtype=torch.float64, device=device)
+    weights[0, list(held_out)] = 1.0
+    weights[1] = 1.0 - weights[0]
+    return weights
+
+
+def record_selections(binned: BinnedRecords) -> GridSelections:
+    """The :class:`GridSelections` of records binned on one grid (no finer KDE grid), with the
+    certificates read where :func:`bin_records` binned them."""
+    return select_folds(
+        binned.grid,
+        certificates=tuple(
+            CertificateCells(state.width, certificate_selections(state, held_out))
+            for state, held_out in zip(binned.certified, CERTIFY_FOLDS, strict=True)
+        ),
+    )
+
+
+def _coarsened(selections: Selections, bins: int, factor: int) -> Selections:
+    """1-D selections on a grid ``factor`` times coarser: each cell the sum of ``factor``."""
+    counts, ns, covs = selections
+    return counts.reshape(*counts.shape[:2], bins, factor).sum(dim=-1), ns, covs
 
 
 def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
@@ -720,15 +839,27 @@ def grid_selections(binned: BinnedRecords) -> dict[str, GridSelections]:
     or (1-D, when the KDE's finer grid was binned) the KDE's and the histogram's summed from
     its cells."""
     if binned.fine is binned.grid:
-        return {"histogram": select_folds(binned.grid)}
+        return {"histogram": record_selections(binned)}
     grid, fine = binned.grid, binned.fine
-    counts, ns, covs = fine_folds = fold_selections(fine)
+    fine_folds = fold_selections(fine)
     coarse_bins = grid.allocated().bins[0]
     factor = fine.allocated().bins[0] // coarse_bins
-    coarse = counts.reshape(*counts.shape[:2], coarse_bins, factor).sum(dim=-1)
+    fine_certificates, coarse_certificates = [], []
+    for state, held_out in zip(binned.certified, CERTIFY_FOLDS, strict=True):
+        selected = certificate_selections(state, held_out)
+        limits = state.allocated()
+        fine_certificates.append(CertificateCells(state.width, selected))
+        coarse_certificates.append(
+            CertificateCells(
+                _cell_width(limits.low, limits.high, (coarse_bins,)),
+                _coarsened(selected, coarse_bins, factor),
+            )
+        )
     return {
-        "histogram": select_folds(grid, (coarse, ns, covs)),
-        "kde": select_folds(fine, fine_folds),
+        "histogram": select_folds(
+            grid, _coarsened(fine_folds, coarse_bins, factor), tuple(coarse_certificates)
+        ),
+        "kde": select_folds(fine, fine_folds, tuple(fine_certificates)),
     }
 
 

@@ -1,6 +1,7 @@
 """What an advantage estimate is and how a rule's counts become one: the estimate records,
-the accuracy advantage of a rule, its Clopper–Pearson certificate and McDiarmid's half-width
-(see :mod:`privmon.estimators.advantage` for what each figure means)."""
+the accuracy advantage of a rule and McDiarmid's half-width (see
+:mod:`privmon.estimators.advantage` for what each figure means; the certificate's arithmetic is
+in :mod:`privmon.estimators.certificate`)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal, cast
 
-import numpy as np
-
-from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-
 __all__ = [
     "METHODS",
     "AdvantageEstimate",
     "Estimate",
     "Method",
     "accuracy_advantage",
-    "certified_advantage",
-    "certify",
     "check_bins",
     "check_method",
     "default_bins",
@@ -109,37 +104,6 @@ def mcdiarmid_halfwidth(prior: float, n1: float, n2: float, delta: float) -> flo
 def accuracy_advantage(tpr, fpr, prior: float):
     """2p·TPR − 2(1−p)·FPR + 1 − 2p: the accuracy advantage 2·P(correct) − 1 of a rule."""
     return 2 * prior * tpr - 2 * (1 - prior) * fpr + 1 - 2 * prior
-
-
-def certified_advantage(tp, n1: float, fp, n2: float, *, prior: float, delta):
-    """Certified advantage of rules with ``tp`` / ``fp`` positives among ``n1`` / ``n2`` held-out
-    records (scalars or arrays, one per rule; ``delta`` a scalar or one per rule): the advantage
-    2p·TPR − 2(1−p)·FPR + 1 − 2p at the one-sided Clopper–Pearson bounds TPR ≥ Beta⁻¹(δ/2; tp,
-    n1 − tp + 1) and FPR ≤ Beta⁻¹(1 − δ/2; fp + 1, n2 − fp), δ split between the two
-    (Bonferroni), so it holds with probability ≥ 1 − δ."""
-    delta = np.asarray(delta, dtype=np.float64)
-    tp, fp = np.asarray(tp, dtype=np.float64), np.asarray(fp, dtype=np.float64)
-    tpr_lo = clopper_pearson_lower(tp, n1, delta / 2) if n1 > 0 else np.zeros_like(tp)
-    fpr_hi = clopper_pearson_upper(fp, n2, delta / 2) if n2 > 0 else np.ones_like(fp)
-    return accuracy_advantage(tpr_lo, fpr_hi, prior)
-
-
-def certify(tp, n1: float, fp, n2: float, prior: float, deltas: tuple[float, float]):
-    """:func:`certified_advantage` at the run's δ share and at the call's δ: (lower,
-    lower_check), arrays with one entry per rule, from one pair of Clopper–Pearson calls."""
-    tp, fp = np.atleast_1d(tp), np.atleast_1d(fp)
-    if deltas[0] == deltas[1]:
-        cert = certified_advantage(tp, n1, fp, n2, prior=prior, delta=deltas[0])
-        return cert, cert
-    both = certified_advantage(
-        np.concatenate([tp, tp]),
-        n1,
-        np.concatenate([fp, fp]),
-        n2,
-        prior=prior,
-        delta=np.repeat(np.asarray(deltas, dtype=np.float64), tp.size),
-    )
-    return both[: tp.size], both[tp.size :]
 
 
 def make_estimate(

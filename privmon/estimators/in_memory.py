@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from privmon.estimators.binning import fold_of
+from privmon.estimators.binning import CERTIFY_FOLDS, fold_of
+from privmon.estimators.certificate import certify
 from privmon.estimators.density import GaussianKDE
-from privmon.estimators.estimates import certify, make_estimate
+from privmon.estimators.estimates import make_estimate
 from privmon.estimators.learned import learned_rule_counts
 from privmon.estimators.plugins import cell_histogram_plugin, sampled_kde_plugin
 from privmon.estimators.rules import bayes_rule
@@ -20,8 +22,8 @@ __all__ = ["in_memory_estimate", "kde_rule_counts", "learned_rule"]
 
 
 def kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
-    """The cross-fitted Gaussian-KDE rules' held-out true / false positives and the certificate
-    (at both δ) from exact kernel sums."""
+    """The cross-fitted Gaussian-KDE rules' held-out true / false positives and the larger of
+    the certificates (``CERTIFY_FOLDS``, at both δ) from exact kernel sums."""
     fm = fold_of(torch.arange(m.shape[0], device=m.device), folds)
     fh = fold_of(torch.arange(h.shape[0], device=m.device), folds)
 
@@ -39,16 +41,20 @@ def kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
             continue
         tp += float(predict(tm, th, m[fm == k], 0.5).sum())
         fp += float(predict(tm, th, h[fh == k], 0.5).sum())
-    cm, ch = (fm < 2), (fh < 2)
     tie = float(prior > 0.5)
-    if int((~cm).sum()) < 2 or int((~ch).sum()) < 2:
-        return tp, fp, 0.0, 0.0
-    tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
-    fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
-    cert, cert_check = (
-        float(c[0]) for c in certify(tpc, float(cm.sum()), fpc, float(ch.sum()), prior, deltas)
-    )
-    return tp, fp, cert, cert_check
+    counts = []  # each certificate's held-out members / non-members and its rule's positives
+    for held_out in CERTIFY_FOLDS:
+        folds_certified = torch.tensor(held_out, device=m.device)
+        cm, ch = torch.isin(fm, folds_certified), torch.isin(fh, folds_certified)
+        if int((~cm).sum()) < 2 or int((~ch).sum()) < 2:  # learns nothing: calls no member
+            counts.append((float(cm.sum()), float(ch.sum()), 0.0, 0.0))
+            continue
+        tpc = float(predict(m[~cm], h[~ch], m[cm], tie).sum())
+        fpc = float(predict(m[~cm], h[~ch], h[ch], tie).sum())
+        counts.append((float(cm.sum()), float(ch.sum()), tpc, fpc))
+    n1c, n2c, tpc, fpc = np.asarray(counts).T
+    cert, cert_check = certify(tpc[None], n1c, fpc[None], n2c, prior, deltas)
+    return tp, fp, float(cert[0]), float(cert_check[0])
 
 
 def learned_rule(m, h, *, prior: float, folds: int, deltas: tuple[float, float]):

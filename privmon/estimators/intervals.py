@@ -9,10 +9,11 @@ from scipy.special import betaincinv
 __all__ = ["clopper_pearson_lower", "clopper_pearson_upper"]
 
 
-def clopper_pearson_lower(successes, trials, alpha: float) -> np.ndarray:
+def clopper_pearson_lower(successes, trials, alpha: float | np.ndarray) -> np.ndarray:
     """One-sided exact lower bound on a binomial proportion at level 1 - alpha.
 
-    P(true p < bound) <= alpha. Vectorized over ``successes`` / ``trials``; 0 where successes == 0.
+    P(true p < bound) <= alpha. Vectorized over ``successes`` / ``trials`` / ``alpha``; 0 where
+    successes == 0.
     """
     k = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
@@ -22,7 +23,7 @@ def clopper_pearson_lower(successes, trials, alpha: float) -> np.ndarray:
     return np.where((k <= 0) | np.isnan(out), 0.0, out)
 
 
-def clopper_pearson_upper(successes, trials, alpha: float) -> np.ndarray:
+def clopper_pearson_upper(successes, trials, alpha: float | np.ndarray) -> np.ndarray:
     """One-sided exact upper bound on a binomial proportion at level 1 - alpha.
 
     P(true p > bound) <= alpha. Vectorized; 1 where successes == trials.

@@ -1,7 +1,7 @@
 """Stage 3 of the estimators on the grid: the rule and its certificate. The Bayes rule
 sign(p·P̂ − (1−p)·Q̂) of each fold selection's smoothed densities (stage 2), its held-out true /
 false positives (the cross-fitted ``value``), and the certificate rule's, certified by
-Clopper–Pearson (:mod:`~privmon.estimators.estimates`)."""
+:mod:`~privmon.estimators.certificate`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from privmon.estimators.binning import GridSelections
-from privmon.estimators.estimates import AdvantageEstimate, certify, make_estimate
+from privmon.estimators.certificate import certify
+from privmon.estimators.estimates import AdvantageEstimate, make_estimate
 from privmon.estimators.tensors import small_tensor
 
 __all__ = ["RuleDensities", "bayes_rule", "grid_estimates"]
@@ -25,9 +26,9 @@ def bayes_rule(diff: torch.Tensor, tie: torch.Tensor, tol: float | torch.Tensor)
 
 
 @functools.lru_cache(maxsize=8)
-def _ties(k: int, prior: float, device: torch.device) -> torch.Tensor:
-    """Tie values (K+1, 1) of the K cross-fitted rules and the certificate's (cached)."""
-    return small_tensor([[0.5]] * k + [[float(prior > 0.5)]], np.float64, device)
+def _ties(k: int, c: int, prior: float, device: torch.device) -> torch.Tensor:
+    """Tie values (K + C, 1) of the K cross-fitted rules and the C certificates' (cached)."""
+    return small_tensor([[0.5]] * k + [[float(prior > 0.5)]] * c, np.float64, device)
 
 
 @dataclass(frozen=True)
@@ -52,24 +53,30 @@ def grid_estimates(
     certify_delta: float | None,
 ) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities]]:
     """Each grid method's estimate and its :class:`RuleDensities`, from its grid's fold
-    selections, the rules' smoothed densities ``masses`` (2, K + 1, cells) and its plug-in (a
+    selections, the rules' smoothed densities ``masses`` (2, K + C, cells) and its plug-in (a
     0-d tensor). Every figure of every method comes back in one device transfer, and the
-    certificates share one pair of Clopper–Pearson calls."""
+    certificates share one set of Clopper–Pearson calls."""
     first = next(iter(grids.values()))
     ns = first.selected[1]
     n1, n2 = ns[:, 0].tolist()
-    k = first.folds
+    k, c = first.folds, len(first.certificates)
     parts, densities = [], {}
     for method, grid in grids.items():
         mass = masses[method]
         parts.append(_rule_figures(grid, mass, plugins[method], prior=prior))
         densities[method] = RuleDensities(mass[:, :k], grid.selected[1][:, 1 : k + 1])
-    n_certified = ns[:, 0] - ns[:, k + 1]  # the certificate's folds: all but its rule's
+    # the records of each certificate's folds, (C, 2)
+    n_certified = torch.stack([cells.selected[1][:, 0] for cells in first.certificates])
     dropped = first.n_dropped.sum().reshape(1).to(n_certified.dtype)
-    *values, n1c, n2c, extra = torch.cat([*parts, n_certified, dropped]).tolist()
-    plugin, tp, fp, tpc, fpc = np.asarray(values).reshape(len(grids), 5).T
+    *values, extra = torch.cat([*parts, n_certified.flatten(), dropped]).tolist()
+    figures = np.asarray(values[: -2 * c]).reshape(len(grids), 3 + 2 * c)
+    held_out = np.asarray(values[-2 * c :]).reshape(c, 2)
+    plugin, tp, fp = figures[:, :3].T
     lower_delta = delta if certify_delta is None else certify_delta
-    certs, certs_check = certify(tpc, n1c, fpc, n2c, prior, (lower_delta, delta))
+    certs, certs_check = certify(
+        figures[:, 3::2], held_out[:, 0], figures[:, 4::2], held_out[:, 1], prior,
+        (lower_delta, delta),
+    )  # fmt: skip
     estimates = {
         method: make_estimate(
             plugin=plugin[i],
@@ -97,20 +104,22 @@ def _rule_figures(
     *,
     prior: float,
 ) -> torch.Tensor:
-    """The plug-in, the held-out true / false positives of the cross-fitted rules and those of
-    the certificate's rule, as a (5,) tensor on the state's device (no sync)."""
-    k = grid.folds
-    counts = grid.selected[0]
-    total = counts[:, 0]
+    """The plug-in, the held-out true / false positives of the cross-fitted rules, then those
+    of each certificate's rule, as a (3 + 2C,) tensor on the state's device (no sync)."""
+    k, c = grid.folds, len(grid.certificates)
     diff = prior * mass[0] - (1 - prior) * mass[1]  # (train sets, cells)
-    # the cross-fitted rules break ties with 1/2, the certificate's rule with the prior's side
-    rules = bayes_rule(diff, _ties(k, prior, diff.device), 1e-9 * mass.amax())
-    rule, cert_rule = rules[:k], rules[k]
-    cert = total - counts[:, k + 1]  # the certificate's folds: all but those its rule learned on
+    # the cross-fitted rules break ties with 1/2, the certificates' rules with the prior's side;
+    # each reads ties to the scale of its own densities (the value does not depend on the
+    # certificates' rules)
+    peak = mass.amax(dim=(0, 2))
+    tol = 1e-9 * torch.cat([peak[:k].amax().expand(k), peak[k:]]).unsqueeze(1)
+    rules = bayes_rule(diff, _ties(k, c, prior, diff.device), tol)
+    # each certificate's folds, on its own cells: (C, 2, cells) @ (C, cells, 1)
+    held_out = torch.stack([cells.selected[0][:, 0] for cells in grid.certificates])
     return torch.cat(
         [
             plugin.reshape(1),
-            (rule * grid.counts).sum(dim=(1, 2)),  # held-out true / false positives
-            cert @ cert_rule,
+            (rules[:k] * grid.counts).sum(dim=(1, 2)),  # held-out true / false positives
+            (held_out @ rules[k:].unsqueeze(2)).flatten(),
         ]
     )

@@ -241,14 +241,18 @@ def kde_grid_too_coarse(
 def smooth_selections(
     grid: GridSelections, method: str, *, bandwidth, extended: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rules' smoothed densities of one grid method's fold selections, (2, K + 1, cells):
-    the complement of each fold (the cross-fitted rules) and the certificate rule's folds. With
-    ``extended``, also the classes' full-data KDEs on the extended grid (U_N's rows, (2,
-    cells')); else that first value is empty."""
+    """The rules' smoothed densities of one grid method's fold selections, (2, K + C, cells):
+    the complement of each fold (the cross-fitted rules), then the folds each of the C
+    certificates' rules learns on (on that certificate's coordinates). With ``extended``, also
+    the classes' full-data KDEs on the extended grid (U_N's rows, (2, cells')); else that first
+    value is empty."""
     k = grid.folds
     counts, ns, covs = grid.selected
-    t = k + 1  # training selections
-    rows = counts[:, 1:].reshape(2 * t, -1)
+    # the cross-fitted rules' selections (and U_N's) in one pass, each certificate's rule's in
+    # a pass of its own: a pass's padding follows its widest kernel, so the cross-fitted
+    # densities (the value, the per-record risks) and U_N do not depend on the certificates'
+    # training folds, nor one certificate's rule on another's
+    rows = counts[:, 1:].reshape(2 * k, -1)
     row_ns = ns[:, 1:].reshape(-1)
     row_covs = covs[:, 1:].flatten(0, 1)
     n_extended = 2 if extended else 0
@@ -259,7 +263,15 @@ def smooth_selections(
     plug_rows, mass = smooth(
         grid.bins, grid.width, rows, row_ns, row_covs, method, bandwidth, n_extended
     )
-    return plug_rows, mass.reshape(2, t, -1)
+    masses = [mass.reshape(2, k, -1)]
+    for cells in grid.certificates:  # each on its own: a function of its own rule's records
+        train_counts, train_ns, train_covs = (t[:, 1] for t in cells.selected)
+        masses.append(
+            smooth(
+                grid.bins, cells.width, train_counts, train_ns, train_covs, method, bandwidth, 0
+            )[1].unsqueeze(1)
+        )
+    return plug_rows, torch.cat(masses, dim=1)
 
 
 def smooth_raw(raw: ClassCounts, bandwidth) -> torch.Tensor | None:

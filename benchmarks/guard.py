@@ -1,5 +1,5 @@
 """What the training guard costs per check: saving and restoring the training state once
-(entering and leaving :class:`~privmon.callbacks._protect.TrainingGuard`: RNGs, modes, a copy of
+(entering and leaving :class:`~privmon._training_guard.TrainingGuard`: RNGs, modes, a copy of
 every buffer, gradients) and the work between query calls (:meth:`after_query`: parameter
 versions, modes, buffer versions), beside one forward pass of a 256-record batch.
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from privmon.callbacks._protect import TrainingGuard
+from privmon._training_guard import TrainingGuard
 
 
 def mlp() -> tuple[nn.Module, torch.Tensor]:

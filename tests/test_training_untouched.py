@@ -544,7 +544,7 @@ def test_prepare_runs_in_the_check_state_and_a_failing_eval_leaves_training_unto
 
 
 def test_the_guard_alone_restores_what_its_block_changed_even_when_it_raises():
-    from privmon.callbacks._protect import TrainingGuard
+    from privmon._training_guard import TrainingGuard
 
     model = _bn_model()
     weight, before = model[0].weight, model[0].weight.detach().clone()
@@ -574,7 +574,7 @@ def test_only_opacus_modules_have_their_hooks_switched():
 def test_a_persistent_audit_loader_is_iterated_through_a_twin_of_each_kind():
     from torch.utils.data import IterableDataset
 
-    from privmon.callbacks._protect import audit_view
+    from privmon._training_guard import audit_view
 
     class Stream(IterableDataset):
         def __iter__(self):

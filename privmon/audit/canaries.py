@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from privmon._training_guard import TrainingGuard
 from privmon._validation import as_scores, check_int, check_unit
 
 __all__ = ["GradientCanaries", "InputCanaries"]
@@ -483,8 +484,6 @@ class InputCanaries:
             ValueError: the query's direction is unknown, or it returns other than one score
                 per record.
         """
-        from privmon.callbacks._protect import TrainingGuard  # callbacks import audit
-
         if query is None:
             if self.query is None:
                 raise ValueError(

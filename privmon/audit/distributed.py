@@ -17,33 +17,15 @@ rank that dies leaves the others in that collective until the process group's ti
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
-import torch
 
-__all__ = ["Work", "every_rank", "exchange", "plan", "rank_and_world", "share"]
+from privmon._process_group import every_rank, rank_and_world
+
+__all__ = ["Work", "exchange", "plan", "share"]
 
 T = TypeVar("T")
-
-
-def rank_and_world(distributed: bool) -> tuple[int, int]:
-    """(rank, world size) of the default process group when ``distributed`` and one is
-    initialised, else (0, 1)."""
-    dist = torch.distributed
-    if distributed and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def every_rank(obj: T, world: int) -> list[T]:
-    """Every rank's picklable ``obj``, in rank order (``[obj]`` when ``world`` is 1). Under
-    NCCL the objects travel through the current CUDA device (``torch.cuda.set_device``)."""
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    torch.distributed.all_gather_object(out, obj)
-    return out
 
 
 def share(indices: Sequence[int], rank: int, world: int) -> list[int]:

@@ -1,5 +1,5 @@
 """One check's scores: every query on every audit batch, with the training state guarded
-(:class:`~privmon.callbacks._protect.TrainingGuard`) and each query on its own.
+(:class:`~privmon._training_guard.TrainingGuard`) and each query on its own.
 
 A query that raises, that writes to the weights, or whose output breaks the query protocol — not
 a tensor of shape (n,) or (n, d), not one row per record of its batch
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from privmon.callbacks._protect import TrainingGuard
+from privmon._training_guard import TrainingGuard
 from privmon.estimators.estimates import describe_error
 from privmon.queries.base import check_scores
 from privmon.queries.batches import batch_digests, count_records

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from privmon._process_group import collective_device, every_rank, rank_and_world
 from privmon.estimators.estimates import describe_error
 from privmon.queries.base import score_shape
 
@@ -33,7 +34,6 @@ __all__ = [
     "agree_on_schedule",
     "agree_on_scores",
     "gather_scores",
-    "rank_and_world",
 ]
 
 logger = logging.getLogger("privmon")
@@ -75,28 +75,6 @@ class Agreement:
     """The most certified checks any rank has run: every rank goes on from there."""
 
 
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size), or (0, 1) outside an initialised process group."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _device() -> torch.device:
-    """Where collectives run: CUDA for NCCL, the CPU otherwise (gloo)."""
-    if torch.distributed.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _every_rank(obj: Any) -> list[Any]:
-    """Every rank's (picklable) ``obj``, in rank order."""
-    out: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
 def agree(error: BaseException | None, *, stage: str, flags: Sequence[bool] = ()) -> list[bool]:
     """Ranks agree on a stage each ran alone, so that none enters the next collective alone.
 
@@ -116,7 +94,9 @@ def agree(error: BaseException | None, *, stage: str, flags: Sequence[bool] = ()
     # one MAX all-reduce: world - rank marks a failure, so its maximum names the first rank
     rank = dist.get_rank()
     local = torch.tensor(
-        [world - rank if error is not None else 0, *flags], dtype=torch.int64, device=_device()
+        [world - rank if error is not None else 0, *flags],
+        dtype=torch.int64,
+        device=collective_device(),
     )
     dist.all_reduce(local, op=dist.ReduceOp.MAX)
     agreed = local.tolist()
@@ -142,7 +122,7 @@ def agree_on_outcomes(
     flagged = agree(error, stage=stage, flags=[bool(outcomes[n]) for n in names])
     if rank_and_world()[1] == 1 or not any(flagged):  # any() is the same on every rank
         return {}
-    every = _every_rank([outcomes[n] for n in names])
+    every = every_rank([outcomes[n] for n in names], rank_and_world()[1])
     reasons = {}
     for i, name in enumerate(names):
         seen = [rank_outcomes[i] for rank_outcomes in every]
@@ -175,7 +155,7 @@ def agree_on_schedule(every_n_steps: int, *, strict: bool) -> int:
     ``every_n_steps`` would enter checks the others never enter. On a mismatch every rank takes
     rank 0's, said as an error and a warning; ``strict``: every rank raises a
     :class:`RankFailure`."""
-    every = _every_rank(every_n_steps)
+    every = every_rank(every_n_steps, rank_and_world()[1])
     if len(set(every)) == 1:
         return every_n_steps
     shown = ", ".join(f"rank {r}: {e}" for r, e in enumerate(every))
@@ -211,7 +191,7 @@ def agree_on_scores(
     ``strict`` raises on every rank. A rank with no rows on a side (an empty shard) contributes
     none and takes the others' dtype and shape.
     """
-    mine = {
+    mine: dict[str, Any] = {
         "step": step,
         "setup": (list(names), settings),
         "spent": spent,
@@ -220,7 +200,7 @@ def agree_on_scores(
         "layout": {n: _layout(s) for n, s in scores.items()},
         "rows": {n: (s[0].shape[0], s[1].shape[0]) for n, s in scores.items()},
     }
-    ranks = _every_rank(mine)
+    ranks = every_rank(mine, rank_and_world()[1])
     if error is not None:
         raise error
     for r, other in enumerate(ranks):
@@ -289,7 +269,7 @@ def gather_scores(
     """
     dist = torch.distributed
     world = dist.get_world_size()
-    dev = _device()
+    dev = collective_device()
     buffers: list[tuple[list[int], torch.Tensor, list[torch.Tensor]]] = []
     error = None
     try:

@@ -1,7 +1,7 @@
 """PrivacyMonitor: audit a model's membership leakage while it trains.
 
 One check: save every RNG and the state of every module involved (modes, buffers, gradients;
-:mod:`~privmon.callbacks._protect`); run the member and non-member batches through each query
+:mod:`~privmon._training_guard`); run the member and non-member batches through each query
 under ``torch.no_grad()`` with the modules in eval mode, each query's output checked
 (:mod:`~privmon.callbacks.collection`); restore everything; estimate the optimal
 advantage per query and method, AUC and TPR at low FPR, per-record risk; read ε from the Opacus
@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._process_group import rank_and_world
+from privmon._training_guard import audit_view, begin_check, end_check, warn_if_shuffled
 from privmon._validation import (
     check_audit_set,
     check_has_methods,
@@ -32,7 +34,6 @@ from privmon._validation import (
     check_subset,
 )
 from privmon.bounds import epsilon_from_opacus, epsilon_lower_bound, tanh_bound
-from privmon.callbacks._protect import audit_view, begin_check, end_check, warn_if_shuffled
 from privmon.callbacks.canary_audit import (
     CANARY_METHODS,
     CanaryFigures,
@@ -47,7 +48,6 @@ from privmon.callbacks.distributed import (
     agree_on_schedule,
     agree_on_scores,
     gather_scores,
-    rank_and_world,
 )
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory

@@ -141,7 +141,7 @@ def tanh_bound(
     """
     eps = check_epsilons(epsilon)
     p = check_open_unit(prior, name="prior")
-    d = check_half_open_interval(delta, name="delta", low=0.0, high=1.0)
+    d = check_half_open_interval(delta, name="delta", low=0, high=1)
     out = _theorem4(eps, p)
     if d > 0.0:
         out = np.maximum(out, _lp_ceiling(eps, p, d))
@@ -268,7 +268,7 @@ def epsilon_from_counts(
         raise ValueError("true_positives + false_negatives must be >= 1 (at least one member)")
     if fp + tn == 0:
         raise ValueError("false_positives + true_negatives must be >= 1 (at least one non-member)")
-    d = check_half_open_interval(delta, name="delta", low=0.0, high=1.0)
+    d = check_half_open_interval(delta, name="delta", low=0, high=1)
     a = check_open_unit(alpha, name="alpha")
     arr = _epsilon_from_count_arrays(
         np.asarray(tp), np.asarray(fn), np.asarray(fp), np.asarray(tn), delta=d, alpha=a
@@ -322,7 +322,7 @@ def epsilon_audit(
     Raises:
         ValueError: empty or multi-dimensional scores, delta / alpha / max_thresholds out of range.
     """
-    d = check_half_open_interval(delta, name="delta", low=0.0, high=1.0)
+    d = check_half_open_interval(delta, name="delta", low=0, high=1)
     a = check_open_unit(alpha, name="alpha")
     if isinstance(max_thresholds, bool) or not isinstance(max_thresholds, (int, np.integer)):
         raise ValueError(f"max_thresholds must be an integer >= 1, got {max_thresholds!r}")

@@ -104,7 +104,7 @@ def _check_bound_args(delta: Any, significance: Any, method: Any) -> tuple[float
     """delta in [0, 1) (> 0 for "fdp"), significance in (0, 1), a known method."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    delta = check_half_open_interval(delta, name="delta", low=0.0, high=1.0)
+    delta = check_half_open_interval(delta, name="delta", low=0, high=1)
     if method == "fdp" and delta == 0.0:
         raise ValueError(
             "delta must be > 0 for method='fdp': a μ-GDP curve with μ > 0 has no finite ε "

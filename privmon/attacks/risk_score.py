@@ -26,6 +26,17 @@ about 200 records per cell, where the posterior's sampling noise (about 0.5/sqrt
 stays well below the 0.05 calibration goal; finer cells make the score sharper but noisier, and
 a noisy score is over-confident on new records.
 
+**Resolution.** One score per cell (the paper's code, too, reads one value per histogram cell:
+5 per class) gives few distinct scores: 4 from 400 + 400 fitting records. ``interpolate=True``
+reads the score between cells instead: Lemma 5 at each occupied cell's node (the mean quantile
+of its fitting records, so a tied metric value is its own node) and linear interpolation of f_p
+and its bounds between neighbouring nodes, flat beyond the first and last. The nodes' intervals
+are taken at δ/2, so the interpolated interval covers the interpolated cell posteriors at level
+1 − δ (a union bound over the two cells). On a smooth posterior this keeps the calibration and
+halves the error to the true posterior; where the posterior jumps inside a cell (an overfit MLP
+that memorised flipped labels) it blends across the jump and is over-confident, so it is not the
+default (docs/benchmarks.md, *Privacy risk score: resolution*).
+
 **Fallback rule.** With ``class_conditional=True``, a class gets its own estimate only when the
 fitting data hold at least ``min_class_records`` members *and* ``min_class_records``
 non-members of it (default 100); every other class, and any label absent at fit time, gets the
@@ -45,12 +56,13 @@ comparable with the score when that share equals the prior.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from privmon._validation import check_open_unit, to_numpy
+from privmon._validation import check_flag, check_open_unit, to_numpy
 from privmon.attacks.metric import (
     HIGHER_IS_MEMBER,
     MetricName,
@@ -60,8 +72,9 @@ from privmon.attacks.metric import (
     prepare_inputs,
     prepare_pair,
 )
+from privmon.estimators.binning import BinnedScores
 from privmon.estimators.estimates import check_method
-from privmon.estimators.risk import IndividualRisk, individual_risk
+from privmon.estimators.risk import IndividualRisk, individual_risk, risk_from_probabilities
 
 __all__ = ["Calibration", "PrivacyRiskScore", "calibration"]
 
@@ -71,7 +84,9 @@ _FIELDS = ("value", "lower", "upper", "signed", "posterior", "signed_lower", "si
 
 
 class _Group:
-    """One fitted estimate: the sorted fitting values (the empirical CDF) and their CDF values."""
+    """One fitted estimate: the sorted fitting values (the empirical CDF), their CDF values and
+    the interpolation nodes (the mean CDF value of the fitting records of each occupied cell of
+    :func:`privmon.individual_risk`'s grid, increasing)."""
 
     def __init__(self, m: torch.Tensor, h: torch.Tensor, bins: int | None) -> None:
         self.ref = torch.sort(torch.cat([m, h])).values
@@ -80,6 +95,19 @@ class _Group:
         self.u_m = torch.sort(self._cdf(m)).values
         self.u_h = torch.sort(self._cdf(h)).values
         self.bins = bins if bins is not None else _auto_bins(self.n)
+        # the grid individual_risk bins on (the same state, so the same cells)
+        grid = BinnedScores(bins=self.bins, margin=0.0, device=self.u_m.device)
+        grid.update(self.u_m, self.u_h)
+        u = torch.cat([self.u_m, self.u_h])
+        cell, _ = grid.cell_index(u[:, None])
+        count = torch.bincount(cell, minlength=self.bins)
+        mean = torch.bincount(cell, weights=u, minlength=self.bins) / count.clamp_min(1)
+        # a mean rounded past its cell's records (1 + 2^-52 from ties at 1) leaves the cell
+        low, high = (
+            u.new_zeros(self.bins).scatter_reduce(0, cell, u, how, include_self=False)
+            for how in ("amin", "amax")
+        )
+        self.nodes = torch.minimum(torch.maximum(mean, low), high)[count > 0]
 
     @property
     def kde_ok(self) -> bool:
@@ -99,6 +127,35 @@ def _auto_bins(n: int) -> int:
     return int(min(max(n // RECORDS_PER_CELL, 2), MAX_CELLS))
 
 
+def _interpolated_risk(g: _Group, u: torch.Tensor, *, prior: float, delta: float) -> IndividualRisk:
+    """Lemma 5 at the group's nodes (at δ/2), read between them by linear interpolation of f_p
+    and its bounds; flat beyond the first and last node; NaN where u is NaN."""
+    at_nodes = individual_risk(g.nodes, g.u_m, g.u_h, prior=prior, delta=delta / 2, bins=g.bins)
+    x, nodes = to_numpy(u), to_numpy(g.nodes)
+    # individual_risk always sets the signed bounds (Optional fields of IndividualRisk)
+    f, f_lo, f_hi = (
+        np.interp(x, nodes, np.asarray(a, dtype=np.float64))
+        for a in (at_nodes.signed, at_nodes.signed_lower, at_nodes.signed_upper)
+    )
+    # Member / non-member masses proportional to r/p and (1 − r)/(1 − p) have posterior r at
+    # prior p: Lemma 5's |f_p| interval from the interpolated f_p bounds, one formula for both.
+    out = risk_from_probabilities(
+        (1 + f) / (2 * prior),
+        (1 + f_lo) / (2 * prior),
+        (1 + f_hi) / (2 * prior),
+        (1 - f) / (2 * (1 - prior)),
+        (1 - f_hi) / (2 * (1 - prior)),
+        (1 - f_lo) / (2 * (1 - prior)),
+        prior=prior,
+        method="histogram",
+        delta=delta,
+        n_dropped=int(np.isnan(x).sum()),
+    )
+    # a NaN mass reads as "no evidence" there (the prior): NaN rows stay NaN instead
+    masked: dict[str, Any] = {k: np.where(np.isnan(x), np.nan, getattr(out, k)) for k in _FIELDS}
+    return dataclasses.replace(out, **masked)
+
+
 class PrivacyRiskScore:
     """Privacy risk score r(z) = P(member | metric, label) (Song & Mittal §4.1, eq. 13-15).
 
@@ -110,6 +167,9 @@ class PrivacyRiskScore:
         method: "histogram" (default; MACE Lemma 5 intervals) or "kde" (Gaussian KDE on the
             quantile scale, Lemma 6/11 intervals; O(n·m) time).
         bins: cells per estimate (histogram), or None for about 200 fitting records per cell.
+        interpolate: histogram only: read the score between the cells by linear interpolation
+            (module docstring, *Resolution*); False (default) gives one score per cell, as the
+            paper's code does.
         min_class_records: fitting members and non-members a class needs for its own estimate.
         delta: 1 − level of the intervals returned by :meth:`risk`.
 
@@ -124,20 +184,20 @@ class PrivacyRiskScore:
         *,
         method: str = "histogram",
         bins: int | None = None,
+        interpolate: bool = False,
         min_class_records: int = 100,
         delta: float = 0.05,
     ) -> None:
         self.prior = check_open_unit(prior, name="prior")
         self.metric = check_metric(metric)
-        if not isinstance(class_conditional, (bool, np.bool_)):
-            raise ValueError(f"class_conditional must be True or False, got {class_conditional!r}")
-        self.class_conditional = bool(class_conditional)
+        self.class_conditional = check_flag(class_conditional, name="class_conditional")
         self.method = check_method(method)
         if bins is not None and (
             isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1
         ):
             raise ValueError(f"bins must be a positive integer or None, got {bins!r}")
         self.bins = None if bins is None else int(bins)
+        self.interpolate = check_flag(interpolate, name="interpolate")
         self.min_class_records = check_min_records(min_class_records)
         self.delta = check_open_unit(delta, name="delta")
         self._pooled: _Group | None = None
@@ -211,15 +271,19 @@ class PrivacyRiskScore:
         for g, sel in parts:
             if not bool(sel.any()):
                 continue
-            r = individual_risk(
-                g.transform(v[sel]),
-                g.u_m,
-                g.u_h,
-                prior=self.prior,
-                method=self.method,
-                delta=self.delta,
-                bins=g.bins if self.method == "histogram" else None,
-            )
+            u = g.transform(v[sel])
+            if self.method == "histogram" and self.interpolate:
+                r = _interpolated_risk(g, u, prior=self.prior, delta=self.delta)
+            else:
+                r = individual_risk(
+                    u,
+                    g.u_m,
+                    g.u_h,
+                    prior=self.prior,
+                    method=self.method,
+                    delta=self.delta,
+                    bins=g.bins if self.method == "histogram" else None,
+                )
             idx = to_numpy(torch.nonzero(sel).flatten())
             for k in _FIELDS:
                 out[k][idx] = getattr(r, k)

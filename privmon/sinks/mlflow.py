@@ -22,9 +22,10 @@ monitor run).
 MLflow metric names allow letters, digits and ``_ - . : / space`` only, so a tag such as
 ``privacy/loss/tpr@fpr=0.01`` is logged as ``privacy/loss/tpr_at_fpr_0.01`` (:func:`mlflow_key`).
 NaN / infinite values are left out. ``mlflow`` (or ``mlflow-skinny``) is imported at the first
-write, never by ``import privmon``: ``pip install 'privmon[mlflow]'``. Any tracking backend
-works; MLflow 3 keeps the plain file store (``file:///…/mlruns``) behind
-``MLFLOW_ALLOW_FILE_STORE=true`` and recommends ``sqlite:///mlflow.db``.
+write, never by ``import privmon``: ``pip install 'privmon[mlflow]'``, which also installs
+SQLAlchemy and Alembic: MLflow 3's default store, ``sqlite:///mlflow.db`` in the working
+directory, needs them, and mlflow-skinny does not declare them. Any tracking backend works;
+MLflow 3 keeps the plain file store (``file:///…/mlruns``) behind ``MLFLOW_ALLOW_FILE_STORE=true``.
 """
 
 from __future__ import annotations

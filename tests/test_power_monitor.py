@@ -29,11 +29,8 @@ DELTA = 0.05
 
 def _scores(n, shift, seed, dim=1):
     g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(n, dim, generator=g).squeeze(1) + shift
-        if dim == 1
-        else (torch.randn(n, dim, generator=g) + shift)
-    )
+    x = torch.randn(n, dim, generator=g) + shift
+    return x.squeeze(1) if dim == 1 else x
 
 
 def _sets(n_members=200, n_nonmembers=200, batch=50, shift=0.3, dim=1):

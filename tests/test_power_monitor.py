@@ -284,3 +284,20 @@ def test_a_resumed_run_goes_on_under_its_saved_plan():
     assert resumed.planned_checks is None
     with pytest.raises(ValueError, match="planned_checks"):
         _monitor().load_state_dict({**state, "config": {**state["config"], "planned_checks": 0}})
+
+
+def test_the_verdict_and_the_page_say_what_the_run_could_detect():
+    from privmon.report import checks_from_reports, render_html, verdict
+
+    pytest.importorskip("matplotlib")
+    members, nonmembers = _sets(shift=0.0)  # nothing leaks
+    mon = _monitor(members, nonmembers, planned_checks=2)
+    reports = [mon.check(1), mon.check(2)]
+    detectable = reports[-1].scalars["privacy/s/detectable"]
+    assert detectable == privmon.detectable_advantage(200, 200, delta=_share(2, planned=2))
+    checks = checks_from_reports(reports)
+    found = verdict(checks)
+    assert found.level == "none"
+    assert any(f"an advantage of at least {detectable:.3g} (query 's')" in d for d in found.details)
+    page = render_html(checks)
+    assert "<th>detectable</th>" in page and f"{detectable:.4g}" in page

@@ -429,7 +429,7 @@ class PrivacyMonitor:
                 "plan differs",
                 f"privmon: planned_checks={self.planned_checks} is kept, but {schedule}: "
                 + (
-                    f"checks after the {self.planned_checks}th certify at a far smaller share of "
+                    f"checks after check {self.planned_checks} certify at a far smaller share of "
                     "interval_delta"
                     if planned > cast(int, self.planned_checks)
                     else "every check certifies at a smaller share of interval_delta than "

@@ -22,7 +22,8 @@ from sklearn.datasets import load_breast_cancer
 from tensorboard.backend.event_processing import event_accumulator
 from torch import nn
 
-from privmon import PrivacyEarlyStopping, PrivacyMonitor
+from privmon import PrivacyEarlyStopping, PrivacyMonitor, detectable_advantage
+from privmon.estimators.spending import check_delta
 from privmon.queries import LossQuery
 
 EVERY = 5
@@ -73,7 +74,7 @@ def _reports(monitor):
     return next(s for s in monitor.sinks if isinstance(s, RecordingSink)).reports
 
 
-def _monitor(model, data, logdir=None, patience=None, as_dict=False):
+def _monitor(model, data, logdir=None, patience=None, as_dict=False, planned_checks=None):
     members, nonmembers = _audit(*data, as_dict=as_dict)
     return PrivacyMonitor(
         LossQuery(model),
@@ -84,8 +85,21 @@ def _monitor(model, data, logdir=None, patience=None, as_dict=False):
         writer=None if logdir is None else str(logdir),
         early_stopping=None if patience is None else _budget(patience),
         sinks=RecordingSink(),
+        planned_checks=planned_checks,
         strict=True,
     )
+
+
+def _assert_planned(monitor, planned):
+    """Every check certified at the share of a run of ``planned`` checks (one figure per
+    check: one query, one method), and reports what that share detects on 100 + 100 records."""
+    assert monitor.planned_checks == planned
+    for k, report in enumerate(_reports(monitor), 1):
+        share = check_delta(k, delta=monitor.interval_delta, planned_checks=planned)
+        assert report.scalars["privacy/certify_delta"] == share
+        assert report.scalars["privacy/loss/detectable"] == detectable_advantage(
+            N_TRAIN, N_TRAIN, delta=share
+        )
 
 
 def _event_steps(logdir, tag):
@@ -182,6 +196,32 @@ def test_lightning_checks_and_event_files(pl, data, tmp_path):
     assert _steps(monitor) == _expected(MAX_STEPS)
     _assert_event_files(tmp_path / "tb", _expected(MAX_STEPS))
     assert lit.training  # the last check left the module in train mode
+    _assert_planned(monitor, MAX_STEPS // EVERY)  # from trainer.max_steps
+
+
+def test_lightning_plans_from_the_epochs_and_keeps_a_users_plan(pl, data):
+    from privmon.integrations.lightning import PrivacyMonitorCallback
+
+    pl.seed_everything(0, verbose=False)
+    lit = _lit(pl)
+    monitor = _monitor(lit, data)
+    # no max_steps: 2 epochs of 10 batches, trainer.estimated_stepping_batches = 20
+    _trainer(pl, [PrivacyMonitorCallback(monitor)], max_steps=-1, max_epochs=2).fit(
+        lit, _loader(data)
+    )
+    assert _steps(monitor) == _expected(20)
+    _assert_planned(monitor, 20 // EVERY)
+
+    mine = _monitor(lit, data, planned_checks=3)
+    with pytest.warns(UserWarning, match=r"planned_checks=3 is kept, but .* has 4 checks"):
+        _trainer(pl, [PrivacyMonitorCallback(mine)], max_steps=-1, max_epochs=2).fit(
+            lit, _loader(data)
+        )
+    assert mine.planned_checks == 3
+    # the 4th check is beyond the user's plan: the overflow share
+    assert _reports(mine)[3].scalars["privacy/certify_delta"] == check_delta(
+        4, delta=mine.interval_delta, planned_checks=3
+    )
 
 
 def test_lightning_early_stopping_stops_the_trainer(pl, data):
@@ -224,7 +264,11 @@ def test_lightning_resume_from_checkpoint_continues_the_history(pl, data, tmp_pa
     lit2 = _lit(pl)
     second = _monitor(lit2, data, patience=3)
     trainer = _trainer(pl, [PrivacyMonitorCallback(second)], max_steps=MAX_STEPS)
-    trainer.fit(lit2, _loader(data), ckpt_path=str(path))
+    # the checkpoint restores the monitor before on_train_start: the run's plan of 3 checks
+    # (15 steps) goes on, although the resumed Trainer runs to 30 steps
+    with pytest.warns(UserWarning, match=r"has 6 checks .* under planned_checks=3, which is kept"):
+        trainer.fit(lit2, _loader(data), ckpt_path=str(path))
+    assert first.planned_checks == second.planned_checks == 3
     steps = _steps(second)
     assert steps == [5, 10, 15, 20]  # restored 5, 10; then 15, 20 — no step twice
     assert len(set(steps)) == len(steps)
@@ -324,6 +368,7 @@ def test_transformers_checks_and_event_files(hf, data, tmp_path):
     assert _steps(monitor) == _expected(MAX_STEPS)
     _assert_event_files(tmp_path / "tb", _expected(MAX_STEPS))
     assert probe.modes == [True] * MAX_STEPS
+    _assert_planned(monitor, MAX_STEPS // EVERY)  # from state.max_steps
 
 
 def test_transformers_early_stopping_stops_the_trainer(hf, data, tmp_path):
@@ -351,7 +396,9 @@ def test_transformers_resume_from_checkpoint(hf, data, tmp_path):
     model2 = TinyClassifier()
     second = _monitor(model2, data, patience=3, as_dict=True)
     trainer = _hf_trainer(hf, model2, data, [PrivacyMonitorCallback(second)], tmp_path)
-    trainer.train(resume_from_checkpoint=str(folder))
+    with pytest.warns(UserWarning, match=r"has 6 checks .* under planned_checks=3, which is kept"):
+        trainer.train(resume_from_checkpoint=str(folder))
+    assert first.planned_checks == second.planned_checks == 3  # the run's plan goes on
     assert _steps(second) == [5, 10, 15, 20]  # restored, then continued; no step twice
     for a, b in zip(first.history[:2], second.history[:2], strict=True):
         assert a.scalars == b.scalars
@@ -394,6 +441,7 @@ def test_ignite_checks_event_files_and_handle(ignite, data, tmp_path):
     assert engine.state.iteration == MAX_STEPS
     assert _steps(monitor) == _expected(MAX_STEPS)
     _assert_event_files(tmp_path / "tb", _expected(MAX_STEPS))
+    _assert_planned(monitor, MAX_STEPS // EVERY)  # max_epochs × epoch_length
     fn = handle.handler()
     assert engine.has_event_handler(fn, ignite.Events.ITERATION_COMPLETED)
     handle.remove()
@@ -436,7 +484,9 @@ def test_ignite_checkpoint_carries_the_monitor(ignite, data, tmp_path):
     attach(engine2, second)
     to_load = {"model": model2, "optimizer": opt2, "trainer": engine2, "privmon": second}
     Checkpoint.load_objects(to_load, torch.load(path, weights_only=False))
-    engine2.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    with pytest.warns(UserWarning, match=r"has 6 checks .* under planned_checks=2, which is kept"):
+        engine2.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    assert first.planned_checks == second.planned_checks == 2  # the run's plan goes on
     assert _steps(second) == [5, 10, 15, 20]  # the restored wait trips patience=3 at 20
     assert engine2.state.iteration == 20
 

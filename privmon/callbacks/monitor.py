@@ -12,6 +12,8 @@ the sinks and to early stopping.
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import logging
 import math
 import time
@@ -23,6 +25,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from privmon._process_group import rank_and_world
 from privmon._training_guard import audit_view, begin_check, end_check, warn_if_shuffled
@@ -52,11 +55,13 @@ from privmon.callbacks.distributed import (
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RankedRecords, RecordTracker
-from privmon.callbacks.traps import Traps
+from privmon.callbacks.traps import Traps, finite_rows
 from privmon.estimators.analysis import QueryResult, analyse
+from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.estimates import METHODS, describe_error
 from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
+from privmon.queries.batches import count_records
 from privmon.report import Report
 from privmon.sinks.base import Sink
 
@@ -143,6 +148,53 @@ def _checked_last_step(last_step: Any, history: ReportHistory, n_failed: int) ->
     return last_step
 
 
+def _expected_records(data: Any, max_batches: int | None) -> int | None:
+    """How many records a check will audit of an audit set, known before it runs: a DataLoader's
+    sampler length (its full batches only with ``drop_last``; at most ``max_batches`` batches),
+    or the rows of a sequence of batches; None when that is unknown (an iterable dataset, a
+    custom batch sampler, batches whose rows cannot be read)."""
+    if isinstance(data, DataLoader):
+        if data.batch_size is None:  # a custom batch sampler: batch sizes unknown
+            return None
+        try:
+            records, batches = len(cast(Any, data.sampler)), len(data)
+        except TypeError:  # an iterable dataset
+            return None
+        if max_batches is not None:
+            batches = min(batches, max_batches)
+        full = batches * data.batch_size
+        return full if data.drop_last else min(records, full)
+    if isinstance(data, Sequence):
+        counts = [count_records(batch) for batch in itertools.islice(data, max_batches)]
+        return None if any(c is None for c in counts) else sum(cast(list[int], counts))
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _detectable(
+    n_members: int,
+    n_nonmembers: int,
+    *,
+    delta: float,
+    prior: float,
+    dim: int,
+    threshold: float | None = None,
+    power: float = 0.5,
+) -> float:
+    """:func:`~privmon.estimators.certificate.detectable_advantage`, kept: a run with planned
+    checks asks the same question at every check (the split bound's search takes seconds at
+    100 000 records)."""
+    return detectable_advantage(
+        n_members,
+        n_nonmembers,
+        delta=delta,
+        prior=prior,
+        threshold=threshold,
+        power=power,
+        dim=dim,
+    )
+
+
 class PrivacyMonitor:
     """Watch a model's membership leakage during training.
 
@@ -185,9 +237,18 @@ class PrivacyMonitor:
             interval_delta too.
         planned_checks: the number of checks the run is expected to have, if known: the budget
             is then spent evenly over them (90 %) and the rest over any checks beyond — tighter
-            certificates than the default sequence for unknown run lengths. Optional.
-        early_stopping: a :class:`PrivacyEarlyStopping`.
-        max_batches: audit at most this many batches of each set per check.
+            certificates than the default sequence for unknown run lengths. Optional: the
+            Lightning, Hugging Face and Ignite adapters set it from the trainer's length
+            (:meth:`plan`) when it is not given; a value given here is never changed.
+        early_stopping: a :class:`PrivacyEarlyStopping`. When it watches a certified lower bound
+            (``use="lower"``) that no advantage could push above its threshold at these audit
+            sizes, a ``UserWarning`` says so and how many records would reach it.
+        max_batches: audit at most this many batches of each set per check: the first ones the
+            set yields, the same records at every check when its order is fixed (a list, a
+            DataLoader with ``shuffle=False``). Every figure then describes those records only,
+            and the certified ones hold for them (a fixed subset keeps the certificate valid: the
+            records are chosen before any score is seen); a shuffling loader audits another
+            subset at every check. Fewer records detect less (:meth:`detectable_advantage`).
         top_k: how many most-exposed member indices to report per query.
         strict: re-raise exceptions from a check instead of logging and skipping it. Under
             torch.distributed a failure on one rank then raises on every rank (the others raise
@@ -287,6 +348,8 @@ class PrivacyMonitor:
         self.records = RecordTracker()
         self.n_failed = 0
         self.planned_checks = planned_checks
+        self._user_planned = planned_checks is not None  # never changed by plan()
+        self._planned_steps: int | None = None  # the run length plan() was given
         self.n_certified_checks = 0  # checks that spent a share of interval_delta
         self._last_step: int | None = None
         # one id per run, on every line and event it writes; a resumed run keeps its id
@@ -294,6 +357,16 @@ class PrivacyMonitor:
         self._stop = False
         self._traps = Traps()  # silent traps said out loud, once each
         self._schedule_agreed = False  # under torch.distributed: at the first step()
+        # query -> (members, non-members, dimensions) of its last check's finite scores
+        self._audit_sizes: dict[str, tuple[int, int, int]] = {}
+        # before any check: the records the loaders will yield (one process only: a rank's
+        # shard is not the audit set)
+        self._expected_sizes: tuple[int, int] | None = None
+        if not sharded:
+            expected = [_expected_records(data, max_batches) for data in (members, nonmembers)]
+            if expected[0] and expected[1]:
+                self._expected_sizes = (expected[0], expected[1])
+        self._say_what_can_be_certified(1, first=True)
 
     # -- training-loop API ------------------------------------------------------------------
     def step(self, global_step: int) -> bool:
@@ -308,6 +381,8 @@ class PrivacyMonitor:
         if not self._schedule_agreed and rank_and_world()[1] > 1:
             self.every_n_steps = agree_on_schedule(self.every_n_steps, strict=self.strict)
             self._schedule_agreed = True
+            if self._planned_steps is not None:  # the plan follows the agreed schedule
+                self.plan(total_steps=self._planned_steps)
         if global_step % self.every_n_steps != 0:
             return self._stop
         checked = self._last_step is not None and global_step <= self._last_step
@@ -319,6 +394,135 @@ class PrivacyMonitor:
             return self._stop
         self.check(global_step)
         return self._stop
+
+    def plan(self, *, total_steps: int) -> int | None:
+        """Plan the run's checks from its length: ``planned_checks`` becomes
+        ``total_steps // every_n_steps``, the checks :meth:`step` runs in global steps 1 to
+        ``total_steps`` (:mod:`privmon.estimators.spending`: each certifies at 0.9 δ / that
+        number instead of the sequence for runs of unknown length). The Lightning, Hugging Face
+        and Ignite adapters call it before training with the trainer's length.
+
+        A ``planned_checks`` given at construction is never changed (a schedule with another
+        count is said, once). Once a check has spent part of ``interval_delta`` the plan in
+        force is kept — spending δ another way mid-run would break the run-level guarantee —
+        and a schedule with another count is said, once; a resumed run keeps the plan its saved
+        state was measured under (:meth:`load_state_dict`). A run stopped before its planned
+        length (early stopping, a crash) leaves part of δ unspent: its certificates stay valid.
+
+        Args:
+            total_steps: the global step training ends at (>= 1).
+
+        Returns:
+            The planned checks now in force (None: the sequence for unknown lengths).
+        """
+        total_steps = check_int(total_steps, name="total_steps", minimum=1)
+        planned = total_steps // self.every_n_steps
+        self._planned_steps = total_steps
+        if planned == self.planned_checks:
+            return planned
+        schedule = (
+            f"the trainer's schedule has {planned} checks ({total_steps} steps, every_n_steps="
+            f"{self.every_n_steps})"
+        )
+        if self._user_planned:
+            self._traps.say(
+                "plan differs",
+                f"privmon: planned_checks={self.planned_checks} is kept, but {schedule}: "
+                + (
+                    f"checks after check {self.planned_checks} certify at a far smaller share of "
+                    "interval_delta"
+                    if planned > cast(int, self.planned_checks)
+                    else "every check certifies at a smaller share of interval_delta than "
+                    "the schedule needs"
+                ),
+                stacklevel=2,
+            )
+        elif self.n_certified_checks > 0:
+            kept = (
+                "the sequence for runs of unknown length"
+                if self.planned_checks is None
+                else f"planned_checks={self.planned_checks}"
+            )
+            self._traps.say(
+                "plan kept",
+                f"privmon: {schedule}, but {self.n_certified_checks} check(s) of this run "
+                f"already certified under {kept}, which is kept: spending interval_delta "
+                "another way mid-run would break the run-level guarantee",
+                stacklevel=2,
+            )
+        elif planned == 0:
+            self._traps.say(
+                "no check due",
+                f"privmon: no check is due in this run: every_n_steps={self.every_n_steps} is "
+                f"above its {total_steps} steps; lower every_n_steps",
+                stacklevel=2,
+            )
+        else:
+            self.planned_checks = planned
+            logger.info("privmon: %s: planned_checks=%d", schedule, planned)
+        return self.planned_checks
+
+    def detectable_advantage(
+        self,
+        query: str | None = None,
+        *,
+        check: int | None = None,
+        threshold: float | None = None,
+        power: float = 0.5,
+    ) -> float:
+        """The smallest advantage that check number ``check`` certifies for ``query``: a true
+        optimal advantage this large gets a certified lower bound (``…/lower``) above
+        ``threshold`` with probability ``power``, at the check's share of ``interval_delta``
+        per figure and the query's audit sizes (:func:`privmon.detectable_advantage`, for a
+        rule as good as the optimal one). Each report carries it for its own check as
+        ``privacy/<query>/detectable``; a smaller leak may go uncertified.
+
+        The audit sizes are the query's records with finite scores at its last check, and
+        before any check the records the loaders will yield (capped by ``max_batches``), for
+        scores of 1-2 dimensions (above, a few % more is needed).
+
+        Args:
+            query: the query's name; may be omitted when one query is monitored.
+            check: the check's number in the run (1, 2, …); default the next check.
+            threshold: the figure the bound must exceed, in [|2p − 1|, 1); default the floor
+                |2p − 1|: any certified leakage.
+            power: the probability of exceeding it, in (0, 1); 0.5: in half the runs.
+
+        Returns:
+            The advantage, in (threshold, 1], or ``math.inf`` when none reaches the threshold.
+
+        Raises:
+            ValueError: on a bad argument, or when the audit sizes are unknown (loaders without
+                a length, before the first check).
+        """
+        names = [q.name for q in self.queries]
+        if query is None:
+            if len(names) > 1:
+                raise ValueError(f"query must name one of the monitored queries {names}")
+            query = names[0]
+        if query not in names:
+            raise ValueError(f"query must be one of {names}, got {query!r}")
+        k = (
+            self.n_certified_checks + 1
+            if check is None
+            else check_int(check, name="check", minimum=1)
+        )
+        sizes = self._sizes(query)
+        if sizes is None:
+            raise ValueError(
+                "the audit sizes are unknown until the first check: the member or non-member "
+                "set has no length (an iterable dataset, a custom batch sampler)"
+            )
+        n1, n2, dim = sizes
+        return _detectable(
+            n1,
+            n2,
+            delta=self._certify_delta(k),
+            prior=self.prior,
+            dim=dim,
+            threshold=threshold,
+            power=check_open_unit(power, name="power"),
+        )
 
     @property
     def should_stop(self) -> bool:
@@ -370,6 +574,7 @@ class PrivacyMonitor:
                 self._traps.check_failed(global_step, describe_error(err))
             return None
         self.history.append(report)
+        self._say_what_can_be_certified(self.n_certified_checks, first=len(self.history) == 1)
         stop, error = False, None
         try:
             if rank_and_world()[0] == 0:  # every rank holds the same report; one writes it
@@ -537,6 +742,102 @@ class PrivacyMonitor:
         failed.update(agreed.left_out)
         return gather_scores(local, agreed), failed, forward
 
+    def _certify_delta(self, k: int) -> float:
+        """The δ check ``k`` certifies each of its figures at: its share of the run's δ, split
+        evenly over its certified figures, so that every figure called certified holds over the
+        whole run (union bound)."""
+        share = check_delta(k, delta=self.interval_delta, planned_checks=self.planned_checks)
+        return share / self._figures_per_check()
+
+    def _sizes(self, query: str) -> tuple[int, int, int] | None:
+        """(members, non-members, dimensions) of ``query``'s audit: its last check's, else the
+        loaders' expected records for 1-D scores; None when unknown."""
+        if query in self._audit_sizes:
+            return self._audit_sizes[query]
+        if self._expected_sizes is None:
+            return None
+        return (*self._expected_sizes, 1)
+
+    def _say_what_can_be_certified(self, k: int, *, first: bool) -> None:
+        """Log what check ``k`` can certify per query (``first``: at construction and at the
+        first check), and warn once when early stopping watches a certified lower bound whose
+        threshold no advantage reaches at check ``k``. Unknown sizes say nothing; a failure
+        here is logged, never raised."""
+        try:
+            stopping = self.early_stopping
+            watched: tuple[str, str] | None = None  # (query, tag) early stopping reads
+            if stopping is not None:
+                tags = (stopping.tag, f"privacy/{stopping.metric}")
+                watched = next(
+                    (
+                        (q.name, f"privacy/{q.name}/{m}/lower")
+                        for q in self.queries
+                        for m in self.methods
+                        if f"privacy/{q.name}/{m}/lower" in tags
+                    ),
+                    None,
+                )
+            delta = self._certify_delta(k)
+            if first:
+                parts = []
+                for q in self.queries:
+                    sizes = self._sizes(q.name)
+                    if sizes is not None:
+                        n1, n2, dim = sizes
+                        a = _detectable(n1, n2, delta=delta, prior=self.prior, dim=dim)
+                        parts.append(
+                            f"{q.name!r} ({n1} members, {n2} non-members, {dim}-D): {a:.3f}"
+                        )
+                if parts:
+                    logger.info(
+                        "privmon: the smallest advantage check %d certifies in half the runs "
+                        "(δ = %.3g per certified figure, planned_checks=%s): %s",
+                        k,
+                        delta,
+                        self.planned_checks,
+                        "; ".join(parts),
+                    )
+            if watched is not None and stopping is not None:
+                self._warn_if_out_of_reach(k, delta, stopping.threshold, *watched)
+        except Exception:
+            logger.exception("privmon: computing what check %s can certify failed", k)
+
+    def _warn_if_out_of_reach(
+        self, k: int, delta: float, threshold: float, query: str, tag: str
+    ) -> None:
+        """Warn once when no advantage gets ``tag`` (a certified lower bound of ``query``) above
+        early stopping's ``threshold`` in half the runs at check ``k``, with the records per
+        class that would let an advantage a little above it do so."""
+        sizes = self._sizes(query)
+        floor = abs(2 * self.prior - 1)
+        if sizes is None or threshold < floor:  # below the floor: any certified leak trips it
+            return
+        n1, n2, dim = sizes
+        if threshold < 1 and math.isfinite(
+            _detectable(n1, n2, delta=delta, prior=self.prior, dim=dim, threshold=threshold)
+        ):
+            return
+        reach = ""
+        if threshold < 1:
+            target = min(threshold + 0.1, (1 + threshold) / 2)
+            try:
+                needed = audit_records_needed(
+                    target, delta=delta, prior=self.prior, threshold=threshold, dim=dim
+                )
+                reach = f"About {needed} records per class would let a true advantage of "
+                reach += f"{target:.3g} cross it in half the runs (privmon.audit_records_needed); "
+            except ValueError as err:  # beyond the records it searches
+                reach = f"{str(err).capitalize()}; "
+        self._traps.say(
+            "out of reach",
+            f"privmon: early stopping on {tag} > {threshold:g} cannot fire at check {k}: with "
+            f"{n1} members and {n2} non-members and δ = {delta:.3g} per certified figure, not "
+            f"even an advantage of 1 gets a certified lower bound above {threshold:g} in half "
+            f"the runs. {reach or 'Or: '}lower the threshold, certify fewer figures per check (one "
+            "method), plan the checks (planned_checks) or raise interval_delta",
+            stacklevel=4,
+        )
+
     def _figures_per_check(self) -> int:
         """Certified figures per check: one per query and method it applies to, and one per
         canary bound."""
@@ -602,16 +903,7 @@ class PrivacyMonitor:
         try:
             if self.accountant is not None:
                 eps = float(epsilon_from_opacus(self.accountant, delta=self.delta))
-            # this check's share of the run's δ, split evenly over its certified figures: every
-            # figure called certified then holds over the whole run (union bound)
-            lower_delta = (
-                check_delta(
-                    self.n_certified_checks + 1,
-                    delta=self.interval_delta,
-                    planned_checks=self.planned_checks,
-                )
-                / self._figures_per_check()
-            )
+            lower_delta = self._certify_delta(self.n_certified_checks + 1)
             for q in self.queries:
                 if q.name not in failed:
                     analysed[q.name] = self._analyse(q, *scores[q.name], lower_delta)
@@ -654,6 +946,8 @@ class PrivacyMonitor:
                     failures[q.name] = result
                     continue
                 results[q.name] = result
+                n1, n2 = (finite_rows(side) for side in scores[q.name])
+                self._audit_sizes[q.name] = (n1, n2, result.dim)
                 self._traps.check_direction(
                     step,
                     q.name,
@@ -663,6 +957,10 @@ class PrivacyMonitor:
                 )
                 failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
                 scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
+                # the smallest advantage this check certifies in half the runs
+                scalars[f"privacy/{q.name}/detectable"] = _detectable(
+                    n1, n2, delta=lower_delta, prior=self.prior, dim=result.dim
+                )
                 # ε implied by each certified lower bound, in one call
                 eps_bounds = epsilon_lower_bound(
                     np.array([est.lower for est in result.estimates.values()]), prior=self.prior
@@ -731,13 +1029,15 @@ class PrivacyMonitor:
         """Refuse a saved setup that differs from this monitor's: naming the fields that differ,
         or those a newer privmon saved that this one does not know. A field the saved setup
         lacks (saved by an older privmon) is not compared; states saved before the setup was
-        kept have none."""
+        kept have none. ``planned_checks`` is compared only when this monitor was given one."""
         if config is None:
             return
         if not isinstance(config, dict):
             raise ValueError(f"state config must be a dict, got {type(config).__name__}")
         mine = self._config()
-        unknown = sorted(set(config) - set(mine))
+        if not self._user_planned:  # a plan not given by the user: the saved run's plan goes on
+            del mine["planned_checks"]
+        unknown = sorted(set(config) - set(mine) - {"planned_checks"})
         if unknown:
             raise ValueError(
                 "state was saved by a newer privmon, with setup fields this one does not know "
@@ -770,8 +1070,10 @@ class PrivacyMonitor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`. The state must come from a monitor with the same
-        queries, methods, prior, ``interval_delta`` and ``planned_checks`` (the run's confidence
-        budget goes on where it stopped; a newer privmon's setup fields are refused by name);
+        queries, methods, prior, ``interval_delta`` and — when this monitor was given one —
+        ``planned_checks`` (the run's confidence budget goes on where it stopped; a newer
+        privmon's setup fields are refused by name); a monitor given no ``planned_checks`` takes
+        the saved run's plan, which :meth:`plan` then keeps once the state has checks;
         every field is checked before any is applied, and against the others (``last_step``
         against the checks kept), so a state that does not fit raises a ValueError naming the
         field and changes nothing. A certified-check count above the checks the state ran
@@ -783,6 +1085,11 @@ class PrivacyMonitor:
         if missing:
             raise ValueError(f"state lacks {missing}: is it a PrivacyMonitor.state_dict()?")
         self._check_config(state.get("config"))
+        planned = self.planned_checks
+        if not self._user_planned and isinstance(state.get("config"), dict):
+            planned = state["config"].get("planned_checks", planned)
+            if planned is not None:
+                planned = check_int(planned, name="state config planned_checks", minimum=1)
         history = ReportHistory.from_state_dict(state["history"])
         if not isinstance(state["stop"], bool):
             raise ValueError(f"state stop must be True or False, got {state['stop']!r}")
@@ -823,3 +1130,4 @@ class PrivacyMonitor:
         self._last_step, self._stop = last_step, state["stop"]
         self.n_failed, self.n_certified_checks = n_failed, n_certified
         self.run_id = run_id
+        self.planned_checks = planned

@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-__all__ = ["SWAP_Z", "Traps", "audit_overlap", "swapped_sets_alarm"]
+__all__ = ["SWAP_Z", "Traps", "audit_overlap", "finite_rows", "swapped_sets_alarm"]
 
 logger = logging.getLogger("privmon")
 
@@ -48,7 +48,8 @@ def audit_overlap(members: list[bytes], nonmembers: list[bytes]) -> tuple[int, b
     return shared, identical
 
 
-def _finite_rows(scores: torch.Tensor) -> int:
+def finite_rows(scores: torch.Tensor) -> int:
+    """How many records (rows) of ``scores`` hold only finite values: those an analysis keeps."""
     return int(torch.isfinite(scores.reshape(scores.shape[0], -1)).all(dim=1).sum())
 
 
@@ -139,7 +140,7 @@ class Traps:
         chance (:func:`swapped_sets_alarm`)."""
         if higher_is_member is None or auc is None:
             return
-        n1, n2 = (_finite_rows(s) for s in scores)
+        n1, n2 = (finite_rows(s) for s in scores)
         if not swapped_sets_alarm(auc, n1, n2):
             return
         direction = "higher" if higher_is_member else "lower"

@@ -1,18 +1,45 @@
-"""What the framework adapters share: spotting a new report, and writing to a framework's logger
-without letting a logger's failure stop training."""
+"""What the framework adapters share: planning the checks from the trainer's length, spotting a
+new report, and writing to a framework's logger without letting a logger's failure stop
+training."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
 from privmon.report import Report
 from privmon.sinks.base import finite_scalars
 
-__all__ = ["new_report", "publish"]
+__all__ = ["new_report", "plan_checks", "publish"]
 
 logger = logging.getLogger("privmon")
+
+
+def plan_checks(monitor: Any, total_steps: Any, *, source: str) -> None:
+    """Plan the monitor's checks from the trainer's length (``PrivacyMonitor.plan``) when that
+    is a known, finite number of steps (``source`` names where it came from, for the log);
+    an unknown length leaves the sequence for runs of unknown length. A failure is logged,
+    not raised (``strict=True`` re-raises): planning only tightens the certificates."""
+    plan = getattr(monitor, "plan", None)
+    if not callable(plan):
+        return
+    try:
+        known = isinstance(total_steps, int | float) and math.isfinite(total_steps)
+        if not known or total_steps < 1:
+            logger.info(
+                "privmon: the trainer's length is unknown (%s = %r): checks certify under the "
+                "sequence for runs of unknown length; pass planned_checks for tighter bounds",
+                source,
+                total_steps,
+            )
+            return
+        plan(total_steps=int(total_steps))
+    except Exception:
+        if getattr(monitor, "strict", False):
+            raise
+        logger.exception("privmon: planning the checks from %s failed", source)
 
 
 def new_report(monitor: Any, before: Report | None) -> Report | None:

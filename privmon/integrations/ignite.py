@@ -12,6 +12,13 @@ iteration counter runs across epochs, like a global step — and calls ``engine.
 monitor says stop (Ignite finishes the current iteration's handlers, fires ``TERMINATE`` and
 ``COMPLETED``, and leaves ``engine.state.iteration`` at the stopping step).
 
+Planned checks: at the handler's first call a monitor given no ``planned_checks`` plans them
+from the run's length (:meth:`~privmon.PrivacyMonitor.plan`): ``engine.state.max_iters``, else
+``max_epochs × epoch_length`` when both are known (an epoch length Ignite cannot read from the
+data leaves the checks unplanned). Each check then certifies at 0.9·δ / planned checks. Load a
+checkpoint's monitor state before ``trainer.run``: a resumed run keeps the plan it was saved
+under.
+
 Metrics: after each check the report's finite scalars are written into ``engine.state.metrics``
 (tag -> float, e.g. ``engine.state.metrics["privacy/loss/histogram/value"]``) and stay there
 until the next check, so Ignite's logger handlers that read the metrics — ``TensorboardLogger``
@@ -35,7 +42,7 @@ from typing import Any
 
 from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
-from privmon.integrations._common import new_report, publish
+from privmon.integrations._common import new_report, plan_checks, publish
 
 __all__ = ["attach"]
 
@@ -62,7 +69,13 @@ def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: 
     if event is None:
         event = Events.ITERATION_COMPLETED
 
+    planned = False
+
     def _privacy_check(engine: Any) -> None:
+        nonlocal planned
+        if not planned:  # before the run's first check
+            planned = True
+            plan_checks(monitor, _total_iterations(engine.state), source="engine.state")
         before = monitor.last_report
         stop = monitor.step(int(engine.state.iteration))
         report = new_report(monitor, before)
@@ -72,3 +85,13 @@ def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: 
             engine.terminate()
 
     return engine.add_event_handler(event, _privacy_check)
+
+
+def _total_iterations(state: Any) -> int | None:
+    """The iteration an Ignite run ends at: ``max_iters``, else ``max_epochs × epoch_length``;
+    None when unknown."""
+    max_iters = getattr(state, "max_iters", None)
+    if max_iters is not None:
+        return int(max_iters)
+    epochs, length = state.max_epochs, state.epoch_length
+    return None if epochs is None or length is None else int(epochs) * int(length)

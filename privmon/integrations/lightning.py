@@ -21,6 +21,14 @@ with ``logger.log_metrics(scalars, step=report.step)``, the check's global step,
 0 only. ``PrivacyMonitorCallback(monitor, log_to_loggers=False)`` turns that off (the monitor's
 own sinks still write).
 
+Planned checks: at ``on_train_start`` — after Lightning restored a checkpoint's callback state —
+a monitor given no ``planned_checks`` plans them from the run's length
+(:meth:`~privmon.PrivacyMonitor.plan`): ``trainer.max_steps`` when set, else
+``trainer.estimated_stepping_batches`` when finite (``max_epochs`` × optimizer steps per epoch;
+Lightning's default when neither is set is 1000 epochs, a plan far longer than a run stopped
+early by other means: pass ``max_steps`` / ``max_epochs`` or ``planned_checks``). Each check
+then certifies at 0.9·δ / planned checks. A resumed run keeps the plan it was saved under.
+
 The monitor's state (history of scalars, early-stopping counters, last checked step) travels in
 Lightning checkpoints through the callback's ``state_dict`` / ``load_state_dict``: resuming with
 ``trainer.fit(module, ckpt_path=...)`` and a fresh monitor continues the history without checking
@@ -52,7 +60,7 @@ else:
 
 from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
-from privmon.integrations._common import new_report, publish
+from privmon.integrations._common import new_report, plan_checks, publish
 
 __all__ = ["PrivacyMonitorCallback"]
 
@@ -88,6 +96,18 @@ class PrivacyMonitorCallback(Callback):
         queries) keep distinct entries."""
         names = tuple(getattr(q, "name", "?") for q in getattr(self.monitor, "queries", ()))
         return self._generate_state_key(queries=names)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Plan the monitor's checks from the run's length (module docstring)."""
+        max_steps = int(getattr(trainer, "max_steps", -1))
+        if max_steps > 0:
+            plan_checks(self.monitor, max_steps, source="trainer.max_steps")
+            return
+        try:
+            estimated = trainer.estimated_stepping_batches
+        except Exception:  # e.g. gradient accumulation that changes between epochs
+            estimated = None
+        plan_checks(self.monitor, estimated, source="trainer.estimated_stepping_batches")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

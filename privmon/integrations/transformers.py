@@ -38,6 +38,11 @@ of that ``trainer.log`` call and are handed, instead, what ``console`` selects:
 Only the console changes: ``log_history`` and the ``report_to`` integrations get every figure
 whatever ``console`` says.
 
+Planned checks: at ``on_train_begin`` (after a resumed run's state is loaded) a monitor given no
+``planned_checks`` plans them from ``state.max_steps``, the run's optimizer steps
+(:meth:`~privmon.PrivacyMonitor.plan`): each check then certifies at 0.9·δ / planned checks. A
+resumed run keeps the plan it was saved under.
+
 Checkpoints: when the Trainer saves a checkpoint (``on_save``) the monitor's state is written
 with ``torch.save`` as ``privmon_monitor.pt`` into that checkpoint folder
 (``<output_dir>/checkpoint-<step>``). When ``trainer.train(resume_from_checkpoint=...)`` resumes
@@ -74,7 +79,7 @@ except ImportError as err:
 
 from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
-from privmon.integrations._common import new_report, publish
+from privmon.integrations._common import new_report, plan_checks, publish
 from privmon.report import Report
 from privmon.sinks.base import finite_scalars
 
@@ -229,7 +234,14 @@ class PrivacyMonitorCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """On a resumed run, restore the monitor's state from the checkpoint's
-        :data:`STATE_FILE` (a warning when none is found)."""
+        :data:`STATE_FILE` (a warning when none is found); then plan the monitor's checks from
+        ``state.max_steps`` (module docstring)."""
+        self._restore(args, state)
+        plan_checks(self.monitor, state.max_steps, source="state.max_steps")
+        return control
+
+    def _restore(self, args: Any, state: Any) -> None:
+        """Load the monitor's state on a resumed run (on_train_begin)."""
         if self.log_to_trainer and self.trainer is None and not self._warned:
             self._warned = True
             logger.warning(
@@ -240,7 +252,7 @@ class PrivacyMonitorCallback(TrainerCallback):
             )
         step = int(state.global_step)
         if step == 0:  # a fresh run
-            return control
+            return
         candidates = []
         resume = getattr(args, "resume_from_checkpoint", None)
         if isinstance(resume, str):
@@ -254,7 +266,7 @@ class PrivacyMonitorCallback(TrainerCallback):
             if int(payload.get("global_step", -1)) != step:
                 continue
             self.monitor.load_state_dict(payload["monitor"])
-            return control
+            return
         logger.warning(
             "privmon: training resumed at step %s but no %s was found in %s; the monitor's "
             "history starts afresh",
@@ -262,7 +274,6 @@ class PrivacyMonitorCallback(TrainerCallback):
             STATE_FILE,
             candidates,
         )
-        return control
 
 
 def attach(

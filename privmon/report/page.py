@@ -83,6 +83,7 @@ def _summary_table(checks: Checks) -> str:
                     s.get(f"privacy/{q}/auc"),
                     s.get(f"privacy/{q}/tpr@fpr=0.01"),
                     s.get(f"privacy/{q}/n_dropped"),
+                    s.get(f"privacy/{q}/detectable"),
                 ]
             )
     return _table(
@@ -97,6 +98,7 @@ def _summary_table(checks: Checks) -> str:
             "AUC",
             "TPR@FPR=1%",
             "dropped",
+            "detectable",
         ],
         rows,
         left=2,
@@ -218,7 +220,9 @@ def render_html(checks: Checks, title: str | None = None) -> str:
         "together with probability ≥ 1 − δ; leakage is certified when one exceeds the trivial "
         "floor |2p − 1| (0 at prior 0.5), i.e. when its ε lower bound is positive. "
         "<b>plug-in</b> and <b>plug-in + McDiarmid</b> are the MACE paper's W_N / U_N figures: "
-        "biased up, they bound nothing and are shown only to reproduce the paper.</p>"
+        "biased up, they bound nothing and are shown only to reproduce the paper. "
+        "<b>detectable</b>: the smallest advantage this check's certificate detects in half the "
+        "runs at its audit sizes and δ; smaller leaks may go uncertified.</p>"
     )
     out.append("<h2>Advantage over training</h2>")
     for q in checks.queries():

@@ -177,6 +177,20 @@ def verdict(checks: Checks) -> Verdict:
             "used, with the power these sample sizes give; a stronger query or more audit records "
             "may find leakage these did not."
         )
+        last = checks.records[-1]["scalars"]
+        detectable = [
+            (q, last[f"privacy/{q}/detectable"])
+            for q in checks.queries()
+            if f"privacy/{q}/detectable" in last
+        ]
+        if detectable:
+            details.append(
+                "At the last check's audit sizes and δ, the certificate detects in half the runs "
+                "an advantage of at least "
+                + ", ".join(f"{fmt(a, 3)} (query {q!r})" for q, a in detectable)
+                + ": smaller leaks may go uncertified (more audit records, fewer checks or "
+                "planned checks lower it)."
+            )
         level = "none"
     if has_eps:
         eps_last = checks.records[-1]["epsilon"]

@@ -107,6 +107,7 @@ __all__ = [
 
 POOLED_MAX_ALPHA = 0.25  # the lemma's largest level α: a pooled bound at a larger δ uses 1/4
 _RATE_STEPS = 60  # bisection steps on a rate in [0, 1]: to 1e-18, below float resolution
+_TAIL_SDS = 40  # a binomial's mass beyond 40 standard deviations (+40) is below 1e-300
 _MAX_RECORDS = 1 << 22  # audit_records_needed searches up to this many records per class
 
 
@@ -246,10 +247,15 @@ def _detection(n1: int, n2: int, *, prior, delta, threshold):
             lambda power: float(betaincinv(count, total - count + 1, power)),
         )
     boundary = _split_boundary(n1, n2, prior=prior, delta=delta, threshold=threshold)
-    tps = np.arange(n1 + 1)
 
     def probability(rate: float) -> float:
-        return float(np.sum(binom.pmf(tps, n1, rate) * binom.sf(boundary - 1, n2, rate)))
+        # tp beyond _TAIL_SDS standard deviations (plus a Poisson margin near 0 and 1) carries
+        # no mass a float can hold: summing only the rest keeps a large audit's call cheap
+        spread = _TAIL_SDS * (math.sqrt(n1 * rate * (1 - rate)) + 1)
+        low = max(0, math.floor(n1 * rate - spread))
+        high = min(n1, math.ceil(n1 * rate + spread))
+        tps = np.arange(low, high + 1)
+        return float(np.sum(binom.pmf(tps, n1, rate) * binom.sf(boundary[tps] - 1, n2, rate)))
 
     def rate_for(power: float) -> float:
         if probability(1.0) < power:

@@ -70,6 +70,7 @@ from privmon.estimators.estimates import (
     describe_error,
 )
 from privmon.estimators.in_memory import in_memory_estimate, learned_rule
+from privmon.estimators.magnitude import magnitude_scale
 from privmon.estimators.plugins import plugin_from, raw_plugins
 from privmon.estimators.rules import RuleDensities, grid_estimates
 from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections
@@ -237,6 +238,10 @@ def optimal_advantage(
             f"member_scores and nonmember_scores must have the same dimension d, got "
             f"{m.shape[1]} and {h.shape[1]}"
         )
+    scale = magnitude_scale(torch.cat([m, h]))
+    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
+        m, h = m * scale, h * scale
+        low, high = (_rescaled(bound, scale) for bound in (low, high))
     return estimate_from_scores(
         m,
         h,
@@ -253,6 +258,18 @@ def optimal_advantage(
         high=high,
         n_dropped=dm + dh,
     )
+
+
+def _rescaled(bound: Any, scale: torch.Tensor) -> Any:
+    """A grid bound given per dimension (or one for all) in the scores' units, in the units of
+    the scores multiplied by ``scale``; None, or a bound of the wrong length (which the grid
+    refuses by name), as given."""
+    if bound is None:
+        return None
+    t = torch.atleast_1d(torch.as_tensor(bound, dtype=torch.float64))
+    if t.ndim != 1 or t.numel() not in (1, scale.numel()):
+        return bound
+    return t * scale.cpu()
 
 
 def estimate_from_scores(

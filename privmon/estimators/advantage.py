@@ -214,9 +214,10 @@ def optimal_advantage(
         folds: cross-fitting folds (>= 4).
         n_samples: importance samples for U_N above 2 dimensions; ``seed`` seeds them (a local
             generator: the global RNG is never touched).
-        low, high: the grid's range per dimension in 1-2 dimensions (records outside land in
-            the edge bins). Default: the pooled data range cut at 5 IQRs beyond the quartiles
-            (:func:`~privmon.estimators.binning.robust_range`). Ignored above 2 dimensions.
+        low, high: the grid's range per dimension in 1-2 dimensions, or one number for every
+            dimension (records outside land in the edge bins). Default: the pooled data range
+            cut at 5 IQRs beyond the quartiles (:func:`~privmon.estimators.binning.robust_range`).
+            Ignored above 2 dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
@@ -241,7 +242,8 @@ def optimal_advantage(
     scale = magnitude_scale(torch.cat([m, h]))
     if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
         m, h = m * scale, h * scale
-        low, high = (_rescaled(bound, scale) for bound in (low, high))
+    if m.shape[1] <= 2:
+        low, high = _grid_bounds(low, high, m.shape[1], scale)
     return estimate_from_scores(
         m,
         h,
@@ -260,16 +262,24 @@ def optimal_advantage(
     )
 
 
-def _rescaled(bound: Any, scale: torch.Tensor) -> Any:
-    """A grid bound given per dimension (or one for all) in the scores' units, in the units of
-    the scores multiplied by ``scale``; None, or a bound of the wrong length (which the grid
-    refuses by name), as given."""
-    if bound is None:
-        return None
-    t = torch.atleast_1d(torch.as_tensor(bound, dtype=torch.float64))
-    if t.ndim != 1 or t.numel() not in (1, scale.numel()):
-        return bound
-    return t * scale.cpu()
+def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tuple[Any, Any]:
+    """``low`` / ``high`` as (d,) float64 tensors (a single number serves every dimension),
+    multiplied by ``scale`` when the scores were (:func:`magnitude_scale`); None as given."""
+    if low is None or high is None:
+        if (low is None) != (high is None):
+            raise ValueError("low and high must be given together (or neither)")
+        return low, high
+    bounds = []
+    for bound, name in ((low, "low"), (high, "high")):
+        t = torch.atleast_1d(torch.as_tensor(bound, dtype=torch.float64))
+        if t.ndim != 1 or t.numel() not in (1, d):
+            raise ValueError(
+                f"{name} must be one number or one per dimension ({d}), got shape "
+                f"{tuple(torch.as_tensor(bound).shape)}"
+            )
+        t = t.expand(d)
+        bounds.append(t if scale is None else t * scale.cpu())
+    return bounds[0], bounds[1]
 
 
 def estimate_from_scores(

@@ -23,14 +23,13 @@ SAFE_EXPONENT = 64
 
 def magnitude_scale(x: torch.Tensor) -> torch.Tensor | None:
     """Per-column powers of two (d,) bringing each column of finite scores x (n, d) whose
-    largest magnitude lies outside [2^-64, 2^64] into [1, 2) (columns of subnormals: as close as float64 allows; 1 for every other column and
-    for columns of zeros); None when no column needs it, the usual case."""
+    largest magnitude lies outside [2^-64, 2^64] into [1, 2) (a column of subnormals as far
+    as float64 allows); 1 for every other column and for columns of zeros. None when no column
+    needs it, the usual case."""
     if x.numel() == 0:
         return None
     largest = x.abs().amax(dim=0)
-    outside = (largest > 0) & (
-        (largest > 2.0**SAFE_EXPONENT) | (largest < 2.0**-SAFE_EXPONENT)
-    )
+    outside = (largest > 0) & ((largest > 2.0**SAFE_EXPONENT) | (largest < 2.0**-SAFE_EXPONENT))
     if not bool(outside.any()):
         return None
     _, exponent = torch.frexp(largest)  # largest = mantissa · 2^exponent, mantissa in [0.5, 1)

@@ -16,6 +16,7 @@ import torch
 from scipy.stats import chi2, chi2_contingency, norm
 from sklearn.linear_model import LinearRegression
 
+from privmon import optimal_advantage
 from privmon.estimators.binning import fold_of
 from privmon.estimators.certificate import certified_advantage
 from privmon.estimators.estimates import accuracy_advantage
@@ -315,3 +316,14 @@ def test_tiny_classes(n1, n2):
 def test_deterministic():
     m, h = draw(300, 300, 6, 10, shift=0.2)
     assert learned_rule_counts(m, h, prior=0.5) == learned_rule_counts(m, h, prior=0.5)
+
+
+def test_unequal_class_sizes_keep_the_prior_threshold():
+    """600 members against 1800 non-members (d = 4, mean shift 0.5 per coordinate): the fit's
+    class balance log(n1/n2) is taken out of its logit, so the rule is the one at prior 1/2 and
+    its value is near the truth 2Φ(‖δ‖/2) − 1 = 2Φ(1/2) − 1 = 0.383 (a rule keeping the 1:3
+    balance calls too few members: 0.227 with it left in). Pinned: 0.384444."""
+    m, h = draw(600, 1800, 4, 0, shift=0.5)
+    got = optimal_advantage(m, h).value
+    assert got == pytest.approx(0.3844444444444446, abs=1e-12)
+    assert got == pytest.approx(2 * norm.cdf(0.5) - 1, abs=0.02)

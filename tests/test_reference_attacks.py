@@ -353,3 +353,19 @@ def test_exports():
     assert privmon.attacks.lira is lira
     assert privmon.attacks.rmia is rmia
     assert privmon.attacks.calibrated_score is calibrated_score
+
+
+def test_lira_pools_the_fixed_variance_over_records_with_two_scores_a_side():
+    """Models 0-1 trained on every record, 2-3 on none; record 2 has one in-score (the other
+    is NaN), so its in-side variance is not pooled. Population variances: in side, records 0-1
+    ({1, 3} and {0, 4}): (1 + 4) / 2 = 2.5; out side, records 0-2 ({0, 2}, {1, 1}, {2, 4}):
+    (1 + 0 + 1) / 3 = 2/3. Pooling record 2's single in-score (variance 0) would give 5/3."""
+    t = np.array([2.0, 1.0, 4.0])
+    s = np.array([[1, 0, 5], [3, 4, np.nan], [0, 1, 2], [2, 1, 4]], dtype=np.float64)
+    m = np.zeros((4, 3), dtype=bool)
+    m[:2] = True
+    mu_in, mu_out = np.array([2.0, 2.0, 5.0]), np.array([1.0, 1.0, 3.0])
+    want = st.norm.logpdf(t, mu_in, math.sqrt(2.5)) - st.norm.logpdf(t, mu_out, math.sqrt(2 / 3))
+    got = lira(t, s, m, online=True, fixed_variance=True)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(got, [0.089122, -0.860878, -0.110878], atol=5e-7)

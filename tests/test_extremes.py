@@ -143,3 +143,23 @@ def test_the_scale_is_an_exact_power_of_two_bringing_each_column_into_range(rows
             assert bool(((column * scale[j]) / scale[j] == column)[normal].all())
         else:  # subnormal: as far up as a finite power of two takes it
             assert scale[j] == 2.0**1023 and 2.0**-SAFE_EXPONENT <= scaled[j] < 2.0
+
+
+@pytest.mark.parametrize("far", [1e155, 1e200, 1e300])
+def test_one_far_score_in_1d_never_overflows(far):
+    """The 1-D rules read ranks: one member moved from the top to ``far`` changes no rule
+    figure. U_N, on the raw scale, is computed up to ~1e154 times the others' spread and
+    beyond that reported lost by a ValueError naming why (never an OverflowError raised)."""
+    rng = np.random.default_rng(12)
+    mem, non = rng.normal(0.6, 1.0, 400), rng.normal(0.0, 1.0, 400)
+    base = analyse(mem, non)
+    mem[np.argmax(mem)] = far
+    res = analyse(mem, non)  # errors="raise"
+    for method in ("histogram", "kde"):
+        for f in ("value", "lower", "lower_check"):
+            assert getattr(res.estimates[method], f) == getattr(base.estimates[method], f)
+    if far < 1e160:
+        assert math.isfinite(res.estimates["kde"].plugin) and not res.failures
+    else:
+        assert math.isnan(res.estimates["kde"].plugin)
+        assert res.failures["kde/plugin"].startswith("ValueError: a KDE kernel is wider")

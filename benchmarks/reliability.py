@@ -3,16 +3,18 @@
 Runs the fault-injection test modules (real faults: a kernel-refused disk, a 2-process gloo group
 with one rank failing, Opacus hooks, persistent DataLoader workers, corrupt JSON lines, /dev/full,
 two runs in one log directory, a cut-off line resumed, two sinks appending at once, score files
-that read two ways)
+that read two ways, scores of extreme magnitude)
 and prints one row per case with its outcome. Every case asserts that no check and no record is
 lost beyond the fault itself (a sink's reports are written late, not dropped; a failed check is
 skipped on every rank and the next one succeeds), so "passed" means the README's "lost: none".
 
-    python benchmarks/reliability.py
+    python benchmarks/reliability.py                          # every module
+    python benchmarks/reliability.py tests/test_extremes.py   # the rows of some modules
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -26,16 +28,23 @@ MODULES = {
     "tests/test_cli_faults.py": "privmon report / demo",
     "tests/test_sinks.py": "sinks: runs, cut-off lines, concurrency",
     "tests/test_cli.py": "privmon audit / command line",
+    "tests/test_extremes.py": "scores of extreme magnitude",
 }
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"of {', '.join(MODULES)} (default: all)")
+    modules = parser.parse_args().modules or list(MODULES)
+    unknown = [m for m in modules if m not in MODULES]
+    if unknown:
+        parser.error(f"not a reliability module: {', '.join(unknown)}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
         xml = os.path.join(tmp, "cases.xml")
         subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", f"--junitxml={xml}",
-             *MODULES],
+             *modules],
             cwd=root,
             env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
             stdout=subprocess.DEVNULL,

@@ -28,6 +28,7 @@ from torch import nn
 
 import privmon.callbacks.monitor as monitor_module
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
+from privmon.callbacks.distributed import agree_on_scores
 from privmon.callbacks.monitor import PrivacyViolationWarning
 from privmon.queries import CallableQuery, LossQuery
 from privmon.sinks import JsonlSink
@@ -413,6 +414,9 @@ def test_queries_whose_scores_differ_between_ranks_are_left_out_everywhere(ranks
     full = expected[0].scalars["privacy/loss/histogram/value"]
     assert a["report"]["privacy/loss/histogram/value"] == full
     assert _logged(a, "'dtype' is left out on every rank") and _logged(b, "'width' is left out")
+    # a query that failed on one rank is logged there as it failed, and as left out elsewhere
+    assert _logged(a, "'flaky' is left out on every rank: failed on rank 1")
+    assert not _logged(b, "'flaky' is left out") and _logged(b, "scorer broke on rank 1")
     # strict: every rank raises
     a, b = r0["layouts_strict"], r1["layouts_strict"]
     assert "differ in dtype or shape" in a["raised"] and a["raised"] == b["raised"]
@@ -513,3 +517,19 @@ def test_an_empty_shard_contributes_nothing_instead_of_vetoing(ranks):
     model, members, nonmembers = _audit()
     alone = PrivacyMonitor(LossQuery(model), members[:4], nonmembers, methods=("histogram",))
     assert a["report"] == dict(alone.check(10).scalars)
+
+
+def test_the_rank_whose_collection_failed_raises_its_own_error():
+    """A one-rank gloo group in this process: the rank whose collection failed raises the error
+    itself (the others a RankFailure naming it, as the spawned cases show)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        own = MemoryError("simulated: out of memory collecting the scores")
+        with pytest.raises(MemoryError) as raised:
+            agree_on_scores(
+                1, names=["loss"], settings="", spent=0, error=own, scores={}, failed={},
+                strict=False,
+            )  # fmt: skip
+        assert raised.value is own
+    finally:
+        dist.destroy_process_group()

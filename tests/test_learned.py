@@ -16,6 +16,7 @@ import torch
 from scipy.stats import chi2, chi2_contingency, norm
 from sklearn.linear_model import LinearRegression
 
+from privmon import optimal_advantage
 from privmon.estimators.binning import fold_of
 from privmon.estimators.certificate import certified_advantage
 from privmon.estimators.estimates import accuracy_advantage
@@ -238,6 +239,20 @@ def test_in_sample_measurement_would_fail_the_null_test():
     assert statistics.mean(values) > 0.05
 
 
+def test_a_block_the_evidence_finds_unbounded_is_pruned_to_zero():
+    """A mean shift at d = 3 fitted with both blocks: the evidence sends the noise block z²'s
+    penalty to the range's upper end, and its coefficients are then exactly 0 (not merely
+    small), while the linear block that carries the shift is kept."""
+    from privmon.estimators.learned import _fit
+
+    m, h = draw(2000, 2000, 3, 5, shift=0.5)
+    labels = torch.cat([torch.ones(2000), torch.zeros(2000)])
+    phi, y, everyone, gram = _training_features(torch.cat([m, h]), labels)
+    theta = _fit(phi, y, everyone, torch.zeros(1), gram)[0]
+    assert theta[4:].tolist() == [0.0, 0.0, 0.0]
+    assert bool((theta[1:4] > 0.2).all())
+
+
 def test_constant_and_collinear_columns_never_raise():
     """A hidden layer wider than the audit set (d = 300, 200 + 200) with 50 dead units and 10
     duplicated ones: finite counts and a small value under the null."""
@@ -304,14 +319,27 @@ def test_prior_moves_the_threshold():
     assert value(high, 1000, 1000, 0.8) >= 0.6 - 0.02
 
 
-@pytest.mark.parametrize(("n1", "n2"), [(1, 1), (1, 5), (2, 3), (6, 1)])
+@pytest.mark.parametrize(("n1", "n2"), [(1, 1), (1, 5), (2, 3), (6, 1), (3, 12)])
 def test_tiny_classes(n1, n2):
-    """Folds whose training records lack a class learn nothing (the prior's rule), no error."""
+    """Folds whose training records lack a class learn nothing (the prior's rule), no error:
+    with so few records no rule learns anything, every held-out record is a tie (1/2) and the
+    certificate's rule, at p = 1/2, calls none a member."""
     m, h = draw(n1, n2, 3, 9)
     c = learned_rule_counts(m, h, prior=0.5)
-    assert 0 <= c.tp <= n1 and 0 <= c.fp <= n2
+    assert (c.tp, c.fp, c.cert_tp, c.cert_fp) == (n1 / 2, n2 / 2, 0.0, 0.0)
 
 
 def test_deterministic():
     m, h = draw(300, 300, 6, 10, shift=0.2)
     assert learned_rule_counts(m, h, prior=0.5) == learned_rule_counts(m, h, prior=0.5)
+
+
+def test_unequal_class_sizes_keep_the_prior_threshold():
+    """600 members against 1800 non-members (d = 4, mean shift 0.5 per coordinate): the fit's
+    class balance log(n1/n2) is taken out of its logit, so the rule is the one at prior 1/2 and
+    its value is near the truth 2Φ(‖δ‖/2) − 1 = 2Φ(1/2) − 1 = 0.383 (a rule keeping the 1:3
+    balance calls too few members: 0.227 with it left in). Pinned: 0.384444."""
+    m, h = draw(600, 1800, 4, 0, shift=0.5)
+    got = optimal_advantage(m, h).value
+    assert got == pytest.approx(0.3844444444444446, abs=1e-12)
+    assert got == pytest.approx(2 * norm.cdf(0.5) - 1, abs=0.02)

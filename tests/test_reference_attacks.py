@@ -353,3 +353,42 @@ def test_exports():
     assert privmon.attacks.lira is lira
     assert privmon.attacks.rmia is rmia
     assert privmon.attacks.calibrated_score is calibrated_score
+
+
+def test_lira_pools_the_fixed_variance_over_records_with_two_scores_a_side():
+    """Models 0-1 trained on every record, 2-3 on none; record 2 has one in-score (the other
+    is NaN), so its in-side variance is not pooled. Population variances: in side, records 0-1
+    ({1, 3} and {0, 4}): (1 + 4) / 2 = 2.5; out side, records 0-2 ({0, 2}, {1, 1}, {2, 4}):
+    (1 + 0 + 1) / 3 = 2/3. Pooling record 2's single in-score (variance 0) would give 5/3."""
+    t = np.array([2.0, 1.0, 4.0])
+    s = np.array([[1, 0, 5], [3, 4, np.nan], [0, 1, 2], [2, 1, 4]], dtype=np.float64)
+    m = np.zeros((4, 3), dtype=bool)
+    m[:2] = True
+    mu_in, mu_out = np.array([2.0, 2.0, 5.0]), np.array([1.0, 1.0, 3.0])
+    want = st.norm.logpdf(t, mu_in, math.sqrt(2.5)) - st.norm.logpdf(t, mu_out, math.sqrt(2 / 3))
+    got = lira(t, s, m, online=True, fixed_variance=True)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(got, [0.089122, -0.860878, -0.110878], atol=5e-7)
+
+
+def test_rmia_offline_marginal_is_the_papers_linear_approximation():
+    """Offline RMIA's Pr(x) = ½((1 + a)·Pr_out(x) + (1 − a)) (Zarifzadeh et al., §4): the
+    out models' mean probability, moved towards 1 by the in models it lacks. (Its scale
+    cancels in the scores, so only the marginal itself can show it.)"""
+    from privmon.attacks.reference import rmia_marginal
+
+    probs = torch.tensor([[0.2, 0.9], [0.4, 0.5], [0.6, 0.1]], dtype=torch.float64)
+    shadow_in = torch.tensor([[True, False], [False, False], [False, True]])
+    pr_out = np.array([(0.4 + 0.6) / 2, (0.9 + 0.5) / 2])
+    for a in (0.0, 0.3, 1.0):
+        got = rmia_marginal(probs, shadow_in, online=False, a=a).numpy()
+        np.testing.assert_allclose(got, 0.5 * ((1 + a) * pr_out + (1 - a)), rtol=1e-12)
+    online = rmia_marginal(probs, shadow_in, online=True, a=0.3).numpy()
+    np.testing.assert_allclose(online, [0.4, 0.5], rtol=1e-12)
+
+
+def test_rmia_population_mask_of_the_wrong_shape_is_refused_by_name():
+    _, s, m = random_case(8)
+    p = np.clip(np.abs(s) / 5, 0.01, 0.99)
+    with pytest.raises(ValueError, match=r"population as a bool mask must have shape \(7,\)"):
+        rmia(np.full(7, 0.5), p, m, population=np.ones(5, dtype=bool))

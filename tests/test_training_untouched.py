@@ -606,3 +606,24 @@ def test_the_shuffling_warning_points_at_the_callers_line():
             [torch.zeros(5)],
         )
     assert record[0].filename == __file__
+
+
+def test_modules_with_absent_buffers_are_guarded():
+    """BatchNorm without running statistics registers its buffers as None: the guard passes
+    them by, and the query still counts."""
+    x, y = _data()
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.Linear(5, 8), nn.BatchNorm1d(8, track_running_stats=False), nn.ReLU(), nn.Linear(8, 2)
+    )
+    assert model[1].running_mean is None
+    mon = privmon.PrivacyMonitor(
+        CallableQuery(
+            lambda b: F.cross_entropy(model(b[0]), b[1], reduction="none"), name="q", modules=model
+        ),
+        *_audit_sets(x, y),
+        strict=True,
+    )
+    report = mon.check(1)
+    assert report is not None and mon.n_failed == 0 and not report.failures
+    assert model[1].running_mean is None

@@ -70,6 +70,7 @@ from privmon.estimators.estimates import (
     describe_error,
 )
 from privmon.estimators.in_memory import in_memory_estimate, learned_rule
+from privmon.estimators.magnitude import magnitude_scale
 from privmon.estimators.plugins import plugin_from, raw_plugins
 from privmon.estimators.rules import RuleDensities, grid_estimates
 from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections
@@ -213,9 +214,10 @@ def optimal_advantage(
         folds: cross-fitting folds (>= 4).
         n_samples: importance samples for U_N above 2 dimensions; ``seed`` seeds them (a local
             generator: the global RNG is never touched).
-        low, high: the grid's range per dimension in 1-2 dimensions (records outside land in
-            the edge bins). Default: the pooled data range cut at 5 IQRs beyond the quartiles
-            (:func:`~privmon.estimators.binning.robust_range`). Ignored above 2 dimensions.
+        low, high: the grid's range per dimension in 1-2 dimensions, or one number for every
+            dimension (records outside land in the edge bins). Default: the pooled data range
+            cut at 5 IQRs beyond the quartiles (:func:`~privmon.estimators.binning.robust_range`).
+            Ignored above 2 dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
@@ -237,6 +239,11 @@ def optimal_advantage(
             f"member_scores and nonmember_scores must have the same dimension d, got "
             f"{m.shape[1]} and {h.shape[1]}"
         )
+    scale = magnitude_scale(torch.cat([m, h]))
+    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
+        m, h = m * scale, h * scale
+    if m.shape[1] <= 2:
+        low, high = _grid_bounds(low, high, m.shape[1], scale)
     return estimate_from_scores(
         m,
         h,
@@ -253,6 +260,26 @@ def optimal_advantage(
         high=high,
         n_dropped=dm + dh,
     )
+
+
+def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tuple[Any, Any]:
+    """``low`` / ``high`` as (d,) float64 tensors (a single number serves every dimension),
+    multiplied by ``scale`` when the scores were (:func:`magnitude_scale`); None as given."""
+    if low is None or high is None:
+        if (low is None) != (high is None):
+            raise ValueError("low and high must be given together (or neither)")
+        return low, high
+    bounds = []
+    for bound, name in ((low, "low"), (high, "high")):
+        t = torch.atleast_1d(torch.as_tensor(bound, dtype=torch.float64))
+        if t.ndim != 1 or t.numel() not in (1, d):
+            raise ValueError(
+                f"{name} must be one number or one per dimension ({d}), got shape "
+                f"{tuple(torch.as_tensor(bound).shape)}"
+            )
+        t = t.expand(d)
+        bounds.append(t if scale is None else t * scale.cpu())
+    return bounds[0], bounds[1]
 
 
 def estimate_from_scores(

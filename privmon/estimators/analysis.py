@@ -45,6 +45,7 @@ from privmon._validation import as_scores, check_int, check_open_unit, check_sub
 from privmon.estimators.advantage import estimate_methods
 from privmon.estimators.binning import bin_records, grid_selections
 from privmon.estimators.estimates import METHODS, AdvantageEstimate, default_bins, describe_error
+from privmon.estimators.magnitude import magnitude_scale
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
 
@@ -180,6 +181,9 @@ def analyse(
         if n == 0:
             raise ValueError(f"{side} has no finite scores")
     n_dropped = dropped_m + dropped_n
+    scale = magnitude_scale(x)
+    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
+        x = x * scale
 
     with torch.inference_mode():  # hundreds of small operations: no autograd bookkeeping
         # 1. bin

@@ -128,7 +128,13 @@ def _gaussian_smooth_1d(counts: torch.Tensor, variances: torch.Tensor, cells: in
     deviations of the widest kernel on each side (at most 4 grids), so the tails that wrap around
     the FFT's circle carry < 1e-8 of a row's mass. The first ``extended`` rows come back on the
     whole circle (U_N's quadrature), the others cropped to the grid."""
-    pad = min(math.ceil(6.0 * math.sqrt(float(variances.max()))), 4 * cells)
+    widest = float(variances.max())
+    if not math.isfinite(widest):  # σ over ~1e154 cells: a score that far beyond the others
+        raise ValueError(
+            "a KDE kernel is wider than float64 can express in cells of the grid (a score "
+            "~1e154 times the others' spread away); the KDE cannot be evaluated on this grid"
+        )
+    pad = min(math.ceil(6.0 * math.sqrt(widest)), 4 * cells)
     size = _fft_size(cells + 2 * pad)
     f = torch.fft.rfft(counts, n=size)
     torch.view_as_real(f).mul_(_gaussian_spectra(variances, size).unsqueeze(-1))  # real × complex

@@ -281,7 +281,7 @@ def _parameters(roots: Sequence[nn.Module]) -> list[_Param]:
         prefix = f"{type(root).__name__}#{i}." if len(roots) > 1 else ""
         for module_name, m in root.named_modules(remove_duplicate=False):
             for name, p in m._parameters.items():
-                if p is None or id(p) in found:
+                if p is None or is_lazy(p) or id(p) in found:  # a lazy one has no data yet
                     continue
                 qualified = f"{prefix}{module_name}.{name}" if module_name else prefix + name
                 found[id(p)] = _Param(m, name, qualified, p, p.data, p.grad, p.requires_grad)

@@ -627,3 +627,20 @@ def test_modules_with_absent_buffers_are_guarded():
     report = mon.check(1)
     assert report is not None and mon.n_failed == 0 and not report.failures
     assert model[1].running_mean is None
+
+
+def test_a_lazy_module_not_yet_run_among_a_querys_modules_is_guarded():
+    # its parameters have no data yet: reading them failed every check
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(120, 5, generator=g), torch.randint(0, 2, (120,), generator=g)
+    model = nn.Sequential(nn.Linear(5, 2))
+    head = nn.LazyLinear(3)
+    query = CallableQuery(
+        lambda b: F.cross_entropy(model(b[0]), b[1], reduction="none"),
+        name="q",
+        modules=[model, head],
+    )
+    mon = privmon.PrivacyMonitor(query, [(x[:60], y[:60])], [(x[60:], y[60:])], strict=True)
+    report = mon.check(1)
+    assert report.failures == {} and "privacy/q/auc" in report.scalars
+    assert isinstance(head.weight, torch.nn.parameter.UninitializedParameter)

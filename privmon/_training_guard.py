@@ -144,10 +144,10 @@ class TrainingGuard:
     - the default dtype and the grad mode;
     - Opacus' per-sample-gradient hooks, disabled inside the block, so a query's backward pass
       neither consumes the training step's captured activations nor leaves partial per-sample
-      gradients that make the next training step fail.
-
+      gradients that make the next training step fail;
     - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
-      ``p.data = …`` are put back).
+      ``p.data = …`` are put back); a lazy parameter not yet materialised has neither and is
+      passed by.
 
     Inside, the roots are in eval mode, grad mode is off and every ``.grad`` is None.
     :meth:`after_query`, called after each query call, puts that back for the next one and says

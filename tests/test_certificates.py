@@ -275,6 +275,7 @@ def test_power_functions_check_their_arguments():
         ({"threshold": 0.3, "prior": 0.3}, r"threshold must be in \[0.4, 1.0\)"),
         ({"threshold": 1.0}, "threshold"),
         ({"power": 1.0}, "power"),
+        ({"power": 0.05}, r"power must be in \(delta, 1\) = \(0.05, 1\)"),  # returned < 0
         ({"delta": 0.0}, "delta"),
         ({"dim": 0}, "dim"),
     ):

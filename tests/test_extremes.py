@@ -5,6 +5,7 @@ an exact power of two before computing (privmon/estimators/magnitude.py)."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -163,3 +164,15 @@ def test_one_far_score_in_1d_never_overflows(far):
     else:
         assert math.isnan(res.estimates["kde"].plugin)
         assert res.failures["kde/plugin"].startswith("ValueError: a KDE kernel is wider")
+
+
+def test_one_record_in_a_class_is_said_as_such_by_the_kde():
+    # the spread of one record is undefined: it was reported as a kernel too wide for float64,
+    # with torch's degrees-of-freedom warning on the way
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = analyse([1.0], [0.0, 2.0], errors="skip")
+    assert result.failures == {
+        "kde/plugin": "ValueError: a KDE needs at least 2 records in each class to set its "
+        "bandwidth"
+    }

@@ -711,3 +711,23 @@ def test_a_merge_of_different_grids_and_a_singular_kde_say_how_to_fix_them():
     synthetic[:, 2] = synthetic[:, 0] + synthetic[:, 1]  # collinear: a singular covariance
     with pytest.raises(ValueError, match=r"singular.*embed='pca'.*density='flow'"):
         privmon.domias_scores(rng.normal(size=(10, 3)), synthetic, rng.normal(size=(60, 3)))
+
+
+def test_an_early_stopping_threshold_below_the_priors_floor_is_refused():
+    # every advantage figure is at least |2p - 1|: a budget below it stopped at the first check
+    query = CallableQuery(lambda b: b[:, 0], name="loss")
+    members, heldout = [torch.randn(100, 1)], [torch.randn(1000, 1)]
+
+    def monitor(threshold, metric="loss/histogram", prior=100 / 1100):
+        stopping = privmon.PrivacyEarlyStopping(metric, threshold)
+        return privmon.PrivacyMonitor(
+            query, members, heldout, every_n_steps=1, prior=prior, early_stopping=stopping
+        )
+
+    with pytest.raises(ValueError, match=r"threshold 0.15 .* below \|2·prior − 1\| = 0.8182"):
+        monitor(0.15)
+    with pytest.raises(ValueError, match=r"privacy/loss/kde/value is below"):
+        monitor(0.3, metric="privacy/loss/kde/value", prior=0.3)
+    assert monitor(0.9).step(1) is False  # above the floor: nothing leaks, no stop
+    monitor(0.15, prior=0.5)  # at p = 1/2 the floor is 0
+    monitor(0.15, metric="privacy/epsilon")  # not an advantage figure

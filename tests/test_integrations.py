@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -211,6 +212,14 @@ def test_lightning_plans_from_the_epochs_and_keeps_a_users_plan(pl, data):
     )
     assert _steps(monitor) == _expected(20)
     _assert_planned(monitor, 20 // EVERY)
+
+    # max_steps far beyond what the epochs allow: the epochs end the run, and the plan
+    bounded = _monitor(lit, data)
+    _trainer(pl, [PrivacyMonitorCallback(bounded)], max_steps=1000, max_epochs=2).fit(
+        lit, _loader(data)
+    )
+    assert _steps(bounded) == _expected(20)
+    _assert_planned(bounded, 20 // EVERY)
 
     mine = _monitor(lit, data, planned_checks=3)
     with pytest.warns(UserWarning, match=r"planned_checks=3 is kept, but .* has 4 checks"):
@@ -446,6 +455,17 @@ def test_ignite_checks_event_files_and_handle(ignite, data, tmp_path):
     assert engine.has_event_handler(fn, ignite.Events.ITERATION_COMPLETED)
     handle.remove()
     assert not engine.has_event_handler(fn, ignite.Events.ITERATION_COMPLETED)
+
+    # on a filtered event the handler sees some iterations only: the run's length would plan
+    # more checks than it gets, so the checks are left unplanned
+    sparse = _monitor(model, data)
+    engine, _ = _engine(ignite, model)
+    attach(engine, sparse, ignite.Events.ITERATION_COMPLETED(every=2 * EVERY))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the first step seen is past every_n_steps
+        engine.run(_loader(data), max_epochs=MAX_STEPS * BATCH // N_TRAIN)
+    assert _steps(sparse) == _expected(MAX_STEPS)[1::2]
+    assert sparse.planned_checks is None
 
 
 def test_ignite_early_stopping_terminates(ignite, data):

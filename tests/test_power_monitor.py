@@ -229,6 +229,10 @@ def test_plan_counts_the_due_steps_and_keeps_a_users_plan():
         mon.plan(total_steps=0)
     with pytest.warns(UserWarning, match="no check is due in this run"):
         assert _monitor(every_n_steps=100).plan(total_steps=99) is None
+    with pytest.warns(UserWarning, match="no check is due in this run"):
+        assert mon.plan(total_steps=9) is None  # the earlier plan no longer describes the run
+    with pytest.warns(UserWarning, match="no check is due in this run"):  # said as such
+        assert _monitor(every_n_steps=100, planned_checks=5).plan(total_steps=30) == 5
 
 
 def test_plan_is_kept_once_a_check_spent_part_of_the_budget():

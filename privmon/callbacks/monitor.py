@@ -129,6 +129,21 @@ def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: f
     )
 
 
+def _check_stopping_threshold(stopping: PrivacyEarlyStopping, prior: float) -> None:
+    """Refuse a budget on an advantage figure below |2p − 1|: every figure is at least that (the
+    advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop training
+    at the first check whatever leaks."""
+    floor = abs(2 * prior - 1)
+    field = stopping.tag.rsplit("/", 1)[-1]
+    if field in ("value", "lower", "lower_check") and stopping.threshold < floor:
+        raise ValueError(
+            f"early_stopping's threshold {stopping.threshold:g} on {stopping.tag} is below "
+            f"|2·prior − 1| = {floor:.4g}, the advantage of always guessing the likelier class "
+            f"at prior {prior:g}: every advantage figure is at least that, so training would "
+            f"stop at the first check whatever leaks; give a threshold in [{floor:.4g}, 1)"
+        )
+
+
 def _checked_last_step(last_step: Any, history: ReportHistory, n_failed: int) -> int | None:
     """A saved ``last_step``, checked against the checks the state ran: every check sets it,
     so it is None only before the first check kept, and equals the last kept check's step
@@ -315,6 +330,8 @@ class PrivacyMonitor:
         self.members, self.nonmembers = members, nonmembers
         self.every_n_steps = every_n_steps
         self.prior = check_open_unit(prior, name="prior")
+        if early_stopping is not None:
+            _check_stopping_threshold(early_stopping, self.prior)
         self.methods = methods
         self.modules = modules
         self._audit_sets = (audit_view(members), audit_view(nonmembers))
@@ -424,7 +441,16 @@ class PrivacyMonitor:
             f"the trainer's schedule has {planned} checks ({total_steps} steps, every_n_steps="
             f"{self.every_n_steps})"
         )
-        if self._user_planned:
+        if planned == 0:
+            self._traps.say(
+                "no check due",
+                f"privmon: no check is due in this run: every_n_steps={self.every_n_steps} is "
+                f"above its {total_steps} steps; lower every_n_steps",
+                stacklevel=2,
+            )
+            if not self._user_planned and self.n_certified_checks == 0:
+                self.planned_checks = None  # an earlier plan() no longer describes the run
+        elif self._user_planned:
             self._traps.say(
                 "plan differs",
                 f"privmon: planned_checks={self.planned_checks} is kept, but {schedule}: "
@@ -448,13 +474,6 @@ class PrivacyMonitor:
                 f"privmon: {schedule}, but {self.n_certified_checks} check(s) of this run "
                 f"already certified under {kept}, which is kept: spending interval_delta "
                 "another way mid-run would break the run-level guarantee",
-                stacklevel=2,
-            )
-        elif planned == 0:
-            self._traps.say(
-                "no check due",
-                f"privmon: no check is due in this run: every_n_steps={self.every_n_steps} is "
-                f"above its {total_steps} steps; lower every_n_steps",
                 stacklevel=2,
             )
         else:
@@ -828,13 +847,19 @@ class PrivacyMonitor:
                 reach += f"{target:.3g} cross it in half the runs (privmon.audit_records_needed); "
             except ValueError as err:  # beyond the records it searches
                 reach = f"{str(err).capitalize()}; "
+        if threshold >= 1:
+            remedy = "an advantage is at most 1: lower the threshold"
+        else:
+            remedy = (
+                f"{reach or 'Or: '}lower the threshold, add audit records, certify fewer "
+                "figures per check (one method) or raise interval_delta"
+            )
         self._traps.say(
             "out of reach",
             f"privmon: early stopping on {tag} > {threshold:g} cannot fire at check {k}: with "
             f"{n1} members and {n2} non-members and δ = {delta:.3g} per certified figure, not "
             f"even an advantage of 1 gets a certified lower bound above {threshold:g} in half "
-            f"the runs. {reach or 'Or: '}lower the threshold, certify fewer figures per check (one "
-            "method), plan the checks (planned_checks) or raise interval_delta",
+            f"the runs. {remedy}",
             stacklevel=4,
         )
 

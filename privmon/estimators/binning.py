@@ -607,9 +607,14 @@ def count_classes(
     cell = torch.floor((x[:, 0] - low) / width).to(torch.int64).clamp(0, bins - 1)
     cell[n_members:] += bins  # non-members count in the second row
     counts = torch.bincount(cell, minlength=2 * bins).reshape(2, bins).to(x.dtype)
-    cov = torch.stack([x[:n_members, 0].var(), x[n_members:, 0].var()]).reshape(2, 1, 1)
+    cov = torch.stack([_variance(x[:n_members, 0]), _variance(x[n_members:, 0])]).reshape(2, 1, 1)
     n = small_tensor([n_members, x.shape[0] - n_members], np.float64, x.device)
     return ClassCounts(counts, n, cov, (bins,), width, extent)
+
+
+def _variance(v: torch.Tensor) -> torch.Tensor:
+    """The sample variance, NaN (said by the KDE that reads it) for fewer than 2 values."""
+    return v.var() if v.numel() > 1 else torch.full((), math.nan, dtype=v.dtype, device=v.device)
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,11 @@ def _check_power_arguments(prior, delta, threshold, power, dim):
         floor = check_half_open_interval(threshold, name="threshold", low=floor, high=1.0)
     delta = check_open_unit(delta, name="delta")
     power = check_open_unit(power, name="power")
+    if power <= delta:  # a true advantage at the threshold is certified above it that often
+        raise ValueError(
+            f"power must be in (delta, 1) = ({delta:g}, 1), got {power!r}: a certified lower "
+            "bound exceeds the true advantage with probability at most delta"
+        )
     return prior, delta, floor, power, check_int(dim, name="dim", minimum=1)
 
 
@@ -310,7 +315,7 @@ def detectable_advantage(
         prior: P(member), in (0, 1).
         threshold: the figure the bound must exceed, in [|2p − 1|, 1); default the floor
             |2p − 1| (any certified leakage).
-        power: the probability of exceeding it, in (0, 1); 0.5: in half the runs.
+        power: the probability of exceeding it, in (delta, 1); 0.5: in half the runs.
         dim: dimensions of the query's scores (the certificate's folds differ above 2-D).
 
     Returns:

@@ -129,6 +129,8 @@ def _gaussian_smooth_1d(counts: torch.Tensor, variances: torch.Tensor, cells: in
     the FFT's circle carry < 1e-8 of a row's mass. The first ``extended`` rows come back on the
     whole circle (U_N's quadrature), the others cropped to the grid."""
     widest = float(variances.max())
+    if math.isnan(widest):  # a class of one record has no spread to scale a kernel by
+        raise ValueError("a KDE needs at least 2 records in each class to set its bandwidth")
     if not math.isfinite(widest):  # σ over ~1e154 cells: a score that far beyond the others
         raise ValueError(
             "a KDE kernel is wider than float64 can express in cells of the grid (a score "

@@ -29,7 +29,7 @@ def plan_checks(monitor: Any, total_steps: Any, *, source: str) -> None:
         known = isinstance(total_steps, int | float) and math.isfinite(total_steps)
         if not known or total_steps < 1:
             logger.info(
-                "privmon: the trainer's length is unknown (%s = %r): checks certify under the "
+                "privmon: the checks are left unplanned (%s: %r): they certify under the "
                 "sequence for runs of unknown length; pass planned_checks for tighter bounds",
                 source,
                 total_steps,

@@ -13,7 +13,8 @@ monitor says stop (Ignite finishes the current iteration's handlers, fires ``TER
 ``COMPLETED``, and leaves ``engine.state.iteration`` at the stopping step).
 
 Planned checks: at the handler's first call a monitor given no ``planned_checks`` plans them
-from the run's length (:meth:`~privmon.PrivacyMonitor.plan`): ``engine.state.max_iters``, else
+from the run's length (:meth:`~privmon.PrivacyMonitor.plan`), when the handler runs on every
+iteration (the default event, unfiltered): ``engine.state.max_iters``, else
 ``max_epochs × epoch_length`` when both are known (an epoch length Ignite cannot read from the
 data leaves the checks unplanned). Each check then certifies at 0.9·δ / planned checks. Load a
 checkpoint's monitor state before ``trainer.run``: a resumed run keeps the plan it was saved
@@ -68,14 +69,20 @@ def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: 
     check_flag(metrics, name="metrics")
     if event is None:
         event = Events.ITERATION_COMPLETED
-
+    # the monitor sees every iteration only on the plain event: a filter or another event
+    # skips some, and the checks the run's length implies would be more than it gets
+    every_iteration = event == Events.ITERATION_COMPLETED and getattr(event, "filter", None) is None
     planned = False
 
     def _privacy_check(engine: Any) -> None:
         nonlocal planned
         if not planned:  # before the run's first check
             planned = True
-            plan_checks(monitor, _total_iterations(engine.state), source="engine.state")
+            if every_iteration:
+                total, source = _total_iterations(engine.state), "the run's last iteration"
+            else:
+                total, source = None, f"the handler runs on {event!r}, not on every iteration"
+            plan_checks(monitor, total, source=source)
         before = monitor.last_report
         stop = monitor.step(int(engine.state.iteration))
         report = new_report(monitor, before)

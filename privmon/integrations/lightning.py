@@ -23,10 +23,11 @@ own sinks still write).
 
 Planned checks: at ``on_train_start`` — after Lightning restored a checkpoint's callback state —
 a monitor given no ``planned_checks`` plans them from the run's length
-(:meth:`~privmon.PrivacyMonitor.plan`): ``trainer.max_steps`` when set, else
-``trainer.estimated_stepping_batches`` when finite (``max_epochs`` × optimizer steps per epoch;
-Lightning's default when neither is set is 1000 epochs, a plan far longer than a run stopped
-early by other means: pass ``max_steps`` / ``max_epochs`` or ``planned_checks``). Each check
+(:meth:`~privmon.PrivacyMonitor.plan`): ``trainer.estimated_stepping_batches`` when finite
+(the optimizer steps until ``max_steps`` or ``max_epochs``, whichever ends the run first), else
+``trainer.max_steps`` when set (the epochs' length unknown). Lightning's default when neither
+is set is 1000 epochs, a plan far longer than a run stopped early by other means: pass
+``max_steps`` / ``max_epochs`` or ``planned_checks``. Each check
 then certifies at 0.9·δ / planned checks. A resumed run keeps the plan it was saved under.
 
 The monitor's state (history of scalars, early-stopping counters, last checked step) travels in
@@ -42,6 +43,7 @@ either: only importing this module does.
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # one of the two at type-checking time
@@ -99,15 +101,17 @@ class PrivacyMonitorCallback(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Plan the monitor's checks from the run's length (module docstring)."""
-        max_steps = int(getattr(trainer, "max_steps", -1))
-        if max_steps > 0:
-            plan_checks(self.monitor, max_steps, source="trainer.max_steps")
-            return
+        # estimated_stepping_batches already ends the run at the first of max_steps and
+        # max_epochs; max_steps alone serves where the epochs' length is unknown
         try:
-            estimated = trainer.estimated_stepping_batches
+            estimated = float(trainer.estimated_stepping_batches)
         except Exception:  # e.g. gradient accumulation that changes between epochs
-            estimated = None
-        plan_checks(self.monitor, estimated, source="trainer.estimated_stepping_batches")
+            estimated = math.inf
+        if math.isfinite(estimated):
+            plan_checks(self.monitor, estimated, source="trainer.estimated_stepping_batches")
+            return
+        max_steps = int(getattr(trainer, "max_steps", -1))
+        plan_checks(self.monitor, max_steps if max_steps > 0 else None, source="trainer.max_steps")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

@@ -130,12 +130,13 @@ def _violation_message(step: int, tag: str, lower: float, ceiling: float, eps: f
 
 
 def _check_stopping_threshold(stopping: PrivacyEarlyStopping, prior: float) -> None:
-    """Refuse a budget on an advantage figure below |2p − 1|: every figure is at least that (the
-    advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop training
-    at the first check whatever leaks."""
+    """Refuse a budget on an advantage figure in [0, |2p − 1|): every figure is at least |2p − 1|
+    (the advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop
+    training at the first check whatever leaks — a budget set on the scale of prior ½. (A
+    negative one says "stop at the first check" on purpose, at any prior.)"""
     floor = abs(2 * prior - 1)
     field = stopping.tag.rsplit("/", 1)[-1]
-    if field in ("value", "lower", "lower_check") and stopping.threshold < floor:
+    if field in ("value", "lower", "lower_check") and 0 <= stopping.threshold < floor:
         raise ValueError(
             f"early_stopping's threshold {stopping.threshold:g} on {stopping.tag} is below "
             f"|2·prior − 1| = {floor:.4g}, the advantage of always guessing the likelier class "

@@ -479,6 +479,9 @@ def test_queries_returning_the_wrong_rows_or_shapes_are_left_out_alone():
         report.scalars["privacy/good/histogram/value"]
         == good.scalars["privacy/good/histogram/value"]
     )
+    np.testing.assert_array_equal(
+        report.queries["good"].member_risk, good.queries["good"].member_risk
+    )
     assert report.queries["good"].member_risk.shape == (120,)
     with pytest.raises(ValueError, match="query 'fewer' returned 39 rows"):
         privmon.PrivacyMonitor(queries[1], members, nonmembers, strict=True).check(1)

@@ -32,7 +32,7 @@ import torch
 from privmon._validation import as_scores, check_open_unit, check_subset
 from privmon.bounds import epsilon_lower_bound
 from privmon.estimators.advantage import optimal_advantage
-from privmon.estimators.estimates import Method
+from privmon.estimators.methods import Method
 from privmon.estimators.roc import roc_summary
 
 __all__ = ["SCORE_SUFFIXES", "ScoreFileError", "audit_scores", "format_audit", "load_scores"]

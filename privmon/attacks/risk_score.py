@@ -73,7 +73,7 @@ from privmon.attacks.metric import (
     prepare_pair,
 )
 from privmon.estimators.binning import BinnedScores
-from privmon.estimators.estimates import check_method
+from privmon.estimators.methods import check_method
 from privmon.estimators.risk import IndividualRisk, individual_risk, risk_from_probabilities
 
 __all__ = ["Calibration", "PrivacyRiskScore", "calibration"]

@@ -58,7 +58,8 @@ from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps, finite_rows
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
-from privmon.estimators.estimates import METHODS, describe_error
+from privmon.estimators.estimates import describe_error
+from privmon.estimators.methods import METHODS, applicable_methods
 from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
 from privmon.queries.batches import count_records
@@ -869,7 +870,7 @@ class PrivacyMonitor:
         canary bound."""
         canaries = 0 if self.canaries is None else len(CANARY_METHODS)
         return canaries + sum(
-            sum(m != "kde" or not getattr(q, "discrete", False) for m in self.methods)
+            len(applicable_methods(self.methods, discrete=getattr(q, "discrete", False)))
             for q in self.queries
         )
 

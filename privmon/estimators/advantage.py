@@ -63,14 +63,13 @@ from privmon.estimators.binning import (
 from privmon.estimators.density import bandwidth_factor
 from privmon.estimators.estimates import (
     AdvantageEstimate,
-    Method,
     check_bins,
-    check_method,
     default_bins,
     describe_error,
 )
 from privmon.estimators.in_memory import in_memory_estimate, learned_rule
 from privmon.estimators.magnitude import magnitude_scale
+from privmon.estimators.methods import Method, check_method
 from privmon.estimators.plugins import plugin_from, raw_plugins
 from privmon.estimators.rules import RuleDensities, grid_estimates
 from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections

@@ -44,8 +44,9 @@ import torch
 from privmon._validation import as_scores, check_int, check_open_unit, check_subset
 from privmon.estimators.advantage import estimate_methods
 from privmon.estimators.binning import bin_records, grid_selections
-from privmon.estimators.estimates import METHODS, AdvantageEstimate, default_bins, describe_error
+from privmon.estimators.estimates import AdvantageEstimate, default_bins, describe_error
 from privmon.estimators.magnitude import magnitude_scale
+from privmon.estimators.methods import METHODS, applicable_methods
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
 
@@ -158,8 +159,7 @@ def analyse(
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
     skip = errors == "skip"
-    if discrete:
-        methods = tuple(m for m in methods if m != "kde")
+    methods = applicable_methods(methods, discrete=discrete)
 
     mem, dropped_m = as_scores(member_scores, name="member_scores", drop=False)
     non, dropped_n = as_scores(

@@ -7,26 +7,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar
 
 __all__ = [
-    "METHODS",
     "AdvantageEstimate",
     "Estimate",
-    "Method",
     "accuracy_advantage",
     "check_bins",
-    "check_method",
     "default_bins",
     "describe_error",
     "make_estimate",
     "mcdiarmid_halfwidth",
 ]
-
-Method = Literal["histogram", "kde"]
-
-
-METHODS = ("histogram", "kde")
 
 
 class Estimate:
@@ -73,13 +65,6 @@ class AdvantageEstimate(Estimate):
     n_nonmembers: int
     n_dropped: int
     floor: float
-
-
-def check_method(method: str) -> Method:
-    """``method`` if it is one of "histogram" and "kde", else a ValueError naming them."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return cast(Method, method)
 
 
 def check_bins(bins: int | None) -> None:

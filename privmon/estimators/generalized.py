@@ -29,8 +29,9 @@ import torch
 
 from privmon._validation import as_scores, check_open_unit
 from privmon.estimators.density import bandwidth_factor
-from privmon.estimators.estimates import Estimate, Method, check_method
+from privmon.estimators.estimates import Estimate
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
+from privmon.estimators.methods import Method, check_method
 from privmon.estimators.risk import individual_risk
 
 __all__ = [

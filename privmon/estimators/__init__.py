@@ -11,7 +11,7 @@ from privmon.estimators.advantage import (
     optimal_advantage,
 )
 from privmon.estimators.analysis import QueryResult, analyse
-from privmon.estimators.binning import BinnedScores
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.generalized import (

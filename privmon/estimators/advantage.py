@@ -52,14 +52,7 @@ from typing import Any
 import torch
 
 from privmon._validation import as_scores, check_open_unit
-from privmon.estimators.binning import (
-    BinnedRecords,
-    BinnedScores,
-    GridSelections,
-    bin_records,
-    record_selections,
-    select_folds,
-)
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import bandwidth_factor
 from privmon.estimators.estimates import (
     AdvantageEstimate,
@@ -71,7 +64,9 @@ from privmon.estimators.in_memory import in_memory_estimate, learned_rule
 from privmon.estimators.magnitude import magnitude_scale
 from privmon.estimators.methods import Method, check_method
 from privmon.estimators.plugins import plugin_from, raw_plugins
+from privmon.estimators.record_binning import BinnedRecords, bin_records
 from privmon.estimators.rules import RuleDensities, grid_estimates
+from privmon.estimators.selections import GridSelections, record_selections, stream_selections
 from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections
 
 __all__ = [
@@ -171,7 +166,7 @@ def advantage_from_state(
     if not state.initialized:
         raise ValueError("the state holds no scores yet")
     estimates, _, _ = grid_figures(
-        {method: select_folds(state)},
+        {method: stream_selections(state)},
         prior=prior,
         delta=delta,
         bandwidth=bandwidth,
@@ -309,7 +304,7 @@ def estimate_from_scores(
             torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
         )
         return grid_figures(  # a lost plug-in reads NaN; the rule's figures stand
-            {method: record_selections(binned)},
+            record_selections(binned, [method]),
             prior=prior,
             delta=delta,
             bandwidth=bandwidth,
@@ -333,7 +328,7 @@ def estimate_from_scores(
             torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
         )
         return grid_figures(
-            {method: record_selections(binned)},
+            record_selections(binned, [method]),
             prior=prior,
             delta=delta,
             bandwidth=bandwidth,

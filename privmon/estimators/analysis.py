@@ -43,12 +43,13 @@ import torch
 
 from privmon._validation import as_scores, check_int, check_open_unit, check_subset
 from privmon.estimators.advantage import estimate_methods
-from privmon.estimators.binning import bin_records, grid_selections
 from privmon.estimators.estimates import AdvantageEstimate, default_bins, describe_error
 from privmon.estimators.magnitude import magnitude_scale
 from privmon.estimators.methods import METHODS, applicable_methods
+from privmon.estimators.record_binning import bin_records
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
+from privmon.estimators.selections import record_selections
 
 __all__ = ["ESTIMATE_FIELDS", "QueryResult", "analyse"]
 
@@ -190,13 +191,14 @@ def analyse(
         binned = None
         if d <= 2:
             shared = d == 1 and "kde" in methods  # the KDE's fine grid serves the histogram
+            grid_methods = ("histogram", "kde") if shared else ("histogram",)
             binned = bin_records(
                 x,
                 n1,
                 bins=default_bins("histogram", d),
                 fine_bins=default_bins("kde", d) if shared else None,
             )
-        selections = grid_selections(binned) if binned is not None else {}
+        selections = record_selections(binned, grid_methods) if binned is not None else {}
         # 2-3. smooth, plug-ins, learn, measure and certify the rule per method
         estimates, failures, densities = estimate_methods(
             x[:n1],

@@ -671,9 +671,10 @@ def test_spectral_smoothing_equals_direct_convolution_with_sampled_gaussians(sd)
 def test_joint_grid_estimates_equal_one_method_at_a_time():
     # The monitor estimates every method in one pass (one transfer, one pair of Clopper–Pearson
     # calls); each estimate must be the one advantage_from_state gives alone.
-    from privmon.estimators.advantage import advantage_from_state, grid_figures
+    from privmon.estimators.advantage import advantage_from_state
     from privmon.estimators.binned_scores import BinnedScores
     from privmon.estimators.selections import stream_selections
+    from privmon.estimators.stages import grid_figures
 
     rng = np.random.default_rng(11)
     m = torch.from_numpy(rng.normal(0.4, 1.0, (900, 1)))

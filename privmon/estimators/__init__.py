@@ -5,7 +5,6 @@ arrays or torch tensors on any device."""
 
 from privmon.estimators import generalized as _generalized
 from privmon.estimators.advantage import (
-    AdvantageEstimate,
     StreamingAdvantage,
     advantage_from_state,
     optimal_advantage,
@@ -14,6 +13,7 @@ from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.density import GaussianKDE
+from privmon.estimators.estimates import AdvantageEstimate
 from privmon.estimators.generalized import (
     GeneralizedEstimate,
     GeneralizedMetric,

@@ -69,6 +69,9 @@ ESTIMATE_FIELDS = {
     "upper": "plugin_upper",
 }
 
+# a check's estimators: each method's default grid, Scott's KDE bandwidth, 4 folds
+_OPTIONS = EstimatorOptions()
+
 
 @dataclass(frozen=True)
 class QueryResult:
@@ -169,7 +172,7 @@ def analyse(
     skip = errors == "skip"
     methods = applicable_methods(methods, discrete=discrete)
 
-    scores = finite_scores(member_scores, nonmember_scores, aligned=True)
+    scores = finite_scores(member_scores, nonmember_scores, aligned=True)  # 0. finite rows
     with torch.inference_mode():  # hundreds of small operations: no autograd bookkeeping
         binned = bin_scores(  # 1. bin
             scores, methods=methods, per_record=True, options=_OPTIONS, skip_errors=skip
@@ -194,9 +197,6 @@ def analyse(
         return _with_record_risks(  # 5. per-record risks
             result, binned, advantages.densities, scores, prior=prior, top_k=top_k, skip=skip
         )
-
-
-_OPTIONS = EstimatorOptions()  # a check's estimators: each method's default grid, Scott's KDE
 
 
 def _roc_figures(

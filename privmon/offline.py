@@ -24,7 +24,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ import torch
 from privmon._validation import as_scores, check_open_unit, check_subset
 from privmon.bounds import epsilon_lower_bound
 from privmon.estimators.advantage import optimal_advantage
-from privmon.estimators.methods import Method
+from privmon.estimators.methods import METHODS, check_method
 from privmon.estimators.roc import roc_summary
 
 __all__ = ["SCORE_SUFFIXES", "ScoreFileError", "audit_scores", "format_audit", "load_scores"]
@@ -201,7 +201,7 @@ def audit_scores(
     *,
     prior: float = 0.5,
     delta: float = 0.05,
-    methods: Sequence[str] = ("histogram", "kde"),
+    methods: Sequence[str] = METHODS,
     fpr: Sequence[float] = (0.1, 0.01, 0.001),
     higher_is_member: bool | None = True,
 ) -> dict[str, Any]:
@@ -224,7 +224,7 @@ def audit_scores(
     """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
-    methods = check_subset(methods, ("histogram", "kde"), name="methods")
+    methods = check_subset(methods, METHODS, name="methods")
     per_method = delta / len(methods)
     advantage: dict[str, dict[str, Any]] = {}
     eps: dict[str, float] = {}
@@ -233,7 +233,7 @@ def audit_scores(
             member_scores,
             nonmember_scores,
             prior=prior,
-            method=cast(Method, method),  # checked by check_subset above
+            method=check_method(method),
             delta=per_method,
         )
         advantage[method] = {

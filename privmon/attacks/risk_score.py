@@ -72,7 +72,7 @@ from privmon.attacks.metric import (
     prepare_inputs,
     prepare_pair,
 )
-from privmon.estimators.binning import BinnedScores
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.methods import check_method
 from privmon.estimators.risk import IndividualRisk, individual_risk, risk_from_probabilities
 

@@ -46,113 +46,25 @@ trivial attack that always guesses the more likely class reaches it without look
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from privmon._validation import as_scores, check_open_unit
-from privmon.estimators.binning import (
-    BinnedRecords,
-    BinnedScores,
-    GridSelections,
-    bin_records,
-    record_selections,
-    select_folds,
-)
+from privmon._validation import check_open_unit
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import bandwidth_factor
-from privmon.estimators.estimates import (
-    AdvantageEstimate,
-    check_bins,
-    default_bins,
-    describe_error,
-)
-from privmon.estimators.in_memory import in_memory_estimate, learned_rule
-from privmon.estimators.magnitude import magnitude_scale
+from privmon.estimators.estimates import AdvantageEstimate, check_bins, default_bins
 from privmon.estimators.methods import Method, check_method
-from privmon.estimators.plugins import plugin_from, raw_plugins
-from privmon.estimators.rules import RuleDensities, grid_estimates
-from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections
+from privmon.estimators.selections import stream_selections
+from privmon.estimators.stages import (
+    EstimatorOptions,
+    bin_scores,
+    estimate_advantages,
+    finite_scores,
+    grid_figures,
+)
 
-__all__ = [
-    "AdvantageEstimate",
-    "StreamingAdvantage",
-    "advantage_from_state",
-    "default_bins",
-    "optimal_advantage",
-]
-
-
-def grid_figures(
-    grids: dict[str, GridSelections],
-    *,
-    prior: float,
-    delta: float,
-    bandwidth: str | float,
-    n_dropped: int,
-    certify_delta: float | None = None,
-    raw: tuple[BinnedRecords, torch.Tensor, torch.Tensor] | None = None,
-    raw_methods: Sequence[str] = (),
-    hist_bins: int = 100,
-    n_samples: int = 16384,
-    seed: int = 0,
-) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities], dict[str, str]]:
-    """Stages 2-3 for several grid methods (arguments already checked), each from the
-    :class:`~privmon.estimators.binning.GridSelections` of the same records, in order:
-
-    1. smooth (:mod:`~privmon.estimators.smoothing`) every selection, and in 1-D (``raw``: the
-       binned records with the member and non-member scores) U_N's KDEs on the scores' own
-       scale;
-    2. the plug-ins (:mod:`~privmon.estimators.plugins`): in 1-D those of ``raw_methods`` on the
-       raw scale (the rules read ranks; W_N / U_N are defined on the query as given), else from
-       the grid;
-    3. the rules and their certificates (:mod:`~privmon.estimators.rules`).
-
-    Returns each method's estimate, its rules' densities, and the plug-ins that could not be
-    computed (method -> error; they read NaN)."""
-    ns = next(iter(grids.values())).selected[1]
-    n1, n2 = ns[:, 0].tolist()
-    if n1 == 0 or n2 == 0:
-        raise ValueError(f"the state holds no {'member' if n1 == 0 else 'non-member'} scores")
-    kde_rows: torch.Tensor | Exception | None = None
-    if raw is not None and raw[0].raw is not None and "kde" in raw_methods:
-        try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
-            kde_rows = smooth_raw(raw[0].raw, bandwidth)
-        except (ValueError, RuntimeError) as err:
-            kde_rows = err
-    on_raw = raw_methods if raw is not None else ()
-    smoothed = {
-        method: smooth_selections(
-            grid,
-            method,
-            bandwidth=bandwidth,
-            extended=method == "kde" and method not in on_raw,
-        )
-        for method, grid in grids.items()
-    }
-    plugins: dict[str, torch.Tensor] = {}
-    lost: dict[str, str] = {}
-    if raw is not None:
-        plugins, lost = raw_plugins(
-            *raw, on_raw, prior=prior, bandwidth=bandwidth, hist_bins=hist_bins,
-            n_samples=n_samples, seed=seed, kde_rows=kde_rows,
-        )  # fmt: skip
-    for method, grid in grids.items():
-        if method not in plugins:
-            total = grid.selected[0][:, 0]
-            plugins[method] = plugin_from(
-                total, smoothed[method][0], method, prior=prior, n=(n1, n2)
-            )
-    estimates, densities = grid_estimates(
-        grids,
-        {method: mass for method, (_, mass) in smoothed.items()},
-        plugins,
-        prior=prior,
-        delta=delta,
-        n_dropped=n_dropped,
-        certify_delta=certify_delta,
-    )
-    return estimates, densities, lost
+__all__ = ["StreamingAdvantage", "advantage_from_state", "optimal_advantage"]
 
 
 def advantage_from_state(
@@ -171,7 +83,7 @@ def advantage_from_state(
     if not state.initialized:
         raise ValueError("the state holds no scores yet")
     estimates, _, _ = grid_figures(
-        {method: select_folds(state)},
+        {method: stream_selections(state)},
         prior=prior,
         delta=delta,
         bandwidth=bandwidth,
@@ -215,8 +127,9 @@ def optimal_advantage(
             generator: the global RNG is never touched).
         low, high: the grid's range per dimension in 1-2 dimensions, or one number for every
             dimension (records outside land in the edge bins). Default: the pooled data range
-            cut at 5 IQRs beyond the quartiles (:func:`~privmon.estimators.binning.robust_range`).
-            Ignored above 2 dimensions.
+            cut at 5 IQRs beyond the quartiles
+            (:func:`~privmon.estimators.order_statistics.robust_range`). Ignored above 2
+            dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
@@ -231,25 +144,10 @@ def optimal_advantage(
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 4:
         raise ValueError(f"folds must be an integer >= 4, got {folds!r}")
     bandwidth_factor(bandwidth, n=2, d=1)  # validate early
-    m, dm = as_scores(member_scores, name="member_scores")
-    h, dh = as_scores(nonmember_scores, name="nonmember_scores", device=m.device)
-    if m.shape[1] != h.shape[1]:
-        raise ValueError(
-            f"member_scores and nonmember_scores must have the same dimension d, got "
-            f"{m.shape[1]} and {h.shape[1]}"
-        )
-    scale = magnitude_scale(torch.cat([m, h]))
-    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
-        m, h = m * scale, h * scale
-    if m.shape[1] <= 2:
-        low, high = _grid_bounds(low, high, m.shape[1], scale)
-    return estimate_from_scores(
-        m,
-        h,
-        method=method,
-        prior=prior,
-        delta=delta,
-        lower_delta=delta,
+    scores = finite_scores(member_scores, nonmember_scores, aligned=False)
+    if scores.dim <= 2:
+        low, high = _grid_bounds(low, high, scores.dim, scores.scale)
+    options = EstimatorOptions(
         bins=bins,
         bandwidth=bandwidth,
         folds=folds,
@@ -257,13 +155,27 @@ def optimal_advantage(
         seed=seed,
         low=low,
         high=high,
-        n_dropped=dm + dh,
     )
+    binned = bin_scores(
+        scores, methods=[method], per_record=False, options=options, skip_errors=False
+    )
+    advantages = estimate_advantages(
+        scores,
+        binned,
+        methods=[method],
+        prior=prior,
+        delta=delta,
+        lower_delta=delta,
+        options=options,
+        skip_errors=False,
+    )
+    return advantages.estimates[method]
 
 
 def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tuple[Any, Any]:
     """``low`` / ``high`` as (d,) float64 tensors (a single number serves every dimension),
-    multiplied by ``scale`` when the scores were (:func:`magnitude_scale`); None as given."""
+    multiplied by ``scale`` when the scores were
+    (:func:`~privmon.estimators.magnitude.magnitude_scale`); None as given."""
     if low is None or high is None:
         if (low is None) != (high is None):
             raise ValueError("low and high must be given together (or neither)")
@@ -281,177 +193,6 @@ def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tup
     return bounds[0], bounds[1]
 
 
-def estimate_from_scores(
-    m: torch.Tensor,
-    h: torch.Tensor,
-    *,
-    method: str,
-    prior: float,
-    delta: float,
-    lower_delta: float,
-    bins: int | None = None,
-    bandwidth: str | float = "scott",
-    folds: int = 4,
-    n_samples: int = 16384,
-    seed: int = 0,
-    low: Any = None,
-    high: Any = None,
-    n_dropped: int = 0,
-    rule: tuple[float, float, float, float] | None = None,
-) -> AdvantageEstimate:
-    """:func:`optimal_advantage` on finite float64 scores (n, d) already checked, with
-    ``lower`` certified at ``lower_delta`` (``lower_check`` at ``delta``); above 2 dimensions
-    ``rule`` may carry the :func:`learned_rule` figures already learned."""
-    d = m.shape[1]
-    nbins = bins if bins is not None else default_bins(method, d)
-    if d == 1:  # the rule reads the pooled ranks; the plug-in the scores (bin_records)
-        binned = bin_records(
-            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
-        )
-        return grid_figures(  # a lost plug-in reads NaN; the rule's figures stand
-            {method: record_selections(binned)},
-            prior=prior,
-            delta=delta,
-            bandwidth=bandwidth,
-            n_dropped=n_dropped,
-            certify_delta=lower_delta,
-            raw=(binned, m, h),
-            raw_methods=[method],
-            hist_bins=nbins,
-            n_samples=n_samples,
-            seed=seed,
-        )[0][method]
-    exact = False
-    if d == 2 and method == "kde" and m.shape[0] >= 2 and h.shape[0] >= 2:
-        pooled = torch.cat([m, h])
-        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / nbins
-        covs = torch.stack([torch.cov(m.T).reshape(d, d), torch.cov(h.T).reshape(d, d)])
-        ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
-        exact = kde_grid_too_coarse(ns, covs, width, bandwidth)
-    if d == 2 and not exact:
-        binned = bin_records(
-            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
-        )
-        return grid_figures(
-            {method: record_selections(binned)},
-            prior=prior,
-            delta=delta,
-            bandwidth=bandwidth,
-            n_dropped=n_dropped,
-            certify_delta=lower_delta,
-        )[0][method]
-    return in_memory_estimate(
-        m,
-        h,
-        prior=prior,
-        method=method,
-        delta=delta,
-        lower_delta=lower_delta,
-        bins=nbins,
-        bandwidth=bandwidth,
-        folds=folds,
-        n_samples=n_samples,
-        seed=seed,
-        n_dropped=n_dropped,
-        rule=rule,
-    )
-
-
-def estimate_methods(
-    members: torch.Tensor,
-    nonmembers: torch.Tensor,
-    binned: BinnedRecords | None,
-    selections: dict[str, GridSelections],
-    *,
-    methods: Sequence[str],
-    prior: float,
-    delta: float,
-    lower_delta: float,
-    n_dropped: int,
-    skip_errors: bool,
-) -> tuple[dict[str, AdvantageEstimate], dict[str, str], RuleDensities | None]:
-    """Each method's :func:`optimal_advantage` of finite float64 scores (arguments checked),
-    ``lower`` certified at ``lower_delta``: the analysis's rule-and-certify step.
-
-    In 1-2 dimensions the grid methods read the records' one binning pass (``binned``) and its
-    ``selections`` (:func:`~privmon.estimators.binning.grid_selections`: the histogram's fold
-    selections are sums of the KDE grid's cells when the KDE's finer grid was binned), and every
-    grid figure comes back in one device transfer. The KDE takes exact kernel
-    sums instead when its bandwidth is below a grid cell, and above 2 dimensions every method
-    runs on the scores. ``skip_errors``: a method that raises is left out and reported in the
-    second dict (method -> error) instead of failing the others. The third value: the histogram
-    rules' :class:`RuleDensities` (learned even when the histogram is not among ``methods``: the
-    per-record risks read them), None above 2 dimensions or when they failed.
-    """
-    failures: dict[str, str] = {}
-    estimates: dict[str, AdvantageEstimate] = {}
-    densities: dict[str, RuleDensities] = {}
-    # 1-D: the rules read ranks, the plug-ins the scores
-    raw = (binned, members, nonmembers) if binned is not None and binned.raw is not None else None
-    if selections:
-
-        def estimate(chosen: dict[str, Any]) -> None:
-            found, dens, lost = grid_figures(
-                chosen,
-                bandwidth="scott",
-                certify_delta=lower_delta,
-                prior=prior,
-                delta=delta,
-                n_dropped=n_dropped,
-                raw=raw,
-                raw_methods=[m for m in chosen if m in methods],
-            )
-            estimates.update(found)
-            densities.update(dens)
-            failures.update({f"{m}/plugin": e for m, e in lost.items()})
-
-        try:  # every grid method in one pass (one device transfer)
-            estimate(selections)
-        except Exception:
-            if not skip_errors:
-                raise
-            for method, one in selections.items():  # again one by one, to isolate the failure
-                try:
-                    estimate({method: one})
-                except Exception as err:
-                    failures[method] = describe_error(err)
-    low = high = rule = None
-    if binned is not None:
-        low, high = binned.fine.low, binned.fine.high
-    elif len(methods) > 1:  # above 2-D every method measures the same learned rule: learn it once
-        try:
-            rule = learned_rule(
-                members, nonmembers, prior=prior, folds=4, deltas=(lower_delta, delta)
-            )
-        except Exception as err:
-            if not skip_errors:
-                raise
-            return {}, dict.fromkeys(methods, describe_error(err)), None
-    for method in methods:
-        if method in estimates or method in failures:
-            continue
-        try:
-            estimates[method] = estimate_from_scores(
-                members,
-                nonmembers,
-                method=method,
-                lower_delta=lower_delta,
-                low=low,
-                high=high,
-                rule=rule,
-                prior=prior,
-                delta=delta,
-                n_dropped=n_dropped,
-            )
-        except Exception as err:
-            if not skip_errors:
-                raise
-            failures[method] = describe_error(err)
-    reported = {m: estimates[m] for m in methods if m in estimates}
-    reported_failures = {k: e for k, e in failures.items() if k.split("/")[0] in methods}
-    return reported, reported_failures, densities.get("histogram")
-
-
 class StreamingAdvantage:
     """Stateful, mergeable form of :func:`optimal_advantage` (torchmetrics style).
 
@@ -459,7 +200,7 @@ class StreamingAdvantage:
     ``compute()`` returns the same :class:`AdvantageEstimate` as :func:`advantage_from_state` on
     the same records binned at once. In 2-D that is the functional form's estimate when the grid
     is the same (pass ``low`` / ``high``, or let the first batch fix it, see
-    :class:`~privmon.estimators.binning.BinnedScores`), except for ``lower`` (the functional
+    :class:`~privmon.estimators.binned_scores.BinnedScores`), except for ``lower`` (the functional
     certificate bins its rule's records again, on their own range; a stream's certificate reads
     the stream's one grid, whose edges the first batch fixed — a dependence on the certified
     records, through those edges, that the proof in :mod:`privmon.estimators.certificate` does

@@ -1,13 +1,16 @@
 """Everything one check reports for one query, as one pure function: :func:`analyse`.
 
 The monitor calls it once per query and check (as ``torchmetrics.Metric.compute`` calls its
-functional twin); offline users call it on saved scores. It is a one-way pipeline: the scores
-enter each stage module once, in this order, and leave for the next:
+functional twin); offline users call it on saved scores. It is the estimators' one pipeline:
+the scores enter each stage (:mod:`~privmon.estimators.stages`) once, in this order, and leave
+for the next:
 
-1. bin (:mod:`~privmon.estimators.binning`): in 1-2 dimensions every record is binned once on
-   the rules' grid and the fold selections are counted; in 1-D one sort gives the pooled ranks
-   the rules read (so the 1-D figures do not depend on how the score is scaled), the raw
-   scores' grid for the paper's plug-ins, and the ROC's ranking;
+0. keep the finite rows, members first, on a scale safe to compute on;
+1. bin (:mod:`~privmon.estimators.record_binning`, :mod:`~privmon.estimators.selections`): in
+   1-2 dimensions every record is binned once on each grid and the fold selections are
+   counted; in 1-D one sort gives the pooled ranks the rules read (so the 1-D figures do not
+   depend on how the score is scaled), the raw scores' grid for the paper's plug-ins, and the
+   ROC's ranking;
 2. smooth (:mod:`~privmon.estimators.smoothing`): each fold selection's densities on the grid
    (average shifted histogram, Gaussian KDE), and U_N's KDEs;
 3. the plug-ins W_N / U_N (:mod:`~privmon.estimators.plugins`), then the rule and its
@@ -21,9 +24,8 @@ enter each stage module once, in this order, and leave for the next:
    record of fold k from the cross-fitted histogram rule's densities learned without fold k,
    posteriors (1 + f_p) / 2, quantiles and the most exposed members.
 
-:mod:`~privmon.estimators.advantage` drives stages 2-3 for each method
-(:func:`~privmon.estimators.advantage.estimate_methods`); the estimate records and the
-certificate's arithmetic are in :mod:`~privmon.estimators.estimates`.
+The estimate records and the certificate's arithmetic are in
+:mod:`~privmon.estimators.estimates`.
 
 Every advantage and ROC figure equals the one the public function of its module gives on the
 same scores (:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding.
@@ -41,14 +43,20 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, check_int, check_open_unit, check_subset
-from privmon.estimators.advantage import estimate_methods
-from privmon.estimators.binning import bin_records, grid_selections
-from privmon.estimators.estimates import AdvantageEstimate, default_bins, describe_error
-from privmon.estimators.magnitude import magnitude_scale
+from privmon._validation import check_int, check_open_unit, check_subset
+from privmon.estimators.estimates import AdvantageEstimate, describe_error
 from privmon.estimators.methods import METHODS, applicable_methods
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
+from privmon.estimators.rules import RuleDensities
+from privmon.estimators.stages import (
+    Binned,
+    EstimatorOptions,
+    FiniteScores,
+    bin_scores,
+    estimate_advantages,
+    finite_scores,
+)
 
 __all__ = ["ESTIMATE_FIELDS", "QueryResult", "analyse"]
 
@@ -61,12 +69,15 @@ ESTIMATE_FIELDS = {
     "upper": "plugin_upper",
 }
 
+# a check's estimators: each method's default grid, Scott's KDE bandwidth, 4 folds
+_OPTIONS = EstimatorOptions()
+
 
 @dataclass(frozen=True)
 class QueryResult:
     """What one query revealed at one check (:func:`analyse`).
 
-    ``estimates``: method -> :class:`~privmon.estimators.advantage.AdvantageEstimate`, for the
+    ``estimates``: method -> :class:`~privmon.estimators.estimates.AdvantageEstimate`, for the
     methods that succeeded. ``roc`` (1-D): AUC, ``tpr@fpr=…`` and accuracy at the median.
     ``risk`` (1-2 D): quantiles, max and counts above levels of the members' risks |f_p|.
     ``member_risk`` / ``member_posterior`` / ``nonmember_posterior``: per record, in the order
@@ -161,92 +172,99 @@ def analyse(
     skip = errors == "skip"
     methods = applicable_methods(methods, discrete=discrete)
 
-    mem, dropped_m = as_scores(member_scores, name="member_scores", drop=False)
-    non, dropped_n = as_scores(
-        nonmember_scores, name="nonmember_scores", device=mem.device, drop=False
-    )
-    if mem.shape[1] != non.shape[1]:
-        raise ValueError(
-            f"member_scores and nonmember_scores must have the same dimension d, got "
-            f"{mem.shape[1]} and {non.shape[1]}"
-        )
-    n_mem, d = mem.shape
-    x = torch.cat([mem, non])
-    kept = None  # rows kept (None: all, the usual case)
-    if dropped_m or dropped_n:
-        kept = torch.isfinite(x).all(dim=1)
-        x = x[kept]
-    n1 = n_mem - dropped_m
-    for n, side in ((n1, "member_scores"), (x.shape[0] - n1, "nonmember_scores")):
-        if n == 0:
-            raise ValueError(f"{side} has no finite scores")
-    n_dropped = dropped_m + dropped_n
-    scale = magnitude_scale(x)
-    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
-        x = x * scale
-
+    scores = finite_scores(member_scores, nonmember_scores, aligned=True)  # 0. finite rows
     with torch.inference_mode():  # hundreds of small operations: no autograd bookkeeping
-        # 1. bin
-        binned = None
-        if d <= 2:
-            shared = d == 1 and "kde" in methods  # the KDE's fine grid serves the histogram
-            binned = bin_records(
-                x,
-                n1,
-                bins=default_bins("histogram", d),
-                fine_bins=default_bins("kde", d) if shared else None,
-            )
-        selections = grid_selections(binned) if binned is not None else {}
-        # 2-3. smooth, plug-ins, learn, measure and certify the rule per method
-        estimates, failures, densities = estimate_methods(
-            x[:n1],
-            x[n1:],
+        binned = bin_scores(  # 1. bin
+            scores, methods=methods, per_record=True, options=_OPTIONS, skip_errors=skip
+        )
+        advantages = estimate_advantages(  # 2-3. smooth, plug-ins, rule + certificate
+            scores,
             binned,
-            selections,
             methods=methods,
             prior=prior,
             delta=delta,
             lower_delta=lower_delta,
-            n_dropped=n_dropped,
+            options=_OPTIONS,
             skip_errors=skip,
         )
-        # 4. rank for the ROC
-        roc: dict[str, float] = {}
-        if binned is not None and binned.ascending is not None:
-            try:
-                roc = summary_from_ascending(
-                    *binned.ascending, n1, higher_is_member=higher_is_member
-                )
-            except Exception as err:
-                if not skip:
-                    raise
-                failures["roc"] = describe_error(err)
-        # 5. per-record risks
-        result = QueryResult(name, estimates, d, n_dropped, roc=roc, failures=failures)
-        if binned is None:
-            return result
-        try:
-            if densities is None:
-                raise ValueError("the histogram rule that per-record risks read failed")
-            signed = record_signed_risk(binned, densities, prior=prior)
-            if kept is not None:  # back to the records given, NaN for the dropped ones
-                full = np.full(kept.shape[0], np.nan)
-                full[kept.cpu().numpy()] = signed
-                signed = full
-            risk = np.abs(signed[:n_mem])
-            posterior = (1 + signed) / 2
-            top = most_exposed(risk, top_k)
-            return dataclasses.replace(
-                result,
-                risk=risk_summary(risk),
-                member_risk=risk,
-                member_posterior=posterior[:n_mem],
-                nonmember_posterior=posterior[n_mem:],
-                top_records=top,
-                top_risks=tuple(risk[list(top)].tolist()),
-                top_tied=tied_beyond(risk, top),
-            )
-        except Exception as err:
-            if not skip:
-                raise
-            return dataclasses.replace(result, failures={**failures, "risk": describe_error(err)})
+        failures = dict(advantages.failures)
+        roc = _roc_figures(  # 4. ROC
+            binned, scores, higher_is_member=higher_is_member, failures=failures, skip=skip
+        )
+        result = QueryResult(
+            name, advantages.estimates, scores.dim, scores.n_dropped, roc=roc, failures=failures
+        )
+        return _with_record_risks(  # 5. per-record risks
+            result, binned, advantages.densities, scores, prior=prior, top_k=top_k, skip=skip
+        )
+
+
+def _roc_figures(
+    binned: Binned,
+    scores: FiniteScores,
+    *,
+    higher_is_member: bool | None,
+    failures: dict[str, str],
+    skip: bool,
+) -> dict[str, float]:
+    """Stage 4: the ROC figures of 1-D scores from stage 1's one sort (empty above 1-D); a
+    failure is reported in ``failures`` when ``skip``."""
+    if not binned.passes or binned.passes[0].records.ascending is None:
+        return {}
+    try:
+        return summary_from_ascending(
+            *binned.passes[0].records.ascending,
+            scores.n_members,
+            higher_is_member=higher_is_member,
+        )
+    except Exception as err:
+        if not skip:
+            raise
+        failures["roc"] = describe_error(err)
+        return {}
+
+
+def _with_record_risks(
+    result: QueryResult,
+    binned: Binned,
+    densities: RuleDensities | None,
+    scores: FiniteScores,
+    *,
+    prior: float,
+    top_k: int,
+    skip: bool,
+) -> QueryResult:
+    """Stage 5: ``result`` with the per-record risks (1-2 D) read out of sample off the
+    histogram rule's ``densities`` in the cells of stage 1's first pass, aligned with the
+    records given (NaN for the dropped ones); a failure is reported in ``failures`` when
+    ``skip``."""
+    if not binned.passes:
+        return result
+    try:
+        if densities is None:
+            raise ValueError("the histogram rule that per-record risks read failed")
+        signed = record_signed_risk(binned.passes[0].records, densities, prior=prior)
+        if scores.kept is not None:  # back to the records given, NaN for the dropped ones
+            full = np.full(scores.kept.shape[0], np.nan)
+            full[scores.kept.cpu().numpy()] = signed
+            signed = full
+        n_mem = scores.n_given_members
+        risk = np.abs(signed[:n_mem])
+        posterior = (1 + signed) / 2
+        top = most_exposed(risk, top_k)
+        return dataclasses.replace(
+            result,
+            risk=risk_summary(risk),
+            member_risk=risk,
+            member_posterior=posterior[:n_mem],
+            nonmember_posterior=posterior[n_mem:],
+            top_records=top,
+            top_risks=tuple(risk[list(top)].tolist()),
+            top_tied=tied_beyond(risk, top),
+        )
+    except Exception as err:
+        if not skip:
+            raise
+        return dataclasses.replace(
+            result, failures={**result.failures, "risk": describe_error(err)}
+        )

@@ -5,10 +5,11 @@ others, which it has never seen: ``n1`` members and ``n2`` non-members (1-2 dime
 certificates, one learned on folds 3..K−1 and applied to folds 0-2, one learned on folds
 2..K−1 and applied to folds 0-1; above 2-D the second alone). The rule reads every record at
 coordinates its own records fix (in 1-D a score's mid-rank among them, in 2-D the grid over
-their range, above 2-D their standardisation: :func:`~privmon.estimators.binning.bin_records`,
-:mod:`~privmon.estimators.learned`), so given those records the rule, and the call it makes on
-any score, are fixed. Each held-out record is an independent draw, and a record on which the
-densities tie goes to a side fixed in advance, so the members it calls members,
+their range, above 2-D their standardisation:
+:func:`~privmon.estimators.record_binning.bin_records`, :mod:`~privmon.estimators.learned`), so
+given those records the rule, and the call it makes on any score, are fixed. Each held-out
+record is an independent draw, and a record on which the densities tie goes to a side fixed in
+advance, so the members it calls members,
 ``tp`` ~ Bin(n1, TPR), and the non-members it calls non-members, ``tn = n2 − fp`` ~ Bin(n2, TNR),
 are independent binomials. (A :class:`~privmon.StreamingAdvantage` keeps one grid, whose edges
 its first batch fixed: its certificate depends on the held-out records through those edges,
@@ -88,7 +89,7 @@ from scipy.special import betaincinv, ndtri
 from scipy.stats import binom
 
 from privmon._validation import check_half_open_interval, check_int, check_open_unit
-from privmon.estimators.binning import CERTIFY_FOLDS, fold_of
+from privmon.estimators.folds import CERTIFY_FOLDS, fold_of
 from privmon.estimators.intervals import clopper_pearson_lower
 from privmon.estimators.learned import HIGH_DIM_CERTIFY_FOLDS
 

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import torch
 
-from privmon.estimators.binning import fold_of
+from privmon.estimators.folds import fold_of
 
 __all__ = ["HIGH_DIM_CERTIFY_FOLDS", "RuleCounts", "learned_rule_counts"]
 

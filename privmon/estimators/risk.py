@@ -29,11 +29,12 @@ import torch
 from scipy.stats import norm
 
 from privmon._validation import as_scores, check_open_unit, to_numpy
-from privmon.estimators.binning import BinnedRecords, BinnedScores
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
 from privmon.estimators.estimates import check_bins, default_bins
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
 from privmon.estimators.methods import Method, check_method
+from privmon.estimators.record_binning import BinnedRecords
 from privmon.estimators.rules import RuleDensities
 
 __all__ = [

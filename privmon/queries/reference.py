@@ -32,7 +32,7 @@ from privmon.attacks.reference import (
     rmia_marginal,
     rmia_score,
 )
-from privmon.audit.ensemble import Ensemble
+from privmon.models import Ensemble
 from privmon.queries.batches import (
     Batch,
     Transform,

@@ -112,7 +112,7 @@ def evaluation_scores(
         disable=None if progress else True,
     )
     try:
-        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
+        if folder is not None:  # (without one on any rank, nothing is saved: work.load is empty)
             for k in work.load:
                 rows[k] = folder.load(k, models.fingerprint(k))["scores"].numpy()
         for k in work.train:

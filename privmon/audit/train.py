@@ -184,7 +184,7 @@ def train_ensemble(
     mine: dict[int, _Trained] = {}
     error = None
     try:
-        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
+        if folder is not None:  # (without one on any rank, nothing is saved: work.load is empty)
             mine.update(_loaded(folder, work.load, model_fn, seeds, masks_np, x.device))
         if work.train:
             training = _Training(

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from privmon.audit.checkpoints import CheckpointFolder, qualified_name
+from privmon.audit.checkpoints import CheckpointFolder, digest, qualified_name
 from privmon.audit.distributed import exchange, plan
 from privmon.audit.seeding import TAG_MASK, seeded_global_rng, stream
 
@@ -61,12 +61,23 @@ def _scores_row(out: Any, n_targets: int) -> np.ndarray:
 
 class EvaluationModels(NamedTuple):
     """How :func:`evaluation_scores` trains and records the models: the checkpoint folder (or
-    None), whether to split them over the ranks, the recipe's fingerprint and each model's."""
+    None), whether to split them over the ranks, what the setup adds to the recipe's fingerprint
+    and, in the specific setup, each model's reference draw (part of its fingerprint)."""
 
     checkpoint_dir: Any
     distributed: bool
     recipe: dict[str, str]
-    fingerprint: Callable[[int], dict[str, Any]]
+    draws: np.ndarray | None
+
+
+def _fingerprint(
+    k: int, model_seeds: np.ndarray, mask: np.ndarray, draws: np.ndarray | None
+) -> dict[str, Any]:
+    """What makes an evaluation model model k, as its checkpoint file records it."""
+    out: dict[str, Any] = {"seed": int(model_seeds[k]), "mask": mask[k]}
+    if draws is not None:
+        out["draw"] = draws[k]
+    return out
 
 
 def evaluation_scores(
@@ -74,19 +85,25 @@ def evaluation_scores(
     build: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]],
     train_fn: TrainFn,
     score_fn: ScoreFn,
-    target_x: torch.Tensor,
-    target_y: torch.Tensor | None,
+    records: tuple[torch.Tensor, torch.Tensor | None],
+    targets: np.ndarray,
     mask: np.ndarray,
     model_seeds: np.ndarray,
     progress: bool,
     models: EvaluationModels,
 ) -> np.ndarray:
     """Train and score the evaluation models of ``setup``: model k trains on ``build(k)`` with
-    seed ``model_seeds[k]`` (the global RNGs seeded with it for the call) and scores the targets.
-    Returns the scores (n_models, n_targets), the same on every rank."""
+    seed ``model_seeds[k]`` (the global RNGs seeded with it for the call) and scores the records
+    ``targets`` (indices into ``records``, the dataset or the pool). Returns the scores
+    (n_models, n_targets), the same on every rank."""
     n_models, n_targets = mask.shape
+    x, y = records
+    t_torch = torch.as_tensor(targets, device=x.device)
+    target_x, target_y = x[t_torch], None if y is None else y[t_torch]
     what = f"privmon.audit.{setup}"
     recipe = {
+        "data": digest(x, y),
+        "targets": digest(targets),
         **models.recipe,
         "train_fn": qualified_name(train_fn),
         "score_fn": qualified_name(score_fn),
@@ -114,7 +131,8 @@ def evaluation_scores(
     try:
         if folder is not None:  # (without one on any rank, nothing is saved: work.load is empty)
             for k in work.load:
-                rows[k] = folder.load(k, models.fingerprint(k))["scores"].numpy()
+                fingerprint = _fingerprint(k, model_seeds, mask, models.draws)
+                rows[k] = folder.load(k, fingerprint)["scores"].numpy()
         for k in work.train:
             x_k, y_k = build(k)
             s = int(model_seeds[k])
@@ -126,7 +144,8 @@ def evaluation_scores(
             rows[k] = _scores_row(out, n_targets)
             del model, out
             if folder is not None:
-                folder.save(k, models.fingerprint(k), {"scores": rows[k]})
+                fingerprint = _fingerprint(k, model_seeds, mask, models.draws)
+                folder.save(k, fingerprint, {"scores": rows[k]})
             bar.update(1)
     except Exception as err:
         error = err

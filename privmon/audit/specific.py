@@ -236,8 +236,6 @@ def specific(
             chosen = stream(seed, TAG_DATA, k).choice(n_ref, size=t.size, replace=False)
         replacement[k] = np.where(mask[k], -1, chosen)
 
-    t_torch = torch.as_tensor(t, device=x.device)
-
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = ~mask[k]
         pos = torch.as_tensor(t[out], device=x.device)
@@ -250,28 +248,10 @@ def specific(
             y_k[pos] = ry[src]
         return x_k, y_k
 
+    recipe = {"reference": digest(rx, ry), "reference_draw": reference_draw, "seed": str(seed)}
+    models = EvaluationModels(checkpoint_dir, distributed, recipe, replacement)
     scores = evaluation_scores(
-        "specific",
-        build,
-        train_fn,
-        score_fn,
-        x[t_torch],
-        None if y is None else y[t_torch],
-        mask,
-        model_seeds,
-        progress,
-        EvaluationModels(
-            checkpoint_dir,
-            distributed,
-            {
-                "data": digest(x, y),
-                "targets": digest(t),
-                "reference": digest(rx, ry),
-                "reference_draw": reference_draw,
-                "seed": str(seed),
-            },
-            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k], "draw": replacement[k]},
-        ),
+        "specific", build, train_fn, score_fn, (x, y), t, mask, model_seeds, progress, models
     )
     return audit_result(
         "specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack
@@ -335,7 +315,6 @@ def average(
     mask = balanced_mask(seed, n_models, t.size)
     model_seeds = training_seeds(seed, n_models)
     others = np.setdiff1d(np.arange(n), t)
-    t_torch = torch.as_tensor(t, device=x.device)
 
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         rng = stream(seed, TAG_DATA, k)
@@ -344,26 +323,10 @@ def average(
         idx = torch.as_tensor(rng.permutation(np.concatenate([members, drawn])), device=x.device)
         return x[idx].clone(), None if y is None else y[idx].clone()
 
+    models = EvaluationModels(
+        checkpoint_dir, distributed, {"dataset_size": str(size), "seed": str(seed)}, None
+    )
     scores = evaluation_scores(
-        "average",
-        build,
-        train_fn,
-        score_fn,
-        x[t_torch],
-        None if y is None else y[t_torch],
-        mask,
-        model_seeds,
-        progress,
-        EvaluationModels(
-            checkpoint_dir,
-            distributed,
-            {
-                "data": digest(x, y),
-                "targets": digest(t),
-                "dataset_size": str(size),
-                "seed": str(seed),
-            },
-            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k]},
-        ),
+        "average", build, train_fn, score_fn, (x, y), t, mask, model_seeds, progress, models
     )
     return audit_result("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)

@@ -26,9 +26,8 @@ from scipy.stats import pearsonr
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from privmon.audit.per_target import default_score
 from privmon.audit.results import AuditResult, SetupComparison, compare
-from privmon.audit.specific import average, specific
+from privmon.audit.specific import average, default_score, specific
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,9 @@ optimizer, input canaries for any model) and the ε lower bound their scores giv
 
 from privmon.audit.canaries import GradientCanaries, InputCanaries
 from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
-from privmon.audit.per_target import default_score, logit_score
 from privmon.audit.results import AuditResult, SetupComparison, compare
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
-from privmon.audit.specific import average, specific
+from privmon.audit.specific import average, default_score, logit_score, specific
 from privmon.audit.train import random_halves, train_ensemble
 from privmon.models import Ensemble
 

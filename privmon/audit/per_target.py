@@ -1,18 +1,15 @@
 """Per-target membership risk from the evaluation models' scores (specific and average setups,
-:mod:`privmon.audit.specific`): the default statistics of a classifier (the loss attack, LiRA's
-logit-scaled confidence), and each target's AUC / TPR at a low FPR, with the threshold attack or
-LiRA (online and cross-fitted, or offline and leave one out)."""
+:mod:`privmon.audit.specific`): each target's AUC / TPR at a low FPR, with the threshold attack
+or LiRA (online and cross-fitted, or offline and leave one out)."""
 
 from __future__ import annotations
 
 import math
 import time
 import warnings
-from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
 from privmon.audit.records import frozen
@@ -21,48 +18,7 @@ from privmon.audit.seeding import TAG_FOLDS, stream
 from privmon.estimators.roc import auc as _auc
 from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
 
-__all__ = ["audit_result", "default_score", "logit_score"]
-
-
-def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
-    """Loss attack: the negative per-record cross-entropy of a classifier (higher = member).
-
-    ``model`` must be an ``nn.Module`` returning logits ``(n, C)`` (or one logit per record for
-    a binary classifier, read as ``[0, z]`` as in :mod:`privmon.queries`). It is run in eval mode
-    under ``torch.no_grad()`` and its train / eval modes are restored afterwards.
-    """
-    from privmon.queries import LossQuery
-
-    return -_classifier_score(LossQuery, model, x, y)
-
-
-def logit_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
-    """LiRA's statistic: the logit-scaled confidence ``log(p_y / (1 − p_y))`` of a classifier
-    (:class:`privmon.queries.LogitConfidenceQuery`), the default ``score_fn`` of the LiRA
-    attacks. Same model requirements and mode handling as :func:`default_score`."""
-    from privmon.queries import LogitConfidenceQuery
-
-    return _classifier_score(LogitConfidenceQuery, model, x, y)
-
-
-def _classifier_score(query: Any, model: Any, x: torch.Tensor, y: torch.Tensor | None):
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            "the default score_fn needs train_fn to return a torch.nn.Module classifier, got "
-            f"{type(model).__name__}; pass score_fn=lambda model, x, y: scores"
-        )
-    if y is None:
-        raise ValueError(
-            "the default score_fn (loss or logit attack) needs labels: pass dataset = (x, y)"
-        )
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with torch.no_grad():
-            return query(model)((x, y))
-    finally:
-        for m, mode in modes:
-            m.training = mode
+__all__ = ["audit_result"]
 
 
 def _per_target_metrics(

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from privmon._validation import (
     check_callable,
@@ -71,17 +72,58 @@ from privmon.audit.evaluation_models import (
     balanced_mask,
     evaluation_scores,
 )
-from privmon.audit.per_target import audit_result, default_score, logit_score
+from privmon.audit.per_target import audit_result
 from privmon.audit.records import as_xy
 from privmon.audit.results import AuditResult
 from privmon.audit.seeding import TAG_DATA, stream, training_seeds
 
-__all__ = ["average", "specific"]
+__all__ = ["average", "default_score", "logit_score", "specific"]
 
 _ATTACKS = ("threshold", "lira", "lira_offline")
 # online LiRA's folds each need two members and two non-members of a target; offline LiRA
 # scores a model against the others (leave one out), two of them out
 _MIN_MODELS = {"threshold": 2, "lira": 8, "lira_offline": 4}
+
+
+def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    """Loss attack: the negative per-record cross-entropy of a classifier (higher = member).
+
+    ``model`` must be an ``nn.Module`` returning logits ``(n, C)`` (or one logit per record for
+    a binary classifier, read as ``[0, z]`` as in :mod:`privmon.queries`). It is run in eval mode
+    under ``torch.no_grad()`` and its train / eval modes are restored afterwards.
+    """
+    from privmon.queries import LossQuery
+
+    return -_classifier_score(LossQuery, model, x, y)
+
+
+def logit_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
+    """LiRA's statistic: the logit-scaled confidence ``log(p_y / (1 − p_y))`` of a classifier
+    (:class:`privmon.queries.LogitConfidenceQuery`), the default ``score_fn`` of the LiRA
+    attacks. Same model requirements and mode handling as :func:`default_score`."""
+    from privmon.queries import LogitConfidenceQuery
+
+    return _classifier_score(LogitConfidenceQuery, model, x, y)
+
+
+def _classifier_score(query: Any, model: Any, x: torch.Tensor, y: torch.Tensor | None):
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "the default score_fn needs train_fn to return a torch.nn.Module classifier, got "
+            f"{type(model).__name__}; pass score_fn=lambda model, x, y: scores"
+        )
+    if y is None:
+        raise ValueError(
+            "the default score_fn (loss or logit attack) needs labels: pass dataset = (x, y)"
+        )
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            return query(model)((x, y))
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 def _common_checks(

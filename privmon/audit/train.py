@@ -7,7 +7,7 @@ parameters (``torch.func.stack_module_state``), runs ``torch.func.functional_cal
 ``torch.vmap`` with each model's own mini-batch, and steps one optimizer over the stacked
 tensors (PyTorch's model-ensembling tutorial); a linear stack runs as batched matrix products
 instead (:mod:`privmon.models.linear_stack`). The training protocol, stacked or one model after
-another, is :mod:`privmon.audit.loops`'.
+another: :mod:`privmon.audit.loops`.
 
 Past one process, :func:`train_ensemble` splits the models over the ranks of a torch.distributed
 group (:mod:`privmon.audit.distributed`) and saves each to a checkpoint folder

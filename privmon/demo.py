@@ -30,9 +30,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
 from privmon._validation import check_int, check_positive
-from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
+from privmon.queries import DiscriminatorQuery, GeneratorQuery, HybridQuery, NearestGeneratedQuery
 from privmon.report import checks_from_reports, verdict
 from privmon.sinks import JsonlSink
 

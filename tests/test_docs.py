@@ -25,6 +25,7 @@ PUBLIC_MODULES = (
     "privmon.estimators",
     "privmon.attacks",
     "privmon.audit",
+    "privmon.models",
     "privmon.bounds",
     "privmon.report",
     "privmon.offline",

@@ -19,7 +19,7 @@ __all__ = ["AuditResult", "SetupComparison", "compare"]
 
 _METRICS = ("auc", "tpr")
 
-
+# §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
 _DEFAULT_THRESHOLD = {"auc": 0.8, "tpr": 0.6}
 
 

@@ -1,8 +1,8 @@
 """Shadow-model audit: how far each membership attack gets against models of one recipe.
 
 :func:`shadow_audit` trains ``n_models`` models on random halves of a dataset
-(:func:`privmon.audit.ensemble.random_halves`, each record in about half of them) as one batched
-ensemble (:func:`privmon.audit.ensemble.train_ensemble`), reads every record's logit-scaled
+(:func:`privmon.audit.random_halves`, each record in about half of them) as one batched
+ensemble (:func:`privmon.audit.train_ensemble`), reads every record's logit-scaled
 confidence φ under every model, and evaluates each attack as Carlini et al. do
 ("Membership Inference Attacks From First Principles", §V): each model in turn is the target
 and the others are its reference models (:func:`privmon.attacks.reference.leave_one_out`); the
@@ -29,8 +29,9 @@ from torch import nn
 from privmon._validation import as_array, as_mask, check_fprs, check_int, to_numpy
 from privmon.attacks.metric import logit_confidence_from_logits
 from privmon.attacks.reference import LOMO_ATTACKS, LOMO_MIN_MODELS, leave_one_out
-from privmon.audit.ensemble import LossFn, OptimizerFn, random_halves, train_ensemble
+from privmon.audit.loops import LossFn, OptimizerFn
 from privmon.audit.records import as_xy, frozen
+from privmon.audit.train import random_halves, train_ensemble
 from privmon.estimators.roc import roc_curve, roc_summary
 
 __all__ = ["ShadowAudit", "evaluate", "shadow_audit"]
@@ -217,15 +218,15 @@ def shadow_audit(
     Args:
         model_fn: ``model_fn() -> nn.Module`` returning logits (n, C).
         data: the records ``(x, y)``, ``y`` class indices (formats as in
-            :func:`privmon.audit.ensemble.train_ensemble`).
+            :func:`privmon.audit.train_ensemble`).
         n_models: number of models (>= 3 with a reference attack, else >= 2; Carlini et al.
             use 64 to 256).
         seed: non-negative integer; the halves and the models' seeds derive from it.
         optimizer, epochs, batch_size, loss_fn, stacked: the training recipe
-            (:func:`privmon.audit.ensemble.train_ensemble`); ``loss_fn`` defaults to the
+            (:func:`privmon.audit.train_ensemble`); ``loss_fn`` defaults to the
             per-record cross-entropy.
         attacks, fpr, fixed_variance, a, gamma: as in :func:`evaluate`.
-        checkpoint_dir, distributed: as in :func:`privmon.audit.ensemble.train_ensemble`:
+        checkpoint_dir, distributed: as in :func:`privmon.audit.train_ensemble`:
             each model saved as soon as it is trained, and resumed from; the models split over
             the ranks of an initialised default process group (call on every rank), every rank
             returning the audit of one process.

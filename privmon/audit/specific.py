@@ -48,17 +48,14 @@ is still reproducible) and restored afterwards: the caller's global RNG state is
 
 from __future__ import annotations
 
-import math
 import os
 import time
-import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from privmon._validation import (
     check_callable,
@@ -67,64 +64,25 @@ from privmon._validation import (
     check_int,
     check_open_unit,
 )
-from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
-from privmon.audit.checkpoints import CheckpointFolder, digest, qualified_name
-from privmon.audit.distributed import exchange, plan
-from privmon.audit.records import as_xy, frozen
-from privmon.audit.results import AuditResult
-from privmon.audit.seeding import (
-    TAG_DATA,
-    TAG_FOLDS,
-    TAG_MASK,
-    seeded_global_rng,
-    stream,
-    training_seeds,
+from privmon.audit.checkpoints import digest
+from privmon.audit.evaluation_models import (
+    EvaluationModels,
+    ScoreFn,
+    TrainFn,
+    balanced_mask,
+    evaluation_scores,
 )
-from privmon.estimators.roc import auc as _auc
-from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
+from privmon.audit.per_target import audit_result
+from privmon.audit.records import as_xy
+from privmon.audit.results import AuditResult
+from privmon.audit.seeding import TAG_DATA, stream, training_seeds
 
-__all__ = [
-    "average",
-    "default_score",
-    "logit_score",
-    "specific",
-]
-
-TrainFn = Callable[[torch.Tensor, Any, int], Any]
-ScoreFn = Callable[[Any, torch.Tensor, Any], Any]
+__all__ = ["average", "default_score", "logit_score", "specific"]
 
 _ATTACKS = ("threshold", "lira", "lira_offline")
 # online LiRA's folds each need two members and two non-members of a target; offline LiRA
 # scores a model against the others (leave one out), two of them out
 _MIN_MODELS = {"threshold": 2, "lira": 8, "lira_offline": 4}
-# §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
-
-
-# --- argument checks ------------------------------------------------------------------------------
-
-
-# --- randomness -----------------------------------------------------------------------------------
-
-
-def _balanced_mask(seed: int, n_models: int, n_targets: int) -> np.ndarray:
-    """(n_models, n_targets) in/out mask; each column a random arrangement of a balanced vector.
-
-    Every entry is marginally Bernoulli(0.5) (the extra model of an odd ``n_models`` goes to
-    "in" or "out" with probability 1/2 per target); each target is in exactly n_models // 2
-    or n_models // 2 + 1 models, so both member and non-member sides are never empty.
-    """
-    rng = stream(seed, TAG_MASK)
-    half = n_models // 2
-    mask = np.zeros((n_models, n_targets), dtype=bool)
-    extra = rng.random(n_targets) < 0.5 if n_models % 2 else np.zeros(n_targets, dtype=bool)
-    for j in range(n_targets):
-        col = np.zeros(n_models, dtype=bool)
-        col[: half + int(extra[j])] = True
-        mask[:, j] = rng.permutation(col)
-    return mask
-
-
-# --- scoring --------------------------------------------------------------------------------------
 
 
 def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
@@ -168,198 +126,6 @@ def _classifier_score(query: Any, model: Any, x: torch.Tensor, y: torch.Tensor |
             m.training = mode
 
 
-def _scores_row(out: Any, n_targets: int) -> np.ndarray:
-    if isinstance(out, torch.Tensor):
-        arr = out.detach().to("cpu", torch.float64).numpy()
-    else:
-        try:
-            arr = np.asarray(out, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"score_fn must return {n_targets} numeric scores, got {type(out).__name__}"
-            ) from None
-    if arr.ndim == 2 and arr.shape[1] == 1:
-        arr = arr[:, 0]
-    if arr.shape != (n_targets,):
-        raise ValueError(
-            f"score_fn must return one score per target, shape ({n_targets},), "
-            f"got shape {arr.shape}"
-        )
-    return arr
-
-
-def _per_target_metrics(
-    scores: np.ndarray, mask: np.ndarray, fpr: float
-) -> tuple[np.ndarray, np.ndarray, int]:
-    n_targets = scores.shape[1]
-    aucs = np.full(n_targets, np.nan)
-    tprs = np.full(n_targets, np.nan)
-    finite = np.isfinite(scores)
-    for j in range(n_targets):
-        s, m, f = scores[:, j], mask[:, j], finite[:, j]
-        members, nonmembers = s[m & f], s[~m & f]
-        if members.size == 0 or nonmembers.size == 0:
-            continue
-        aucs[j] = _auc(members, nonmembers)
-        tprs[j] = _tpr_at_fpr(members, nonmembers, fpr=fpr)[fpr]
-    return aucs, tprs, int((~finite).sum())
-
-
-# --- shared driver --------------------------------------------------------------------------------
-
-
-class _Models(NamedTuple):
-    """How :func:`_run` trains and records the models: the checkpoint folder (or None), whether
-    to split them over the ranks, the recipe's fingerprint and each model's identity."""
-
-    checkpoint_dir: Any
-    distributed: bool
-    recipe: dict[str, str]
-    identity: Callable[[int], dict[str, Any]]
-
-
-def _run(
-    setup: str,
-    build: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]],
-    train_fn: TrainFn,
-    score_fn: ScoreFn,
-    target_x: torch.Tensor,
-    target_y: torch.Tensor | None,
-    mask: np.ndarray,
-    model_seeds: np.ndarray,
-    progress: bool,
-    models: _Models,
-) -> np.ndarray:
-    n_models, n_targets = mask.shape
-    what = f"privmon.audit.{setup}"
-    recipe = {
-        **models.recipe,
-        "train_fn": qualified_name(train_fn),
-        "score_fn": qualified_name(score_fn),
-        "n_models": str(n_models),
-    }
-    folder = None
-    if models.checkpoint_dir is not None:
-        folder = CheckpointFolder(models.checkpoint_dir, kind=setup, recipe=recipe, what=what)
-    work = plan(
-        n_models,
-        {**recipe, "checkpoint_dir": str(folder is not None)},
-        folder.present(n_models) if folder is not None else [],
-        distributed=models.distributed,
-        what=what,
-    )
-    rows: dict[int, np.ndarray] = {}
-    error = None
-    # tqdm on stderr; disable=None turns it off when stderr is not a terminal (CI logs, pipes)
-    bar = tqdm(
-        total=len(work.train),
-        desc=f"privmon {setup} audit",
-        unit="model",
-        disable=None if progress else True,
-    )
-    try:
-        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
-            for k in work.load:
-                rows[k] = folder.load(k, models.identity(k))["scores"].numpy()
-        for k in work.train:
-            x_k, y_k = build(k)
-            s = int(model_seeds[k])
-            with seeded_global_rng(s):
-                model = train_fn(x_k, y_k, s)
-                out = score_fn(
-                    model, target_x.clone(), None if target_y is None else target_y.clone()
-                )
-            rows[k] = _scores_row(out, n_targets)
-            del model, out
-            if folder is not None:
-                folder.save(k, models.identity(k), {"scores": rows[k]})
-            bar.update(1)
-    except Exception as err:
-        error = err
-    finally:
-        bar.close()
-    every = exchange(rows, error, world=work.world, stage=f"the {setup} audit's models")
-    return np.stack([every[k] for k in range(n_models)])
-
-
-def _finish(
-    setup: str,
-    targets: np.ndarray,
-    mask: np.ndarray,
-    scores: np.ndarray,
-    fpr: float,
-    seed: int,
-    model_seeds: np.ndarray,
-    replacement: np.ndarray | None,
-    start: float,
-    attack: str,
-) -> AuditResult:
-    if attack == "lira":
-        scores, fold = _cross_fitted_lira(scores, mask, seed)
-        per_fold = [
-            _per_target_metrics(np.where(fold == f, scores, np.nan), mask, fpr) for f in (0, 1)
-        ]
-        with warnings.catch_warnings():  # a target neither fold could score: NaN, counted
-            warnings.simplefilter("ignore", RuntimeWarning)
-            aucs = np.nanmean([r[0] for r in per_fold], axis=0)
-            tprs = np.nanmean([r[1] for r in per_fold], axis=0)
-        n_bad = int((~np.isfinite(scores)).sum())
-    else:
-        if attack == "lira_offline":
-            scores = leave_one_out(scores, mask, attack=attack)
-        aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
-    return AuditResult(
-        setup=setup,
-        targets=frozen(targets),
-        mask=frozen(mask),
-        scores=frozen(scores),
-        auc=frozen(aucs),
-        tpr=frozen(tprs),
-        fpr=fpr,
-        seed=seed,
-        model_seeds=frozen(model_seeds),
-        replacement=None if replacement is None else frozen(replacement),
-        n_nonfinite=n_bad,
-        attack=attack,
-        elapsed_s=time.perf_counter() - start,
-    )
-
-
-def _cross_fitted_lira(
-    statistic: np.ndarray, mask: np.ndarray, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Online LiRA (Carlini et al. eq. 4) per model and target, each model scored against the
-    in and out Gaussians of the other fold: the scores (k, n) and the folds (k, n) in {0, 1}.
-
-    For each target the models that trained on it, and those that did not, are split in
-    halves at random (seeded by ``seed``; an odd one out goes to fold 1), so each fold holds
-    half of the target's members and half of its non-members. Leaving only the scored model out (as
-    :func:`~privmon.attacks.reference.leave_one_out` does) biases a per-target AUC low: the
-    scored model's own statistic is missing from the fit of its side, which lowers a member's
-    score and raises a non-member's (mean AUC 0.44 at 64 models on a statistic without
-    signal). With disjoint folds the fits know nothing of the models they score, and the
-    per-target AUC and TPR are taken within each fold and averaged
-    (``benchmarks/specific_null.py``). Each fit sees about half of the models, with a fixed
-    variance below 128 models (fewer than 64 per fit)."""
-    rng = stream(seed, TAG_FOLDS)
-    keys = rng.random(mask.shape)
-    fold = np.zeros(mask.shape, dtype=np.int64)
-    for side in (True, False):
-        on_side = mask == side
-        rank = np.argsort(np.argsort(np.where(on_side, keys, np.inf), axis=0), axis=0)
-        fold[on_side & (rank >= on_side.sum(axis=0) // 2)] = 1
-    stat = torch.as_tensor(statistic, dtype=torch.float64)
-    m, f = torch.as_tensor(mask), torch.as_tensor(fold)
-    fixed = stat.shape[0] // 2 < FIXED_VARIANCE_BELOW
-    out = torch.full_like(stat, math.nan)
-    for held in (0, 1):
-        references = torch.where(f == held, math.nan, stat)  # the other fold's models only
-        # one fit per fold; lira_tensor broadcasts the (n,) fits over all k models' statistics
-        score = lira_tensor(stat, references, m, online=True, fixed_variance=fixed)
-        out = torch.where(f == held, score, out)
-    return out.numpy(), fold
-
-
 def _common_checks(
     train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any, attack: Any
 ) -> tuple[ScoreFn, int, int, float]:
@@ -376,9 +142,6 @@ def _common_checks(
         check_int(seed, name="seed"),
         check_open_unit(fpr, name="fpr"),
     )
-
-
-# --- public API -----------------------------------------------------------------------------------
 
 
 def specific(
@@ -504,7 +267,7 @@ def specific(
     if y is not None and ry is not None:  # both or neither (checked above)
         ry = ry.to(device=y.device, dtype=y.dtype)
 
-    mask = _balanced_mask(seed, n_models, t.size)
+    mask = balanced_mask(seed, n_models, t.size)
     model_seeds = training_seeds(seed, n_models)
     n_ref = rx.shape[0]
     replacement = np.full((n_models, t.size), -1, dtype=np.int64)
@@ -514,8 +277,6 @@ def specific(
         else:
             chosen = stream(seed, TAG_DATA, k).choice(n_ref, size=t.size, replace=False)
         replacement[k] = np.where(mask[k], -1, chosen)
-
-    t_torch = torch.as_tensor(t, device=x.device)
 
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = ~mask[k]
@@ -529,30 +290,14 @@ def specific(
             y_k[pos] = ry[src]
         return x_k, y_k
 
-    scores = _run(
-        "specific",
-        build,
-        train_fn,
-        score_fn,
-        x[t_torch],
-        None if y is None else y[t_torch],
-        mask,
-        model_seeds,
-        progress,
-        _Models(
-            checkpoint_dir,
-            distributed,
-            {
-                "data": digest(x, y),
-                "targets": digest(t),
-                "reference": digest(rx, ry),
-                "reference_draw": reference_draw,
-                "seed": str(seed),
-            },
-            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k], "draw": replacement[k]},
-        ),
+    recipe = {"reference": digest(rx, ry), "reference_draw": reference_draw, "seed": str(seed)}
+    models = EvaluationModels(checkpoint_dir, distributed, recipe, replacement)
+    scores = evaluation_scores(
+        "specific", build, train_fn, score_fn, (x, y), t, mask, model_seeds, progress, models
     )
-    return _finish("specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack)
+    return audit_result(
+        "specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack
+    )
 
 
 def average(
@@ -609,10 +354,9 @@ def average(
             f"dataset_size must lie in [len(targets), len(pool) - len(targets)] = "
             f"[{t.size}, {n - t.size}], got {size}"
         )
-    mask = _balanced_mask(seed, n_models, t.size)
+    mask = balanced_mask(seed, n_models, t.size)
     model_seeds = training_seeds(seed, n_models)
     others = np.setdiff1d(np.arange(n), t)
-    t_torch = torch.as_tensor(t, device=x.device)
 
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         rng = stream(seed, TAG_DATA, k)
@@ -621,26 +365,10 @@ def average(
         idx = torch.as_tensor(rng.permutation(np.concatenate([members, drawn])), device=x.device)
         return x[idx].clone(), None if y is None else y[idx].clone()
 
-    scores = _run(
-        "average",
-        build,
-        train_fn,
-        score_fn,
-        x[t_torch],
-        None if y is None else y[t_torch],
-        mask,
-        model_seeds,
-        progress,
-        _Models(
-            checkpoint_dir,
-            distributed,
-            {
-                "data": digest(x, y),
-                "targets": digest(t),
-                "dataset_size": str(size),
-                "seed": str(seed),
-            },
-            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k]},
-        ),
+    models = EvaluationModels(
+        checkpoint_dir, distributed, {"dataset_size": str(size), "seed": str(seed)}, None
     )
-    return _finish("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)
+    scores = evaluation_scores(
+        "average", build, train_fn, score_fn, (x, y), t, mask, model_seeds, progress, models
+    )
+    return audit_result("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)

@@ -44,6 +44,7 @@ advantage estimators do not need it; direction-dependent figures such as the AUC
 
 Layout: :mod:`~privmon.queries.base` (the protocol and :class:`CallableQuery`),
 :mod:`~privmon.queries.classifier`, :mod:`~privmon.queries.generative`,
+:mod:`~privmon.queries.generator` (DOMIAS and its baselines on a generator's synthetic data),
 :mod:`~privmon.queries.reference` (reference-model attacks),
 :mod:`~privmon.queries.language_model` (causal language models: loss, zlib, Min-K%, Min-K%++,
 reference); the batch convention above lives in
@@ -66,6 +67,7 @@ from privmon.queries.generative import (
     MultiDiscriminatorQuery,
     NearestGeneratedQuery,
 )
+from privmon.queries.generator import GeneratorQuery
 from privmon.queries.language_model import LanguageModelQuery, language_model_queries
 from privmon.queries.reference import ReferenceModelQuery
 
@@ -75,6 +77,7 @@ __all__ = [
     "CorrectnessQuery",
     "DiscriminatorQuery",
     "EntropyQuery",
+    "GeneratorQuery",
     "HiddenLayerQuery",
     "HybridQuery",
     "LanguageModelQuery",

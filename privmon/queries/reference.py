@@ -32,7 +32,7 @@ from privmon.attacks.reference import (
     rmia_marginal,
     rmia_score,
 )
-from privmon.audit.ensemble import Ensemble
+from privmon.models import Ensemble
 from privmon.queries.batches import (
     Batch,
     Transform,
@@ -93,7 +93,7 @@ class ReferenceModelQuery(ClassifierQuery):
     Cost per check: one forward of ``model`` per batch (and, for RMIA, on the population in
     ``prepare``). The references do not change during training, so their per-record values
     (Gaussian fits, Pr(x), the mean loss) are computed once per batch content and cached, keyed
-    like :class:`privmon.attacks.GeneratorQuery`'s cache by dtype, shape and a BLAKE2b digest of
+    like :class:`privmon.queries.GeneratorQuery`'s cache by dtype, shape and a BLAKE2b digest of
     the batch's inputs and labels (after ``transform``); inputs that are not a tensor (keyword
     inputs) are not cached. ``release()`` keeps only the entries the check used, so memory
     stays O(audit records). Counters: :attr:`n_reference_evaluations` (records run through the

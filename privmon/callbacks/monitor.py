@@ -63,7 +63,7 @@ from privmon.estimators.methods import METHODS, applicable_methods
 from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
 from privmon.queries.batches import count_records
-from privmon.report import Report
+from privmon.report import Report, tags
 from privmon.sinks.base import Sink
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -136,8 +136,7 @@ def _check_stopping_threshold(stopping: PrivacyEarlyStopping, prior: float) -> N
     training at the first check whatever leaks — a budget set on the scale of prior ½. (A
     negative one says "stop at the first check" on purpose, at any prior.)"""
     floor = abs(2 * prior - 1)
-    field = stopping.tag.rsplit("/", 1)[-1]
-    if field in ("value", "lower", "lower_check") and 0 <= stopping.threshold < floor:
+    if tags.is_advantage_estimate(stopping.tag) and 0 <= stopping.threshold < floor:
         raise ValueError(
             f"early_stopping's threshold {stopping.threshold:g} on {stopping.tag} is below "
             f"|2·prior − 1| = {floor:.4g}, the advantage of always guessing the likelier class "
@@ -788,13 +787,13 @@ class PrivacyMonitor:
             stopping = self.early_stopping
             watched: tuple[str, str] | None = None  # (query, tag) early stopping reads
             if stopping is not None:
-                tags = (stopping.tag, f"privacy/{stopping.metric}")
+                read = tags.watched_tags(stopping.metric, stopping.use)
                 watched = next(
                     (
-                        (q.name, f"privacy/{q.name}/{m}/lower")
+                        (q.name, tags.lower(q.name, m))
                         for q in self.queries
                         for m in self.methods
-                        if f"privacy/{q.name}/{m}/lower" in tags
+                        if tags.lower(q.name, m) in read
                     ),
                     None,
                 )
@@ -957,14 +956,13 @@ class PrivacyMonitor:
             ceilings: dict[str, float] = {}
             if eps is not None:
                 if not math.isnan(eps):  # ε = inf gives the trivial ceiling 1
-                    ceilings["tanh"] = float(tanh_bound(eps, prior=self.prior))
-                    ceilings["eps_delta"] = float(
+                    ceilings[tags.CEILING_TANH] = float(tanh_bound(eps, prior=self.prior))
+                    ceilings[tags.CEILING_EPS_DELTA] = float(
                         tanh_bound(eps, prior=self.prior, delta=self.delta)
                     )
-                scalars["privacy/epsilon"] = eps
-                for k, v in ceilings.items():
-                    scalars[f"privacy/ceiling/{k}"] = v
-            scalars["privacy/certify_delta"] = lower_delta
+                scalars[tags.EPSILON] = eps
+                scalars.update(ceilings)
+            scalars[tags.CERTIFY_DELTA] = lower_delta
             messages: list[str] = []
             violation = False
             for q in self.queries:
@@ -983,9 +981,11 @@ class PrivacyMonitor:
                     scores=scores[q.name],
                 )
                 failures.update({f"{q.name}/{what}": e for what, e in result.failures.items()})
-                scalars.update({f"privacy/{q.name}/{k}": v for k, v in result.scalars().items()})
+                scalars.update(
+                    {tags.query_figure(q.name, k): v for k, v in result.scalars().items()}
+                )
                 # the smallest advantage this check certifies in half the runs
-                scalars[f"privacy/{q.name}/detectable"] = _detectable(
+                scalars[tags.detectable(q.name)] = _detectable(
                     n1, n2, delta=lower_delta, prior=self.prior, dim=result.dim
                 )
                 # ε implied by each certified lower bound, in one call
@@ -993,16 +993,17 @@ class PrivacyMonitor:
                     np.array([est.lower for est in result.estimates.values()]), prior=self.prior
                 )
                 for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
-                    scalars[f"privacy/{q.name}/{method}/epsilon_lower_bound"] = eps_bound
+                    scalars[tags.epsilon_lower_bound(q.name, method)] = eps_bound
                 for method, est in result.estimates.items():
                     tag = f"{q.name}/{method}"
                     if (
                         eps is not None
-                        and "eps_delta" in ceilings
-                        and est.lower > ceilings["eps_delta"] + 1e-12
+                        and tags.CEILING_EPS_DELTA in ceilings
+                        and est.lower > ceilings[tags.CEILING_EPS_DELTA] + 1e-12
                     ):
                         violation = True
-                        msg = _violation_message(step, tag, est.lower, ceilings["eps_delta"], eps)
+                        ceiling = ceilings[tags.CEILING_EPS_DELTA]
+                        msg = _violation_message(step, tag, est.lower, ceiling, eps)
                         messages.append(msg)
                         logger.warning(msg)
                         warnings.warn(msg, PrivacyViolationWarning, stacklevel=3)
@@ -1019,7 +1020,7 @@ class PrivacyMonitor:
             if not results:
                 raise RuntimeError(f"every query's analysis failed: {failures}")
             if eps is not None:
-                scalars["privacy/dp_violation"] = float(violation)
+                scalars[tags.DP_VIOLATION] = float(violation)
             report = Report(
                 step=step,
                 scalars=scalars,

@@ -16,13 +16,13 @@ no assumption on the audit sets: the canaries' inclusion is randomised by design
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from privmon.audit.one_run import one_run_epsilon
 from privmon.report import tags
+from privmon.report.build import CanaryFigures
 
-__all__ = ["CANARY_METHODS", "CanaryFigures", "canary_figures", "check_canaries"]
+__all__ = ["CANARY_METHODS", "canary_figures", "check_canaries"]
 
 CANARY_METHODS: tuple[Literal["fdp", "steinke"], ...] = ("fdp", "steinke")
 """The one-run bounds a check reports: f-DP (μ-GDP, then ε at δ) and Steinke et al.'s."""
@@ -41,16 +41,6 @@ def check_canaries(canaries: Any) -> Any:
             f"got {type(canaries).__name__}"
         )
     return canaries
-
-
-@dataclass(frozen=True)
-class CanaryFigures:
-    """What the canaries said at one check: ``scalars`` (tag -> value), whether an audited ε
-    exceeded the accountant's (``violation``) and the messages saying so."""
-
-    scalars: dict[str, float]
-    violation: bool
-    messages: tuple[str, ...]
 
 
 def canary_figures(

@@ -295,7 +295,7 @@ def _summary(
         for method in q.estimates:
             key = f"{name}/{method}"
             final[key] = {
-                f: last.scalars[tags.estimate(name, method, f)] for f in tags.ESTIMATE_FIELDS
+                f: last.scalars[tags.estimate(name, method, f)] for f in tags.ESTIMATE_FIGURES
             }
             if tags.auc(name) in last.scalars:
                 final[key]["auc"] = last.scalars[tags.auc(name)]

@@ -27,6 +27,7 @@ PUBLIC_MODULES = (
     "privmon.audit",
     "privmon.bounds",
     "privmon.report",
+    "privmon.report.tags",
     "privmon.offline",
     "privmon.integrations.lightning",
     "privmon.integrations.transformers",

@@ -10,19 +10,28 @@ from typing import Any
 
 import numpy as np
 
+from privmon.estimators.methods import METHODS
 from privmon.report import tags
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks
 
 __all__ = ["advantage_figure", "plot_advantage", "plot_epsilon", "plot_risk", "plot_roc"]
 
-# one colour per line of the advantage chart: estimate and bound of each method, each ceiling
-_VALUE_COLORS = {"histogram": "#1f77b4", "kde": "#d62728"}
-_LOWER_COLORS = {"histogram": "#17becf", "kde": "#ff7f0e"}
+# one colour per line of the advantage chart: estimate and bound of each method (in the order
+# of METHODS), each ceiling
+_VALUE_COLORS = ("#1f77b4", "#d62728")
+_LOWER_COLORS = ("#17becf", "#ff7f0e")
 _CEILINGS = (
     (tags.CEILING_TANH, ":", "#9467bd", "ε-DP ceiling (tanh)"),
     (tags.CEILING_EPS_DELTA, "-.", "#8c564b", "(ε, δ)-DP ceiling"),
 )
+
+
+def _colors(method: str) -> tuple[str, str]:
+    """The colours of ``method``'s estimate and certified lower bound (by its place in
+    :data:`~privmon.estimators.methods.METHODS`; grey tones beyond the palette)."""
+    i = METHODS.index(method)
+    return (_VALUE_COLORS[i], _LOWER_COLORS[i]) if i < len(_VALUE_COLORS) else ("k", "0.3")
 
 
 def _literal(text: str) -> str:
@@ -62,10 +71,11 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
     above 0, each line in its own colour, on the fixed range [0, 1]."""
     fig, (ax,) = _figure()
     for m in checks.methods(q):
+        value, lower = _colors(m)
         s, v = checks.series(tags.value(q, m))
-        ax.plot(s, v, "-o", color=_VALUE_COLORS.get(m, "k"), ms=3, label=f"{m}: estimate (value)")
+        ax.plot(s, v, "-o", color=value, ms=3, label=f"{m}: estimate (value)")
         s, v = checks.series(tags.lower(q, m))
-        ax.plot(s, v, "--", color=_LOWER_COLORS.get(m, "0.3"), label=f"{m}: certified lower bound")
+        ax.plot(s, v, "--", color=lower, label=f"{m}: certified lower bound")
     for tag, style, color, label in _CEILINGS:
         s, v = checks.series(tag)
         if len(s):

@@ -27,7 +27,7 @@ __all__ = [
     "CERTIFY_DELTA",
     "DP_VIOLATION",
     "EPSILON",
-    "ESTIMATE_FIELDS",
+    "ESTIMATE_FIGURES",
     "LAYOUT_CATEGORY",
     "MLFLOW_RUN_ID_TAG",
     "PLUGIN_FIELDS",
@@ -75,14 +75,15 @@ CEILING_TANH = "privacy/ceiling/tanh"
 CEILING_EPS_DELTA = "privacy/ceiling/eps_delta"
 """The (ε, δ)-DP ceiling on the advantage."""
 CEILINGS = (CEILING_TANH, CEILING_EPS_DELTA)
+"""Both ceilings, in the order a check reports them."""
 _CEILING_PREFIX = "privacy/ceiling/"
 CANARY_COUNT = "privacy/canaries/n_canaries"
 """How many canaries the one-run audit scored."""
 
 # -- per query and method -----------------------------------------------------------------------
-ESTIMATE_FIELDS = ("value", "lower", "lower_check", "plugin", "plugin_upper")
+ESTIMATE_FIGURES = ("value", "lower", "lower_check", "plugin", "plugin_upper")
 """The fields of a method's advantage estimate a check reports, in the analysis' order."""
-ADVANTAGE_FIELDS = (*ESTIMATE_FIELDS, "epsilon_lower_bound")
+ADVANTAGE_FIELDS = (*ESTIMATE_FIGURES, "epsilon_lower_bound")
 """Every per-method field: the estimate's, and the ε its certified lower bound implies."""
 PLUGIN_FIELDS = ("plugin", "plugin_upper", "upper")
 """The paper's plug-in figures (biased up, no bound on the advantage); ``upper`` is refused
@@ -146,7 +147,7 @@ def plugin_upper(query: str, method: str) -> str:
 
 
 def estimate(query: str, method: str, field: str) -> str:
-    """The field ``field`` (one of :data:`ESTIMATE_FIELDS`) of ``query``'s estimate by
+    """The field ``field`` (one of :data:`ESTIMATE_FIGURES`) of ``query``'s estimate by
     ``method``."""
     return _advantage(query, method, field)
 

@@ -257,6 +257,19 @@ def test_every_check_carries_its_run_id(plain):
     assert list(acc.PluginTagToContent("text")) == [RUN_ID_EVENT_TAG]
 
 
+def test_event_files_without_run_ids_are_refused_as_written_before_them(tmp_path):
+    # figures before any run-id summary were written by a privmon before run ids: not read
+    from torch.utils.tensorboard import SummaryWriter
+
+    from privmon.report import read_checks
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("privacy/q/histogram/value", 0.2, 10)
+    writer.close()
+    with pytest.raises(ValueError, match=r"privacy/q/histogram/value' comes before any run id"):
+        read_checks(tmp_path)
+
+
 def test_accountant_epsilon_ceilings_and_layout(dp):
     monitor, _, acc, epsilons, accountant = dp
     # The monitor only reads the accountant: 3 + 6 steps, as the training loop made.

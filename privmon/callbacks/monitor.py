@@ -312,7 +312,6 @@ class PrivacyMonitor:
         self._budget.say_what_can_be_certified(
             self.n_certified_checks, first=len(self.history) == 1, stopping=self.early_stopping
         )
-        # strict: a failure raises on this rank, so it raises on all of them
         with agreed_stage("writing the report or early stopping", flags=[False]) as stop:
             if rank_and_world()[0] == 0:  # every rank holds the same report; one writes it
                 for sink in self.sinks:
@@ -325,6 +324,7 @@ class PrivacyMonitor:
         return report
 
     def _check(self, step: int) -> Report:
+        """The report of the check at ``step``: collect, analyse, build; then its records."""
         t0 = time.perf_counter()
         settings = {  # whatever changes the figures: the ranks' must be the same
             **self._setup(),

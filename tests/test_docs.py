@@ -28,6 +28,7 @@ PUBLIC_MODULES = (
     "privmon.models",
     "privmon.bounds",
     "privmon.report",
+    "privmon.report.tags",
     "privmon.offline",
     "privmon.integrations.lightning",
     "privmon.integrations.transformers",

@@ -80,7 +80,7 @@ except ImportError as err:
 from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, plan_checks, publish
-from privmon.report import Report
+from privmon.report import Report, tags
 from privmon.sinks.base import finite_scalars
 
 __all__ = ["CONSOLE_MODES", "STATE_FILE", "PrivacyMonitorCallback", "attach", "console_scalars"]
@@ -111,7 +111,7 @@ def _check_console(console: Any) -> str | tuple[str, ...]:
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError(
             f"console must be one of {CONSOLE_MODES} or a non-empty sequence of tag patterns "
-            f"(e.g. ['privacy/*/auc']), got {console!r}"
+            f"(e.g. [{tags.auc('*')!r}]), got {console!r}"
         )
     return patterns
 
@@ -129,15 +129,15 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
         return {k: v for k, v in scalars.items() if any(fnmatch.fnmatchcase(k, p) for p in mode)}
     out: dict[str, float] = {}
     for name, result in report.queries.items():
-        if f"privacy/{name}/auc" in scalars:
-            out[f"privacy/{name}/auc"] = scalars[f"privacy/{name}/auc"]
+        if tags.auc(name) in scalars:
+            out[tags.auc(name)] = scalars[tags.auc(name)]
         figures = [(est.lower, est.value) for est in result.estimates.values()]
         figures = [(lo, v) for lo, v in figures if math.isfinite(lo) and math.isfinite(v)]
         if figures:
             lower, value = max(figures)  # the method with the highest certified lower bound
-            out[f"privacy/{name}/adv"] = value
-            out[f"privacy/{name}/lower"] = lower
-    for tag in ("privacy/epsilon", "privacy/dp_violation"):
+            out[tags.console_advantage(name)] = value
+            out[tags.console_lower(name)] = lower
+    for tag in (tags.EPSILON, tags.DP_VIOLATION):
         if tag in scalars:
             out[tag] = scalars[tag]
     return out

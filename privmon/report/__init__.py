@@ -21,19 +21,19 @@ one direct sub-directory that holds privacy scalars (read event by event).
 
 One run per report. Every line and event a monitor writes carries its run id
 (:attr:`Report.run_id`; a TensorBoard check a text summary before its figures); lines and event
-files written without one (by privmon before run ids) are one run, the *legacy* run. A source
-that holds several runs — a second run written into the same log directory later or at the same
-time — is never merged into one report: ``read_checks`` raises :class:`SeveralRunsError`, whose
-message names every run (its id, steps, and how many lines or checks it wrote), unless
-``run=`` (``privmon report --run``) picks one: an id or a unique prefix of one, ``"latest"``
-(the run that wrote last) or ``"legacy"``. The page and the command then say which runs were
-left out. Within one run, a step written again (a run resumed from a checkpoint re-runs the
-steps after it) replaces the earlier check.
+files written without one come from a privmon before run ids, and are refused with an error
+that says so. A source that holds several runs — a second run written into the same log
+directory later or at the same time — is never merged into one report: ``read_checks`` raises
+:class:`SeveralRunsError`, whose message names every run (its id, steps, and how many lines or
+checks it wrote), unless ``run=`` (``privmon report --run``) picks one: an id or a unique
+prefix of one, or ``"latest"`` (the run that wrote last). The page and the command then say
+which runs were left out. Within one run, a step written again (a run resumed from a checkpoint
+re-runs the steps after it) replaces the earlier check.
 
 Damaged lines. What a crash leaves is skipped, and the page and the command say so: a last line
 with no newline that does not parse (cut off mid-write: a crash, a full disk), and a cut-off line
-that a resumed run's line was appended to on the same line (a :class:`~privmon.sinks.JsonlSink`
-before run ids did that; it now repairs such a last line before appending). Any other line that
+that another line was appended to on the same line (a :class:`~privmon.sinks.JsonlSink` repairs
+a cut-off last line before appending; a writer that does not, did that). Any other line that
 is not a check (not UTF-8, not JSON, a field of the wrong type, a step outside [0, 2**63 - 1])
 is an error naming the line and the field, never skipped: the verdict speaks for every check,
 and the one dropped could be the one that certifies leakage.
@@ -61,8 +61,10 @@ it. The monitor certifies its lower bounds over the whole run (every check, quer
 together hold with probability ≥ 1 − δ), so one certificate at any check is *Leakage detected*.
 *DP violation* means a certified lower bound exceeded the (ε, δ) ceiling.
 
-Layout: :mod:`~privmon.report.check` (:class:`Report`), :mod:`~privmon.report.runs` (reading
-a run), :mod:`~privmon.report.verdict`, :mod:`~privmon.report.figures`, :mod:`~privmon.report.page`.
+Layout: :mod:`~privmon.report.tags` (every figure's name), :mod:`~privmon.report.check`
+(:class:`Report`), :mod:`~privmon.report.runs` (reading a run, from
+:mod:`~privmon.report.read_jsonl` or :mod:`~privmon.report.read_tensorboard`),
+:mod:`~privmon.report.verdict`, :mod:`~privmon.report.figures`, :mod:`~privmon.report.page`.
 Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``
 (:mod:`privmon.cli`).
 """

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from privmon.report import tags
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks
 
@@ -39,8 +40,8 @@ def certificates(checks: Checks) -> list[tuple[int, str, str, float, float]]:
         s = r["scalars"]
         for q in checks.queries():
             for m in checks.methods(q):
-                lower = s.get(f"privacy/{q}/{m}/lower", math.nan)
-                elb = s.get(f"privacy/{q}/{m}/epsilon_lower_bound", math.nan)
+                lower = s.get(tags.lower(q, m), math.nan)
+                elb = s.get(tags.epsilon_lower_bound(q, m), math.nan)
                 certified = elb > TOL if not math.isnan(elb) else lower > TOL
                 if certified and not math.isnan(lower):
                     hits.append((r["step"], q, m, lower, elb))
@@ -64,18 +65,18 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
     canaries = checks.canary_methods()
     for r in checks.records:
         s = r["scalars"]
-        ceiling = s.get("privacy/ceiling/eps_delta", math.nan)
-        eps = r["epsilon"] if r["epsilon"] is not None else s.get("privacy/epsilon", math.nan)
+        ceiling = s.get(tags.CEILING_EPS_DELTA, math.nan)
+        eps = r["epsilon"] if r["epsilon"] is not None else s.get(tags.EPSILON, math.nan)
         found = False
         for m in canaries:
-            audited = s.get(f"privacy/canaries/{m}/epsilon_lower_bound", math.nan)
+            audited = s.get(tags.canary_epsilon(m), math.nan)
             if not math.isnan(eps) and audited > eps + TOL:
                 out.append((r["step"], f"canaries/{m}", audited, eps, eps))
                 found = True
         if not math.isnan(ceiling):
             for q in checks.queries():
                 for m in checks.methods(q):
-                    lower = s.get(f"privacy/{q}/{m}/lower", math.nan)
+                    lower = s.get(tags.lower(q, m), math.nan)
                     if lower > ceiling + 1e-12:
                         out.append((r["step"], f"{q}/{m}", lower, ceiling, eps))
                         found = True
@@ -112,7 +113,7 @@ def verdict(checks: Checks) -> Verdict:
             "audit sets)."
         )
     violations = _violations(checks)
-    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has("privacy/epsilon")
+    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has(tags.EPSILON)
     if violations:
         # the canaries' figure first: it needs no assumption on the audit sets
         step, tag, lower, ceiling, eps = min(
@@ -157,7 +158,7 @@ def verdict(checks: Checks) -> Verdict:
         for r in checks.records:
             for q in checks.queries():
                 for m in checks.methods(q):
-                    v = r["scalars"].get(f"privacy/{q}/{m}/value", math.nan)
+                    v = r["scalars"].get(tags.value(q, m), math.nan)
                     if not math.isnan(v) and (v_best is None or v > v_best[0]):
                         v_best = (v, r["step"], q, m)
         headline = "No measurable membership leakage."
@@ -179,9 +180,7 @@ def verdict(checks: Checks) -> Verdict:
         )
         last = checks.records[-1]["scalars"]
         detectable = [
-            (q, last[f"privacy/{q}/detectable"])
-            for q in checks.queries()
-            if f"privacy/{q}/detectable" in last
+            (q, last[tags.detectable(q)]) for q in checks.queries() if tags.detectable(q) in last
         ]
         if detectable:
             details.append(
@@ -194,14 +193,14 @@ def verdict(checks: Checks) -> Verdict:
         level = "none"
     if has_eps:
         eps_last = checks.records[-1]["epsilon"]
-        ceil = checks.records[-1]["scalars"].get("privacy/ceiling/eps_delta", math.nan)
+        ceil = checks.records[-1]["scalars"].get(tags.CEILING_EPS_DELTA, math.nan)
         details.append(
             f"Consistent with the DP budget: no certified lower bound exceeded the (ε, δ) "
             f"ceiling (at the last check ε = {fmt(eps_last)}, ceiling {fmt(ceil)}). "
             + EXCHANGEABILITY
         )
     audited = [
-        (r["scalars"].get(f"privacy/canaries/{m}/epsilon_lower_bound", math.nan), r["step"], m)
+        (r["scalars"].get(tags.canary_epsilon(m), math.nan), r["step"], m)
         for r in checks.records
         for m in checks.canary_methods()
     ]

@@ -36,13 +36,10 @@ import time
 from typing import Any
 
 from privmon._validation import check_optional_str
-from privmon.report import Report
+from privmon.report import Report, tags
 from privmon.sinks.base import finite_scalars
 
-__all__ = ["RUN_ID_TAG", "MlflowSink", "mlflow_key"]
-
-RUN_ID_TAG = "privmon.run_id"
-"""The MLflow run tag that names the privmon run logging into it."""
+__all__ = ["MlflowSink", "mlflow_key"]
 
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 
@@ -97,12 +94,13 @@ class MlflowSink:
 
     def write(self, report: Report) -> None:
         """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000); at
-        a run's first report, tag the MLflow run with its run id (:data:`RUN_ID_TAG`)."""
+        a run's first report, tag the MLflow run with its run id
+        (:data:`~privmon.report.tags.MLFLOW_RUN_ID_TAG`)."""
         from mlflow.entities import Metric
 
         client, run_id = self._target()
         if report.run_id and self._tagged.get(run_id) != report.run_id:
-            before = client.get_run(run_id).data.tags.get(RUN_ID_TAG)
+            before = client.get_run(run_id).data.tags.get(tags.MLFLOW_RUN_ID_TAG)
             if before is not None and before != report.run_id:
                 logger.warning(
                     "privmon: MLflow run %s already holds the figures of privmon run %s; run %s "
@@ -112,7 +110,7 @@ class MlflowSink:
                     before,
                     report.run_id,
                 )
-            client.set_tag(run_id, RUN_ID_TAG, report.run_id)
+            client.set_tag(run_id, tags.MLFLOW_RUN_ID_TAG, report.run_id)
             self._tagged[run_id] = report.run_id
         now = int(time.time() * 1000)
         metrics = [

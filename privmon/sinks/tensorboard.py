@@ -9,7 +9,7 @@ log directory), so the lines of one run share a colour and are told apart by the
 or the chart's list of matches); the HTML report (``privmon report``) draws them in distinct
 colours. The server matches each regular expression at the start of a tag, so the layout anchors
 every tag (``…/lower`` would otherwise match ``…/lower_check`` too). The y-range is pinned to
-[0, 1] by two constant series on each advantage chart (:data:`~privmon.report.runs.AXIS_TAGS`):
+[0, 1] by two constant series on each advantage chart (:data:`~privmon.report.tags.AXIS_TAGS`):
 the dashboard's default outlier clipping keeps only the 5–95 % quantiles of a chart's values,
 and would cut the curves' ends.
 """
@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from privmon._validation import check_writable_dir
-from privmon.report import Report
-from privmon.report.runs import AXIS_TAGS, CANARY_TAG, RUN_ID_TAG
+from privmon.report import Report, tags
 from privmon.sinks.base import Backlog
 
 __all__ = ["TensorBoardSink"]
@@ -68,28 +67,30 @@ class TensorBoardSink:
 
     def _layout(self, report: Report) -> None:
         charts: dict[str, list[Any]] = {}
-        ceilings = [
-            t for t in ("privacy/ceiling/tanh", "privacy/ceiling/eps_delta") if t in report.scalars
-        ]
+        ceilings = [t for t in tags.CEILINGS if t in report.scalars]
         # the title says what is drawn: ceilings only when an accountant gave them
         against = f" vs DP ceiling{'s' if len(ceilings) > 1 else ''}" if ceilings else ""
         for qname, q in report.queries.items():
             for method in q.estimates:
-                base = f"privacy/{qname}/{method}"
                 # figures whose meaning holds: the estimate, the run-level certified bound and
                 # the ceilings (the plug-in figures are biased up and bound nothing)
-                tags = [f"{base}/value", f"{base}/lower", *ceilings, *AXIS_TAGS]
+                shown = [
+                    tags.value(qname, method),
+                    tags.lower(qname, method),
+                    *ceilings,
+                    *tags.AXIS_TAGS,
+                ]
                 title = f"{qname} {method}: advantage estimate and certified lower bound{against}"
-                charts[title] = ["Multiline", [_exactly(t) for t in tags]]
-        if "privacy/epsilon" in report.scalars:
+                charts[title] = ["Multiline", [_exactly(t) for t in shown]]
+        if tags.EPSILON in report.scalars:
             charts["epsilon: accountant vs measured lower bounds"] = [
                 "Multiline",
-                [_exactly("privacy/epsilon")]
-                + [_exactly(t) for t in report.scalars if t.endswith("epsilon_lower_bound")],
+                [_exactly(tags.EPSILON)]
+                + [_exactly(t) for t in report.scalars if tags.is_epsilon_lower_bound(t)],
             ]
-        canaries = [t for t in report.scalars if CANARY_TAG.match(t)]
+        canaries = [t for t in report.scalars if tags.parse_canary(t) is not None]
         if canaries:
-            accountant = "privacy/epsilon" in report.scalars
+            accountant = tags.EPSILON in report.scalars
             title = (
                 "epsilon: accountant vs one-run canary audit"
                 if accountant
@@ -97,10 +98,9 @@ class TensorBoardSink:
             )
             charts[title] = [
                 "Multiline",
-                ([_exactly("privacy/epsilon")] if accountant else [])
-                + [_exactly(t) for t in canaries],
+                ([_exactly(tags.EPSILON)] if accountant else []) + [_exactly(t) for t in canaries],
             ]
-        self.writer.add_custom_scalars({"privacy": charts})
+        self.writer.add_custom_scalars({tags.LAYOUT_CATEGORY: charts})
         self._layout_written = True
 
     def _reopen(self) -> None:
@@ -116,7 +116,7 @@ class TensorBoardSink:
         self._writer, self._owned, self._failed = None, True, False
 
     def write(self, report: Report) -> None:
-        """Write the report's run id (a text summary, :data:`~privmon.report.runs.RUN_ID_TAG`)
+        """Write the report's run id (a text summary, :data:`~privmon.report.tags.RUN_ID_TEXT_TAG`)
         and scalars at its step, each query's member risks as a histogram and its posteriors as
         a membership PR curve; the first report also writes the Custom Scalars layout (each
         advantage with its lower bound, and the DP ceilings when there are, on one chart).
@@ -135,23 +135,23 @@ class TensorBoardSink:
         w, step = self.writer, report.step
         # first the run id: every figure after it in this file belongs to that run
         # (privmon.report.read_checks separates runs by it)
-        w.add_text(RUN_ID_TAG, report.run_id, step)
+        w.add_text(tags.RUN_ID_TEXT_TAG, report.run_id, step)
         for tag, value in report.scalars.items():
             w.add_scalar(tag, value, step)
         if any(q.estimates for q in report.queries.values()):
-            for tag, value in AXIS_TAGS.items():
+            for tag, value in tags.AXIS_TAGS.items():
                 w.add_scalar(tag, value, step)
         for qname, q in report.queries.items():
             if q.member_risk is not None and np.isfinite(q.member_risk).any():
                 risk = q.member_risk[np.isfinite(q.member_risk)]
-                w.add_histogram(f"privacy/{qname}/member_risk", risk, step)
+                w.add_histogram(tags.member_risk(qname), risk, step)
             if q.member_posterior is not None and q.nonmember_posterior is not None:
                 post = np.concatenate([q.member_posterior, q.nonmember_posterior])
                 labels = np.concatenate(
                     [np.ones(len(q.member_posterior)), np.zeros(len(q.nonmember_posterior))]
                 )
                 keep = np.isfinite(post)
-                w.add_pr_curve(f"privacy/{qname}/membership_pr", labels[keep], post[keep], step)
+                w.add_pr_curve(tags.membership_pr(qname), labels[keep], post[keep], step)
         w.flush()
 
     def close(self) -> None:

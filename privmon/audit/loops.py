@@ -1,37 +1,25 @@
 """The training loops of :func:`privmon.audit.train_ensemble`: k models stacked and stepped
 together, or one after another, with the same protocol.
 
-The training protocol (the same in both paths, so ``stacked=True`` reproduces ``stacked=False``
-up to floating-point reassociation). For model i, with seed ``s_i``
-(:attr:`~privmon.models.Ensemble.seeds`, derived from ``seed`` and i) and members ``r_i`` = the
-indices where ``masks[i]`` is True, in increasing order, n_i of them:
+The protocol, for model i with seed ``s_i`` (:attr:`~privmon.models.Ensemble.seeds`, derived
+from ``seed`` and i) and members ``r_i`` (the indices where ``masks[i]`` is True, in increasing
+order): the global RNGs (python, numpy, torch CPU and CUDA) are seeded with ``s_i`` and
+``model_fn()`` initialises the model, which moves to the data's device (the caller's RNG state is
+restored afterwards); ``opt = optimizer(params)``; every epoch the members are shuffled with
+``torch.randperm`` from a generator seeded with ``s_i`` (skipped when one batch holds them all)
+and cut into consecutive batches of ``batch_size``; per batch ``opt.zero_grad()``,
+``loss_fn(model(x[b]), y[b]).mean()``, ``backward()``, ``opt.step()``.
 
-1. the global RNGs (python, numpy, torch CPU and CUDA) are seeded with ``s_i``,
-   ``model = model_fn()`` initialises the model, which then moves to the data's device
-   (the caller's global RNG state is restored afterwards);
-2. ``opt = optimizer(params)``; ``g = torch.Generator().manual_seed(s_i)``;
-3. every epoch: the members are shuffled with ``torch.randperm(n_i, generator=g)`` (skipped
-   when one batch holds them all) and cut into consecutive batches of ``batch_size`` (the last
-   one may be shorter); per batch ``opt.zero_grad()``, ``loss_fn(model(x[b]), y[b]).mean()``,
-   ``backward()``, ``opt.step()``.
-
-In the stacked path the k models take their steps together: the loss is the sum of the k
-per-model means (model i's gradient depends on its own mean only) and ``optimizer`` receives
-the stacked parameter tensors. That equals k separate optimizers only for optimizers whose
-update is elementwise given the gradient: SGD (momentum, weight decay, nesterov), Adam, AdamW,
-RMSprop, Adagrad, Adamax are; anything taking a norm or statistic over a whole tensor (LARS,
-LAMB, gradient clipping by norm) or a closure (LBFGS) is not. Models must be deterministic in
-training mode and keep no running statistics (no dropout with p > 0, no BatchNorm tracking
-running stats: ``vmap`` cannot update them in place); such models train with ``stacked=False``,
-one by one with the same protocol, their global RNGs seeded with ``s_i`` for the whole training.
-Since all models step together, every model needs the same number of batches per epoch (equal
-member counts, e.g. :func:`~privmon.audit.random_halves`, or full batch); per-model batches of
-different sizes are padded to the longest batch of all the models, each with its own batch's
-first record, and the padded rows are dropped before the loss (not weighted out after it:
-0 · NaN is NaN), so a record whose loss is not finite spoils only the models that train on it,
-as it would alone (a BatchNorm, whose batch statistics would include the padding, then needs
-``stacked=False``).
-The stacked path trains with the global RNGs seeded with ``seed`` (restored afterwards).
+Stacked, the loss is the sum of the k per-model means and ``optimizer`` steps the stacked
+tensors, which equals k separate optimizers only for updates that are elementwise given the
+gradient (SGD with momentum, weight decay or nesterov, Adam, AdamW, RMSprop, Adagrad, Adamax;
+not LARS, LAMB, clipping by norm, or a closure as LBFGS's). Stacked models must be deterministic
+in training mode and keep no running statistics (no dropout, no BatchNorm tracking running
+stats: ``stacked=False`` trains those one by one, their global RNGs seeded with ``s_i``), and
+need the same number of batches per epoch; shorter batches are padded with their own first
+record, the padded rows dropped before the loss (so a non-finite loss spoils only the models
+that train on its record). The stacked path runs with the global RNGs seeded with ``seed``
+(restored afterwards) and reproduces ``stacked=False`` up to floating-point reassociation.
 """
 
 from __future__ import annotations

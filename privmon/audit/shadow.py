@@ -53,6 +53,19 @@ class ShadowAudit:
         n_nonfinite: attack name -> number of NaN / infinite scores left out of its summary.
         seeds: (k,) the models' seeds (None when the statistic came from the caller).
         elapsed_s: wall time of the audit (training included).
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.audit import evaluate
+        >>> rng = np.random.default_rng(0)
+        >>> masks = rng.random((8, 100)) < 0.5
+        >>> audit = evaluate(rng.normal(size=(8, 100)) + masks, masks, attacks=["lira_offline"])
+        >>> audit.n_models, audit.n_records
+        (8, 100)
+        >>> round(audit.tpr("lira_offline", 0.1), 2)
+        0.39
+        >>> audit.exposure("lira_offline", fpr=0.1).shape  # per record: how often it is caught
+        (100,)
     """
 
     masks: np.ndarray
@@ -160,6 +173,16 @@ def evaluate(
         fpr: target false-positive rates, each in (0, 1).
         fixed_variance, a, gamma: the attacks' options (:func:`privmon.attacks.lira`,
             :func:`privmon.attacks.rmia`).
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.audit import evaluate
+        >>> rng = np.random.default_rng(0)
+        >>> masks = rng.random((8, 200)) < 0.5  # record j in model i
+        >>> phi = rng.normal(size=(8, 200)) + masks  # members: a higher confidence
+        >>> audit = evaluate(phi, masks, attacks=["loss", "lira", "rmia"])
+        >>> {attack: round(row["auc"], 2) for attack, row in audit.summary.items()}
+        {'loss': 0.75, 'lira': 0.68, 'rmia': 0.73}
     """
     names = _check_attacks(attacks)
     targets = tuple(check_fprs(fpr))
@@ -233,6 +256,25 @@ def shadow_audit(
 
     Returns:
         A :class:`ShadowAudit` with the models' seeds.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import shadow_audit
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(64, 10, generator=gen), torch.randint(0, 2, (64,), generator=gen)
+        >>> audit = shadow_audit(
+        ...     lambda: torch.nn.Linear(10, 2),
+        ...     (x, y),
+        ...     n_models=16,
+        ...     seed=0,
+        ...     optimizer=lambda params: torch.optim.Adam(params, lr=0.1),
+        ...     epochs=50,
+        ...     attacks=["loss", "lira_offline"],
+        ... )
+        >>> print(audit.table())
+        attack            AUC    TPR@0.1   TPR@0.01  TPR@0.001  dropped
+        loss            0.693     13.28%      1.37%      0.20%        0
+        lira_offline    0.672     16.99%      2.34%      0.20%        0
     """
     start = time.perf_counter()
     names = _check_attacks(attacks)

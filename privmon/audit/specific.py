@@ -1,49 +1,18 @@
 """Per-record membership risk in the *specific* setup, its *average* counterpart, and the
 comparison between the two.
 
-Source: Krčo, Guépin, Meeus, de Montjoye, "Lost in the Averages: A New Specific Setup to Evaluate
+Krčo, Guépin, Meeus, de Montjoye, "Lost in the Averages: A New Specific Setup to Evaluate
 Membership Inference Attacks Against Machine Learning Models" (section numbers below refer to
-it).
-
-Why. The usual (*average*, §3.2) evaluation trains each evaluation model on a dataset resampled
-from a larger pool, with the target record in half of them. Its per-record risk is the risk
-averaged over datasets, and the risk of a record depends strongly on the dataset it sits in
-(outliers of one sample are often not outliers of another). The *specific* setup (§3.3) keeps the
-released model's training set ``D`` fixed and uses the training randomness (seed / weight
-initialisation) as the only source of randomness: half of the evaluation models are trained on
-``D``, the other half on ``D`` with the target swapped for a reference record. On the paper's
-datasets 67-100 % of the records that are high-risk in the specific setup are classified low-risk
-by the average one (Tables 1-2, the *miss rate* of §3.4).
-
-What this module computes.
-
-* :func:`specific` (§3.3, App. C Algorithm 1). ``dataset`` is fixed. For model ``k`` a seeded
-  balanced mask decides for every target whether it is *in* (its own record at its index) or
-  *out* (a reference record swapped in at its index); the model is trained on the resulting set
-  with a training seed derived from ``(seed, k)``, then every target's **original** record is
-  scored. All targets share the same models, so the cost is ``n_models`` trainings in total, not
-  ``2 * n_models`` per target. Consequence: in one model about half the targets are swapped at
-  once, so keep the targets a small fraction of the dataset (the paper audits one target at a
-  time; sharing models trades a slightly perturbed ``D`` for a cost independent of the number of
-  targets).
-* :func:`average` (§3.2, App. C Algorithm 2). Same mask and training seeds, but model ``k``'s
-  training set is drawn afresh from ``pool``: ``dataset_size`` records, the *in* targets plus
-  non-target records sampled without replacement.
-* Per target, the attack's performance over the models (§3.1 "privacy risk"): members are the
-  models trained with the target, non-members those trained without it; the risk is the ROC AUC
-  (:func:`privmon.estimators.roc.auc`) and the TPR at FPR 0.1
-  (:func:`privmon.estimators.roc.tpr_at_fpr`). The attack is a score threshold, by default the
-  loss attack (negative cross-entropy, higher = member).
-* :func:`~privmon.audit.results.compare` (§3.4): miss rate, RMSE and Pearson correlation
-  between the per-target risks of the two setups, plus the §6 Theorem 1 reference value
-  ``sqrt(var_avg / var_spec)``.
-
-Randomness. Everything derives from ``seed`` through ``numpy.random.SeedSequence`` (one stream
-for the mask, one per model for the reference draw / dataset sampling, one per model for the
-training seed), so a result reproduces from its seed. The global RNGs (``random``, numpy's
-legacy global, torch CPU and CUDA) are saved before each ``train_fn`` / ``score_fn`` call,
-seeded with that model's training seed for the call (so a ``train_fn`` that never seeds anything
-is still reproducible) and restored afterwards: the caller's global RNG state is left untouched.
+it). The usual *average* evaluation (§3.2) trains each evaluation model on a dataset resampled
+from a pool, so a record's risk is averaged over datasets; the *specific* setup (§3.3) keeps the
+released model's training set fixed and varies only the training randomness, each target
+swapped for a reference record in half of the models. :func:`specific` and :func:`average` train
+``n_models`` models shared by all targets and score every target under each, giving its AUC and
+TPR at a low FPR (:class:`~privmon.audit.results.AuditResult`);
+:func:`~privmon.audit.results.compare` counts the high-risk records the average setup misses
+(§3.4). Everything derives from ``seed``; the global RNGs are seeded for each ``train_fn`` /
+``score_fn`` call and restored afterwards. Why the setups differ and how the models are shared:
+docs, Theory page, *Specific and average setups*.
 """
 
 from __future__ import annotations
@@ -91,6 +60,15 @@ def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.
     ``model`` must be an ``nn.Module`` returning logits ``(n, C)`` (or one logit per record for
     a binary classifier, read as ``[0, z]`` as in :mod:`privmon.queries`). It is run in eval mode
     under ``torch.no_grad()`` and its train / eval modes are restored afterwards.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import default_score
+        >>> _ = torch.manual_seed(0)
+        >>> model, x, y = torch.nn.Linear(3, 2), torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        >>> losses = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+        >>> torch.allclose(default_score(model, x, y), -losses)
+        True
     """
     from privmon.queries import LossQuery
 
@@ -100,7 +78,17 @@ def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.
 def logit_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
     """LiRA's statistic: the logit-scaled confidence ``log(p_y / (1 − p_y))`` of a classifier
     (:class:`privmon.queries.LogitConfidenceQuery`), the default ``score_fn`` of the LiRA
-    attacks. Same model requirements and mode handling as :func:`default_score`."""
+    attacks. Same model requirements and mode handling as :func:`default_score`.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import logit_score
+        >>> _ = torch.manual_seed(0)
+        >>> model, x, y = torch.nn.Linear(3, 2), torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        >>> p_y = model(x).softmax(dim=1)[torch.arange(4), y]
+        >>> torch.allclose(logit_score(model, x, y), torch.log(p_y / (1 - p_y)))
+        True
+    """
     from privmon.queries import LogitConfidenceQuery
 
     return _classifier_score(LogitConfidenceQuery, model, x, y)
@@ -167,17 +155,16 @@ def specific(
     1. the mask row ``k`` says, for each target, *in* or *out* (seeded, balanced per target,
        marginally Bernoulli(0.5); see :attr:`AuditResult.mask`);
     2. the training set is ``dataset`` with every *out* target's row replaced, at the same
-       index, by a reference record (§3.3: "D with x swapped out for a reference record x'");
-       the *in* targets keep their own record; non-target records never change;
+       index, by a reference record (§3.3); non-target records never change;
     3. ``model = train_fn(x, y, model_seed)`` with ``model_seed`` derived from ``(seed, k)``
        (the global RNGs are also seeded with it during the call, then restored);
     4. ``score_fn(model, x_targets, y_targets)`` scores the targets' **original** records.
 
     Per target, the risk is the AUC / TPR at ``fpr`` of its scores, the models with the target
-    in being the members and the others the non-members (App. C, Algorithm 1, with the loss
-    attack in place of a trained meta-classifier unless ``score_fn`` says otherwise). The paper
-    found ~100-200 evaluation models per setup give a stable AUC (App. B); a few dozen give a
-    coarse screening.
+    in being the members and the others the non-members (App. C, Algorithm 1). The paper found
+    ~100-200 evaluation models per setup give a stable AUC (App. B); a few dozen give a coarse
+    screening. The models are shared by all targets: keep the targets a small fraction of the
+    dataset, since about half of them are swapped out in each model.
 
     Args:
         train_fn: ``train_fn(x, y, seed) -> model``: trains a fresh model on the given set
@@ -198,31 +185,19 @@ def specific(
             more likely a member. Default: :func:`default_score` (negative cross-entropy).
         progress: show a progress bar (tqdm) on stderr when it is a terminal.
         fpr: the low false-positive rate of the TPR figure (the paper's 0.1).
-        attack: ``"threshold"`` (default): the per-target risk reads the ``score_fn`` scores
-            directly (§3.1's threshold on one score). ``"lira"`` / ``"lira_offline"``: LiRA
-            (Carlini et al., "Membership Inference Attacks From First Principles", eq. 4 and
-            §VI-A), as the paper's §5 audits ML models: in model ``k`` a target's score is the
-            LiRA score of its ``score_fn`` statistic against other models as shadow models (the
-            ones with the target in / out). ``"lira_offline"``: against all the other models
-            (:func:`privmon.attacks.reference.leave_one_out`). ``"lira"`` (online): against
-            the other fold of a split of each target's members and non-members in halves, the
-            per-target AUC / TPR taken within each fold and averaged (leaving only the scored
-            model out biases an online per-target AUC low, to 0.44 at 64 models where nothing
-            leaks: ``benchmarks/specific_null.py``). A fixed variance below 64 shadow models
-            per fit. ``score_fn`` then defaults to :func:`logit_score` (the logit-scaled
-            confidence).
-        reference_draw: ``"per_model"`` (default): for each model, the reference records swapped
-            in are drawn at random, without replacement within a model (the paper samples the
-            reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by
-            ``reference`` record ``j``.
-        checkpoint_dir: a folder (created when missing) where each model's scores of the
-            targets are saved as soon as it is scored, with its seed, mask row and reference
-            draw and the audit's fingerprint (the data, targets and reference records' bytes,
-            ``reference_draw``, ``seed``, ``n_models``, and the qualified names of ``train_fn``
-            and ``score_fn``: a changed body under the same name goes unnoticed); a later call
-            with the same folder reads the saved scores and trains only the other models. A
-            folder of another audit is refused, naming what differs. None (default): nothing
-            is saved.
+        reference_draw: ``"per_model"`` (default): the reference records swapped in are drawn
+            afresh for each model, without replacement within a model (§3.3 and §6);
+            ``"fixed"``: target ``j`` is always replaced by ``reference`` record ``j``.
+        attack: ``"threshold"`` (default): the risk reads the ``score_fn`` scores directly.
+            ``"lira"`` / ``"lira_offline"``: each score is the LiRA score of the ``score_fn``
+            statistic against other models as shadow models (offline: all the others; online:
+            the other fold of the target's models split in halves, the figures averaged over
+            the folds); ``score_fn`` then defaults to :func:`logit_score`.
+        checkpoint_dir: a folder (created when missing) where each model's scores are saved as
+            soon as it is scored; a later call with the same folder reads them and trains only
+            the other models. A folder of another audit (fingerprint: the data, targets and
+            reference bytes, ``reference_draw``, ``seed``, ``n_models``, the qualified names of
+            ``train_fn`` and ``score_fn``) is refused, naming what differs. None: nothing saved.
         distributed: True (default): called on every rank of an initialised default process
             group with the same arguments, the models are split over the ranks
             (:func:`privmon.audit.train_ensemble` explains how) and every rank returns the
@@ -236,6 +211,28 @@ def specific(
             non-integer ``seed``, targets out of range or repeated, ``reference`` missing,
             smaller than ``len(targets)`` or of another feature shape, a non-callable
             ``train_fn`` / ``score_fn``, a ``score_fn`` returning the wrong shape.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import specific
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(40, 5, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+        >>> reference = torch.randn(8, 5, generator=gen), torch.randint(0, 2, (8,), generator=gen)
+        >>> def train_fn(x, y, seed):  # privmon seeds the global RNGs with seed around the call
+        ...     model = torch.nn.Linear(5, 2)
+        ...     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        ...     for _ in range(30):
+        ...         optimizer.zero_grad()
+        ...         torch.nn.functional.cross_entropy(model(x), y).backward()
+        ...         optimizer.step()
+        ...     return model
+        >>> result = specific(train_fn, (x, y), [0, 1, 2], reference=reference, n_models=8, seed=0)
+        >>> result.auc.shape, result.mask.shape  # per target; per model and target
+        ((3,), (8, 3))
+        >>> print(result.table(top=2))
+        rank  target    AUC   TPR@0.1   in  out
+           1       2  1.000     1.000    4    4
+           2       1  0.938     0.750    4    4
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
@@ -339,6 +336,18 @@ def average(
 
     Returns:
         An :class:`AuditResult` with ``setup="average"`` (``replacement`` is None).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import average
+        >>> pool = torch.randn(60, 3, generator=torch.Generator().manual_seed(0))  # unlabelled
+        >>> def train_fn(x, y, seed):  # a "model" that memorizes: its training records
+        ...     return x
+        >>> def score_fn(model, x, y):  # minus the distance to the nearest training record
+        ...     return -torch.cdist(x, model).min(dim=1).values
+        >>> result = average(train_fn, pool, [0, 1], n_models=6, seed=0, score_fn=score_fn)
+        >>> result.setup, result.auc
+        ('average', array([1., 1.]))
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)

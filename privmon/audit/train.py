@@ -1,19 +1,14 @@
 """Shadow models trained together: k small models of one architecture as one batched ensemble.
 
 Reference-model attacks (:mod:`privmon.attacks.reference`) need many shadow models, each trained
-on its own subset of the data. For the small models an audit uses, training them one after
-another wastes the machine on per-step overhead; :func:`train_ensemble` instead stacks their
-parameters (``torch.func.stack_module_state``), runs ``torch.func.functional_call`` under
-``torch.vmap`` with each model's own mini-batch, and steps one optimizer over the stacked
-tensors (PyTorch's model-ensembling tutorial); a linear stack runs as batched matrix products
-instead (:mod:`privmon.models.linear_stack`). The training protocol, stacked or one model after
-another: :mod:`privmon.audit.loops`.
-
-Past one process, :func:`train_ensemble` splits the models over the ranks of a torch.distributed
-group (:mod:`privmon.audit.distributed`) and saves each to a checkpoint folder
-(:mod:`privmon.audit.checkpoints`). Every model trains on the same shapes in any share of the
-models (the padded length is that of all of them), so a rank's share gives each model the
-parameters the whole ensemble gives it.
+on its own subset of the data. :func:`train_ensemble` stacks their parameters
+(``torch.func.stack_module_state``) and steps them together under ``torch.vmap``, each on its own
+mini-batches (a linear stack runs as batched matrix products, :mod:`privmon.models.linear_stack`),
+instead of paying the per-step overhead k times. The training protocol, stacked or one model
+after another: :mod:`privmon.audit.loops`. Past one process it splits the models over the ranks
+of a torch.distributed group (:mod:`privmon.audit.distributed`) and saves each to a checkpoint
+folder (:mod:`privmon.audit.checkpoints`); a rank's share gives each model the parameters the
+whole ensemble gives it.
 """
 
 from __future__ import annotations
@@ -55,8 +50,15 @@ __all__ = ["random_halves", "train_ensemble"]
 def random_halves(n_records: int, n_models: int, *, seed: int) -> np.ndarray:
     """Membership masks (n_models, n_records): model i trains on a uniformly random subset of
     exactly ``n_records // 2`` records, independently of the other models, so each record is in
-    about half of the models (Binomial(n_models, 1/2) of them for an even ``n_records``), as
-    Carlini et al. train their shadow models. Reproducible from ``seed``."""
+    about half of the models, as Carlini et al. train their shadow models. Reproducible from
+    ``seed``.
+
+    Examples:
+        >>> from privmon.audit import random_halves
+        >>> masks = random_halves(6, 4, seed=0)
+        >>> masks.shape, masks.sum(axis=1)
+        ((4, 6), array([3, 3, 3, 3]))
+    """
     n = check_int(n_records, name="n_records", minimum=2)
     k = check_int(n_models, name="n_models", minimum=1)
     rng = stream(check_int(seed, name="seed"), TAG_HALVES)
@@ -119,7 +121,7 @@ def train_ensemble(
             them over each model's batch.
         optimizer: ``optimizer(params) -> torch.optim.Optimizer`` (e.g.
             ``lambda p: torch.optim.Adam(p, lr=1e-2)``); elementwise optimizers only when
-            ``stacked`` (module docstring).
+            ``stacked`` (:mod:`privmon.audit.loops`).
         epochs: passes over each model's records (>= 1).
         batch_size: records per step (>= 1); None: full batch (one step per epoch).
         seed: non-negative integer; model i's seed derives from ``(seed, i)``.
@@ -141,6 +143,25 @@ def train_ensemble(
             member counts that give the models different numbers of batches per epoch; a
             ``checkpoint_dir`` holding models of another recipe, data or mask; ranks called
             with different arguments. RuntimeError on every rank when training failed on one.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import random_halves, train_ensemble
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(32, 4, generator=gen), torch.randint(0, 2, (32,), generator=gen)
+        >>> ensemble = train_ensemble(
+        ...     lambda: torch.nn.Linear(4, 2),
+        ...     (x, y),
+        ...     random_halves(32, 8, seed=0),  # model i trains on the records masks[i] marks
+        ...     loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none"),
+        ...     optimizer=lambda params: torch.optim.Adam(params, lr=0.05),
+        ...     epochs=20,
+        ...     seed=0,
+        ... )
+        >>> ensemble(x).shape  # (models, records, classes)
+        torch.Size([8, 32, 2])
+        >>> ensemble.model(0)
+        Linear(in_features=4, out_features=2, bias=True)
     """
     check_callable(model_fn, name="model_fn")
     check_callable(loss_fn, name="loss_fn")

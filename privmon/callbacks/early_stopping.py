@@ -26,6 +26,14 @@ def stopping_decision(
     leaves the wait unchanged; a figure at or below the threshold resets the wait; above it the
     wait grows and training stops once it exceeds ``patience`` — but never before ``min_checks``
     checks have been seen.
+
+    Examples:
+        >>> from privmon.callbacks import stopping_decision
+        >>> stopping_decision(0.1, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0)
+        (False, 0, None)
+        >>> stopping_decision(0.3, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0)
+        (True, 1, 'privacy figure 0.3000 above the budget 0.2000 for 1 consecutive check(s)
+        (patience 0)')
     """
     if not math.isfinite(value):
         return False, wait, None
@@ -60,6 +68,17 @@ class PrivacyEarlyStopping:
             bound nothing, so they would stop training on noise.
         patience: checks above the budget tolerated before stopping (0: stop at the first).
         min_checks: never stop before this many checks.
+
+    Examples:
+        >>> from privmon import PrivacyEarlyStopping
+        >>> stopping = PrivacyEarlyStopping("loss/histogram", 0.2, patience=1)
+        >>> stopping.tag  # PrivacyMonitor(..., early_stopping=stopping) feeds it every report
+        'privacy/loss/histogram/lower'
+        >>> [stopping.update(step, {stopping.tag: lower}) for step, lower in [(1, 0.25), (2, 0.3)]]
+        [False, True]
+        >>> stopping.reason
+        'step 2: privacy figure 0.3000 above the budget 0.2000 for 2 consecutive check(s)
+        (patience 1)'
     """
 
     def __init__(

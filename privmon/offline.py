@@ -40,10 +40,10 @@ class ScoreFileError(ValueError):
     Examples:
         >>> from privmon.offline import ScoreFileError, load_scores
         >>> try:
-        ...     load_scores("scores.txt")
+        ...     load_scores("scores.json")
         ... except ScoreFileError as err:
         ...     print(err)
-        scores.txt: scores must be a .npy, .csv, .pt file
+        scores.json: scores must be a .npy, .csv, .pt file
     """
 
 
@@ -227,9 +227,8 @@ def audit_scores(
             the k methods is certified at delta / k.
         methods: advantage estimators, from ("histogram", "kde").
         fpr: target false-positive rates for the TPR-at-low-FPR figures (1-D scores only).
-        higher_is_member: orientation of the threshold attack (1-D scores only): True reads the
-            scores as given, False their negation (a loss), None the better of the two (what an
-            attacker would pick; optimistic). The advantage figures do not depend on it.
+        higher_is_member: the 1-D threshold attack's orientation: True as given, False negated
+            (a loss), None the better of the two (optimistic); the advantage ignores it.
 
     Returns:
         ``{"n_members", "n_nonmembers", "dim", "prior", "delta", "advantage": {method: {...}},

@@ -31,9 +31,13 @@ def stopping_decision(
         >>> from privmon.callbacks import stopping_decision
         >>> stopping_decision(0.1, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0)
         (False, 0, None)
-        >>> stopping_decision(0.3, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0)
-        (True, 1, 'privacy figure 0.3000 above the budget 0.2000 for 1 consecutive check(s)
-        (patience 0)')
+        >>> stop, wait, reason = stopping_decision(
+        ...     0.3, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0
+        ... )
+        >>> stop, wait
+        (True, 1)
+        >>> print(reason)
+        privacy figure 0.3000 above the budget 0.2000 for 1 consecutive check(s) (patience 0)
     """
     if not math.isfinite(value):
         return False, wait, None
@@ -58,14 +62,11 @@ class PrivacyEarlyStopping:
     """Stop training when ``metric`` stays above ``threshold``.
 
     Args:
-        metric: which figure of a report to watch. Either a full scalar tag
-            (``"privacy/loss/histogram/lower"``) or the part between ``privacy/`` and the estimate
-            field (``"loss/histogram"``), completed with ``use``.
+        metric: the figure to watch: a full tag (``"privacy/loss/histogram/lower"``) or its
+            query and method (``"loss/histogram"``), completed with ``use``.
         threshold: the budget: stop when the figure is above it.
-        use: which estimate of an advantage: "lower" (certified over the whole run: stops only
-            on proven leakage, the default) or "value" (debiased point estimate). The paper's
-            plug-in figures (``plugin``, ``plugin_upper``) are refused: they are biased up and
-            bound nothing, so they would stop training on noise.
+        use: "lower" (certified over the run: stops only on proven leakage) or "value" (the
+            debiased estimate); plug-in figures are refused (biased up, they stop on noise).
         patience: checks above the budget tolerated before stopping (0: stop at the first).
         min_checks: never stop before this many checks.
 
@@ -76,9 +77,8 @@ class PrivacyEarlyStopping:
         'privacy/loss/histogram/lower'
         >>> [stopping.update(step, {stopping.tag: lower}) for step, lower in [(1, 0.25), (2, 0.3)]]
         [False, True]
-        >>> stopping.reason
-        'step 2: privacy figure 0.3000 above the budget 0.2000 for 2 consecutive check(s)
-        (patience 1)'
+        >>> stopping.stopped_step, stopping.wait  # two checks above 0.2 in a row
+        (2, 2)
     """
 
     def __init__(

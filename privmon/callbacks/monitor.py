@@ -69,17 +69,16 @@ class PrivacyMonitor:
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
-        canaries: a one-run DP audit (:class:`~privmon.audit.GradientCanaries`, an
-            :class:`~privmon.audit.InputCanaries` bound to a query, or any object whose
-            ``scores()`` returns ``(in_scores, out_scores)``): its ε lower bounds each check
-            (:mod:`~privmon.callbacks.canary_audit`).
+        canaries: a one-run DP audit (:class:`~privmon.audit.GradientCanaries`, or any object
+            whose ``scores()`` gives ``(in_scores, out_scores)``): ε lower bounds each check.
         interval_delta: the run's confidence budget, in (0, 1): every certified figure of the
             run holds together with probability ≥ 1 − interval_delta (``…/lower_check``: one check).
         planned_checks: the checks the run is expected to have, if known: the budget is then
             spent evenly over them (see :meth:`plan`); a value given here is never changed.
         early_stopping: a :class:`PrivacyEarlyStopping`; a warning says when the certified bound
             it watches cannot reach its threshold at these audit sizes.
-        max_batches: audit at most the first this many batches of each set at each check.
+        max_batches: audit at most the first this many batches of each set at each check (the
+            same records every time when the sets' order is fixed).
         top_k: how many most-exposed member indices to report per query.
         strict: re-raise exceptions from a check (on every rank) instead of logging them.
 

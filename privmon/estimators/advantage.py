@@ -94,9 +94,8 @@ def optimal_advantage(
     """Estimate the optimal membership advantage of a query (MACE eq. 7, Thm 2-3).
 
     Args:
-        member_scores, nonmember_scores: query outputs on member / held-out records, numpy or
-            torch on any device, shape (n,) or (n, d); higher need not mean "member". NaN / inf
-            rows are dropped and counted in ``n_dropped``.
+        member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
+            device, in either orientation; NaN / inf rows are dropped, counted in ``n_dropped``.
         prior: P(a probed record is a member), in (0, 1). The advantage is at least |2p − 1|.
         method: "histogram" (W_N) or "kde" (U_N).
         delta: 1 − confidence level of ``lower`` and ``upper``, in (0, 1).
@@ -107,9 +106,8 @@ def optimal_advantage(
         folds: cross-fitting folds (>= 4).
         n_samples: importance samples for U_N above 2 dimensions; ``seed`` seeds them (a local
             generator: the global RNG is never touched).
-        low, high: the grid's range per dimension in 1-2 dimensions, or one number for every
-            dimension (records outside land in the edge bins). Default: the pooled data range
-            cut at 5 IQRs beyond the quartiles. Ignored above 2 dimensions.
+        low, high: the grid's range in 1-2 dimensions, one number or one per dimension; default
+            the pooled range cut at 5 IQRs beyond the quartiles. Ignored above 2 dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
@@ -209,7 +207,6 @@ class StreamingAdvantage:
         >>> est.n_members, round(est.value, 3), round(est.lower, 3)
         (500, 0.232, 0.181)
     """
-
 
     def __init__(
         self,

@@ -130,9 +130,8 @@ def analyse(
     """Every figure a privacy check reports for one query's scores.
 
     Args:
-        member_scores, nonmember_scores: the query's outputs on member / non-member records,
-            numpy or torch on any device, shape (n,) or (n, d). Rows holding NaN / inf are
-            dropped and counted; per-record outputs stay aligned with the input (NaN there).
+        member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
+            device; NaN / inf rows are dropped and counted (NaN in the per-record outputs).
         methods: advantage estimators, from ("histogram", "kde") (MACE Thm 2 / Thm 3).
         prior: P(member), in (0, 1).
         delta: 1 − confidence level of ``lower_check`` and of the plug-in interval, in (0, 1).

@@ -26,6 +26,18 @@ def stopping_decision(
     leaves the wait unchanged; a figure at or below the threshold resets the wait; above it the
     wait grows and training stops once it exceeds ``patience`` — but never before ``min_checks``
     checks have been seen.
+
+    Examples:
+        >>> from privmon.callbacks import stopping_decision
+        >>> stopping_decision(0.1, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0)
+        (False, 0, None)
+        >>> stop, wait, reason = stopping_decision(
+        ...     0.3, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0
+        ... )
+        >>> stop, wait
+        (True, 1)
+        >>> print(reason)
+        privacy figure 0.3000 above the budget 0.2000 for 1 consecutive check(s) (patience 0)
     """
     if not math.isfinite(value):
         return False, wait, None
@@ -50,16 +62,23 @@ class PrivacyEarlyStopping:
     """Stop training when ``metric`` stays above ``threshold``.
 
     Args:
-        metric: which figure of a report to watch. Either a full scalar tag
-            (``"privacy/loss/histogram/lower"``) or the part between ``privacy/`` and the estimate
-            field (``"loss/histogram"``), completed with ``use``.
+        metric: the figure to watch: a full tag (``"privacy/loss/histogram/lower"``) or its
+            query and method (``"loss/histogram"``), completed with ``use``.
         threshold: the budget: stop when the figure is above it.
-        use: which estimate of an advantage: "lower" (certified over the whole run: stops only
-            on proven leakage, the default) or "value" (debiased point estimate). The paper's
-            plug-in figures (``plugin``, ``plugin_upper``) are refused: they are biased up and
-            bound nothing, so they would stop training on noise.
+        use: "lower" (certified over the run: stops only on proven leakage) or "value" (the
+            debiased estimate); plug-in figures are refused (biased up, they stop on noise).
         patience: checks above the budget tolerated before stopping (0: stop at the first).
         min_checks: never stop before this many checks.
+
+    Examples:
+        >>> from privmon import PrivacyEarlyStopping
+        >>> stopping = PrivacyEarlyStopping("loss/histogram", 0.2, patience=1)
+        >>> stopping.tag  # PrivacyMonitor(..., early_stopping=stopping) feeds it every report
+        'privacy/loss/histogram/lower'
+        >>> [stopping.update(step, {stopping.tag: lower}) for step, lower in [(1, 0.25), (2, 0.3)]]
+        [False, True]
+        >>> stopping.stopped_step, stopping.wait  # two checks above 0.2 in a row
+        (2, 2)
     """
 
     def __init__(

@@ -1,9 +1,8 @@
-"""PrivacyMonitor: audit a model's membership leakage while it trains. Each check: collect the
-scores (:mod:`~privmon.callbacks.check_scores`) → analyse them
-(:mod:`~privmon.callbacks.check_analysis`) → build the report (:mod:`~privmon.report.build`) →
-publish it to the sinks → decide on early stopping; the ranks of torch.distributed agree at
-each stage (:mod:`~privmon.callbacks.distributed`). The run's confidence budget is
-:mod:`~privmon.callbacks.budget`'s, its saved state :mod:`~privmon.callbacks.state`'s."""
+"""PrivacyMonitor: audit a model's membership leakage while it trains. A check collects the
+scores (:mod:`~privmon.callbacks.check_scores`), analyses them
+(:mod:`~privmon.callbacks.check_analysis`), builds the report (:mod:`~privmon.report.build`),
+publishes it and decides on early stopping; ranks agree at each stage
+(:mod:`~privmon.callbacks.distributed`). Budget: :mod:`~privmon.callbacks.budget`."""
 
 from __future__ import annotations
 
@@ -42,7 +41,13 @@ logger = logging.getLogger("privmon")
 
 
 class PrivacyViolationWarning(UserWarning):
-    """A certified lower bound on the measured advantage exceeds the DP ceiling."""
+    """A certified lower bound on the measured advantage exceeds the DP ceiling.
+
+    Examples:
+        >>> from privmon import PrivacyViolationWarning
+        >>> issubclass(PrivacyViolationWarning, UserWarning)  # filter it with ``warnings``
+        True
+    """
 
 
 class PrivacyMonitor:
@@ -50,8 +55,7 @@ class PrivacyMonitor:
 
     Args:
         query: a :mod:`privmon.queries` query, any callable ``batch -> scores`` (named by its
-            ``__name__``; lambdas ``query``, ``query_1``, …), or a sequence of them with
-            distinct names; not a model (pass ``LossQuery(model)``).
+            ``__name__``), or a sequence of them with distinct names; not a model.
         members: iterable of batches of training records, in a fixed order (per-record indices
             refer to it); under torch.distributed this rank's shard, which may be empty.
         nonmembers: iterable of batches of held-out records from the same distribution, never
@@ -65,26 +69,39 @@ class PrivacyMonitor:
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
-        canaries: a one-run DP audit beside the accountant (a
-            :class:`~privmon.audit.GradientCanaries`, an :class:`~privmon.audit.InputCanaries`
-            bound to a query, or any object whose
-            ``scores()`` returns ``(in_scores, out_scores)``): each check reports their f-DP and
-            Steinke et al. ε lower bounds (:mod:`~privmon.callbacks.canary_audit`); one above the
-            accountant's ε is a DP violation that needs no assumption on the audit sets.
-        interval_delta: the run's confidence budget, in (0, 1): every certified figure
-            (``…/lower``, the ε lower bounds, ``dp_violation``) holds over all checks, queries
-            and methods together with probability ≥ 1 − interval_delta
-            (:mod:`~privmon.callbacks.budget`); ``…/lower_check`` for one check only.
+        canaries: a one-run DP audit (:class:`~privmon.audit.GradientCanaries`, or any object
+            whose ``scores()`` gives ``(in_scores, out_scores)``): ε lower bounds each check.
+        interval_delta: the run's confidence budget, in (0, 1): every certified figure of the
+            run holds together with probability ≥ 1 − interval_delta (``…/lower_check``: one check).
         planned_checks: the checks the run is expected to have, if known: the budget is then
-            spent evenly over them (90 %). The framework adapters set it from the trainer's
-            length (:meth:`plan`) when it is not given; a value given here is never changed.
-        early_stopping: a :class:`PrivacyEarlyStopping`; a ``UserWarning`` says when the
-            certified bound it watches cannot reach its threshold at these audit sizes.
-        max_batches: audit at most the first this many batches of each set per check: the same
-            records at every check when the set's order is fixed; the figures describe those.
+            spent evenly over them (see :meth:`plan`); a value given here is never changed.
+        early_stopping: a :class:`PrivacyEarlyStopping`; a warning says when the certified bound
+            it watches cannot reach its threshold at these audit sizes.
+        max_batches: audit at most the first this many batches of each set at each check (the
+            same records every time when the sets' order is fixed).
         top_k: how many most-exposed member indices to report per query.
-        strict: re-raise exceptions from a check instead of logging and skipping it; under
-            torch.distributed on every rank (:class:`~privmon.callbacks.distributed.RankFailure`).
+        strict: re-raise exceptions from a check (on every rank) instead of logging them.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon import PrivacyMonitor
+        >>> from privmon.queries import LossQuery
+        >>> _ = torch.manual_seed(0)
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(400, 20, generator=gen), torch.randint(0, 2, (400,), generator=gen)
+        >>> model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+        >>> optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        >>> members, held_out = [(x[:200], y[:200])], [(x[200:], y[200:])]  # one batch each
+        >>> monitor = PrivacyMonitor(LossQuery(model), members, held_out, every_n_steps=50)
+        >>> for step in range(1, 101):  # train on the 200 members
+        ...     optimizer.zero_grad()
+        ...     nn.functional.cross_entropy(model(x[:200]), y[:200]).backward()
+        ...     optimizer.step()
+        ...     stop = monitor.step(step)  # a check at steps 50 and 100
+        >>> monitor.close()
+        >>> round(monitor.last_report.scalars["privacy/loss/histogram/lower"], 3)
+        0.618
     """
 
     def __init__(
@@ -181,8 +198,7 @@ class PrivacyMonitor:
     def step(self, global_step: int) -> bool:
         """Run a check when one is due (``global_step`` a multiple of ``every_n_steps``, past the
         last checked step); True when training should stop. Under torch.distributed the ranks
-        agree on ``every_n_steps`` at the first call (rank 0's on a mismatch, said; ``strict``:
-        raises) and skip on all of them a step one rank has already checked."""
+        first agree on ``every_n_steps`` (rank 0's) and all skip a step one rank has checked."""
         fresh = self._last_step is None and self.n_failed == 0 and self.n_certified_checks == 0
         self._traps.saw_step(global_step, every_n_steps=self.every_n_steps, fresh=fresh)
         if not self._schedule_agreed and rank_and_world()[1] > 1:
@@ -202,12 +218,10 @@ class PrivacyMonitor:
         return self._stop
 
     def plan(self, *, total_steps: int) -> int | None:
-        """Plan the run's checks from its length, ``total_steps`` (>= 1): ``planned_checks``
-        becomes ``total_steps // every_n_steps``, and each check certifies at 0.9 δ / that number
-        instead of the sequence for runs of unknown length. The Lightning, Hugging Face and
-        Ignite adapters call it before training. A ``planned_checks`` given at construction, or
-        the plan in force once a check spent part of ``interval_delta`` (or the saved run's),
-        is kept: another count is said, once. A run stopped early leaves part of δ unspent.
+        """Plan the checks from the run's length, ``total_steps`` (>= 1): ``planned_checks``
+        becomes ``total_steps // every_n_steps`` (each check certifies at 0.9 δ / that number).
+        The framework adapters call it before training. A ``planned_checks`` given at
+        construction, or a plan in force once a check ran, is kept (another count is said).
         Returns the planned checks in force (None: the sequence for unknown lengths)."""
         return self._budget.plan(total_steps=total_steps, every_n_steps=self.every_n_steps)
 
@@ -219,23 +233,12 @@ class PrivacyMonitor:
         threshold: float | None = None,
         power: float = 0.5,
     ) -> float:
-        """The smallest advantage that check number ``check`` certifies for ``query``: a true
-        optimal advantage this large gets a certified lower bound (``…/lower``) above
-        ``threshold`` with probability ``power``, at the check's share of ``interval_delta``
-        and the query's audit sizes — its records with finite scores at its last check, before
-        any check the loaders' (:func:`privmon.detectable_advantage`). Each report carries it
-        for its own check (``detectable``); a smaller leak may go uncertified. A ValueError
-        when the sizes are unknown (loaders without a length, before the first check).
-
-        Args:
-            query: the query's name; may be omitted when one query is monitored.
-            check: the check's number in the run (1, 2, …); default the next check.
-            threshold: the figure the bound must exceed, in [|2p − 1|, 1); default |2p − 1|.
-            power: the probability of exceeding it, in (0, 1); 0.5: in half the runs.
-
-        Returns:
-            The advantage, in (threshold, 1], or ``math.inf`` when none reaches the threshold.
-        """
+        """The smallest advantage that check number ``check`` (default the next) certifies for
+        ``query`` (omit it for one query) above ``threshold`` with probability ``power``: the
+        :func:`privmon.detectable_advantage` of the check's share of ``interval_delta`` at the
+        query's audit sizes (finite scores at its last check; before any check, the loaders'
+        lengths: a ValueError without them). Each report carries it as ``detectable``; a
+        smaller leak may go uncertified. ``math.inf`` when none reaches the threshold."""
         return self._budget.detectable_advantage(
             query, check=check, threshold=threshold, power=power
         )
@@ -251,10 +254,9 @@ class PrivacyMonitor:
         return self.history[-1] if self.history else None
 
     def check(self, global_step: int) -> Report | None:
-        """Run one check now. Returns its report, or None when it failed (logged, skipped; the
-        first failure of a run with no successful check also warns). One check runs at a time
-        in a process: a call while another runs (another thread, a query) is refused — counted
-        in ``n_failed``, logged, None (``strict``: a RuntimeError)."""
+        """Run one check now: its report, or None when it failed (logged and skipped; the first
+        failure of a run also warns). A call while another check runs in the process (another
+        thread, a query) is refused: counted in ``n_failed``, None (``strict``: RuntimeError)."""
         global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
         if not begin_check():
             self.n_failed += 1
@@ -274,10 +276,9 @@ class PrivacyMonitor:
     def top_records(
         self, k: int = 10, *, query: str | None = None, by: str = "max"
     ) -> RankedRecords:
-        """The k most exposed member records across checks, (index in the members' order,
-        risk), highest first, ``by`` "max" (highest risk any check measured), "last" or "mean";
-        ``query`` may be omitted when one is monitored. ``.tied_beyond``: how many records left
-        out share the last one's risk (index, not risk, decided which of them made the list)."""
+        """The k most exposed member records across checks, (index in the members' order, risk),
+        highest first, ``by`` "max" (any check's), "last" or "mean" (``query`` may be omitted for
+        one query); ``.tied_beyond``: records left out that share the last one's risk."""
         return self.records.top(k, query=query, by=by)
 
     def export_records(self, path: Any, *, query: str | None = None) -> str:
@@ -285,8 +286,7 @@ class PrivacyMonitor:
         return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
-        """Close every sink (one that raises is logged); a run that ran no check at all is said
-        out loud (``step(epoch)`` instead of the global step?)."""
+        """Close every sink (one that raises is logged); a run without any check is said."""
         checked = bool(self.history) or self.n_failed > 0
         self._traps.at_close(checked=checked, every_n_steps=self.every_n_steps)
         for sink in self.sinks:
@@ -432,9 +432,8 @@ class PrivacyMonitor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a monitor with the same queries, methods, prior,
-        ``interval_delta`` and ``planned_checks`` when this one was given it (else the saved
-        plan goes on), the budget spent where it stopped. Every field is checked first
-        (:func:`~privmon.callbacks.state.read_state`): a ValueError names one that does not fit."""
+        ``interval_delta`` and ``planned_checks`` if given (else the saved plan goes on). Every
+        field is checked first (:func:`~privmon.callbacks.state.read_state`): a ValueError."""
         run = saved.read_state(
             state,
             measured_under=self._setup(),

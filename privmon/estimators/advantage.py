@@ -1,47 +1,15 @@
-"""Optimal membership advantage (MACE §5): the paper's plug-in estimators, a debiased
-cross-fitted estimate, a certified lower bound and the McDiarmid upper interval.
+"""Optimal membership advantage (MACE §5): :func:`optimal_advantage` on all scores at once,
+:class:`StreamingAdvantage` on batches, :func:`advantage_from_state` on a binned state.
 
-The optimal accuracy advantage at prior p is (MACE eq. 7-8)
+The optimal accuracy advantage at prior p, Adv*_p = ∫ |p·P(q) − (1−p)·Q(q)| dq (MACE eq. 7-8,
+P / Q the member / non-member distributions of the query output), is at least |2p − 1|. Each
+estimate reports the paper's plug-in (W_N for "histogram", U_N for "kde"), a debiased
+cross-fitted ``value``, a certified lower bound ``lower``
+(:mod:`privmon.estimators.certificate`) and the paper's McDiarmid ``upper`` — a plug-in figure,
+not an upper bound on the advantage. In 1-D the rules read the pooled ranks, so ``value`` and
+``lower`` do not depend on how the score is scaled.
 
-    Adv*_p = E_z |f_p(z)| = ∫ |p·P(q) − (1−p)·Q(q)| dq,
-
-P / Q the member / non-member distributions of the query output. It is at least |2p − 1|: the
-trivial attack that always guesses the more likely class reaches it without looking at the model.
-
-* ``plugin`` — W_N (Thm 2, histogram, 100 bins per dimension over the data range) or U_N (Thm 3,
-  Gaussian KDE; grid quadrature in 1-2 dimensions, importance sampling from the mixture KDE above).
-  Plug-ins over-report small leaks: sampling noise never cancels inside |·| (two identical
-  distributions with 1,000 + 1,000 samples give W_N ≈ 0.14).
-* In 1-D the rules below read the records' pooled ranks scaled into (0, 1) instead of the
-  scores: the optimal advantage of a 1-D query is invariant under any strictly monotone
-  transform of the score (loss, log-loss, confidence and logit-confidence of one model carry the
-  same information), and so are ``value``, ``lower`` and the per-record risks. The plug-ins
-  W_N / U_N stay the paper's, on the scores as given (they are not invariant).
-* ``value`` — the debiased estimate, by cross-fitting: the records are split in ``folds``; on each
-  fold the Bayes rule sign(p·P̂ − (1−p)·Q̂) is learned from the other folds and its accuracy
-  advantage 2p·TPR − 2(1−p)·FPR + 1 − 2p is measured on the held-out fold. The learned rule never
-  beats the optimal one, so this is nearly unbiased at small leaks and slightly conservative at
-  large ones; it is floored at |2p − 1|, which the truth never falls below. The rule's densities
-  are smoothed (histogram method: an average shifted histogram over the 100 bins with Scott's bin
-  width 3.5·σ·n^(−1/(2+d)); KDE method: the same Gaussian KDE as U_N, Scott's factor).
-* ``lower`` — a certified lower confidence bound at level 1 − δ: a rule learned on some folds
-  is applied to the others, which it has never seen, and an exact bound on its true advantage
-  — which bounds the optimal one from below — is read from its correct calls
-  (:mod:`privmon.estimators.certificate`: one Clopper–Pearson bound on members' and
-  non-members' correct calls pooled, without splitting δ, when the records are balanced for
-  the prior; else bounds on its TPR and FPR at δ/2 each). In 1-2 D two rules are certified,
-  learned on folds 3..K−1 and on folds 2..K−1, each at δ/2, and ``lower`` is the larger; above
-  2-D the one learned on folds 2..K−1, at δ.
-  ``lower_check`` is the same bound at the call's ``delta``; the two differ only inside the
-  monitor, which certifies ``lower`` at the share of its run-level δ that the check is allotted
-  (:mod:`privmon.estimators.spending`). What it can detect at a given audit size:
-  :func:`~privmon.estimators.certificate.detectable_advantage`.
-* ``upper`` — the paper's plug-in + McDiarmid half-width sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ))
-  (Thm 2-3 (2); equals sqrt(2/N·log(2/δ)) when N1 = pN). It bounds the plug-in's deviation from
-  its own mean, not the plug-in's bias, so it is **not** an upper bound on the advantage: the
-  plug-in is biased up, by far more than the half-width above 2-D or on skewed scores. No
-  sample-based upper bound on the optimal advantage exists without assumptions; ``upper`` is
-  kept only to reproduce MACE.
+Derivations: Theory, *The optimal advantage and its estimators*.
 """
 
 from __future__ import annotations
@@ -76,7 +44,23 @@ def advantage_from_state(
     bandwidth: str | float = "scott",
     n_dropped: int = 0,
 ) -> AdvantageEstimate:
-    """The estimate from a streaming state (1-2 dimensional grid); see the module docstring."""
+    """The estimate of :func:`optimal_advantage` from a streaming state (1-2 dimensional grid):
+    what :meth:`StreamingAdvantage.compute` returns.
+
+    Args:
+        state: binned member and non-member scores, both classes seen.
+        prior, method, delta, bandwidth: as for :func:`optimal_advantage`.
+        n_dropped: non-finite records dropped before binning, reported in the estimate.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.estimators import BinnedScores, advantage_from_state
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> state = BinnedScores(bins=100)
+        >>> state.update(torch.randn(500, generator=gen) + 0.5, torch.randn(500, generator=gen))
+        >>> round(advantage_from_state(state).plugin, 3)
+        0.282
+    """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     check_method(method)
@@ -110,31 +94,35 @@ def optimal_advantage(
     """Estimate the optimal membership advantage of a query (MACE eq. 7, Thm 2-3).
 
     Args:
-        member_scores, nonmember_scores: query outputs on member / held-out records, numpy or
-            torch on any device, shape (n,) or (n, d); higher need not mean "member". NaN / inf
-            rows are dropped and counted in ``n_dropped``.
+        member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
+            device, in either orientation; NaN / inf rows are dropped, counted in ``n_dropped``.
         prior: P(a probed record is a member), in (0, 1). The advantage is at least |2p − 1|.
         method: "histogram" (W_N) or "kde" (U_N).
         delta: 1 − confidence level of ``lower`` and ``upper``, in (0, 1).
         bins: cells per dimension (histogram default 100, MACE §9.1; KDE quadrature grid default
             2000 in 1-D, 128 per axis in 2-D; above 2 dimensions the histogram bins per axis).
-            When a class's KDE bandwidth is narrower than one grid cell (heavy-tailed scores),
-            the KDE method evaluates exact kernel sums instead of the grid (slower, O(N²)).
-        bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number, scipy's
-            gaussian_kde convention (full covariance).
+        bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number (scipy's
+            gaussian_kde convention). A bandwidth below one grid cell takes exact kernel sums.
         folds: cross-fitting folds (>= 4).
         n_samples: importance samples for U_N above 2 dimensions; ``seed`` seeds them (a local
             generator: the global RNG is never touched).
-        low, high: the grid's range per dimension in 1-2 dimensions, or one number for every
-            dimension (records outside land in the edge bins). Default: the pooled data range
-            cut at 5 IQRs beyond the quartiles
-            (:func:`~privmon.estimators.order_statistics.robust_range`). Ignored above 2
-            dimensions.
+        low, high: the grid's range in 1-2 dimensions, one number or one per dimension; default
+            the pooled range cut at 5 IQRs beyond the quartiles. Ignored above 2 dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
         1 − delta), ``plugin`` (W_N / U_N), ``upper`` and ``halfwidth`` (McDiarmid), counts.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import optimal_advantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> est = optimal_advantage(members, torch.randn(500, generator=gen))
+        >>> round(est.value, 3), round(est.lower, 3)
+        (0.23, 0.17)
     """
+
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     check_method(method)
@@ -196,21 +184,28 @@ def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tup
 class StreamingAdvantage:
     """Stateful, mergeable form of :func:`optimal_advantage` (torchmetrics style).
 
-    ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device;
-    ``compute()`` returns the same :class:`AdvantageEstimate` as :func:`advantage_from_state` on
-    the same records binned at once. In 2-D that is the functional form's estimate when the grid
-    is the same (pass ``low`` / ``high``, or let the first batch fix it, see
-    :class:`~privmon.estimators.binned_scores.BinnedScores`), except for ``lower`` (the functional
-    certificate bins its rule's records again, on their own range; a stream's certificate reads
-    the stream's one grid, whose edges the first batch fixed — a dependence on the certified
-    records, through those edges, that the proof in :mod:`privmon.estimators.certificate` does
-    not cover: pass ``low`` / ``high`` to remove it) and where a class's KDE bandwidth is
-    narrower than a grid cell (the functional KDE then takes exact kernel sums, which a stream
-    keeping no records cannot). In 1-D the functional rule reads the pooled ranks of all records,
-    which a stream cannot know: the stream's rule reads its fixed grid on the scores' own scale,
-    so its ``value`` and ``lower`` depend on how the scores are scaled; its plug-ins equal the
-    functional ones. Choose a finer grid (``bins``) for very concentrated scores. State tensors
-    reduce by sum across ranks (``state.reducible``); ``state_dict`` is persistent.
+    ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device (the first
+    batch fixes the grid unless ``low`` / ``high`` are given); ``compute()`` returns the
+    :class:`AdvantageEstimate` of :func:`advantage_from_state` on every record binned so far.
+    State tensors reduce by sum across ranks (``state.reducible``); ``state_dict`` is a
+    checkpoint. A stream keeps no records: its 1-D rule reads its grid, not the pooled ranks,
+    so ``value`` and ``lower`` depend on the scores' scale, and its certificate depends on the
+    first batch through the grid's edges unless ``low`` / ``high`` are given (Theory, *The
+    optimal advantage and its estimators*). Choose a finer grid (``bins``) for very
+    concentrated scores.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import StreamingAdvantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> stream = StreamingAdvantage(low=-4.0, high=4.0)
+        >>> for m, n in zip(members.split(100), nonmembers.split(100)):  # five batches
+        ...     stream.update(m, n)
+        >>> est = stream.compute()
+        >>> est.n_members, round(est.value, 3), round(est.lower, 3)
+        (500, 0.232, 0.181)
     """
 
     def __init__(

@@ -2,35 +2,14 @@
 
 The monitor calls it once per query and check (as ``torchmetrics.Metric.compute`` calls its
 functional twin); offline users call it on saved scores. It is the estimators' one pipeline:
-the scores enter each stage (:mod:`~privmon.estimators.stages`) once, in this order, and leave
-for the next:
+the scores enter each stage of :mod:`~privmon.estimators.stages` once — keep the finite rows,
+bin, smooth, the plug-ins and each method's rule and certificate, the ROC (1-D), the
+per-record risks (1-2 D) — and leave for the next. Every advantage and ROC figure equals the
+one the public function of its module gives on the same scores
+(:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding; the per-record
+risks are cross-fitted, out of sample.
 
-0. keep the finite rows, members first, on a scale safe to compute on;
-1. bin (:mod:`~privmon.estimators.record_binning`, :mod:`~privmon.estimators.selections`): in
-   1-2 dimensions every record is binned once on each grid and the fold selections are
-   counted; in 1-D one sort gives the pooled ranks the rules read (so the 1-D figures do not
-   depend on how the score is scaled), the raw scores' grid for the paper's plug-ins, and the
-   ROC's ranking;
-2. smooth (:mod:`~privmon.estimators.smoothing`): each fold selection's densities on the grid
-   (average shifted histogram, Gaussian KDE), and U_N's KDEs;
-3. the plug-ins W_N / U_N (:mod:`~privmon.estimators.plugins`), then the rule and its
-   certificate per method (:mod:`~privmon.estimators.rules`); beside the grid, scores kept in
-   memory (:mod:`~privmon.estimators.in_memory`): above 2-D a classifier learns the rule once
-   for both methods (:mod:`~privmon.estimators.learned`), in 2-D a KDE narrower than a cell
-   takes exact kernel sums;
-4. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
-   the median, from the sort of step 1;
-5. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D), out of sample: f_p of a
-   record of fold k from the cross-fitted histogram rule's densities learned without fold k,
-   posteriors (1 + f_p) / 2, quantiles and the most exposed members.
-
-The estimate records and the certificate's arithmetic are in
-:mod:`~privmon.estimators.estimates`.
-
-Every advantage and ROC figure equals the one the public function of its module gives on the
-same scores (:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding.
-The per-record risks are the cross-fitted out-of-sample ones; :func:`~privmon.individual_risk`
-scores *other* records against reference sets.
+Stage by stage: Theory, *One check's analysis, stage by stage*.
 """
 
 from __future__ import annotations
@@ -86,6 +65,18 @@ class QueryResult:
     read off shared cells tie: the order among tied records is by index, not a ranking).
     ``failures``: what could not be computed (a method, "roc" or "risk") -> the error.
     Arrays are dropped from results kept in a monitor's history.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import analyse
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> result = analyse(members, torch.randn(500, generator=gen), name="loss")
+        >>> sorted(result.estimates), result.member_risk.shape
+        (['histogram', 'kde'], (500,))
+        >>> {tag: round(v, 3) for tag, v in result.scalars().items() if tag.startswith("kde/")}
+        {'kde/value': 0.22, 'kde/lower': 0.17, 'kde/lower_check': 0.17, 'kde/plugin': 0.217,
+         'kde/plugin_upper': 0.303}
     """
 
     name: str
@@ -139,9 +130,8 @@ def analyse(
     """Every figure a privacy check reports for one query's scores.
 
     Args:
-        member_scores, nonmember_scores: the query's outputs on member / non-member records,
-            numpy or torch on any device, shape (n,) or (n, d). Rows holding NaN / inf are
-            dropped and counted; per-record outputs stay aligned with the input (NaN there).
+        member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
+            device; NaN / inf rows are dropped and counted (NaN in the per-record outputs).
         methods: advantage estimators, from ("histogram", "kde") (MACE Thm 2 / Thm 3).
         prior: P(member), in (0, 1).
         delta: 1 − confidence level of ``lower_check`` and of the plug-in interval, in (0, 1).
@@ -157,6 +147,17 @@ def analyse(
 
     Returns:
         :class:`QueryResult`.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import analyse
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> result = analyse(members, torch.randn(500, generator=gen), methods=["histogram"])
+        >>> round(result.estimates["histogram"].lower, 3), round(result.roc["auc"], 3)
+        (0.17, 0.649)
+        >>> len(result.top_records), round(result.risk["max"], 3)
+        (10, 0.539)
     """
     methods = check_subset(methods, METHODS, name="methods")
     prior = check_open_unit(prior, name="prior")

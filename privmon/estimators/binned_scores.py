@@ -1,25 +1,15 @@
 """Member / non-member scores binned on a fixed grid, per class and per fold, with their first
 two moments: the streaming state (:class:`BinnedScores`) that every grid estimate reads.
 
-Every estimate privmon makes from a stream (histogram W_N, binned KDE U_N, the cross-fitted
-debiased advantage, its certified lower bound, individual risks) is a function of these counts
-and of the first two moments, so the state is a handful of tensors that
-
-* live on the scores' device and are updated batch by batch (memory independent of batches seen),
-* merge by addition (``merge_`` here, ``all_reduce(SUM)`` across ranks), and
-* round-trip through ``state_dict`` / ``load_state_dict``.
-
-**Bin edges.** Pass ``low`` / ``high`` to fix them. Otherwise they are fixed by the first batch:
-its pooled range (cut to [Q1 − 5·IQR, Q3 + 5·IQR], see
-:func:`~privmon.estimators.order_statistics.robust_range`) widened by ``margin`` times its width
-on each side. Records that fall outside later land in the edge bins (overflow bins) and are
-counted in ``n_overflow``; a large count means the grid was fixed on an unrepresentative first
-batch. The functional API passes the full data as one batch with ``margin=0``, so its grid spans
-the data range (MACE §9.1) unless the tails are far heavier than a Gaussian's.
-
-**Folds.** Each record's fold follows from its position within its class
-(:mod:`~privmon.estimators.folds`), so a stream and the same records passed at once give
-identical counts.
+Every estimate privmon makes from a stream (W_N, binned U_N, the cross-fitted advantage, its
+certificate, individual risks) is a function of these counts and moments, so the state is a
+handful of tensors that live on the scores' device, are updated batch by batch (memory
+independent of batches seen), merge by addition (``merge_``, ``all_reduce(SUM)`` across ranks)
+and round-trip through ``state_dict``. The grid's edges are ``low`` / ``high`` when given, else
+fixed by the first batch (its robust range widened by ``margin``); later records outside land in
+the edge bins and are counted in ``n_overflow``. A record's fold follows from its position within
+its class (:mod:`~privmon.estimators.folds`), so a stream and the same records passed at once give
+identical counts. Theory, *The optimal advantage and its estimators* (*Grids*).
 """
 
 from __future__ import annotations
@@ -66,6 +56,15 @@ class BinnedScores:
 
     ``bins``: cells per dimension (an int, or one per dimension). ``folds``: cross-fitting folds
     (at least 4: folds 0-2 and 0-1 certify the lower bound against rules fitted on the rest).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.estimators import BinnedScores
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> state = BinnedScores(bins=50, low=-3.0, high=3.0)
+        >>> state.update(torch.randn(300, generator=gen) + 0.5, torch.randn(300, generator=gen))
+        >>> state.class_counts().shape, state.n_seen.tolist(), state.n_overflow.tolist()
+        (torch.Size([2, 50]), [300, 300], [2, 3])
     """
 
     def __init__(

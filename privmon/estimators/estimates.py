@@ -45,10 +45,21 @@ class AdvantageEstimate(Estimate):
     holds over the whole run); ``lower_check`` the same certificate at level 1 − ``delta``, valid
     for this one estimate alone; ``plugin`` the paper's W_N / U_N; ``upper`` the paper's
     plugin + ``halfwidth`` (McDiarmid), capped at 1 — a plug-in figure, not a bound on the
-    advantage (see the module docstring).
+    advantage (:mod:`privmon.estimators.advantage`).
     ``floor`` = |2·prior − 1|, the advantage of always guessing the majority class: at a prior
     other than 0.5 read the figures against it, or use the generalized metrics
     (:func:`privmon.generalized_advantage`, e.g. the AM metric) which do not reward that guess.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import optimal_advantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> est = optimal_advantage(members, torch.randn(500, generator=gen), prior=0.3)
+        >>> est.floor, round(float(est), 3), round(est.lower, 3)
+        (0.4, 0.4, 0.4)
+        >>> est.as_dict()["n_members"]
+        500
     """
 
     value: float

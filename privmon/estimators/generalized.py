@@ -3,7 +3,7 @@
 :class:`~privmon.estimators.generalized_metric.GeneralizedMetric`, with the posterior of
 :func:`~privmon.estimators.risk.individual_risk` (one estimator for η, f_p and Song & Mittal's risk
 score), Lemma 7's per-record intervals combined as in App. D
-(:mod:`~privmon.estimators.lemma7`), and a certified lower bound.
+(:mod:`~privmon.estimators.lemma7`), and a certified lower bound (Theory, *Generalized metrics*).
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ class GeneralizedEstimate(Estimate):
     ``certified_lower``: Clopper–Pearson bound on the learned rule's ℓ (level 1 − delta).
     ``lemma7_lower`` / ``lemma7_upper``: MACE Lemma 7 per record, combined over part 3 (App. D).
     ``threshold``: t used. ``metric``: the metric's name.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import generalized_advantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> est = generalized_advantage(members, torch.randn(500, generator=gen), metric="ppv")
+        >>> est.metric, round(est.value, 3), round(est.certified_lower, 3)
+        ('PPV', 0.571, 0.357)
+        >>> est.lower <= est.value <= est.upper
+        True
     """
 
     value: float
@@ -173,42 +184,15 @@ def generalized_advantage(
 ) -> GeneralizedEstimate:
     """Optimal membership advantage under a generalized metric ℓ (MACE Def. 3, eq. 9; Algorithm 2).
 
-    Algorithm 2, with the experiment's prior p (not the sample ratio N1 : N2):
-
-    1. Members and non-members are each split at random into three parts (a local
-       ``torch.Generator`` seeded with ``seed``; the global RNG is never touched).
-    2. η(q) = p·P/(p·P + (1−p)·Q) = (1 + f_p)/2 is the posterior of
-       :func:`~privmon.estimators.risk.individual_risk` (``method``: histogram, Lemma 5; kde,
-       Lemma 6 / 11) fitted on part 1.
-    3. Threshold: if ℓ's Bayes threshold is known in closed form
-       (:meth:`GeneralizedMetric.bayes_threshold`: Thm 1 for linear metrics, and e.g.
-       WA(2,2,1,1)) it is used, no data are needed to choose it, and η is fitted on parts 1 + 2
-       together. Otherwise t maximizes the empirical ℓ of "member when η̂ ≥ t" on part 2 over
-       every distinct η̂ there (η fitted on part 1 only).
-    4. ``value``: ℓ of that rule on part 3, TP = p·TPR̂, FP = (1−p)·FPR̂, FN = p·(1−TPR̂),
-       TN = (1−p)·(1−FPR̂). NaN where ℓ is 0/0 (PPV of a rule that never says member).
-
-    Intervals (both use only part 3, which neither η̂ nor t has seen):
-
-    * ``certified_lower``: exact Clopper–Pearson bounds on the rule's TPR and FPR on part 3 plugged
-      into ℓ (one-sided at δ/2 each for linear metrics, where ℓ is monotone in each; for others
-      the least corner of a two-sided δ/2 box, valid because ℓ(TPR, FPR) is linear-fractional).
-      Holds with probability >= 1 − δ for the learned rule, whose ℓ is at most the optimal ℓ*,
-      so it is a certified lower bound on ℓ*.
-    * ``lemma7_lower`` / ``lemma7_upper``: MACE Lemma 7 for each part-3 record, with the P / Q
-      intervals of Lemma 5 / 6 at level 1 − δ and the threshold t, combined over part 3 with the
-      experiment's weights (p/N1 per member, (1−p)/N2 per non-member) as App. D: for linear metrics
-      the average of per-record bounds; otherwise the exact bounds on the ratio of averages (see
-      :func:`lemma7_bounds`), clipped to the range of ℓ at prior p. Not certified: App. D
-      averages per-record intervals that each hold at 1 − δ but not jointly, Lemma 11 (kde) is a
-      normal approximation that ignores the KDE's bias, and for metrics without a closed-form
-      threshold t is itself an estimate.
-
-    ``lower`` is ``certified_lower`` (for every metric: linear metrics use the monotone plug-in,
-    others the box corners), falling back to ``lemma7_lower`` only where the certificate is not
-    finite (a custom metric whose denominator can vanish on the box). ``upper`` is
-    ``lemma7_upper``. Both are widened to contain ``value`` when it is finite (widening never
-    invalidates a bound).
+    Members and non-members are each split at random into three parts: the posterior
+    η = (1 + f_p)/2 of :func:`~privmon.estimators.risk.individual_risk` is fitted on part 1, the
+    threshold of the rule "member when η̂ ≥ t" is the metric's Bayes threshold when it has a
+    closed form (:meth:`GeneralizedMetric.bayes_threshold`; η then fitted on parts 1 + 2), else
+    the one maximising ℓ on part 2, and ``value`` is ℓ of that rule on part 3 at the experiment's
+    prior (NaN where ℓ is 0/0). ``lower`` is the certified lower bound (Clopper–Pearson bounds on
+    the rule's TPR and FPR on part 3: level 1 − δ), falling back to MACE Lemma 7's bound where
+    that is not finite; ``upper`` is Lemma 7 + App. D, not certified. Both contain ``value``.
+    Algorithm and intervals: Theory, *Generalized metrics*.
 
     Args:
         member_scores, nonmember_scores: query outputs, numpy or torch on any device, (n,) or
@@ -223,6 +207,15 @@ def generalized_advantage(
 
     Returns:
         :class:`GeneralizedEstimate`.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import generalized_advantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> est = generalized_advantage(members, torch.randn(500, generator=gen), metric="am")
+        >>> est.metric, round(est.value, 3), round(est.lower, 3), est.threshold
+        ('AM(p=0.5)', 0.611, 0.533, 0.5)
     """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")

@@ -1,17 +1,11 @@
 """The generalized metrics of MACE (eq. 4, §2.6, §3.2-3.3, App. B) as records:
 :class:`GeneralizedMetric` and its presets.
 
-A generalized metric (MACE eq. 4, after Koyejo et al. 2014, MACE ref. [20]) is a ratio of linear
-forms in the joint confusion probabilities
-
-    ℓ = (a0 + a11·TP + a10·FP + a01·FN + a00·TN) / (b0 + b11·TP + b10·FP + b01·FN + b00·TN),
-
-TP = P(m=1, Ŷ=1), FP = P(m=0, Ŷ=1), FN = P(m=1, Ŷ=0), TN = P(m=0, Ŷ=0) in the membership
-experiment at prior p (so TP + FN = p and FP + TN = 1 − p). The optimal adversary is a threshold on
-the posterior η(q) = P(m=1 | q) = p·P(q) / (p·P(q) + (1−p)·Q(q)) = (1 + f_p(q)) / 2 (eq. 5): predict
-"member" when η ≥ t_ℓ. For *linear* metrics (b11 = b01 and b10 = b00: the denominator is the
-constant b0 + b11·p + b10·(1−p)) Theorem 1 gives t_ℓ in closed form; otherwise t_ℓ depends on the
-optimal value ℓ* and is fitted on data (Algorithm 2, step 3).
+A generalized metric is a ratio of linear forms in the joint confusion probabilities,
+ℓ = (a0 + a11·TP + a10·FP + a01·FN + a00·TN) / (b0 + b11·TP + b10·FP + b01·FN + b00·TN), at
+prior p (TP + FN = p). The optimal adversary predicts "member" when the posterior η(q) =
+P(m=1 | q) reaches a threshold t_ℓ: in closed form for linear metrics (Thm 1), else a function
+of the optimal value ℓ*. Theory, *Generalized metrics*.
 """
 
 from __future__ import annotations
@@ -56,6 +50,17 @@ class GeneralizedMetric:
     Presets (MACE App. B, §3.3): :data:`ACC`, :data:`PPV`, :data:`TPR`, :data:`TNR`, :data:`F1`,
     :data:`WA` (weights 2, 2, 1, 1), ``GeneralizedMetric.am(prior)``,
     ``GeneralizedMetric.wa(w1, w2, w3, w4)``, or by name with :meth:`preset`.
+
+    Examples:
+        >>> from privmon import GeneralizedMetric
+        >>> f1 = GeneralizedMetric.preset("f1")
+        >>> f1.is_linear, round(f1.value(tp=0.4, fp=0.1, fn=0.1, tn=0.4), 3)
+        (False, 0.8)
+        >>> GeneralizedMetric.am(0.3).bayes_threshold()
+        0.3
+        >>> balanced = GeneralizedMetric(a11=1, a00=1, b0=1, name="TP + TN")
+        >>> balanced.value(0.4, 0.1, 0.1, 0.4)
+        0.8
     """
 
     a0: float = 0.0

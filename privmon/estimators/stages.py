@@ -2,21 +2,15 @@
 all, in order; :func:`~privmon.optimal_advantage` walks stages 0-3 for its one method, and
 :class:`~privmon.StreamingAdvantage` stages 2-3 on its state:
 
-0. :func:`finite_scores`: the scores as finite float64 rows, members first, on a scale safe to
-   compute on (:mod:`~privmon.estimators.magnitude`);
-1. :func:`bin_scores`: in 1-2 dimensions every record binned once on each grid its methods
-   read (:mod:`~privmon.estimators.record_binning`) and the fold selections counted
-   (:mod:`~privmon.estimators.selections`); the methods whose rule reads the scores in memory
-   (above 2-D, or a KDE narrower than a grid cell) named;
-2-3. :func:`estimate_advantages`: per grid (:func:`grid_figures`) smooth
-   (:mod:`~privmon.estimators.smoothing`), the plug-ins W_N / U_N
-   (:mod:`~privmon.estimators.plugins`), the rule and its certificate
-   (:mod:`~privmon.estimators.rules`); beside the grid, the rule learned on the scores in memory
-   (:mod:`~privmon.estimators.in_memory`: above 2-D a classifier learns it once for every
-   method);
-4. the ROC (:mod:`~privmon.estimators.roc`, 1-D) from the sort of stage 1;
-5. the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D) from the histogram rule's
-   densities of stage 3.
+0. :func:`finite_scores`: finite float64 rows, members first, on a safe scale
+   (:mod:`~privmon.estimators.magnitude`);
+1. :func:`bin_scores`: in 1-2 dimensions every record binned once on each grid its methods read
+   (:mod:`~privmon.estimators.record_binning`, :mod:`~privmon.estimators.selections`);
+2-3. :func:`estimate_advantages`: per grid (:func:`grid_figures`) smooth, the plug-ins, the rule
+   and its certificate (:mod:`~privmon.estimators.smoothing`, :mod:`~privmon.estimators.plugins`,
+   :mod:`~privmon.estimators.rules`); beside the grid, the rule learned on the scores in memory
+   (:mod:`~privmon.estimators.in_memory`);
+4-5. the ROC (1-D) from stage 1's sort, the per-record risks (1-2 D) from stage 3's densities.
 """
 
 from __future__ import annotations

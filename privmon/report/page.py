@@ -179,7 +179,15 @@ def _checks_table(checks: Checks, limit: int = 60) -> str:
 
 
 def render_html(checks: Checks, title: str | None = None) -> str:
-    """The report page for ``checks`` as one HTML string."""
+    """The report page for ``checks`` as one HTML string.
+
+    Examples:
+        >>> from privmon.report import Report, checks_from_reports, render_html
+        >>> checks = checks_from_reports([Report(step=100, scalars={}, run_id="3f2a9c")])
+        >>> page = render_html(checks, title="exp1")
+        >>> page.startswith("<!DOCTYPE html>"), "No measurable membership leakage" in page
+        (True, True)
+    """
     v = verdict(checks)
     title = title or "Membership privacy report"
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -280,6 +288,17 @@ def write_report(
     ``checks.jsonl`` nor TensorBoard privacy scalars, :class:`~privmon.report.SeveralRunsError`
     (a ValueError) when it holds several runs and ``run`` is None, ImportError when matplotlib is
     missing.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import Report, write_report
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as logdir:
+        ...     sink = JsonlSink(os.path.join(logdir, "checks.jsonl"))  # as a monitor's sink
+        ...     sink.write(Report(step=100, scalars={}, run_id="3f2a9c"))
+        ...     sink.close()
+        ...     os.path.basename(write_report(logdir))
+        'privacy_report.html'
     """
     return write_page(read_checks(logdir, run=run), logdir, out, title)
 

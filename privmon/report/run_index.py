@@ -15,7 +15,13 @@ __all__ = ["RunIndex", "RunInfo"]
 class RunInfo:
     """One run found in a source: its id (``""``: reports written without one, e.g. made by
     hand), how many lines (JSON lines) or checks (TensorBoard) it wrote — a resumed run's
-    repeats included — and the range of its steps."""
+    repeats included — and the range of its steps.
+
+    Examples:
+        >>> from privmon.report import RunInfo
+        >>> str(RunInfo(run_id="3f2a9c", n_written=2, first_step=100, last_step=200, unit="lines"))
+        '3f2a9c (steps 100–200, 2 lines)'
+    """
 
     run_id: str
     n_written: int

@@ -42,7 +42,17 @@ JSONL_NAME = "checks.jsonl"
 
 class SeveralRunsError(ValueError):
     """A source holds several runs and none was picked: ``runs`` names them, oldest first (by
-    when each last wrote)."""
+    when each last wrote).
+
+    Examples:
+        >>> from privmon.report import Report, SeveralRunsError, checks_from_reports
+        >>> reports = [Report(step=100, scalars={}, run_id=run) for run in ("3f2a9c", "77aa01")]
+        >>> try:
+        ...     checks_from_reports(reports)
+        ... except SeveralRunsError as err:
+        ...     print([str(run) for run in err.runs])
+        ['3f2a9c (step 100, 1 check)', '77aa01 (step 100, 1 check)']
+    """
 
     def __init__(self, source: str, runs: Sequence[RunInfo]) -> None:
         self.source = source
@@ -57,7 +67,22 @@ class SeveralRunsError(ValueError):
 
 @dataclass
 class Checks:
-    """The checks of one run, sorted by step (one record per step)."""
+    """The checks of one run, sorted by step (one record per step).
+
+    Examples:
+        >>> from privmon import epsilon_lower_bound
+        >>> from privmon.report import Report, checks_from_reports
+        >>> def check(step, lower):  # the figures a monitor's check reports, in brief
+        ...     figures = {"privacy/loss/histogram/lower": lower,
+        ...                "privacy/loss/histogram/epsilon_lower_bound": epsilon_lower_bound(lower)}
+        ...     return Report(step=step, scalars=figures, run_id="3f2a9c")
+        >>> checks = checks_from_reports([check(100, 0.0), check(200, 0.15)])
+        >>> checks.steps, checks.queries(), checks.methods("loss")
+        ([100, 200], ['loss'], ['histogram'])
+        >>> steps, lower = checks.series("privacy/loss/histogram/lower")
+        >>> steps.tolist(), lower.tolist()
+        ([100, 200], [0.0, 0.15])
+    """
 
     source: str  # the file or directory read
     kind: str  # "jsonl", "tensorboard" or "reports" (in memory: checks_from_reports)
@@ -238,6 +263,19 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
         ValueError: a line that is not a check (one written by a privmon before run ids
             included), or ``run`` that names no run.
         FileNotFoundError: no JSON lines and no TensorBoard privacy scalars.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import Report, read_checks
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as logdir:
+        ...     sink = JsonlSink(os.path.join(logdir, "checks.jsonl"))  # as a monitor's sink
+        ...     for step in (100, 200):
+        ...         sink.write(Report(step=step, scalars={}, run_id="3f2a9c"))
+        ...     sink.close()
+        ...     checks = read_checks(logdir)
+        >>> checks.kind, checks.run_id, checks.steps
+        ('jsonl', '3f2a9c', [100, 200])
     """
     run = check_optional_str(run, name="run")
     logdir = os.fspath(logdir)
@@ -259,7 +297,15 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
 def checks_from_reports(reports: Iterable[Report], *, source: str = "memory") -> Checks:
     """The checks of one run held in memory (a monitor's ``history``, a sink's reports), read as
     the JSON lines of the same reports would be: the verdict and the page without files.
-    Reports of several runs raise :class:`SeveralRunsError`, as :func:`read_checks` does."""
+    Reports of several runs raise :class:`SeveralRunsError`, as :func:`read_checks` does.
+
+    Examples:
+        >>> from privmon.report import Report, checks_from_reports
+        >>> reports = [Report(step=step, scalars={}, run_id="3f2a9c") for step in (200, 100)]
+        >>> checks = checks_from_reports(reports)  # e.g. a monitor's ``history``
+        >>> checks.kind, checks.steps
+        ('reports', [100, 200])
+    """
     runs = RunIndex("checks")
     for i, report in enumerate(reports):
         try:

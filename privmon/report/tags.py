@@ -8,6 +8,13 @@ names for its figures (:meth:`privmon.estimators.analysis.QueryResult.scalars`: 
 the δ the check certifies at, ``dp_violation`` and the canaries' figures. The sinks' own names
 (TensorBoard's run-id text, histograms, PR curves and axis series; MLflow's run tag) are here
 too. The method list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
+
+Examples:
+    >>> from privmon.report import tags
+    >>> tags.lower("loss", "histogram"), tags.tpr_at_fpr("loss", 0.01)
+    ('privacy/loss/histogram/lower', 'privacy/loss/tpr@fpr=0.01')
+    >>> tags.parse_advantage("privacy/loss/kde/value")
+    ('loss', 'kde', 'value')
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The verdict of a run: no measurable leakage, leakage certified, or a DP violation, from the
-certified lower bounds alone (see :mod:`privmon.report`)."""
+certified lower bounds alone. A check certifies leakage when its ε lower bound is positive (its
+certified bound exceeds the prior's floor |2p − 1|); the monitor's bounds hold together over the
+run, so one is enough. A DP violation is a certified bound above the (ε, δ) ceiling, or a canary
+ε lower bound above the accountant's ε. Theory, *The report's verdict and its ROC*."""
 
 from __future__ import annotations
 
@@ -26,7 +29,15 @@ EXCHANGEABILITY = (
 @dataclass(frozen=True)
 class Verdict:
     """A run's verdict: ``level`` ("violation", "leakage", "none" or "empty"), a one-line
-    ``headline`` and the ``details`` behind it."""
+    ``headline`` and the ``details`` behind it.
+
+    Examples:
+        >>> from privmon.report import Report, checks_from_reports, verdict
+        >>> checks = checks_from_reports([Report(step=100, scalars={}, run_id="3f2a9c")])
+        >>> result = verdict(checks)
+        >>> result.level, result.headline
+        ('none', 'No measurable membership leakage.')
+    """
 
     level: str  # "violation", "leakage", "none", "empty"
     headline: str
@@ -86,7 +97,19 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
 
 
 def verdict(checks: Checks) -> Verdict:
-    """The plain-language verdict of a run (rules in the module docstring)."""
+    """The plain-language verdict of a run (rules in the module docstring).
+
+    Examples:
+        >>> from privmon import epsilon_lower_bound
+        >>> from privmon.report import Report, checks_from_reports, verdict
+        >>> def check(step, lower):  # the figures a monitor's check reports, in brief
+        ...     figures = {"privacy/loss/histogram/lower": lower,
+        ...                "privacy/loss/histogram/epsilon_lower_bound": epsilon_lower_bound(lower)}
+        ...     return Report(step=step, scalars=figures, run_id="3f2a9c")
+        >>> result = verdict(checks_from_reports([check(100, 0.0), check(200, 0.15)]))
+        >>> result.level, result.headline
+        ('leakage', 'Leakage detected: certified advantage ≥ 0.150 at step 200.')
+    """
     if not checks.records:
         return Verdict("empty", "No checks recorded: nothing to certify.")
     n = len(checks.records)

@@ -7,11 +7,9 @@ the query on each member and non-member batch, then ``query.release()``, under
 never changes its modules' state. A batch is a tensor, an ``(x, y, ...)`` tuple or a mapping
 (:mod:`~privmon.queries.batches`); ``transform=lambda batch: (x, y)`` adapts anything else.
 ``higher_is_member`` says whether members tend to score higher (None: unknown, or a vector).
-
-Classifier queries are in :mod:`~privmon.queries.classifier` and
-:mod:`~privmon.queries.reference` (LiRA, RMIA), generative-model ones in
-:mod:`~privmon.queries.generative` and :mod:`~privmon.queries.generator` (DOMIAS), causal
-language models' in :mod:`~privmon.queries.language_model`. User guide: *Queries and attacks*.
+Classifiers: :mod:`~privmon.queries.classifier`, :mod:`~privmon.queries.reference`; generative
+models: :mod:`~privmon.queries.generative`, :mod:`~privmon.queries.generator`; causal language
+models: :mod:`~privmon.queries.language_model`. User guide: *Queries and attacks*.
 """
 
 from privmon.queries.base import CallableQuery, Query

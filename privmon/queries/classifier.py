@@ -142,13 +142,15 @@ class ConfidenceQuery(ClassifierQuery):
     Examples:
         >>> import torch
         >>> from torch import nn
-        >>> from privmon.queries import ConfidenceQuery
+        >>> from privmon.queries import ConfidenceQuery, LossQuery
         >>> _ = torch.manual_seed(0)
         >>> model = nn.Linear(4, 3)
-        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 1])
-        >>> scores = ConfidenceQuery(model)((x, y))
-        >>> [round(s, 3) for s in scores.tolist()]
+        >>> batch = {"x": torch.randn(4, 4), "label": torch.tensor([0, 1, 2, 1])}  # a dict batch
+        >>> confidence = ConfidenceQuery(model)(batch)
+        >>> [round(p, 3) for p in confidence.tolist()]
         [0.326, 0.181, 0.352, 0.538]
+        >>> torch.allclose(confidence, (-LossQuery(model)(batch)).exp())  # p_y = exp(-loss)
+        True
     """
 
     higher_is_member = True
@@ -172,11 +174,10 @@ class CorrectnessQuery(ClassifierQuery):
         >>> from torch import nn
         >>> from privmon.queries import CorrectnessQuery
         >>> _ = torch.manual_seed(0)
-        >>> model = nn.Linear(4, 3)
-        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 1])
-        >>> scores = CorrectnessQuery(model)((x, y))
-        >>> scores.tolist()
-        [0.0, 0.0, 1.0, 1.0]
+        >>> binary = nn.Linear(4, 1)  # one logit per record: class 1 when it is positive
+        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 1, 0])
+        >>> CorrectnessQuery(binary)((x, y)).tolist()
+        [0.0, 1.0, 1.0, 1.0]
     """
 
     discrete = True
@@ -202,9 +203,9 @@ class EntropyQuery(ClassifierQuery):
         >>> from privmon.queries import EntropyQuery
         >>> _ = torch.manual_seed(0)
         >>> model = nn.Linear(4, 3)
-        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 1])
-        >>> scores = EntropyQuery(model)((x, y))
-        >>> [round(s, 3) for s in scores.tolist()]
+        >>> batch = {"features": torch.randn(4, 4), "target": torch.tensor([0, 1, 2, 1])}
+        >>> query = EntropyQuery(model, transform=lambda b: (b["features"], b["target"]))
+        >>> [round(h, 3) for h in query(batch).tolist()]  # at most log(3) = 1.099
         [1.095, 1.029, 1.096, 0.98]
     """
 
@@ -234,12 +235,10 @@ class ModifiedEntropyQuery(ClassifierQuery):
         >>> import torch
         >>> from torch import nn
         >>> from privmon.queries import ModifiedEntropyQuery
-        >>> _ = torch.manual_seed(0)
-        >>> model = nn.Linear(4, 3)
-        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 1])
-        >>> scores = ModifiedEntropyQuery(model)((x, y))
-        >>> [round(s, 3) for s in scores.tolist()]
-        [1.036, 1.85, 0.934, 0.427]
+        >>> logits = torch.tensor([[50.0, -50.0, -50.0], [50.0, -50.0, -50.0]])
+        >>> query = ModifiedEntropyQuery(nn.Identity())  # a "model" returning its input
+        >>> [round(m, 2) for m in query((logits, torch.tensor([0, 1]))).tolist()]
+        [0.0, 138.16]
     """
 
     higher_is_member = False
@@ -264,12 +263,10 @@ class LogitConfidenceQuery(ClassifierQuery):
         >>> import torch
         >>> from torch import nn
         >>> from privmon.queries import LogitConfidenceQuery
-        >>> _ = torch.manual_seed(0)
-        >>> model = nn.Linear(4, 3)
-        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 1])
-        >>> scores = LogitConfidenceQuery(model)((x, y))
-        >>> [round(s, 3) for s in scores.tolist()]
-        [-0.725, -1.507, -0.611, 0.153]
+        >>> logits = torch.tensor([[50.0, -50.0], [1.0, 1.0]])
+        >>> query = LogitConfidenceQuery(nn.Identity())  # a "model" returning its input
+        >>> query((logits, torch.tensor([0, 0]))).tolist()
+        [100.0, 0.0]
     """
 
     higher_is_member = True

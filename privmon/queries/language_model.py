@@ -210,21 +210,24 @@ def language_model_queries(
 
     Examples:
         >>> import torch
-        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from torch import nn
         >>> from privmon.queries import language_model_queries
-        >>> _ = torch.manual_seed(0)
-        >>> config = GPT2Config(
-        ...     n_layer=1, n_embd=8, n_head=2, vocab_size=20, bos_token_id=0, eos_token_id=0
-        ... )
-        >>> model = GPT2LMHeadModel(config).eval()
+        >>> class TinyLM(nn.Module):  # any module mapping input_ids to logits (n, L, V)
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.embed, self.head, self.calls = nn.Embedding(20, 8), nn.Linear(8, 20), 0
+        ...     def forward(self, input_ids, attention_mask=None):
+        ...         self.calls += 1
+        ...         return self.head(self.embed(input_ids))
+        >>> model = TinyLM()
         >>> queries = language_model_queries(model, ["loss", "min_k", "min_k_plus_plus"])
-        >>> [q.name for q in queries]
-        ['loss', 'min_k', 'min_k_plus_plus']
         >>> batch = {"input_ids": torch.randint(1, 20, (3, 6))}
-        >>> for q in queries:  # a check: one forward of the model serves all three
+        >>> for q in queries:  # what the monitor does at a check
         ...     q.prepare()
-        >>> [q(batch).shape for q in queries]
-        [torch.Size([3]), torch.Size([3]), torch.Size([3])]
+        >>> {q.name: tuple(q(batch).shape) for q in queries}
+        {'loss': (3,), 'min_k': (3,), 'min_k_plus_plus': (3,)}
+        >>> model.calls  # one forward served all three
+        1
         >>> for q in queries:
         ...     q.release()
     """

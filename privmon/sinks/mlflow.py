@@ -25,7 +25,13 @@ logger = logging.getLogger("privmon")
 
 def mlflow_key(tag: str) -> str:
     """A privmon tag as a valid MLflow metric name: ``@`` becomes ``_at_``, any other character
-    MLflow refuses becomes ``_`` (it allows letters, digits and ``_ - . : / space`` only)."""
+    MLflow refuses becomes ``_`` (it allows letters, digits and ``_ - . : / space`` only).
+
+    Examples:
+        >>> from privmon.sinks.mlflow import mlflow_key
+        >>> mlflow_key("privacy/loss/tpr@fpr=0.01")
+        'privacy/loss/tpr_at_fpr_0.01'
+    """
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", tag.replace("@", "_at_"))
 
 

@@ -19,16 +19,36 @@ __all__ = ["Ensemble"]
 class Ensemble:
     """k trained models of one architecture, their parameters stacked along a leading dimension.
 
-    Attributes:
-        params, buffers: name -> tensor of shape (k, ...) (detached), as
-            ``torch.func.stack_module_state`` lays them out.
+    :func:`privmon.audit.train_ensemble` returns one; any k models of one architecture make one
+    through ``torch.func.stack_module_state``. ``ensemble(x)`` runs all k models on the same
+    inputs in eval mode under ``no_grad``: an output of shape (k, n, ...).
+    ``ensemble.model(i)`` returns model i as an ordinary module.
+
+    Args:
+        template: a module of the architecture (copied, never run with its own parameters).
+        params, buffers: name -> tensor of shape (k, ...), as ``torch.func.stack_module_state``
+            lays them out (kept detached).
         seeds: (k,) the seed of each model (initialisation and batch order).
         masks: (k, n) bool, the records each model trained on.
         trained_by: (k,) int, the rank of the torch.distributed group that trained each model
-            (0 in one process), -1 for a model loaded from a checkpoint folder.
+            (0 in one process, the default), -1 for a model loaded from a checkpoint folder.
 
-    ``ensemble(x)`` runs all k models on the same inputs in eval mode under ``no_grad``: an
-    output of shape (k, n, ...). ``ensemble.model(i)`` returns model i as an ordinary module.
+    Every argument but ``template`` is kept as the attribute of the same name.
+
+    Examples:
+        >>> import numpy as np
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.models import Ensemble
+        >>> _ = torch.manual_seed(0)
+        >>> models = [nn.Linear(4, 3) for _ in range(5)]
+        >>> params, buffers = torch.func.stack_module_state(models)
+        >>> masks = np.random.default_rng(0).random((5, 10)) < 0.5  # who trained on what
+        >>> ensemble = Ensemble(models[0], params, buffers, seeds=np.arange(5), masks=masks)
+        >>> len(ensemble), ensemble(torch.randn(8, 4)).shape
+        (5, torch.Size([5, 8, 3]))
+        >>> ensemble.model(2)
+        Linear(in_features=4, out_features=3, bias=True)
     """
 
     def __init__(

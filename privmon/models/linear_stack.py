@@ -90,9 +90,8 @@ class _LinearStack:
     backward turns the gradient of the outputs into each parameter's, per linear layer
     ``grad_W = gradᵀ h``, ``grad_b = Σ_rows grad`` and ``grad_h = grad @ W``. ReLU runs in
     place on the hidden activations privmon made (its backward keeps the units whose output is
-    positive); other activations are differentiated by autograd one layer at a time. Against
-    one autograd node per layer and activation, this takes about a tenth off each step of 64
-    MLPs 64-32-10 (``benchmarks/ensemble.py``).
+    positive); other activations are differentiated by autograd one layer at a time: fewer
+    autograd nodes than one per layer and activation (Theory page: *Stacked ensemble forward*).
     """
 
     def __init__(self, layers: list[tuple[str, nn.Module]]) -> None:

@@ -1,50 +1,10 @@
 """A monitor query that attacks a generator through its synthetic data: DOMIAS and its baselines.
 
-:class:`GeneratorQuery` turns the black-box attacks of :mod:`privmon.attacks.domias` and
-:mod:`privmon.attacks.baselines` into a :class:`privmon.queries.Query`, so
-:class:`privmon.PrivacyMonitor` can track them while a generative model trains. At every check::
-
-    prepare(device)   draw n_samples synthetic records from the generator (global torch RNG,
-                      which the monitor restores afterwards), embed them, fit p_G (a Gaussian
-                      KDE of the synthetic set, scipy's convention) or keep them for distances
-    query(batch)      score each audit record with the chosen attack (higher = member)
-    release()         drop the synthetic set and p_G; trim the cache (below)
-
-With ``name="domias"`` the monitor writes ``privacy/domias/histogram/value``, ...,
-``privacy/domias/auc`` and the other figures of a scalar query.
-
-Attacks (``attack=``): ``"domias"``, ``"eq1"``, ``"gan_leaks"``, ``"gan_leaks_cal"``,
-``"monte_carlo"``, computed by :mod:`privmon.attacks.generator`.
-
-Embedding (``embed=``, App. B.3): ``None``; ``"pca"``, the top ``embed_dim`` (default
-``min(d, 10)``) principal axes of the reference set, fitted once at construction (deterministic,
-no RNG; as :func:`privmon.domias_scores` ``embed="pca"``, which also fits on the reference set —
-so for ``"eq1"``, ``"gan_leaks"`` and ``"monte_carlo"`` this differs from the functional
-baselines, which fit their PCA on the synthetic set when they get no reference); or a fixed
-callable encoder (an ``nn.Module`` runs in eval mode under ``no_grad``; it is listed in
-``modules``). The embedding must not change between checks: the cache below assumes it.
-
-What is cached, and why it is correct. The reference set, the embedding and the audit records are
-fixed, so per audit record the embedded record and its reference-side value — ``log p_R(x)``
-for DOMIAS, ``min_k |x - r_k|^2`` for calibrated GAN-Leaks — are the same at every check. They
-are cached per batch, keyed by the batch's content: dtype, shape and a 128-bit BLAKE2b digest of
-its bytes (after ``transform``, before any conversion; a batch on an accelerator is copied to the
-CPU for hashing, O(n d), negligible next to the O(n n_synthetic) scoring). A changed batch (other
-records, other order, other values) has another key and is computed afresh, so a hit always
-returns the values for exactly these records. Memory is O(audit records): ``release()`` keeps
-only the entries used during the check that ends, so the cache holds at most the records scored
-in the previous check and the current one, whatever the number of checks; an entry holds the
-embedded records (``embed`` not None) and the reference values, never the raw records. The
-reference KDE p_R, the embedded reference set and the PCA axes are built once (p_R again only
-when the generator moves to another device). ``cache=False`` recomputes the reference values and
-embeddings at every call (same scores). Counters: :attr:`n_reference_evaluations` (records whose
-reference value was computed), :attr:`cache_hits` / :attr:`cache_misses` (batches).
-
-Inputs: batches follow :mod:`privmon.queries`' convention; the input is flattened to (n, d) and
-must have the reference set's d values per record (``transform`` adapts other batches; pass the
-reference in the same representation). Work is done in float64 on the generator's device. Audit
-records holding NaN / inf get a NaN score (the monitor drops and counts it); synthetic records
-holding NaN / inf are dropped with a warning.
+:class:`GeneratorQuery` runs the black-box attacks of :mod:`privmon.attacks.generator` at every
+check of a :class:`privmon.PrivacyMonitor`: ``prepare`` draws a synthetic set from the generator
+and fits what the attack needs of it (p_G, a Gaussian KDE), each audit batch is scored against
+it, and ``release`` drops it. What depends only on the fixed reference set and audit records is
+computed once and cached, keyed by the batches' content (Theory page: *GeneratorQuery's cache*).
 """
 
 from __future__ import annotations
@@ -81,22 +41,50 @@ __all__ = ["GeneratorQuery"]
 class GeneratorQuery(Query):
     """Black-box membership attack on a generator's synthetic data, as a monitor query.
 
+    Batches follow :mod:`privmon.queries`' convention; inputs are flattened to (n, d), must have
+    the reference set's d values per record, and are scored in float64 on the generator's
+    device (higher = member). Audit records holding NaN / inf score NaN (the monitor drops and
+    counts them); synthetic records holding NaN / inf are dropped with a warning.
+
     Args:
         generator: the generative model (listed in ``modules``); may be None with ``sample_fn``.
         reference: reference records drawn from the population, disjoint from the members and
-            non-members (numpy array or tensor, (n_ref, ...), flattened to (n_ref, d)).
+            non-members (numpy array or tensor, (n_ref, ...), flattened to (n_ref, d)), in the
+            generator's representation.
         attack: ``"domias"`` (default), ``"eq1"``, ``"gan_leaks"``, ``"gan_leaks_cal"`` or
-            ``"monte_carlo"`` (see the module docstring).
+            ``"monte_carlo"`` (:mod:`privmon.attacks.generator`).
         n_samples: synthetic records drawn per check.
-        latent_dim, sample_fn, chunk: how to sample, exactly as
-            :class:`privmon.queries.NearestGeneratedQuery`: ``generator(z)``, z ~ N(0, I) of
-            shape ``(chunk, *latent_dim)`` from the global torch RNG, or
-            ``sample_fn(n_samples, device)``.
-        embed, embed_dim: ``None``, ``"pca"`` (fitted on the reference set) or a fixed callable.
+        latent_dim, sample_fn, chunk: how to sample, as for
+            :class:`~privmon.queries.NearestGeneratedQuery`.
+        embed: ``None``; ``"pca"``, the reference set's top ``embed_dim`` principal axes
+            (default ``min(d, 10)``), fitted once here; or a fixed callable encoder (an
+            ``nn.Module`` runs in eval mode under ``no_grad`` and is listed in ``modules``).
+        embed_dim: the number of PCA axes, in [1, d] (``embed="pca"`` only).
         bandwidth: KDE bandwidth (``"scott"``, ``"silverman"`` or a factor), scipy's convention.
-        cache: cache the per-record reference values and embeddings across checks.
+        cache: cache the per-record reference values and embeddings across checks (same scores).
         name: defaults to ``attack``.
         transform: ``batch -> (x, y)`` adapter (:mod:`privmon.queries`).
+
+    Attributes:
+        n_reference_evaluations: records whose reference value was computed.
+        cache_hits, cache_misses: batches found in / missing from the cache.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import GeneratorQuery
+        >>> _ = torch.manual_seed(0)
+        >>> G = nn.Linear(4, 4)
+        >>> query = GeneratorQuery(G, torch.randn(200, 4), latent_dim=4, n_samples=200)
+        >>> audit = torch.randn(5, 4)
+        >>> for check in range(2):  # what the monitor does at each check
+        ...     query.prepare()  # draw the synthetic set, fit p_G
+        ...     scores = query(audit)  # log p_G(x) - log p_R(x)
+        ...     query.release()
+        >>> scores.shape, scores.dtype
+        (torch.Size([5]), torch.float64)
+        >>> query.cache_misses, query.cache_hits  # log p_R(x) computed once
+        (1, 1)
     """
 
     higher_is_member = True

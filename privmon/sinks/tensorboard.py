@@ -1,17 +1,11 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
-classifier, the run id of every check, and a custom-scalar layout that puts the advantage, its
+classifier, the run id of every check, and a *Custom Scalars* layout that puts the advantage, its
 certified lower bound and (with an accountant) the DP ceilings on one chart per query and method.
 
-What TensorBoard's *Custom Scalars* charts can and cannot be told (its ``layout_pb2``): a chart
-has a title and either a list of tag regular expressions (multiline) or value / lower / upper
-series (margin); no colour and no y-range. The dashboard colours every line by its *run* (the
-log directory), so the lines of one run share a colour and are told apart by their names (hover,
-or the chart's list of matches); the HTML report (``privmon report``) draws them in distinct
-colours. The server matches each regular expression at the start of a tag, so the layout anchors
-every tag (``…/lower`` would otherwise match ``…/lower_check`` too). The y-range is pinned to
-[0, 1] by two constant series on each advantage chart (:data:`~privmon.report.tags.AXIS_TAGS`):
-the dashboard's default outlier clipping keeps only the 5–95 % quantiles of a chart's values,
-and would cut the curves' ends.
+The layout format has no colour and no y-range field, and the server matches each chart's regular
+expressions at the start of a tag: the layout anchors every tag (``…/lower`` would match
+``…/lower_check`` too) and pins each advantage chart to [0, 1] with two constant series
+(:data:`~privmon.report.tags.AXIS_TAGS`), which the dashboard's 5–95 % outlier clipping keeps.
 """
 
 from __future__ import annotations
@@ -33,13 +27,30 @@ logger = logging.getLogger("privmon")
 
 
 class TensorBoardSink:
-    """Write reports to TensorBoard. ``writer``: a SummaryWriter or a log directory path.
+    """Write reports to TensorBoard event files.
 
     A SummaryWriter whose write fails (a full disk) is dead for good: its writer thread keeps
     the error. The sink then starts a new event file in the same log directory (TensorBoard reads
     every event file of a run) and writes the reports it could not write, before the next one
     (:class:`~privmon.sinks.base.Backlog`); a figure written just before the fault may then
     appear twice at its step, with the same value.
+
+    Args:
+        writer: a ``SummaryWriter`` (flushed, not closed, by :meth:`close`) or a log directory
+            path (its writer is opened at the first report: ranks that never write leave no
+            file).
+
+    Examples:
+        >>> import os
+        >>> import tempfile
+        >>> from privmon.report import Report
+        >>> from privmon.sinks import TensorBoardSink
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     sink = TensorBoardSink(tmp)
+        ...     sink.write(Report(step=100, scalars={"privacy/loss/auc": 0.61}, run_id="demo"))
+        ...     sink.close()
+        ...     [name.startswith("events.out.tfevents.") for name in os.listdir(tmp)]
+        [True]
     """
 
     def __init__(self, writer: Any) -> None:

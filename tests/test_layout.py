@@ -2,7 +2,7 @@
 another module's private name; no two modules import each other, directly or through others (an
 import inside a function counts: it hides a circle, it does not break it); layers point one way;
 nothing imports the command line; every module reads in one sitting (≤ 600 lines, the monitor
-≤ 450)."""
+≤ 450) and says what it is for in a few lines (at most 3 module docstrings over 30 lines)."""
 
 from __future__ import annotations
 
@@ -179,3 +179,13 @@ def test_the_layer_check_finds_what_it_looks_for():
         "privmon.attacks.x imports privmon.queries",
         "privmon.queries.x imports privmon.audit.y",
     ]
+
+
+def test_module_docstrings_are_short():
+    long = {
+        name: len(ast.get_docstring(tree, clean=False).splitlines())
+        for name, tree in _modules().items()
+        if ast.get_docstring(tree, clean=False)
+        and len(ast.get_docstring(tree, clean=False).splitlines()) > 30
+    }
+    assert len(long) <= 3, long

@@ -47,7 +47,7 @@ units: log densities, or the log of GAN-Leaks' ``exp(-d)`` scores; MC fractions)
 Spearman rank correlation with the reference implementation.
 
 **Monitor section: the per-check cost of DOMIAS**
-(:class:`privmon.attacks.generator.GeneratorQuery`). The digits-sized setting of
+(:class:`privmon.queries.GeneratorQuery`). The digits-sized setting of
 ``privmon demo``: the demo's MLP GAN trained for ``--gan-steps`` steps (default 1,000, not
 timed) on 200 digits; the audit set is those 200 members and 400
 non-members in batches of 256 (as the demo passes them); 1,000 synthetic records per check; a
@@ -89,9 +89,9 @@ from scipy.stats import gaussian_kde, spearmanr
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
-from privmon.attacks.generator import GeneratorQuery
 from privmon.estimators.flow import FAST_CPU, fit_flow
 from privmon.estimators.roc import auc
+from privmon.queries import GeneratorQuery
 
 D = 8
 

@@ -79,10 +79,3 @@ __all__ = [  # noqa: RUF022
     "audit",
     "queries",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # privmon.Metric: the deprecated alias of GeneralizedMetric (warns)
-    from privmon.estimators.generalized import deprecated_alias
-
-    return deprecated_alias(__name__, name)

@@ -9,12 +9,10 @@
 * :func:`epsilon_from_opacus` — ε spent so far, read from an Opacus ``PrivacyEngine`` or accountant.
 
 Notation: prior p = P(member), λ = log(p / (1 − p)); the accuracy advantage of an attack is
-Adv = 2·P(correct) − 1 = 2p·TPR − 2(1−p)·FPR + 1 − 2p (MACE eq. 7), maximised by E|f_p| (eq. 8).
-Every attack can guess the majority class, so the optimal advantage is ≥ |2p − 1|.
-
-All ceilings assume members and non-members are exchangeable (the member set is a random part of
-the same pool as the held-out set). A shifted held-out set looks like leakage, and an "advantage"
-above the ceiling may then reflect the shift, not a broken DP guarantee.
+Adv = 2p·TPR − 2(1−p)·FPR + 1 − 2p (MACE eq. 7), at least |2p − 1|. Every ceiling assumes members
+and non-members are exchangeable: a shifted held-out set looks like leakage, and an "advantage"
+above the ceiling may then reflect the shift, not a broken DP guarantee. Derivations: Theory,
+*Differential privacy and the membership advantage*.
 """
 
 from __future__ import annotations
@@ -85,44 +83,12 @@ def tanh_bound(
 ) -> float | NDArray[np.float64]:
     r"""Ceiling on membership advantage (and per-record risk) allowed by (ε, δ)-DP.
 
-    **δ = 0 — MACE Theorem 4, eq. (14).** If training is ε-DP then for every record z
-
-    .. math:: |f_p(z)| \le \max\{|\tanh((ε+λ)/2)|,\ |\tanh((λ-ε)/2)|\} = \tanh((ε+|λ|)/2),
-
-    with λ = log(p/(1−p)) (eq. 16 for the likelihood ratio, eq. 17 for x−1/x+1 = tanh(½ln x)). By
-    Lemma 9 the same number bounds the advantage of every attack. Special cases:
-    ``tanh_bound(1.0) == tanh(1/2) = 0.4621`` and ``tanh_bound(0, prior=p) == |2p − 1|``
-    (tanh(|λ|/2) = |2p − 1|).
-
-    **δ > 0 — linear program over the (ε, δ) hypothesis-testing region.** (Kairouz, Oh &
-    Viswanath 2015.) Any membership test of an (ε, δ)-DP mechanism has (FPR, TPR) = (x, y) in
-
-    (a) y ≤ e^ε x + δ,   (b) 1 − x ≤ e^ε (1 − y) + δ,
-    (c) x ≤ e^ε y + δ,   (d) 1 − y ≤ e^ε (1 − x) + δ,   0 ≤ x, y ≤ 1,
-
-    a convex polygon symmetric about the diagonal. The accuracy advantage
-    2p·y − 2(1−p)·x + 1 − 2p (eq. 7) is linear, so its maximum is at a vertex. The vertices are
-
-    * (0, 0) and (1, 1): advantages 1 − 2p and 2p − 1;
-    * (0, δ) [(a) with x = 0]: advantage 1 − 2p + 2pδ;
-    * (1 − δ, 1) [(b) with y = 1]: advantage 2p − 1 + 2(1 − p)δ;
-    * (a) ∩ (b): x* = (1 − δ)/(1 + e^ε), y* = (e^ε + δ)/(1 + e^ε), advantage
-      (e^ε − 1 + 2δ)/(e^ε + 1) = tanh(ε/2) + δ(1 − tanh(ε/2)), independent of p;
-    * the mirror images (δ, 0), (1, 1 − δ), (y*, x*) below the diagonal, each worse than its
-      mirror by 2(y − x) ≥ 0.
-
-    Since 1 − 2p + 2pδ = c + δ(1 − c) with c = |2p − 1| when p ≤ ½ (symmetrically for p ≥ ½), the
-    LP value is
-
-    .. math:: A_{LP}(ε, δ, p) = 1 - (1-δ)\,(1 - \max\{\tanh(ε/2),\ |2p-1|\}).
-
-    At p = ½ it is (e^ε − 1 + 2δ)/(e^ε + 1). At δ = 0 it is max(tanh(ε/2), |2p − 1|), which is at
-    most Theorem 4's tanh((ε + |λ|)/2) (the LP bounds the *average* advantage, Theorem 4 the
-    *per-record* risk |f_p(z)|). The returned ceiling for δ > 0 is therefore
-
-    .. math:: \max\{\tanh((ε+|λ|)/2),\ A_{LP}(ε, δ, p)\},
-
-    which is continuous as δ → 0, never below Theorem 4, and non-decreasing in ε and δ.
+    δ = 0: MACE Theorem 4, eq. (14): ε-DP training gives |f_p(z)| ≤ tanh((ε + |λ|)/2) for every
+    record z, hence the same bound on every attack's advantage; ``tanh_bound(0, prior=p)`` is
+    |2p − 1|. δ > 0: the larger of that and the maximum advantage over the (ε, δ)
+    hypothesis-testing region (Kairouz, Oh & Viswanath 2015), a linear program whose value is
+    1 − (1 − δ)·(1 − max(tanh(ε/2), |2p − 1|)); continuous as δ → 0 and non-decreasing in ε and
+    δ. Derivation: Theory, *Differential privacy and the membership advantage*.
 
     The ceiling compares like with like only when members and non-members are exchangeable; a
     held-out set drawn from a shifted distribution can exceed it without any DP violation.
@@ -138,6 +104,14 @@ def tanh_bound(
 
     Raises:
         ValueError: epsilon negative or NaN, prior outside (0, 1), delta outside [0, 1).
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon import tanh_bound
+        >>> round(tanh_bound(1.0), 4), round(tanh_bound(1.0, delta=1e-5), 4)
+        (0.4621, 0.4621)
+        >>> tanh_bound(np.array([0.5, 1.0, 2.0])).round(3).tolist()
+        [0.245, 0.462, 0.762]
     """
     eps = check_epsilons(epsilon)
     p = check_open_unit(prior, name="prior")
@@ -155,17 +129,11 @@ def epsilon_lower_bound(advantage: NDArray[Any], prior: float = ...) -> NDArray[
 def epsilon_lower_bound(advantage: ArrayLike, prior: float = 0.5) -> float | NDArray[np.float64]:
     r"""Smallest ε consistent with an observed advantage: the inverse of eq. (14) (MACE Thm 4).
 
-    Solving tanh((ε + |λ|)/2) = Adv for ε gives
-
-    .. math:: ε \ge 2\,\mathrm{artanh}(\mathrm{Adv}) - |λ|, \quad λ = \log(p/(1-p)),
-
-    floored at 0 (an advantage up to |2p − 1| needs no leakage); Adv ≥ 1 gives ``inf``. So
-    ``epsilon_lower_bound(tanh_bound(ε, prior=p), prior=p) == ε`` for every ε > 0 and p.
-
-    This inverts the per-record ceiling, so it is conservative for an *average* advantage: when
-    Adv > |2p − 1| the LP of :func:`tanh_bound` also gives ε ≥ 2·artanh(Adv). Pass a certified
-    *lower* confidence bound on the advantage (not a plug-in estimate) to get a certified ε bound.
-    Only meaningful when members and non-members are exchangeable.
+    ε ≥ 2·artanh(Adv) − |λ|, floored at 0 (an advantage up to |2p − 1| needs no leakage); Adv ≥ 1
+    gives ``inf``, and ``epsilon_lower_bound(tanh_bound(ε, prior=p), prior=p) == ε``. It inverts
+    the per-record ceiling, so it is conservative for an average advantage. Pass a certified
+    *lower* confidence bound on the advantage (not a plug-in estimate) to get a certified ε
+    bound. Only meaningful when members and non-members are exchangeable.
 
     Args:
         advantage: advantage in [0, 1], scalar or array.
@@ -176,6 +144,15 @@ def epsilon_lower_bound(advantage: ArrayLike, prior: float = 0.5) -> float | NDA
 
     Raises:
         ValueError: advantage outside [0, 1] or NaN, prior outside (0, 1).
+
+    Examples:
+        >>> from privmon import epsilon_lower_bound, tanh_bound
+        >>> round(epsilon_lower_bound(0.2), 3)
+        0.405
+        >>> round(epsilon_lower_bound(tanh_bound(1.0)), 6)
+        1.0
+        >>> epsilon_lower_bound(0.3, prior=0.3)  # below the floor |2p − 1| = 0.4: no leakage
+        0.0
     """
     if isinstance(advantage, torch.Tensor):
         advantage = to_numpy(advantage)
@@ -235,17 +212,10 @@ def epsilon_from_counts(
     r"""Certified lower bound on ε from one membership test's confusion matrix.
 
     (Jagielski et al. 2020; Nasr et al. 2021.) "Positive" = the attack says *member*. An (ε, δ)-DP
-    mechanism satisfies TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ (the region in
-    :func:`tanh_bound`, constraints (a) and (b)), hence
-
-    .. math::
-        ε \ge \max\Big\{\log\frac{TPR_{lo} - δ}{FPR_{hi}},\
-                         \log\frac{TNR_{lo} - δ}{FNR_{hi}}\Big\},
-
-    floored at 0 (a term counts as 0 when its numerator is ≤ 0). TPR_lo and FPR_hi are one-sided
-    Clopper–Pearson bounds at level alpha/2 each (Bonferroni across TPR and FPR);
-    TNR_lo = 1 − FPR_hi and FNR_hi = 1 − TPR_lo are the same two events, so with probability at
-    least 1 − alpha the returned value does not exceed the true ε.
+    mechanism has TPR ≤ e^ε FPR + δ and TNR ≤ e^ε FNR + δ, hence
+    ε ≥ max(log((TPR_lo − δ) / FPR_hi), log((TNR_lo − δ) / FNR_hi)), floored at 0, with
+    one-sided Clopper–Pearson bounds at alpha/2 each: with probability at least 1 − alpha the
+    value does not exceed the true ε.
 
     Args:
         true_positives, false_negatives: members flagged / missed (need a member, ≥ 1 in total).
@@ -259,6 +229,14 @@ def epsilon_from_counts(
     Raises:
         ValueError: a count negative or non-integer, no members or no non-members, delta or alpha
             out of range.
+
+    Examples:
+        >>> from privmon import epsilon_from_counts
+        >>> eps = epsilon_from_counts(
+        ...     true_positives=90, false_negatives=10, false_positives=10, true_negatives=90
+        ... )
+        >>> round(eps, 3)
+        1.542
     """
     tp = check_count(true_positives, name="true_positives")
     fn = check_count(false_negatives, name="false_negatives")
@@ -293,20 +271,11 @@ def epsilon_audit(
 ) -> dict[str, float]:
     r"""Certified ε lower bound from member / non-member attack scores (threshold audit).
 
-    Higher scores mean "more likely a member" (negate losses first). For each threshold t the
-    attack "member iff score ≥ t" gives a confusion matrix, turned into an ε bound as in
-    :func:`epsilon_from_counts`; the best bound over thresholds is returned.
-
-    Thresholds: up to ``max_thresholds`` distinct values of the pooled scores at the quantiles
-    i/(k+1), i = 1..k (fewer when scores repeat). Counts for all thresholds come from one sort and
-    ``searchsorted``.
-
-    Multiple testing: taking the maximum over m thresholds would inflate the failure probability
-    to m·alpha, so each test runs at alpha/m (Bonferroni; within a test alpha/(2m) per
-    Clopper–Pearson bound), m = the number of distinct thresholds actually tried. By the union
-    bound the returned ε exceeds the true ε with probability at most alpha. (The thresholds are
-    pooled quantiles, a label-blind statistic that concentrates on the mixture's quantiles; for a
-    fully data-independent guarantee choose thresholds on a separate split.)
+    Higher scores mean "more likely a member" (negate losses first). Each threshold t, up to
+    ``max_thresholds`` distinct pooled-score quantiles, gives the attack "member iff score ≥ t"
+    and its ε bound (:func:`epsilon_from_counts`, at alpha / the number of thresholds tried:
+    Bonferroni); the best bound is returned, and it exceeds the true ε with probability at most
+    alpha. The counts of all thresholds come from one sort.
 
     Args:
         member_scores: scores of members, shape (n1,) or (n1, 1); numpy or torch (NaN/inf dropped).
@@ -321,6 +290,15 @@ def epsilon_audit(
 
     Raises:
         ValueError: empty or multi-dimensional scores, delta / alpha / max_thresholds out of range.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import epsilon_audit
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(1000, generator=gen) + 2.0
+        >>> audit = epsilon_audit(members, torch.randn(1000, generator=gen))
+        >>> {key: round(value, 3) for key, value in audit.items()}
+        {'epsilon': 2.946, 'threshold': 2.849, 'tpr': 0.199, 'fpr': 0.0}
     """
     d = check_half_open_interval(delta, name="delta", low=0, high=1)
     a = check_open_unit(alpha, name="alpha")
@@ -371,6 +349,16 @@ def epsilon_from_opacus(source: Any, *, delta: float) -> float:
     Raises:
         TypeError: ``source`` has neither ``get_epsilon`` nor an ``accountant`` with one.
         ValueError: delta outside (0, 1), or the accountant returned a negative / NaN ε.
+
+    Examples:
+        >>> from opacus.accountants import RDPAccountant
+        >>> from privmon import epsilon_from_opacus, tanh_bound
+        >>> accountant = RDPAccountant()
+        >>> for _ in range(100):  # 100 steps of DP-SGD
+        ...     accountant.step(noise_multiplier=1.0, sample_rate=0.01)
+        >>> eps = epsilon_from_opacus(accountant, delta=1e-5)
+        >>> round(eps, 3), round(tanh_bound(eps, delta=1e-5), 3)
+        (1.214, 0.542)
     """
     d = check_open_unit(delta, name="delta")
     getter = getattr(source, "get_epsilon", None)

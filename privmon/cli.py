@@ -82,6 +82,8 @@ def _version() -> str:
 
 
 def _add_audit(sub: Any) -> None:
+    from privmon.estimators.methods import METHODS
+
     audit = sub.add_parser(
         "audit",
         help="audit saved member / non-member scores (.npy, .csv, .pt)",
@@ -100,8 +102,8 @@ def _add_audit(sub: Any) -> None:
     audit.add_argument(
         "--methods",
         nargs="+",
-        choices=("histogram", "kde"),
-        default=["histogram", "kde"],
+        choices=METHODS,
+        default=list(METHODS),
         help="advantage estimators (default: both)",
     )
     audit.add_argument(
@@ -225,8 +227,9 @@ def _add_report(sub: Any) -> None:
         default=None,
         metavar="ID",
         help="the run to report when the log holds several (a second run written into the same "
-        "directory): its id or a unique prefix of it, 'latest' (the run that wrote last) or "
-        "'legacy' (lines written without a run id). Runs are never merged",
+        "directory): its id or a unique prefix of it, or 'latest' (the run that wrote last). "
+        "Runs are never merged; logs written without run ids (by a privmon before them) are "
+        "not read",
     )
 
 
@@ -256,8 +259,8 @@ def _run_report(args: argparse.Namespace) -> int:
         )
     if checks.other_runs:
         print(
-            f"{warn} reported run {checks.run_id or 'legacy'} only; {checks.source} also holds "
-            + "; ".join(str(r) for r in checks.other_runs),
+            f"{warn} reported run {checks.run_id or '(no run id)'} only; {checks.source} also "
+            "holds " + "; ".join(str(r) for r in checks.other_runs),
             file=sys.stderr,
         )
     print(verdict(checks).headline)

@@ -30,10 +30,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
 from privmon._validation import check_int, check_positive
-from privmon.attacks.generator import GeneratorQuery
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
-from privmon.report import checks_from_reports, verdict
+from privmon.queries import DiscriminatorQuery, GeneratorQuery, HybridQuery, NearestGeneratedQuery
+from privmon.report import checks_from_reports, tags, verdict
 from privmon.sinks import JsonlSink
 
 __all__ = [
@@ -267,7 +266,7 @@ def _run(config: DemoConfig) -> dict[str, Any]:
                     stopped_at = step
                 bar.update(1)
                 if monitor.last_report is not report and monitor.last_report is not None:
-                    adv = monitor.last_report.scalars.get("privacy/disc/histogram/value")
+                    adv = monitor.last_report.scalars.get(tags.value("disc", "histogram"))
                     if adv is not None:
                         bar.set_postfix_str(f"adv(disc)={adv:.3f}", refresh=False)
                 if step >= config.steps or stopped_at is not None:
@@ -293,15 +292,13 @@ def _summary(
     peak: dict[str, dict[str, float]] = {}
     for name, q in last.queries.items():
         for method in q.estimates:
-            base = f"privacy/{name}/{method}"
             key = f"{name}/{method}"
             final[key] = {
-                f: last.scalars[f"{base}/{f}"]
-                for f in ("value", "lower", "lower_check", "plugin", "plugin_upper")
+                f: last.scalars[tags.estimate(name, method, f)] for f in tags.ESTIMATE_FIGURES
             }
-            if f"privacy/{name}/auc" in last.scalars:
-                final[key]["auc"] = last.scalars[f"privacy/{name}/auc"]
-            values = np.nan_to_num(monitor.history.column(f"{base}/value"), nan=-1.0)
+            if tags.auc(name) in last.scalars:
+                final[key]["auc"] = last.scalars[tags.auc(name)]
+            values = np.nan_to_num(monitor.history.column(tags.value(name, method)), nan=-1.0)
             best = int(values.argmax())  # the first check with the largest value
             peak[key] = {"step": int(monitor.history.steps[best]), "value": float(values[best])}
         final[f"{name}/top_records"] = list(q.top_records)
@@ -316,9 +313,7 @@ def _summary(
         "final": final,
         "peak": peak,
         "epsilon": _finite(last.epsilon),
-        "ceilings": {
-            k.split("/")[-1]: v for k, v in last.scalars.items() if k.startswith("privacy/ceiling/")
-        },
+        "ceilings": tags.ceilings(last.scalars),
         "dp_violation": any(r.dp_violation for r in monitor.history),
         # the verdict privmon report gives these checks, from the same rules
         "verdict": verdict(checks_from_reports(monitor.history)).headline,

@@ -1,21 +1,14 @@
 """Offline audit of saved membership scores: ``privmon audit MEMBERS NONMEMBERS``.
 
-One call reads two score files (.npy, .csv or .pt), and :func:`audit_scores` computes what the
-monitor computes at a check, from the functional API alone:
-
-- the optimal membership advantage per method (:func:`privmon.optimal_advantage`): ``value``
-  (debiased point estimate), ``lower`` (certified lower bound), ``plugin`` (MACE's W_N / U_N)
-  and ``upper`` (plug-in + McDiarmid half-width: it bounds the plug-in's spread, not its bias, so
-  it is *not* a certified upper bound on the advantage);
-- the threshold attack on the raw 1-D score (:func:`privmon.roc_summary`): AUC, TPR at low FPR,
-  accuracy at the median;
-- ε lower bounds (:func:`privmon.epsilon_lower_bound`) from each certified lower bound.
-
-The confidence level is for all methods together: with ``delta`` = δ and k methods each
-certified bound is computed at δ/k (union bound), so every ``lower`` and every ε lower bound hold
-simultaneously with probability at least 1 − δ. The ε bounds assume members and non-members are
-exchangeable (the member set a random part of the same pool as the held-out set): a shifted
-held-out set looks like leakage.
+:func:`load_scores` reads a score file (.npy, .csv or .pt), and :func:`audit_scores` computes
+what the monitor computes at a check, from the functional API alone: the optimal membership
+advantage per method (:func:`privmon.optimal_advantage`: ``value``, certified ``lower``,
+``plugin`` and ``upper`` — the plug-in's McDiarmid figure, *not* a certified upper bound), the
+threshold attack on the raw 1-D score (:func:`privmon.roc_summary`) and the ε lower bound of each
+certified lower bound (:func:`privmon.epsilon_lower_bound`). With ``delta`` = δ and k methods
+each bound is certified at δ/k, so all hold together with probability at least 1 − δ. The ε
+bounds assume members and non-members are exchangeable: a shifted held-out set looks like
+leakage. :func:`format_audit` prints the result as the command does.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +25,7 @@ import torch
 from privmon._validation import as_scores, check_open_unit, check_subset
 from privmon.bounds import epsilon_lower_bound
 from privmon.estimators.advantage import optimal_advantage
-from privmon.estimators.estimates import Method
+from privmon.estimators.methods import METHODS, check_method
 from privmon.estimators.roc import roc_summary
 
 __all__ = ["SCORE_SUFFIXES", "ScoreFileError", "audit_scores", "format_audit", "load_scores"]
@@ -42,7 +35,16 @@ SCORE_SUFFIXES = (".npy", ".csv", ".pt")
 
 
 class ScoreFileError(ValueError):
-    """A score file that cannot be read as an (n,) or (n, d) array of numbers."""
+    """A score file that cannot be read as an (n,) or (n, d) array of numbers.
+
+    Examples:
+        >>> from privmon.offline import ScoreFileError, load_scores
+        >>> try:
+        ...     load_scores("scores.json")
+        ... except ScoreFileError as err:
+        ...     print(err)
+        scores.json: scores must be a .npy, .csv, .pt file
+    """
 
 
 def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
@@ -63,6 +65,17 @@ def load_scores(path: str | os.PathLike[str]) -> np.ndarray:
     Raises:
         ScoreFileError (a ValueError): the file is missing, has another suffix, or does not hold
             a real numeric array of one or two dimensions; the message names the file.
+
+    Examples:
+        >>> import os, tempfile
+        >>> import numpy as np
+        >>> from privmon.offline import load_scores
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = os.path.join(folder, "member_losses.npy")
+        ...     np.save(path, np.array([0.25, 1.5, 0.75], dtype=np.float32))
+        ...     scores = load_scores(path)
+        >>> scores.dtype, scores.tolist()
+        (dtype('float64'), [0.25, 1.5, 0.75])
     """
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
@@ -201,7 +214,7 @@ def audit_scores(
     *,
     prior: float = 0.5,
     delta: float = 0.05,
-    methods: Sequence[str] = ("histogram", "kde"),
+    methods: Sequence[str] = METHODS,
     fpr: Sequence[float] = (0.1, 0.01, 0.001),
     higher_is_member: bool | None = True,
 ) -> dict[str, Any]:
@@ -214,17 +227,27 @@ def audit_scores(
             the k methods is certified at delta / k.
         methods: advantage estimators, from ("histogram", "kde").
         fpr: target false-positive rates for the TPR-at-low-FPR figures (1-D scores only).
-        higher_is_member: orientation of the threshold attack (1-D scores only): True reads the
-            scores as given, False their negation (a loss), None the better of the two (what an
-            attacker would pick; optimistic). The advantage figures do not depend on it.
+        higher_is_member: the 1-D threshold attack's orientation: True as given, False negated
+            (a loss), None the better of the two (optimistic); the advantage ignores it.
 
     Returns:
         ``{"n_members", "n_nonmembers", "dim", "prior", "delta", "advantage": {method: {...}},
         "roc": {...} or None, "epsilon_lower_bound": {method: ε}}``.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.offline import audit_scores
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> result = audit_scores(members, torch.randn(500, generator=gen))
+        >>> round(result["advantage"]["histogram"]["lower"], 3), round(result["roc"]["auc"], 3)
+        (0.16, 0.649)
+        >>> round(result["epsilon_lower_bound"]["histogram"], 3)
+        0.322
     """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
-    methods = check_subset(methods, ("histogram", "kde"), name="methods")
+    methods = check_subset(methods, METHODS, name="methods")
     per_method = delta / len(methods)
     advantage: dict[str, dict[str, Any]] = {}
     eps: dict[str, float] = {}
@@ -233,7 +256,7 @@ def audit_scores(
             member_scores,
             nonmember_scores,
             prior=prior,
-            method=cast(Method, method),  # checked by check_subset above
+            method=check_method(method),
             delta=per_method,
         )
         advantage[method] = {
@@ -273,7 +296,20 @@ def _num(v: float, spec: str = ".4f") -> str:
 
 
 def format_audit(result: dict[str, Any]) -> str:
-    """The console table of :func:`audit_scores`' result, each figure named for what it is."""
+    """The console table of :func:`audit_scores`' result, each figure named for what it is.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.offline import audit_scores, format_audit
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> table = format_audit(audit_scores(members, torch.randn(500, generator=gen)))
+        >>> for line in table.splitlines()[3:6]:
+        ...     print(line)
+          method       value   lower  plugin   upper
+          histogram   0.2300  0.1598  0.2900  0.3836
+          kde         0.2200  0.1598  0.2171  0.3107
+    """
     lines = [
         f"{result['n_members']} member and {result['n_nonmembers']} non-member scores "
         f"(d = {result['dim']}, {result['n_dropped']} non-finite dropped), prior "

@@ -671,8 +671,10 @@ def test_spectral_smoothing_equals_direct_convolution_with_sampled_gaussians(sd)
 def test_joint_grid_estimates_equal_one_method_at_a_time():
     # The monitor estimates every method in one pass (one transfer, one pair of Clopper–Pearson
     # calls); each estimate must be the one advantage_from_state gives alone.
-    from privmon.estimators.advantage import advantage_from_state, grid_figures
-    from privmon.estimators.binning import BinnedScores, select_folds
+    from privmon.estimators.advantage import advantage_from_state
+    from privmon.estimators.binned_scores import BinnedScores
+    from privmon.estimators.selections import stream_selections
+    from privmon.estimators.stages import grid_figures
 
     rng = np.random.default_rng(11)
     m = torch.from_numpy(rng.normal(0.4, 1.0, (900, 1)))
@@ -681,7 +683,7 @@ def test_joint_grid_estimates_equal_one_method_at_a_time():
     for method, bins in (("histogram", 100), ("kde", 2000)):
         states[method] = BinnedScores(bins=bins, margin=0.0, low=-5.0, high=5.0)
         states[method].update(m, h)
-    grids = {method: select_folds(state) for method, state in states.items()}
+    grids = {method: stream_selections(state) for method, state in states.items()}
     joint, _, _ = grid_figures(grids, prior=0.3, delta=0.05, bandwidth="scott", n_dropped=2)
     for method, state in states.items():
         alone = advantage_from_state(state, prior=0.3, method=method, delta=0.05, n_dropped=2)

@@ -14,12 +14,12 @@ from privmon.audit import one_run_epsilon
 from privmon.callbacks.canary_audit import (
     CANARY_METHODS,
     canary_figures,
-    canary_tag,
     check_canaries,
 )
 from privmon.estimators.spending import check_delta
 from privmon.report import Report, verdict
 from privmon.report.runs import checks_from_reports
+from privmon.report.tags import canary_epsilon
 
 
 def _scores(seed=0, n=4000, shift=3.0):
@@ -32,7 +32,7 @@ def test_canary_figures_are_one_run_epsilon_at_the_checks_significance():
     fig = canary_figures(ins, outs, delta=1e-5, significance=0.01, epsilon=None, step=7)
     for method in CANARY_METHODS:
         audit = one_run_epsilon(ins, outs, delta=1e-5, significance=0.01, method=method)
-        assert fig.scalars[canary_tag(method)] == audit.epsilon > 1.0
+        assert fig.scalars[canary_epsilon(method)] == audit.epsilon > 1.0
     assert fig.scalars["privacy/canaries/n_canaries"] == 8000
     assert not fig.violation and fig.messages == ()  # no accountant: nothing to compare with
 
@@ -62,7 +62,7 @@ def _report(step, canary_eps, epsilon, run_id="r"):
     if epsilon is not None:
         scalars["privacy/epsilon"] = epsilon
     for method, eps in zip(CANARY_METHODS, canary_eps, strict=True):
-        scalars[canary_tag(method)] = eps
+        scalars[canary_epsilon(method)] = eps
     return Report(step=step, scalars=scalars, epsilon=epsilon, run_id=run_id)
 
 
@@ -106,7 +106,7 @@ def test_the_page_and_tensorboard_draw_accountant_and_audited_epsilon(tmp_path):
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
-    expected = ["privacy/epsilon", *(canary_tag(m) for m in CANARY_METHODS)]
+    expected = ["privacy/epsilon", *(canary_epsilon(m) for m in CANARY_METHODS)]
     assert charts["epsilon: accountant vs one-run canary audit"] == [
         re.escape(t) + "$" for t in expected
     ]
@@ -187,7 +187,7 @@ def test_a_correct_dp_sgd_run_stays_under_the_accountant():
     report = monitor.last_report
     assert [r.step for r in monitor.history] == [60, 120]
     for method in CANARY_METHODS:
-        audited = report.scalars[canary_tag(method)]
+        audited = report.scalars[canary_epsilon(method)]
         assert 0.0 < audited < eps
     assert report.scalars["privacy/dp_violation"] == 0.0 and not report.dp_violation
     # the canaries' two bounds take their share of the check's δ: one query's figure + 2 bounds
@@ -203,7 +203,7 @@ def test_a_dp_sgd_run_whose_optimizer_adds_no_noise_raises_the_alarm():
         monitor, eps = _dp_run(0.0)
     report = monitor.last_report
     for method in CANARY_METHODS:
-        assert report.scalars[canary_tag(method)] > eps
+        assert report.scalars[canary_epsilon(method)] > eps
     assert report.dp_violation and report.scalars["privacy/dp_violation"] == 1.0
     assert any("canary audit" in m for m in report.messages)
     assert verdict(checks_from_reports(monitor.history)).level == "violation"
@@ -238,7 +238,7 @@ def test_input_canaries_bound_to_a_query_feed_the_monitor():
     audit = one_run_epsilon(
         ins, outs, delta=1e-5, significance=report.scalars["privacy/certify_delta"], method="fdp"
     )
-    assert report.scalars[canary_tag("fdp")] == audit.epsilon
+    assert report.scalars[canary_epsilon("fdp")] == audit.epsilon
     assert "privacy/dp_violation" not in report.scalars  # no accountant: nothing to compare
     with pytest.raises(ValueError, match="canaries must have a scores"):
         PrivacyMonitor(LossQuery(model), [(x[:30], y[:30])], [(x[30:], y[30:])], canaries=records)

@@ -18,7 +18,6 @@ from scipy.stats import beta, binom, norm
 
 import privmon
 from privmon.estimators import spending
-from privmon.estimators.binning import fold_of
 from privmon.estimators.certificate import (
     audit_records_needed,
     certificates_of,
@@ -29,6 +28,7 @@ from privmon.estimators.certificate import (
     pooled_share,
     pools,
 )
+from privmon.estimators.folds import fold_of
 from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
 
@@ -171,7 +171,9 @@ def test_the_certificates_rule_reads_its_own_records_alone(d, which):
     # first: folds 0-2, the second: folds 0-1) anywhere, even past every training record: its
     # rule's densities and its training records' cells stay bit for bit, and each held-out
     # record's cell follows its own score.
-    from privmon.estimators.binning import CERTIFY_FOLDS, bin_records, grid_selections
+    from privmon.estimators.folds import CERTIFY_FOLDS
+    from privmon.estimators.record_binning import bin_records
+    from privmon.estimators.selections import record_selections
     from privmon.estimators.smoothing import smooth_selections
 
     rng = np.random.default_rng(3)
@@ -182,11 +184,12 @@ def test_the_certificates_rule_reads_its_own_records_alone(d, which):
     moved = x.clone()
     moved[held_out] = torch.from_numpy(rng.standard_cauchy((int(held_out.sum()), d)) * 5)
     densities, cells = [], []
+    methods = ("histogram", "kde") if d == 1 else ("histogram",)
     for scores in (x, moved):
         binned = bin_records(scores, n1, bins=100, fine_bins=2000 if d == 1 else None)
         densities.append(
             {m: smooth_selections(g, m, bandwidth="scott", extended=False)[1][:, 4 + which]
-             for m, g in grid_selections(binned).items()}
+             for m, g in record_selections(binned, methods).items()}
         )  # fmt: skip
         coordinates = _certificate_coordinates(scores, ~held_out)
         cells.append(binned.certified[which].cell_index(coordinates)[0])

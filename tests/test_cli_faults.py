@@ -20,6 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPUS = os.cpu_count() or 1
 
 LINE = {
+    "run_id": "c3" * 16,  # first, as a JsonlSink writes it
     "step": 10,
     "scalars": {
         "privacy/q/histogram/value": 0.1,
@@ -96,7 +97,7 @@ def test_truncated_last_line_mid_character_and_alone(tmp_path, capsys):
 
 
 def test_cut_off_line_with_a_resumed_run_line_appended_is_read(tmp_path, capsys):
-    # Older JsonlSinks appended a resumed run's lines right after a line cut off mid-write; the
+    # A writer that does not repair a cut-off last line appends right after it; the
     # report refused the whole file. The cut-off start is skipped and said; the rest is read.
     src = _jsonl(
         tmp_path / "checks.jsonl",
@@ -139,7 +140,7 @@ def test_complete_last_line_without_newline_is_read(tmp_path):
         # a corrupt last line that was ended by a newline was written whole: an error
         ([_line(10), _line(20)[:40]], "", ["line 2", "not valid JSON"]),
         ([_line(10), '["step", 20]'], "", ["line 2", "must be a JSON object, got list"]),
-        (['{"scalars": {}}'], "", ["line 1", "step is missing"]),
+        (['{"run_id": "c3", "scalars": {}}'], "", ["line 1", "step is missing"]),
         ([_line(10).replace('"step": 10', '"step": NaN')], "", ["line 1", "step must be"]),
         ([_line(10).replace('"step": 10', '"step": 1e400')], "", ["line 1", "step", "inf"]),
         ([_line(2**63)], "", ["line 1", "step must be an integer in [0, 2**63 - 1]"]),
@@ -264,22 +265,16 @@ def test_two_runs_writing_at_the_same_time_are_separated(tmp_path):
     assert verdict(clean).level == "none"
 
 
-def test_lines_without_a_run_id_are_one_legacy_run(tmp_path, capsys):
-    # Lines written before run ids are one run of their own, never merged with a newer one.
-    leaky_without_id = {k: v for k, v in json.loads(_leaky(20)).items() if k != "run_id"}
-    legacy = [_line(10), json.dumps(leaky_without_id)]
-    src = _jsonl(tmp_path / "checks.jsonl", *legacy, _line(10, run_id=CLEAN))
-    _fails(
-        capsys,
-        ["report", src, "--out", str(tmp_path / "r.html")],
-        "legacy (no run id) (steps 10–20, 2 lines)",
-        f"{CLEAN} (step 10, 1 line, the latest)",
-        "'legacy'",
-    )
-    checks = read_checks(src, run="legacy")
-    assert checks.steps == [10, 20] and checks.run_id == "" and verdict(checks).level == "leakage"
-    only_legacy = _jsonl(tmp_path / "old.jsonl", *legacy)  # an older file alone reads as before
-    assert read_checks(only_legacy).steps == [10, 20]
+def test_lines_without_a_run_id_are_refused_as_written_before_run_ids(tmp_path, capsys):
+    # Lines written by a privmon before run ids are not read: the error says where they come from.
+    without_id = json.dumps({k: v for k, v in json.loads(_leaky(20)).items() if k != "run_id"})
+    src = _jsonl(tmp_path / "checks.jsonl", _line(10, run_id=CLEAN), without_id)
+    needles = ["line 2", "run_id is missing", "written by a privmon before run ids"]
+    _fails(capsys, ["report", src, "--out", str(tmp_path / "r.html")], *needles)
+    with pytest.raises(ValueError, match="line 2: run_id is missing"):
+        read_checks(src)
+    with pytest.raises(ValueError, match="line 1: run_id is missing"):
+        read_checks(_jsonl(tmp_path / "old.jsonl", without_id))
 
 
 def test_a_resumed_run_replaces_its_repeated_steps(tmp_path, capsys):

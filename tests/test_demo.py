@@ -21,7 +21,7 @@ import privmon
 from privmon.cli import main
 from privmon.demo import DemoConfig, format_summary, run_demo
 from privmon.report import read_checks, verdict
-from privmon.report.runs import AXIS_TAGS
+from privmon.report.tags import AXIS_TAGS
 
 QUERIES = ("disc", "nn_dist", "hybrid", "domias")
 METHODS = ("histogram", "kde")

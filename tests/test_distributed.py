@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-import privmon.callbacks.monitor as monitor_module
+import privmon.callbacks.check_analysis as analysis_module
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.callbacks.distributed import agree_on_scores
 from privmon.callbacks.monitor import PrivacyViolationWarning
@@ -145,18 +145,18 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         mon = make([LossQuery(model), CallableQuery(loss, name="margin")], strict=strict)
 
         def run():
-            original = monitor_module.analyse
+            original = analysis_module.analyse
 
             def out_of_memory(*args, name, **kw):  # rank 1 runs out of memory on one query
                 if rank == 1 and name == "margin":
                     raise MemoryError("simulated: out of memory analysing 'margin'")
                 return original(*args, name=name, **kw)
 
-            monitor_module.analyse = out_of_memory
+            analysis_module.analyse = out_of_memory
             try:
                 return mon.check(10)
             finally:
-                monitor_module.analyse = original
+                analysis_module.analyse = original
 
         return mon, run
 

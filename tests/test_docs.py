@@ -25,8 +25,10 @@ PUBLIC_MODULES = (
     "privmon.estimators",
     "privmon.attacks",
     "privmon.audit",
+    "privmon.models",
     "privmon.bounds",
     "privmon.report",
+    "privmon.report.tags",
     "privmon.offline",
     "privmon.integrations.lightning",
     "privmon.integrations.transformers",
@@ -166,3 +168,27 @@ def test_the_file_reference_pattern():
         assert FILE_REFERENCE.search(text), text
     for text in ("MACE eq. 7", "the specific-setup audit", "DOMIAS Sec. 5.3"):
         assert not FILE_REFERENCE.search(text), text
+
+
+# The namespaces whose every public class and function shows a runnable example (`>>>`, run by
+# pytest --doctest-modules): what a user imports first.
+EXAMPLE_NAMESPACES = (
+    "privmon",
+    "privmon.queries",
+    "privmon.audit",
+    "privmon.attacks",
+    "privmon.sinks",
+)
+
+
+def test_every_public_object_shows_a_runnable_example():
+    missing = []
+    for name in EXAMPLE_NAMESPACES:
+        module = importlib.import_module(name)
+        for attr in module.__all__:
+            obj = getattr(module, attr)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and ">>>" not in (
+                _own_doc(obj) or ""
+            ):
+                missing.append(f"{name}.{attr}")
+    assert missing == []

@@ -22,8 +22,9 @@ from torch import nn
 import privmon
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal
 from privmon.attacks.domias import domias_scores
-from privmon.attacks.generator import ATTACKS, GeneratorQuery
+from privmon.attacks.generator import ATTACKS
 from privmon.attacks.subgroups import subgroup_risk
+from privmon.queries import GeneratorQuery
 from privmon.sinks import JsonlSink
 
 Q = (0.01, 0.05, 0.1, 0.2)

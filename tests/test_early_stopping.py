@@ -1,4 +1,4 @@
-"""Tests for privacy-aware early stopping: the pure decision function ``should_stop`` in its
+"""Tests for privacy-aware early stopping: the pure decision function ``stopping_decision`` in its
 documented order, ``PrivacyEarlyStopping`` (tag resolution, staying stopped, persistence through
 ``torch.save`` / ``torch.load(weights_only=True)``, argument validation) and its wiring into a real
 ``PrivacyMonitor``."""
@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from privmon import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.callbacks import should_stop
+from privmon.callbacks import stopping_decision
 from privmon.queries import LossQuery
 
 NAN, INF = float("nan"), float("inf")
 
 
 def _decide(value, *, threshold=0.5, checks_seen=5, min_checks=1, wait=0, patience=0):
-    return should_stop(
+    return stopping_decision(
         value,
         threshold=threshold,
         checks_seen=checks_seen,
@@ -49,7 +49,7 @@ def _scalars(value=0.0, lower=0.0, upper=0.0, auc=0.5):
     }
 
 
-# --- should_stop ---------------------------------------------------------------------------------
+# --- stopping_decision -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value", [NAN, INF, -INF])

@@ -1,5 +1,5 @@
 """Shadow models trained as one vmapped ensemble equal the same models trained one by one
-(privmon.audit.ensemble)."""
+(privmon.audit.train_ensemble, privmon.models.Ensemble)."""
 
 from __future__ import annotations
 

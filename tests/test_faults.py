@@ -312,15 +312,16 @@ def _corrupt(state, path, value):
         (("history", "scalars"), {}, "scalars"),
         (("history", "scalars"), [], "one column per reported tag"),
         (("history", "run_id"), 7, "history run_id must be a string"),
-        (("history", "extra"), 1, "history must hold fields, scalars, tagsets and notes"),
+        (("history", "extra"), 1, "history must hold run_id, fields, scalars, tagsets and notes"),
         (("history", "notes"), {2: {"messages": [], "failures": {}}}, "notes must map"),
         (("history", "notes"), {-1: {"messages": [], "failures": {}}}, "notes must map"),
         (("history", "notes"), {"0": {"messages": [], "failures": {}}}, "notes must map"),
         (("history", "notes"), {0: {"messages": []}}, "notes must map"),
         (("history", "notes"), {0: []}, "notes must map"),
         (("history", "notes"), [], "notes must map"),
-        (("history",), [{"step": 1}], "history entry 0 must hold step, scalars"),
-        (("history",), [3], "history entry 0 must hold step, scalars"),
+        (("history",), [{"step": 1}], "history must hold run_id, fields"),
+        (("state_version",), 2, "state has state_version 2; this privmon reads state_version 1"),
+        (("run_id",), "", "run_id must be a non-empty string"),
         (("early_stopping", "wait"), -1, "wait"),
         (("early_stopping", "threshold"), 0.5, "threshold"),
         (("records",), {"s": {"last": torch.zeros(3)}}, "record track"),
@@ -366,21 +367,19 @@ def test_a_history_state_with_step_zero_or_no_checks_loads():
     assert len(restored.state_dict()["tagsets"]) == 1
 
 
-def test_a_state_from_before_the_columns_still_loads():
+def test_a_state_saved_before_states_carried_a_version_is_refused_naming_the_version():
     mon = _checked_monitor()
     mon.step(1)
     state = _saved(mon)
-    report = mon.history[-1]
-    legacy = {k: v for k, v in state.items() if k != "config"}
-    legacy["history"] = [
-        {"step": 1, "scalars": dict(report.scalars), "epsilon": None, "dp_violation": False}
-    ]
+    assert state["state_version"] == 1
+    # the state as privmon saved it before: its setup nested under "config", no version
+    setup = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
+    before = {k: v for k, v in state.items() if k not in (*setup, "state_version")}
+    before["config"] = {k: state[k] for k in setup}
     fresh = _checked_monitor()
-    fresh.load_state_dict(legacy)
-    assert fresh.history[0].scalars == pytest.approx(report.scalars, rel=1e-7)
-    # every legacy check is read back from the float32 columns, the last one too
-    kept = {tag: float(str(np.float32(v))) for tag, v in report.scalars.items()}
-    assert fresh.history[-1].scalars == kept
+    with pytest.raises(ValueError, match=r"no state_version .* reads state_version 1 only"):
+        fresh.load_state_dict(before)
+    assert fresh.history == [] and fresh.n_certified_checks == 0
 
 
 def test_top_records_across_checks_say_when_ties_decided_the_list():
@@ -673,13 +672,12 @@ def test_a_state_from_a_newer_setup_names_the_fields_this_version_does_not_know(
     mon = _checked_monitor()
     mon.step(1)
     state = _saved(mon)
-    newer = _corrupt(state, ("config", "sealed"), 8)  # a field no privmon has
-    with pytest.raises(ValueError, match=r"newer privmon, with setup fields .*\(sealed\)"):
+    newer = _corrupt(state, ("sealed",), 8)  # a field no privmon has
+    with pytest.raises(ValueError, match=r"newer privmon, with fields .*\(sealed\)"):
         _checked_monitor().load_state_dict(newer)
-    older = {**state, "config": {k: v for k, v in state["config"].items() if k != "planned_checks"}}
-    fresh = _checked_monitor()
-    fresh.load_state_dict(older)  # a field an older version did not save is not compared
-    assert [r.step for r in fresh.history] == [1]
+    lacking = {k: v for k, v in state.items() if k != "planned_checks"}
+    with pytest.raises(ValueError, match=r"state lacks \['planned_checks'\]"):
+        _checked_monitor().load_state_dict(lacking)
 
 
 def test_a_shuffling_batch_sampler_is_warned_as_a_shuffling_loader():

@@ -15,21 +15,13 @@ from scipy.stats import norm
 from privmon.estimators.advantage import optimal_advantage
 from privmon.estimators.estimates import accuracy_advantage
 from privmon.estimators.generalized import (
-    ACC,
-    F1,
-    PPV,
-    TNR,
-    TPR,
-    WA,
     GeneralizedEstimate,
-    GeneralizedMetric,
-    _lemma7_bounds,
-    _lemma7_candidates,
     _population_form,
     _ratio_min,
-    _ratio_of_sums_max,
     generalized_advantage,
 )
+from privmon.estimators.generalized_metric import ACC, F1, PPV, TNR, TPR, WA, GeneralizedMetric
+from privmon.estimators.lemma7 import _lemma7_candidates, _ratio_of_sums_max, lemma7_bounds
 
 # Members N(1, 1), non-members N(0, 1): the likelihood ratio increases in x; P >= Q iff x >= 1/2.
 PHI = norm.cdf(0.5)
@@ -234,7 +226,7 @@ def test_lemma7_combination_is_the_population_metric_at_exact_eta(seed):
         GeneralizedMetric.wa(1, 3, 2, 1),
     ):
         truth = metric.value(*_confusion(prior, rule @ pm, rule @ qm))
-        lo, hi = _lemma7_bounds(_population_form(metric, prior), t, eta, eta, w)
+        lo, hi = lemma7_bounds(_population_form(metric, prior), t, eta, eta, w)
         assert lo == pytest.approx(truth, abs=1e-9) and hi == pytest.approx(truth, abs=1e-9)
 
 

@@ -312,8 +312,8 @@ def _line(step, lower, value=None, prior=0.5, **extra):
 
 def _write(tmp_path, lines):
     with open(tmp_path / "checks.jsonl", "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line) + "\n")
+        for line in lines:  # one run, its id first as a JsonlSink writes it
+            f.write(json.dumps({"run_id": "c3" * 16, **line}) + "\n")
     return read_checks(tmp_path)
 
 

@@ -17,9 +17,9 @@ from scipy.stats import chi2, chi2_contingency, norm
 from sklearn.linear_model import LinearRegression
 
 from privmon import optimal_advantage
-from privmon.estimators.binning import fold_of
 from privmon.estimators.certificate import certified_advantage
 from privmon.estimators.estimates import accuracy_advantage
+from privmon.estimators.folds import fold_of
 from privmon.estimators.learned import (
     SELECTION_LEVEL,
     RuleCounts,

@@ -14,8 +14,9 @@ from torch import nn
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
 from privmon.report import Report
+from privmon.report.tags import MLFLOW_RUN_ID_TAG
 from privmon.sinks import JsonlSink, MlflowSink, Sink, TensorBoardSink, finite_scalars
-from privmon.sinks.mlflow import RUN_ID_TAG, mlflow_key
+from privmon.sinks.mlflow import mlflow_key
 
 mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -69,7 +70,7 @@ def test_monitor_figures_reach_the_mlflow_run_at_each_check_step(store):
         assert by_step == pytest.approx({r.step: r.scalars[tag] for r in monitor.history}, rel=1e-7)
         assert by_step[6] == monitor.history[-1].scalars[tag], tag
     assert client.get_run(run_id).info.status == "RUNNING"  # the sink never ends the run
-    assert client.get_run(run_id).data.tags[RUN_ID_TAG] == monitor.run_id
+    assert client.get_run(run_id).data.tags[MLFLOW_RUN_ID_TAG] == monitor.run_id
 
 
 def test_a_second_privmon_run_in_one_mlflow_run_is_said(store, caplog):
@@ -83,13 +84,13 @@ def test_a_second_privmon_run_in_one_mlflow_run_is_said(store, caplog):
                 Report(1, {"privacy/a": 0.5}, run_id=rid)
             )
         assert caplog.text == ""
-        assert client.get_run(run_id).data.tags[RUN_ID_TAG] == first
+        assert client.get_run(run_id).data.tags[MLFLOW_RUN_ID_TAG] == first
         MlflowSink(run_id=run_id, tracking_uri=uri).write(
             Report(1, {"privacy/a": 0.1}, run_id=second)
         )
     assert f"MLflow run {run_id} already holds the figures of privmon run {first}" in caplog.text
     assert f"run {second} is logged into it too" in caplog.text
-    assert client.get_run(run_id).data.tags[RUN_ID_TAG] == second
+    assert client.get_run(run_id).data.tags[MLFLOW_RUN_ID_TAG] == second
 
 
 def test_keys_are_made_valid_and_non_finite_values_left_out(store):

@@ -16,7 +16,7 @@ from torch import nn
 
 import privmon
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.estimators.binning import BinnedScores
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.smoothing import kde_grid_too_coarse
 from privmon.queries import CallableQuery, LossQuery
 

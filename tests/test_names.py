@@ -1,10 +1,8 @@
 """Names that do not bite: scikit-learn's (y_true, y_score) order is refused by privmon.auc and
-privmon.roc_curve with a message that says how to call them; privmon.Metric is now
-privmon.GeneralizedMetric, the old name a deprecated alias."""
+privmon.roc_curve with a message that says how to call them; the coefficients of a MACE eq. 4
+metric are privmon.GeneralizedMetric."""
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import pytest
@@ -65,16 +63,10 @@ def test_real_score_sets_are_not_mistaken_for_labels(members, nonmembers):
     assert 0.0 <= a <= 1.0 and fpr[-1] == tpr[-1] == 1.0
 
 
-def test_generalized_metric_name_and_deprecated_alias():
+def test_generalized_metric_name():
     assert privmon.GeneralizedMetric is privmon.estimators.GeneralizedMetric
     assert "Metric" not in privmon.__all__ and "GeneralizedMetric" in privmon.__all__
     for module in (privmon, privmon.estimators, privmon.estimators.generalized):
-        with pytest.warns(DeprecationWarning, match="renamed privmon.GeneralizedMetric") as rec:
-            assert module.Metric is privmon.GeneralizedMetric
-        assert rec[0].filename == __file__  # the warning points at the caller
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        m = privmon.GeneralizedMetric.am(0.3)  # the new name never warns
+        assert not hasattr(module, "Metric")  # the pre-release alias is gone
+    m = privmon.GeneralizedMetric.am(0.3)
     assert m.prior == 0.3
-    with pytest.raises(AttributeError, match="module 'privmon' has no attribute 'Metrics'"):
-        _ = privmon.Metrics

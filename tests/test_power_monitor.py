@@ -287,7 +287,7 @@ def test_a_resumed_run_goes_on_under_its_saved_plan():
     resumed.load_state_dict(_saved(unplanned))
     assert resumed.planned_checks is None
     with pytest.raises(ValueError, match="planned_checks"):
-        _monitor().load_state_dict({**state, "config": {**state["config"], "planned_checks": 0}})
+        _monitor().load_state_dict({**state, "planned_checks": 0})
 
 
 def test_the_verdict_and_the_page_say_what_the_run_could_detect():

@@ -238,7 +238,7 @@ def test_descending_sort_numpy_path_equals_torch_sort():
 
 
 def test_ascending_sort_numpy_path_equals_torch_sort():
-    from privmon.estimators.binning import sort_ascending
+    from privmon.estimators.order_statistics import sort_ascending
 
     x = torch.from_numpy(np.round(np.random.default_rng(0).normal(size=(2000, 2)), 1))
     torch.testing.assert_close(sort_ascending(x), torch.sort(x, dim=0).values, rtol=0, atol=0)

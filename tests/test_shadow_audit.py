@@ -11,7 +11,7 @@ from torch import nn
 import privmon
 from privmon.attacks import LOMO_ATTACKS, leave_one_out, lira
 from privmon.audit import evaluate, logit_score, shadow_audit, specific
-from privmon.audit.specific import _cross_fitted_lira
+from privmon.audit.per_target import _cross_fitted_lira
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

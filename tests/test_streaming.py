@@ -1,4 +1,4 @@
-"""Tests for privmon.estimators.binning.BinnedScores and advantage.StreamingAdvantage:
+"""Tests for privmon.estimators.binned_scores.BinnedScores and advantage.StreamingAdvantage:
 batch-size independence, merging, persistence, overflow / NaN accounting, fold assignment."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import torch
 
 from privmon import StreamingAdvantage, optimal_advantage
 from privmon.estimators.advantage import advantage_from_state
-from privmon.estimators.binning import MAX_CELLS, BinnedScores, fold_of, robust_range
+from privmon.estimators.binned_scores import MAX_CELLS, BinnedScores
+from privmon.estimators.folds import fold_of
+from privmon.estimators.order_statistics import robust_range
 
 METHODS = ("histogram", "kde")
 
@@ -539,7 +541,7 @@ def test_coarsen_rejects_factors_that_do_not_divide_the_bins():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 101, 4000])
 def test_robust_range_order_statistics_equal_torch(n):
-    from privmon.estimators.binning import column_quantiles
+    from privmon.estimators.order_statistics import column_quantiles
 
     x = torch.from_numpy(np.random.default_rng(n).standard_t(2, size=(n, 2)))
     (q1, q3), (lo, hi) = column_quantiles(x, (0.25, 0.75), extra=(0, n - 1))

@@ -32,7 +32,7 @@ from torch import nn
 import privmon
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
-from privmon.report.runs import AXIS_TAGS, RUN_ID_TAG
+from privmon.report.tags import AXIS_TAGS, RUN_ID_EVENT_TAG
 
 CHECK_STEPS = [2, 4, 6]
 N_MEM = N_NON = 100
@@ -250,11 +250,24 @@ def test_custom_scalar_layout_without_accountant(plain):
 
 def test_every_check_carries_its_run_id(plain):
     monitor, _, acc = plain
-    events = acc.Tensors(RUN_ID_TAG + "/text_summary")
+    events = acc.Tensors(RUN_ID_EVENT_TAG)
     assert [e.step for e in events] == CHECK_STEPS
     ids = {tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in events}
     assert ids == {monitor.run_id} and len(monitor.run_id) == 32
-    assert list(acc.PluginTagToContent("text")) == [RUN_ID_TAG + "/text_summary"]
+    assert list(acc.PluginTagToContent("text")) == [RUN_ID_EVENT_TAG]
+
+
+def test_event_files_without_run_ids_are_refused_as_written_before_them(tmp_path):
+    # figures before any run-id summary were written by a privmon before run ids: not read
+    from torch.utils.tensorboard import SummaryWriter
+
+    from privmon.report import read_checks
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("privacy/q/histogram/value", 0.2, 10)
+    writer.close()
+    with pytest.raises(ValueError, match=r"privacy/q/histogram/value' comes before any run id"):
+        read_checks(tmp_path)
 
 
 def test_accountant_epsilon_ceilings_and_layout(dp):

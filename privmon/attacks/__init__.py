@@ -1,12 +1,11 @@
 """Attack scores: DOMIAS (density ratio against synthetic data) and its baselines; Song & Mittal's
-metric attacks with class-dependent thresholds and the privacy risk score; a generator query that
-runs DOMIAS in the monitor; subgroup risk; reference-model attacks (LiRA, RMIA, difficulty
-calibration) and their leave-one-model-out evaluation; language-model statistics (loss, zlib,
-Min-K%, Min-K%++, reference) and secret-sharer exposure."""
+metric attacks with class-dependent thresholds and the privacy risk score; the attacks of a
+generator query (:mod:`privmon.attacks.generator`); subgroup risk; reference-model attacks (LiRA,
+RMIA, difficulty calibration) and their leave-one-model-out evaluation; language-model
+statistics (loss, zlib, Min-K%, Min-K%++, reference) and secret-sharer exposure."""
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.domias import domias_scores
-from privmon.attacks.generator import GeneratorQuery
 from privmon.attacks.language_model import (
     causal_lm_logits,
     decode_texts,
@@ -45,7 +44,6 @@ from privmon.attacks.subgroups import subgroup_risk
 __all__ = [
     "LOMO_ATTACKS",
     "Calibration",
-    "GeneratorQuery",
     "MetricAttack",
     "PrivacyRiskScore",
     "SecretSharerCanaries",

@@ -1,6 +1,6 @@
 """Squared Euclidean distances from records to a fixed set, in cache-sized blocks of one matrix
 product each, with exact recomputation where rounding could flip a comparison. Shared by the
-DOMIAS baselines and :class:`~privmon.attacks.GeneratorQuery`."""
+DOMIAS baselines and :class:`~privmon.queries.GeneratorQuery`."""
 
 from __future__ import annotations
 

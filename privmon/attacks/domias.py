@@ -1,64 +1,16 @@
 """DOMIAS: membership inference against synthetic data by density-ratio (overfitting) detection.
 
-Source: van Breugel, Sun, Qian & van der Schaar, "Membership Inference Attacks against Synthetic
-Data through Overfitting Detection" (AISTATS 2023). The attacker holds the
-synthetic data set D_syn (drawn from the generator's distribution p_G), a reference set D_ref of
-real records drawn independently from the population p_R, and test records x. Eq. 2 scores
+van Breugel, Sun, Qian & van der Schaar, "Membership Inference Attacks against Synthetic Data
+through Overfitting Detection" (AISTATS 2023), Eq. 2: a record is flagged as a member where the
+generator puts more mass than the population does. The attacker holds the synthetic data (drawn
+from the generator's density p_G), a reference set of real records (from the population's p_R)
+and the test records; :func:`domias_scores` returns ``log p_G(x) - log p_R(x)``, with the
+densities fitted by Gaussian KDEs, a normal prior (App. C) or BNAF flows, optionally after an
+embedding (App. B.3). Threshold the scores with :func:`privmon.accuracy_at_median` (App. A.1), or
+read :func:`privmon.auc` and :func:`privmon.top_q_precision` (App. D).
 
-    A_DOMIAS(x) = f(p_G(x) / p_R(x)),      f monotone,
-
-i.e. a record is flagged as a member where the generator puts more mass than the population does
-(local overfitting). :func:`domias_scores` returns ``log p_G(x) - log p_R(x)`` (f = log), which
-ranks exactly as the ratio, is invariant under invertible re-representations of the data
-(Theorem 1) and, computed in log space, stays finite where either density underflows: the
-published code divides ``p_G / (p_R + 1e-30)`` in linear space, which saturates for records far
-from the reference data; here the ratio is exact. Threshold it with
-:func:`privmon.accuracy_at_median` (App. A.1, steps 4-5), or read :func:`privmon.auc` and
-:func:`privmon.top_q_precision` (App. D).
-
-Density estimators (``density=``), App. A.1 steps 1-2:
-
-- ``"kde"``: Gaussian KDEs of D_syn (p_G) and D_ref (p_R) in scipy's ``gaussian_kde`` convention
-  (full data covariance times the bandwidth factor squared; Scott's factor by default, the
-  heuristic of Sec. 5.2), so with ``bandwidth="scott"`` each log density equals
-  ``scipy.stats.gaussian_kde(data.T).logpdf(x.T)`` (to ~1e-12). Evaluated in torch on the test
-  records' device with :meth:`GaussianKDE.log_density` ``(method="matmul")``: whitened
-  coordinates, one matrix product per cache-sized block of test records, an in-place ``exp`` and
-  a row sum; far records fall back to a max-shifted log-sum-exp. Memory is bounded by a block of
-  ~1 MiB (CPU) plus the data.
-- ``"gaussian"``: the high-level-prior variant of App. C. p_G is the KDE above; p_R is a normal
-  distribution with independent coordinates whose mean and variance are the reference set's
-  per-feature mean and (population, ``ddof=0``) variance, as in the published code's
-  ``normal_func_feat``. ``prior_features`` restricts the normal to some features (App. C uses
-  only the first feature, median income, and a flat prior on the others: a flat factor adds a
-  constant to every score and changes no ranking). Only these statistics of the reference set are
-  used, so the reference set may be small (>= 2 records).
-- ``"flow"``: BNAF flows (Sec. 3.3, App. A.3, Table 3) fitted to D_syn and D_ref by
-  :func:`privmon.estimators.flow.fit_flow` (keyword arguments via ``flow_kwargs``, e.g.
-  ``{"seed": 0, "epochs": 50}``), imported only when asked for.
-
-Embedding (``embed=``), App. B.3 (the CelebA experiment reduces images to a 128-d autoencoder
-representation first; Hilprecht et al. use PCA):
-
-- ``"pca"``: project all three sets onto the top ``embed_dim`` principal axes of the reference
-  set (centred on its mean). ``embed_dim`` defaults to ``min(d, 10)``. The axes are exact (an
-  eigendecomposition of the reference covariance, deterministic, no RNG) for d <= 4096; above
-  that a randomized range finder with a local ``torch.Generator`` seeded with 0 is used (never
-  the global RNG; ``torch.pca_lowrank`` would draw from it). Note that a full-rank PCA
-  (``embed_dim = d``) is an invertible linear map, which leaves the KDE ratio unchanged
-  (Theorem 1): PCA matters for DOMIAS only when it drops dimensions.
-- a callable (e.g. a trained encoder ``torch.nn.Module``): applied to each of the three sets;
-  a module receives a tensor in its parameters' dtype and device, runs under ``torch.no_grad()``
-  in eval mode and has its training mode restored afterwards; any other callable receives a
-  float64 tensor on the test records' device. Its outputs must have shape (n, k).
-
-Inputs: numpy arrays or torch tensors of shape (n, d) (or (n,) for d = 1), on any device;
-synthetic and reference records are moved to the test records' device and all work is done there
-in float64. Synthetic / reference rows holding NaN or inf are dropped (with a warning giving the
-count); test rows must be finite, since every test record gets a score. Bad input fails with a
-``ValueError`` naming the argument: mismatched dimensions, a KDE on fewer records than d + 1
-(its covariance would be singular), collinear (singular) data, an unknown ``density`` or
-``bandwidth``.
+The density estimators, the embeddings and why the ratio is taken in log space: docs, Theory
+page, *DOMIAS*.
 """
 
 from __future__ import annotations
@@ -144,15 +96,50 @@ def domias_scores(
 ) -> np.ndarray:
     """DOMIAS scores ``log p_G(x) - log p_R(x)`` of the test records (Eq. 2); shape (n,).
 
-    Higher means "more likely a member" (the generator over-represents the record's
-    neighbourhood relative to the population). ``density``: ``"kde"`` (scipy's
-    ``gaussian_kde`` convention, ``bandwidth`` = ``"scott"``, ``"silverman"`` or a factor),
-    ``"gaussian"`` (App. C: a KDE for p_G and an independent-coordinates normal fitted to the
-    reference set's per-feature mean and variance for p_R; ``prior_features`` restricts the
-    normal to those features) or ``"flow"`` (BNAF via :mod:`privmon.estimators.flow`,
-    ``flow_kwargs`` passed to ``fit_flow``). ``embed``: ``None``, ``"pca"`` (top ``embed_dim``
-    principal axes of the reference set, default ``min(d, 10)``) or a callable encoder applied to
-    all three sets first (App. B.3). Every score is finite. See the module docstring for details.
+    Higher means "more likely a member": the generator over-represents the record's
+    neighbourhood relative to the population. Every score is finite.
+
+    Args:
+        test: the records to score, numpy or torch, shape (n, d) (or (n,) for d = 1), any
+            device; the work is done there in float64. Every row must be finite.
+        synthetic: the generator's records (n_syn, d), a sample of p_G. Rows holding NaN or inf
+            are dropped, with a warning giving the count (also for ``reference``).
+        reference: real records (n_ref, d) drawn independently of the training set, a sample of
+            p_R.
+        density: ``"kde"`` (default; Gaussian KDEs of both sets in scipy's ``gaussian_kde``
+            convention), ``"gaussian"`` (App. C: a KDE for p_G, for p_R a normal with the
+            reference set's per-feature mean and variance; the reference set may be small, >= 2
+            records) or ``"flow"`` (BNAF flows, :func:`privmon.estimators.flow.fit_flow`).
+        bandwidth: the KDEs' factor, ``"scott"`` (default), ``"silverman"`` or a number.
+        embed: None (default), ``"pca"`` (the top ``embed_dim`` principal axes of the reference
+            set) or a callable encoder (e.g. an ``nn.Module``, run under ``torch.no_grad()`` in
+            eval mode) applied to the three sets first; its outputs must have shape (n, k).
+        embed_dim: PCA dimensions, default ``min(d, 10)``.
+        prior_features: ``"gaussian"`` only: the features the normal prior covers (App. C uses
+            the first one); default all.
+        flow_kwargs: ``"flow"`` only: keyword arguments of ``fit_flow``, e.g.
+            ``{"seed": 0, "epochs": 50}``.
+
+    Returns:
+        float64 numpy array (n,).
+
+    Raises:
+        ValueError naming the argument: mismatched dimensions, a KDE on fewer records than
+            d + 1 (its covariance would be singular), collinear data, an unknown ``density`` or
+            ``bandwidth``, a test record too far from the data for float64 log densities.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import auc, domias_scores
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members, nonmembers = torch.randn(2, 200, 2, generator=gen)
+        >>> synthetic = members + 0.1 * torch.randn(200, 2, generator=gen)  # memorised
+        >>> reference = torch.randn(500, 2, generator=gen)
+        >>> scores = domias_scores(torch.cat([members, nonmembers]), synthetic, reference)
+        >>> scores.shape
+        (400,)
+        >>> round(auc(scores[:200], scores[200:]), 2)
+        0.62
     """
     if density not in _DENSITIES:
         raise ValueError(f"density must be one of {_DENSITIES}, got {density!r}")

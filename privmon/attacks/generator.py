@@ -1,17 +1,6 @@
-"""A monitor query that attacks a generator through its synthetic data: DOMIAS and its baselines.
-
-:class:`GeneratorQuery` turns the black-box attacks of :mod:`privmon.attacks.domias` and
-:mod:`privmon.attacks.baselines` into a :class:`privmon.queries.Query`, so
-:class:`privmon.PrivacyMonitor` can track them while a generative model trains. At every check::
-
-    prepare(device)   draw n_samples synthetic records from the generator (global torch RNG,
-                      which the monitor restores afterwards), embed them, fit p_G (a Gaussian
-                      KDE of the synthetic set, scipy's convention) or keep them for distances
-    query(batch)      score each audit record with the chosen attack (higher = member)
-    release()         drop the synthetic set and p_G; trim the cache (below)
-
-With ``name="domias"`` the monitor writes ``privacy/domias/histogram/value``, ...,
-``privacy/domias/auc`` and the other figures of a scalar query.
+"""The attacks of :class:`privmon.queries.GeneratorQuery` on a generator's synthetic sample, as
+pure functions on tensors: each audit record's score against the synthetic records (and its
+reference-side value, which depends on the record alone and so may be cached across checks).
 
 Attacks (``attack=``), in the terms of the DOMIAS paper (van Breugel et al., "Membership
 Inference Attacks against Synthetic Data through Overfitting Detection"):
@@ -29,63 +18,78 @@ Inference Attacks against Synthetic Data through Overfitting Detection"):
   *reference* records (drawn from the same population as the audit records), of the squared
   distance to the nearest synthetic record: one eps per check, shared by every batch. Scores take
   few distinct values, so the query is ``discrete`` (histogram estimator only).
-
-Embedding (``embed=``, App. B.3): ``None``; ``"pca"``, the top ``embed_dim`` (default
-``min(d, 10)``) principal axes of the reference set, fitted once at construction (deterministic,
-no RNG; as :func:`privmon.domias_scores` ``embed="pca"``, which also fits on the reference set —
-so for ``"eq1"``, ``"gan_leaks"`` and ``"monte_carlo"`` this differs from the functional
-baselines, which fit their PCA on the synthetic set when they get no reference); or a fixed
-callable encoder (an ``nn.Module`` runs in eval mode under ``no_grad``; it is listed in
-``modules``). The embedding must not change between checks: the cache below assumes it.
-
-What is cached, and why it is correct. The reference set, the embedding and the audit records are
-fixed, so per audit record the embedded record and its reference-side value — ``log p_R(x)``
-for DOMIAS, ``min_k |x - r_k|^2`` for calibrated GAN-Leaks — are the same at every check. They
-are cached per batch, keyed by the batch's content: dtype, shape and a 128-bit BLAKE2b digest of
-its bytes (after ``transform``, before any conversion; a batch on an accelerator is copied to the
-CPU for hashing, O(n d), negligible next to the O(n n_synthetic) scoring). A changed batch (other
-records, other order, other values) has another key and is computed afresh, so a hit always
-returns the values for exactly these records. Memory is O(audit records): ``release()`` keeps
-only the entries used during the check that ends, so the cache holds at most the records scored
-in the previous check and the current one, whatever the number of checks; an entry holds the
-embedded records (``embed`` not None) and the reference values, never the raw records. The
-reference KDE p_R, the embedded reference set and the PCA axes are built once (p_R again only
-when the generator moves to another device). ``cache=False`` recomputes the reference values and
-embeddings at every call (same scores). Counters: :attr:`n_reference_evaluations` (records whose
-reference value was computed), :attr:`cache_hits` / :attr:`cache_misses` (batches).
-
-Inputs: batches follow :mod:`privmon.queries`' convention; the input is flattened to (n, d) and
-must have the reference set's d values per record (``transform`` adapts other batches; pass the
-reference in the same representation). Work is done in float64 on the generator's device. Audit
-records holding NaN / inf get a NaN score (the monitor drops and counts it); synthetic records
-holding NaN / inf are dropped with a warning.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
 import torch
-from torch import nn
 
-from privmon._validation import as_scores
 from privmon.attacks.distances import SquaredDistances, median
-from privmon.attacks.record_sets import apply_encoder, finite_records, fit_kde, pca_axes
+from privmon.attacks.record_sets import fit_kde
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
-from privmon.queries.base import Query
-from privmon.queries.batches import Batch, Transform, flat_records, tensor_digest
-from privmon.queries.generative import NearestGeneratedQuery
 
-__all__ = ["ATTACKS", "GeneratorQuery"]
+__all__ = [
+    "ATTACKS",
+    "KDE_ATTACKS",
+    "REFERENCE_VALUE_ATTACKS",
+    "ReferenceFit",
+    "SyntheticFit",
+    "attack_scores",
+    "check_bandwidth",
+    "fit_reference",
+    "fit_synthetic",
+    "reference_values",
+]
 
 ATTACKS = ("domias", "eq1", "gan_leaks", "gan_leaks_cal", "monte_carlo")
-_KDE_ATTACKS = ("domias", "eq1")
-_CACHED_REFERENCE = ("domias", "gan_leaks_cal")  # attacks with a per-record reference value
+KDE_ATTACKS = ("domias", "eq1")
+REFERENCE_VALUE_ATTACKS = ("domias", "gan_leaks_cal")  # attacks with a per-record reference value
 # elements of the (rows, n_synthetic, k) difference block of the Monte Carlo count (8 MiB)
 _MC_BLOCK = 1 << 20
+
+
+def check_bandwidth(bandwidth: Any) -> None:
+    """Refuse a KDE bandwidth other than ``"scott"``, ``"silverman"`` or a positive factor
+    (scipy's convention; the message names ``bandwidth``)."""
+    bandwidth_factor(bandwidth, n=2, d=1)
+
+
+class ReferenceFit(NamedTuple):
+    """The reference side of an attack: the (embedded) reference records and, for
+    ``"domias"``, p_R, their Gaussian KDE."""
+
+    records: torch.Tensor
+    kde: GaussianKDE | None
+
+
+class SyntheticFit(NamedTuple):
+    """One (embedded) synthetic set and what the attack reads of it: p_G, its Gaussian KDE
+    (``"domias"``, ``"eq1"``), or MC's eps (``"monte_carlo"``)."""
+
+    records: torch.Tensor
+    kde: GaussianKDE | None
+    mc_eps: torch.Tensor | None
+
+
+def fit_reference(attack: str, reference: torch.Tensor, *, bandwidth: Any) -> ReferenceFit:
+    """The reference side of ``attack`` for the records ``reference`` (n_ref, k)."""
+    kde = fit_kde(reference, name="reference", bandwidth=bandwidth) if attack == "domias" else None
+    return ReferenceFit(reference, kde)
+
+
+def fit_synthetic(
+    attack: str, synthetic: torch.Tensor, reference: torch.Tensor, *, bandwidth: Any
+) -> SyntheticFit:
+    """What ``attack`` reads of the synthetic records (n_syn, k). MC's eps is the median, over
+    the ``reference`` records, of the squared distance to the nearest synthetic record."""
+    kde = mc_eps = None
+    if attack in KDE_ATTACKS:
+        kde = fit_kde(synthetic, name="synthetic", bandwidth=bandwidth)
+    elif attack == "monte_carlo":
+        mc_eps = median(SquaredDistances(reference, synthetic).min())
+    return SyntheticFit(synthetic, kde, mc_eps)
 
 
 def _count_within(x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -99,321 +103,34 @@ def _count_within(x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor) -> torch.
     return out
 
 
-class GeneratorQuery(Query):
-    """Black-box membership attack on a generator's synthetic data, as a monitor query.
+def reference_values(attack: str, x: torch.Tensor, reference: ReferenceFit) -> torch.Tensor | None:
+    """Each record's reference-side value: ``log p_R(x)`` for ``"domias"``, ``min_k |x - r_k|^2``
+    for ``"gan_leaks_cal"``; None for the attacks without one."""
+    if attack not in REFERENCE_VALUE_ATTACKS:
+        return None
+    if attack == "domias":
+        assert reference.kde is not None
+        return reference.kde.log_density(x, method="matmul")
+    return SquaredDistances(x, reference.records).min()
 
-    Args:
-        generator: the generative model (listed in ``modules``); may be None with ``sample_fn``.
-        reference: reference records drawn from the population, disjoint from the members and
-            non-members (numpy array or tensor, (n_ref, ...), flattened to (n_ref, d)).
-        attack: ``"domias"`` (default), ``"eq1"``, ``"gan_leaks"``, ``"gan_leaks_cal"`` or
-            ``"monte_carlo"`` (see the module docstring).
-        n_samples: synthetic records drawn per check.
-        latent_dim, sample_fn, chunk: how to sample, exactly as
-            :class:`privmon.queries.NearestGeneratedQuery`: ``generator(z)``, z ~ N(0, I) of
-            shape ``(chunk, *latent_dim)`` from the global torch RNG, or
-            ``sample_fn(n_samples, device)``.
-        embed, embed_dim: ``None``, ``"pca"`` (fitted on the reference set) or a fixed callable.
-        bandwidth: KDE bandwidth (``"scott"``, ``"silverman"`` or a factor), scipy's convention.
-        cache: cache the per-record reference values and embeddings across checks.
-        name: defaults to ``attack``.
-        transform: ``batch -> (x, y)`` adapter (:mod:`privmon.queries`).
-    """
 
-    higher_is_member = True
-
-    def __init__(
-        self,
-        generator: nn.Module | None,
-        reference: Any,
-        *,
-        attack: str = "domias",
-        n_samples: int = 1000,
-        latent_dim: int | Sequence[int] | None = None,
-        sample_fn: Callable[[int, torch.device], torch.Tensor] | None = None,
-        embed: str | Callable[..., Any] | None = None,
-        embed_dim: int | None = None,
-        bandwidth: str | float = "scott",
-        chunk: int = 1024,
-        cache: bool = True,
-        name: str | None = None,
-        transform: Transform | None = None,
-    ) -> None:
-        if attack not in ATTACKS:
-            raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
-        bandwidth_factor(bandwidth, n=2, d=1)  # validates (the message names bandwidth)
-        if not isinstance(cache, bool):
-            raise ValueError(f"cache must be True or False, got {cache!r}")
-        # The sampler validates generator / latent_dim / sample_fn / n_samples / chunk.
-        self._sampler = NearestGeneratedQuery(
-            generator,
-            n_samples=n_samples,
-            latent_dim=latent_dim,
-            sample_fn=sample_fn,
-            chunk=chunk,
-            name="samples",
-        )
-        self.attack = attack
-        self.generator = generator
-        self.n_samples = self._sampler.n_samples
-        self.bandwidth = bandwidth
-        self.cache = cache
-        self.discrete = attack == "monte_carlo"
-        self.reference = self._reference_records(reference)
-        d = self.reference.shape[1]
-        self.dim = d
-        self.embed = embed
-        self._pca: tuple[torch.Tensor, torch.Tensor] | None = None
-        if embed is None:
-            if embed_dim is not None:
-                raise ValueError("embed_dim is only used with embed='pca'")
-            k: int | None = d
-        elif isinstance(embed, str):
-            if embed != "pca":
-                raise ValueError(f"embed must be None, 'pca' or a callable, got {embed!r}")
-            k = min(d, 10) if embed_dim is None else embed_dim
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
-                raise ValueError(f"embed_dim must be an integer in [1, d = {d}], got {embed_dim!r}")
-            k = int(k)
-            if self.reference.shape[0] < 2:
-                raise ValueError("embed='pca' is fitted on reference, which needs >= 2 records")
-            self._pca = pca_axes(self.reference, k)
-        elif callable(embed):
-            if embed_dim is not None:
-                raise ValueError("embed_dim is only used with embed='pca'")
-            k = None  # known once the encoder has run (first prepare)
-        else:
-            raise ValueError(f"embed must be None, 'pca' or a callable, got {type(embed).__name__}")
-        self.embed_dim = k
-        if attack in _KDE_ATTACKS and k is not None and self.n_samples < k + 1:
-            raise ValueError(
-                f"n_samples must be >= {k + 1} (embedded dimension + 1) for a KDE of the "
-                f"synthetic set, got {self.n_samples}"
-            )
-        # per-device reference state: embedded reference set and (DOMIAS) its KDE
-        self._ref_device: torch.device | None = None
-        self._ref_emb: torch.Tensor | None = None
-        self._kde_r: GaussianKDE | None = None
-        if not callable(embed):
-            self._reference_state(torch.device("cpu"))  # fails now on a singular reference
-        # per-check state
-        self._syn: torch.Tensor | None = None
-        self._kde_g: GaussianKDE | None = None
-        self._mc_eps: torch.Tensor | None = None
-        self._open = False
-        # cross-check cache and counters
-        self._cache: dict[tuple, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
-        self._used: set[tuple] = set()
-        self.n_reference_evaluations = 0
-        self.cache_hits = 0
-        self.cache_misses = 0
-        modules: tuple[nn.Module, ...] = self._sampler.modules
-        if isinstance(embed, nn.Module):
-            modules = (*modules, embed)
-        super().__init__(
-            name=attack if name is None else name, modules=modules, transform=transform
-        )
-
-    # -- reference side (built once) --------------------------------------------------------------
-    @staticmethod
-    def _reference_records(reference: Any) -> torch.Tensor:
-        if reference is None:
-            raise ValueError("reference must be given: reference records from the population")
-        if isinstance(reference, torch.Tensor):
-            t = reference.detach().to("cpu")
-        else:
-            try:
-                t = torch.from_numpy(np.ascontiguousarray(reference, dtype=np.float64))
-            except (TypeError, ValueError):
-                raise ValueError(
-                    "reference must be a numeric array of shape (n_ref, ...)"
-                ) from None
-        if t.ndim == 0 or t.shape[0] == 0:
-            raise ValueError(f"reference must hold at least one record, got shape {tuple(t.shape)}")
-        t = t.reshape(t.shape[0], -1)
-        return finite_records(t, name="reference")
-
-    def _embed(self, x: torch.Tensor, *, name: str) -> torch.Tensor:
-        if self.embed is None:
-            return x
-        if self._pca is not None:
-            mean, axes = self._pca
-            return (x - mean.to(x.device)) @ axes.to(x.device)
-        assert not isinstance(self.embed, str)  # "pca" has its axes from the constructor
-        out = apply_encoder(self.embed, x, name=name)
-        return out.to(device=x.device)
-
-    def _reference_state(self, dev: torch.device) -> torch.Tensor:
-        """Embedded reference set (and p_R for DOMIAS) on ``dev``; rebuilt only on a new device.
-        Returns the embedded reference set."""
-        if self._ref_device == dev and self._ref_emb is not None:
-            return self._ref_emb
-        ref = self._embed(self.reference.to(dev), name="reference")
-        k = ref.shape[1]
-        if self.embed_dim is None:  # a callable encoder: check its output once
-            if self.attack in _KDE_ATTACKS and self.n_samples < k + 1:
-                raise ValueError(
-                    f"n_samples must be >= {k + 1} (embedded dimension + 1) for a KDE of the "
-                    f"synthetic set, got {self.n_samples}"
-                )
-            self.embed_dim = k
-        elif k != self.embed_dim:
-            raise ValueError(f"embed returned {k} dimensions, {self.embed_dim} before")
-        self._kde_r = None
-        if self.attack == "domias":
-            self._kde_r = fit_kde(ref, name="reference", bandwidth=self.bandwidth)
-        self._ref_emb = ref
-        self._ref_device = dev
-        return ref
-
-    # -- one check ---------------------------------------------------------------------------------
-    @property
-    def synthetic(self) -> torch.Tensor | None:
-        """The embedded synthetic set of the current check (None outside a check)."""
-        return self._syn
-
-    @torch.no_grad()
-    def prepare(self, device: Any = None) -> None:
-        """Draw this check's synthetic set on ``device`` (the generator's when None), embed it and
-        fit p_G (the KDE attacks) or MC's distance threshold; the monitor calls this before
-        scoring and :meth:`release` after."""
-        if self._open:  # the previous check was not released: close it first
-            self.release()
-        self._sampler.prepare(device)
-        try:
-            g = self._sampler.samples
-        finally:
-            self._sampler.release()
-        assert g is not None
-        dev = g.device
-        if g.shape[1] != self.dim:
-            raise ValueError(
-                f"{self.name}: the generator's samples have {g.shape[1]} values per record but "
-                f"reference has {self.dim}; pass the reference in the generator's representation"
-            )
-        ref = self._reference_state(dev)
-        syn = self._embed(finite_records(g, name="synthetic"), name="synthetic")
-        if self.attack in _KDE_ATTACKS:
-            self._kde_g = fit_kde(syn, name="synthetic", bandwidth=self.bandwidth)
-        elif self.attack == "monte_carlo":
-            self._mc_eps = median(SquaredDistances(ref, syn).min())
-        self._syn = syn
-        self._open = True
-
-    def _reference_values(self, e: torch.Tensor) -> torch.Tensor | None:
-        if self.attack not in _CACHED_REFERENCE:
-            return None
-        self.n_reference_evaluations += e.shape[0]
-        if self.attack == "domias":
-            assert self._kde_r is not None
-            return self._kde_r.log_density(e, method="matmul")
-        assert self._ref_emb is not None
-        return SquaredDistances(e, self._ref_emb).min()
-
-    def _embedded(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Embedded records (NaN rows where x is not finite) and their reference values."""
-        x64 = as_scores(x, name="batch", drop=False)[0]
-        finite = torch.isfinite(x64).all(dim=1)
-        if bool(finite.all()):
-            e = self._embed(x64, name="batch")
-            return e, self._reference_values(e)
-        assert self.embed_dim is not None  # known from the constructor or the first prepare
-        e = torch.full(
-            (x64.shape[0], self.embed_dim), math.nan, dtype=torch.float64, device=x64.device
-        )
-        r = None
-        if bool(finite.any()):
-            ef = self._embed(x64[finite], name="batch")
-            e[finite] = ef
-            rf = self._reference_values(ef)
-            if rf is not None:
-                r = torch.full((x64.shape[0],), math.nan, dtype=torch.float64, device=x64.device)
-                r[finite] = rf
-        elif self.attack in _CACHED_REFERENCE:
-            r = torch.full((x64.shape[0],), math.nan, dtype=torch.float64, device=x64.device)
-        return e, r
-
-    def _lookup(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # nothing to cache without an embedding and without a per-record reference value
-        if not self.cache or (self.embed is None and self.attack not in _CACHED_REFERENCE):
-            return self._embedded(x)
-        key = tensor_digest(x)
-        self._used.add(key)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self.cache_hits += 1
-            e, r = hit
-            if e is None:  # embed is None: the embedding is the record itself
-                e = as_scores(x, name="batch", drop=False)[0]
-            dev = x.device
-            return e.to(dev), None if r is None else r.to(dev)
-        self.cache_misses += 1
-        e, r = self._embedded(x)
-        self._cache[key] = (None if self.embed is None else e, r)
-        return e, r
-
-    @torch.no_grad()
-    def __call__(self, batch: Batch) -> torch.Tensor:
-        syn = self._syn
-        if syn is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
-            )
-        x = flat_records(batch, syn.device, self.transform, self.dim, self.name, "reference has")
-        if x.shape[0] == 0:
-            return torch.empty(0, dtype=torch.float64, device=syn.device)
-        e, r = self._lookup(x)
-        out = torch.full((x.shape[0],), math.nan, dtype=torch.float64, device=syn.device)
-        rows = torch.isfinite(e).all(dim=1)
-        all_rows = bool(rows.all())
-        if not all_rows:
-            e = e[rows]
-            r = None if r is None else r[rows]
-        if e.shape[0]:
-            s = self._score(e, r)
-            if all_rows:
-                out = s
-            else:
-                out[rows] = s
-        return out
-
-    def _score(self, e: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
-        if self.attack in _KDE_ATTACKS:
-            assert self._kde_g is not None
-            log_g = self._kde_g.log_density(e, method="matmul")
-            if self.attack != "domias":
-                return log_g
-            assert r is not None  # DOMIAS reads log p_R of every record (_CACHED_REFERENCE)
-            return log_g - r
-        assert self._syn is not None
-        if self.attack == "gan_leaks":
-            return -SquaredDistances(e, self._syn).min()
-        if self.attack == "gan_leaks_cal":
-            assert r is not None  # the distance to the reference set (_CACHED_REFERENCE)
-            return r - SquaredDistances(e, self._syn).min()
-        assert self._mc_eps is not None  # monte_carlo: set by prepare
-        counts = _count_within(e, self._syn, self._mc_eps)
-        return counts.to(torch.float64) / self._syn.shape[0]
-
-    def release(self) -> None:
-        """Drop the synthetic set and p_G; keep only the cache entries this check used."""
-        self._syn = None
-        self._kde_g = None
-        self._mc_eps = None
-        self._open = False
-        if self._used or self._cache:
-            self._cache = {k: v for k, v in self._cache.items() if k in self._used}
-        self._used = set()
-
-    def clear_cache(self) -> None:
-        """Forget every cached reference value and embedding (e.g. after changing ``embed``)."""
-        self._cache = {}
-        self._used = set()
-
-    @property
-    def cache_size(self) -> int:
-        """Number of audit records whose values are cached."""
-        return sum(key[1][0] for key in self._cache)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, attack={self.attack!r})"
+def attack_scores(
+    attack: str, x: torch.Tensor, reference_value: torch.Tensor | None, synthetic: SyntheticFit
+) -> torch.Tensor:
+    """The ``attack``'s scores of the (embedded, finite) records ``x`` against the synthetic
+    set (higher = member), given their :func:`reference_values`."""
+    if attack in KDE_ATTACKS:
+        assert synthetic.kde is not None
+        log_g = synthetic.kde.log_density(x, method="matmul")
+        if attack != "domias":
+            return log_g
+        assert reference_value is not None  # DOMIAS reads log p_R of every record
+        return log_g - reference_value
+    if attack == "gan_leaks":
+        return -SquaredDistances(x, synthetic.records).min()
+    if attack == "gan_leaks_cal":
+        assert reference_value is not None  # the distance to the reference set
+        return reference_value - SquaredDistances(x, synthetic.records).min()
+    assert synthetic.mc_eps is not None  # monte_carlo: fit_synthetic set it
+    counts = _count_within(x, synthetic.records, synthetic.mc_eps)
+    return counts.to(torch.float64) / synthetic.records.shape[0]

@@ -1,58 +1,25 @@
 """Membership statistics of causal language models, per text, from a padded batch.
 
-A text of T + 1 tokens x_0..x_T has T predicted tokens: x_t given its prefix x_<t, read from the
-logits at position t − 1 (the Hugging Face convention: ``logits[:, t]`` predicts
-``input_ids[:, t + 1]``). Every statistic is computed per record from its predicted tokens only:
+A text of T + 1 tokens has T predicted tokens, each x_t given its prefix x_<t and read from the
+logits at position t − 1 (``logits[:, t]`` predicts ``input_ids[:, t + 1]``, the Hugging Face
+convention). :func:`lm_statistic` reduces them to one score per text (:data:`STATISTICS`; the
+direction of each in :data:`HIGHER_IS_MEMBER`):
 
-=================== =================================================== ============ ==========
-statistic           score of a text x                                   member when  source
-=================== =================================================== ============ ==========
-``loss``            L(x) = −(1/T) Σ_t log p(x_t | x_<t)                  lower        Yeom et al.
-``zlib``            L(x) / zlib(x), zlib(x) = bytes of                   lower        Carlini et
-                    ``zlib.compress(text.encode("utf-8"))``                           al. 2021
-``min_k``           mean of the ⌊k·T⌋ lowest log p(x_t | x_<t)           higher       Shi et al.
-``min_k_plus_plus`` mean of the ⌊k·T⌋ lowest z_t = (log p(x_t | x_<t)    higher       Zhang et
-                    − μ_t) / σ_t over the vocabulary distribution                     al. 2025
-``reference``       L_target(x) − L_reference(x) on the same tokens      lower        (ratio)
-=================== =================================================== ============ ==========
+- ``loss``: the mean negative log-likelihood L(x) (Yeom et al., "Privacy Risk in Machine
+  Learning");
+- ``zlib``: L(x) over the text's zlib-compressed size (Carlini et al., "Extracting Training Data
+  from Large Language Models");
+- ``min_k``: the mean of the ⌊k·T⌋ lowest token log-probabilities (Shi et al., "Detecting
+  Pretraining Data from Large Language Models");
+- ``min_k_plus_plus``: the same over the tokens' z-scores under the model's vocabulary
+  distribution (Zhang et al., "Min-K%++: Improved Baseline for Detecting Pre-Training Data from
+  Large Language Models");
+- ``reference``: L_target(x) − L_reference(x) on the same tokens.
 
-Sources: Yeom et al., "Privacy Risk in Machine Learning" (2018); Carlini et al., "Extracting
-Training Data from Large Language Models" (2021); Shi et al., "Detecting Pretraining Data from
-Large Language Models" (2024, Min-K% Prob); Zhang et al., "Min-K%++: Improved Baseline for
-Detecting Pre-Training Data from Large Language Models" (2025). Min-K%++'s
-μ_t = Σ_v p(v | x_<t) log p(v | x_<t) and σ_t² = Σ_v p(v | x_<t)(log p(v | x_<t) − μ_t)², the
-centred form of the paper's Σ_v p (log p)² − μ_t² (equal in exact arithmetic; no cancellation).
-
-Which tokens count. Position t is predicted when ``attention_mask`` is 1 at t and at t − 1 (so
-the first token of a text is never predicted, on either padding side) and, where ``labels`` are
-given, ``labels[:, t] != -100`` (the Hugging Face ignore index; the target is then ``labels[:,
-t]``, as in the model's own loss). A row's attention mask must be one block of ones: right,
-left or both-side padding, not packed sequences.
-
-Short texts, as MIMIR (Duan et al. 2024, "Do Membership Inference Attacks Work on Large Language
-Models?") and the papers' code do: k·T is floored (``int(len(probs) * k)``) and the mean of no
-value is NaN, so a text with ⌊k·T⌋ = 0 gets NaN from ``min_k`` / ``min_k_plus_plus`` and a text
-with T = 0 gets NaN from every statistic; privmon's estimators drop and count NaN scores. A
-predicted token whose log-probabilities are constant over the tokens it gives mass to (σ_t = 0:
-a point mass, or a uniform distribution) has no z-score: its text's ``min_k_plus_plus`` is NaN
-too. (MIMIR negates the two Min-K scores to make lower mean member;
-here they keep the papers' sign, higher = member, :data:`HIGHER_IS_MEMBER`.)
-
-Memory. Min-K%++ needs the whole vocabulary distribution of every predicted token. It is
-computed in chunks of ``chunk_tokens`` positions (default: ⌊2²²/V⌋, at least 1): per chunk one
-log-softmax of shape (chunk_tokens, V) and its exponential, reduced by batched dot products and
-in-place ops, so never an (n, T, V) copy of the logits. Bound: the extra memory beyond the
-model's own logits is at most 2 · chunk_tokens · V floats of the compute dtype (float64 for
-float64 logits, else float32: half-precision logits are cast one chunk at a time) plus O(n·L)
-per-token values, whatever the batch size and the sequence length; a chunk holding −inf logits
-adds a one-byte-per-entry mask. With V = 50,257 (83 positions per chunk) that is 31.8 MiB;
-``benchmarks/lm_memory.py`` measures 31.6 MiB of peak added resident memory for 1,024-token
-texts at batch 1 and 4 (CPU), where the model's forward adds 200 MiB per text (its logits) and
-Min-K%++ over the whole (n, T, V) block at once 784 MiB per text. ``loss``, ``zlib`` and
-``min_k`` use the same chunks with one log-softmax each (measured 15.7 MiB).
-
-Inputs are torch tensors (numpy arrays are converted) on any device; per-token and per-record
-results are tensors on the logits' device, computed without gradients (``torch.no_grad``).
+The vocabulary-wide work runs in chunks of ``chunk_tokens`` positions, never on an (n, T, V) copy
+of the logits. Inputs are torch tensors (numpy arrays are converted) on any device; results are
+tensors on the logits' device, computed without gradients. The formulas, short texts and the
+memory bound: docs, Theory page, *Language-model statistics*.
 """
 
 from __future__ import annotations
@@ -134,14 +101,28 @@ def predicted_tokens(
     Args:
         input_ids: token ids, shape (n, L), right or left padded.
         attention_mask: 1 for a text's tokens, 0 for padding, shape (n, L); one block of ones
-            per row. None: every token is a text's.
+            per row (packed sequences are refused). None: every token is a text's.
         labels: optional Hugging Face labels, shape (n, L): positions labelled
             :data:`IGNORE_INDEX` (-100) are not predicted, the others' targets are the labels.
 
     Returns:
         ``(targets, counted)``, both of shape (n, L − 1) on ``input_ids``' device: column t is
-        the token at position t + 1 (read from the logits at position t) and whether it counts
-        (see the module docstring).
+        the token at position t + 1 (read from the logits at position t) and whether it counts:
+        ``attention_mask`` is 1 at t and t + 1 (so a text's first token is never predicted) and
+        its label is not -100.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import predicted_tokens
+        >>> input_ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])  # right padded
+        >>> attention_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+        >>> targets, counted = predicted_tokens(input_ids, attention_mask)
+        >>> targets
+        tensor([[6, 7, 0],
+                [9, 0, 0]])
+        >>> counted
+        tensor([[ True,  True, False],
+                [ True, False, False]])
     """
     ids = _integer_matrix(input_ids, name="input_ids")
     n, length = ids.shape
@@ -292,11 +273,19 @@ def token_log_probs(
         logits: the model's logits (n, L, V), or its output with ``.logits``.
         targets, counted: (n, L − 1) from :func:`predicted_tokens`.
         chunk_tokens: positions per chunk (default ⌊2²²/V⌋, at least 1): the extra memory is at
-            most two (chunk_tokens, V) blocks of the compute dtype (module docstring).
+            most two (chunk_tokens, V) blocks of the compute dtype.
 
     Returns:
         (n, L − 1) tensor on the logits' device, float64 for float64 logits else float32; NaN
         where a token is not counted.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import predicted_tokens, token_log_probs
+        >>> targets, counted = predicted_tokens(torch.tensor([[1, 2, 3]]))
+        >>> logits = torch.zeros(1, 3, 4)  # a uniform model over 4 tokens
+        >>> token_log_probs(logits, targets, counted)
+        tensor([[-1.3863, -1.3863]])
     """
     return _per_token(logits, targets, counted, chunk_tokens, _target_log_prob)
 
@@ -308,17 +297,25 @@ def token_z_scores(
     """Min-K%++'s z_t = (log p(x_t | x_<t) − μ_t) / σ_t of every predicted token.
 
     μ_t and σ_t are the mean and standard deviation of log p(v | x_<t) under p(· | x_<t)
-    (Zhang et al. 2025, "Min-K%++"), computed in chunks over the sequence (module docstring:
-    at most two (chunk_tokens, V) blocks of extra memory).
+    (Zhang et al., "Min-K%++"), computed in chunks over the sequence.
 
     Args:
         logits: the model's logits (n, L, V), or its output with ``.logits``.
         targets, counted: (n, L − 1) from :func:`predicted_tokens`.
-        chunk_tokens: positions per chunk (default ⌊2²²/V⌋, at least 1).
+        chunk_tokens: positions per chunk (default ⌊2²²/V⌋, at least 1); the extra memory is at
+            most two (chunk_tokens, V) blocks.
 
     Returns:
         (n, L − 1) tensor on the logits' device (float64 for float64 logits, else float32); NaN
         where a token is not counted or σ_t = 0 (a point mass, or a uniform distribution).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import predicted_tokens, token_z_scores
+        >>> targets, counted = predicted_tokens(torch.tensor([[0, 1, 2]]))
+        >>> logits = torch.tensor([[[0.0, 2.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]])
+        >>> token_z_scores(logits, targets, counted)  # token 1 is likely, token 2 is not
+        tensor([[ 0.5203, -1.9221]])
     """
     return _per_token(logits, targets, counted, chunk_tokens, _z_score)
 
@@ -347,6 +344,13 @@ def lowest_k_mean(values: Any, counted: Any, *, k: float = 0.2) -> torch.Tensor:
 
     Returns:
         (n,) tensor of ``values``' dtype and device.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import lowest_k_mean
+        >>> log_probs = torch.tensor([[-0.1, -3.0, -0.5, -2.0, -0.2]])
+        >>> lowest_k_mean(log_probs, torch.ones(1, 5, dtype=torch.bool), k=0.4)  # 2 lowest of 5
+        tensor([-2.5000])
     """
     k = check_fraction(k, name="k")
     v = as_tensor(values, name="values", what="a float array of shape (n, m)")
@@ -368,7 +372,13 @@ def lowest_k_mean(values: Any, counted: Any, *, k: float = 0.2) -> torch.Tensor:
 
 
 def zlib_sizes(texts: Sequence[str]) -> np.ndarray:
-    """``len(zlib.compress(text.encode("utf-8")))`` of each text (default level), as int64."""
+    """``len(zlib.compress(text.encode("utf-8")))`` of each text (default level), as int64.
+
+    Examples:
+        >>> from privmon.attacks import zlib_sizes
+        >>> zlib_sizes(["ha" * 50, "The quick brown fox jumps over the lazy dog."])
+        array([13, 51])
+    """
     if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a sequence of strings, one per record")
     return np.array([len(zlib.compress(t.encode("utf-8"))) for t in texts], dtype=np.int64)
@@ -376,7 +386,22 @@ def zlib_sizes(texts: Sequence[str]) -> np.ndarray:
 
 def decode_texts(tokenizer: Any, input_ids: Any, attention_mask: Any = None) -> list[str]:
     """Each record's text: ``tokenizer.decode`` of its unpadded ids (``attention_mask`` 1),
-    with ``skip_special_tokens=True`` (a BOS / EOS a collator added is not part of the text)."""
+    with ``skip_special_tokens=True`` (a BOS / EOS a collator added is not part of the text).
+
+    Examples:
+        >>> import torch
+        >>> from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> from privmon.attacks import decode_texts
+        >>> vocab = {c: i for i, c in enumerate(["<pad>", *" abcdefghijklmnopqrstuvwxyz"])}
+        >>> chars = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+        >>> chars.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")  # a token a letter
+        >>> chars.decoder = decoders.Fuse()
+        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=chars, pad_token="<pad>")
+        >>> batch = tokenizer(["hello world", "hi"], padding=True, return_tensors="pt")
+        >>> decode_texts(tokenizer, batch["input_ids"], batch["attention_mask"])
+        ['hello world', 'hi']
+    """
     if not callable(getattr(tokenizer, "decode", None)):
         raise ValueError(f"tokenizer must have a decode method, got {type(tokenizer).__name__}")
     ids = _integer_matrix(input_ids, name="input_ids")
@@ -415,6 +440,23 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
     makes every text's logits those of the text alone (Hugging Face models take it); a model
     whose ``forward`` has no ``position_ids`` argument is refused for such a batch (pad on the
     right instead: right padding needs no positions).
+
+    Examples:
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from privmon.attacks import causal_lm_logits
+        >>> _ = torch.manual_seed(0)
+        >>> config = GPT2Config(
+        ...     vocab_size=20, n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=0
+        ... )
+        >>> model = GPT2LMHeadModel(config).eval()
+        >>> input_ids = torch.tensor([[0, 0, 7, 8], [5, 6, 7, 8]])  # the first row left padded
+        >>> logits = causal_lm_logits(model, input_ids, torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
+        >>> logits.shape
+        torch.Size([2, 4, 20])
+        >>> alone = causal_lm_logits(model, torch.tensor([[7, 8]]))  # the first text unpadded
+        >>> torch.allclose(logits[0, 2:], alone[0], atol=1e-6)
+        True
     """
     param = next(check_module(model, name="model").parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -456,22 +498,34 @@ def lm_statistic(
     reference_logits: Any = None,
     chunk_tokens: int | None = None,
 ) -> torch.Tensor:
-    """One membership statistic per text of a padded batch (the table in the module docstring).
+    """One membership statistic per text of a padded batch (module docstring).
 
     Args:
         logits: the target model's logits (n, L, V) on the batch, or its output.
         input_ids, attention_mask, labels: the batch, as :func:`predicted_tokens` reads it.
         statistic: one of :data:`STATISTICS`.
-        k: Min-K% / Min-K%++ fraction, in (0, 1] (the papers' default 0.2).
+        k: Min-K% / Min-K%++ fraction, in (0, 1] (the papers' default 0.2); ⌊k·T⌋ is floored as
+            the papers' code does.
         texts: the records' texts, for ``zlib`` (required there), e.g. from
             :func:`decode_texts`.
         reference_logits: a reference model's logits on the same batch, for ``reference``
             (required there); its vocabulary may be larger than the target's.
-        chunk_tokens: positions per chunk of the vocabulary-wide work (module docstring).
+        chunk_tokens: positions per chunk of the vocabulary-wide work (default ⌊2²²/V⌋).
 
     Returns:
         (n,) tensor on the logits' device (float64 for float64 logits, else float32); NaN for a
         text with no predicted token, or too few for ⌊k·T⌋ ≥ 1 (Min-K%, Min-K%++).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import lm_statistic
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> input_ids = torch.randint(0, 50, (2, 12), generator=gen)
+        >>> logits = torch.randn(2, 12, 50, generator=gen)  # e.g. model(input_ids).logits
+        >>> lm_statistic(logits, input_ids, statistic="loss").round(decimals=2)
+        tensor([4.5000, 5.1100])
+        >>> lm_statistic(logits, input_ids, statistic="min_k", k=0.2).round(decimals=2)
+        tensor([-5.3400, -6.2200])
     """
     check_choice(statistic, STATISTICS, name="statistic")
     k = check_fraction(k, name="k")

@@ -1,48 +1,15 @@
-"""Metric-based membership inference attacks (Song & Mittal §3.1).
+"""Metric-based membership inference attacks (Song & Mittal, "Systematic Evaluation of Privacy
+Risks of Machine Learning Models", §3.1).
 
-Each attack reduces a classifier's output on a labelled record (x, y) to one number and compares
-it with a threshold:
+Each attack reduces a classifier's softmax output on a labelled record (x, y) to one number and
+compares it with a threshold: correctness (eq. 5) and the confidence p_y (eq. 6) call a member
+above it, the entropy (eq. 7) and the modified entropy (eq. 8) below it
+(:data:`HIGHER_IS_MEMBER`). :class:`MetricAttack` fits the thresholds, one per class or one for
+all, to maximize the accuracy at a prior. :class:`privmon.queries.ModifiedEntropyQuery` uses the
+same modified-entropy code (:func:`modified_entropy_from_logits`).
 
-=============== ================================================ ==================== =========
-metric          value                                            member when          eq.
-=============== ================================================ ==================== =========
-``correctness`` 1 if argmax_i p_i = y else 0 (first arg-max)     value >= τ_y         (5)
-``confidence``  p_y                                              value >= τ_y         (6)
-``entropy``     −Σ_i p_i log p_i                                 value <= τ_y         (7)
-``mentr``       −(1 − p_y) log p_y − Σ_{i≠y} p_i log(1 − p_i)    value <= τ_y         (8)-(9)
-=============== ================================================ ==================== =========
-
-Members are what the model was trained on, so they tend to be classified correctly, with high
-confidence, low entropy and low modified entropy: correctness / confidence are oriented
-"higher is member", entropy / mentr "lower is member" (:data:`HIGHER_IS_MEMBER`).
-
-**Modified entropy** clips probabilities into [1e-30, 1 − 1e-30] inside its logs, so it is 0 for
-a perfectly confident correct prediction and finite for a confident wrong one (at most
-2·69.08 ≈ 138.2, reached by a one-hot wrong prediction), never NaN. ``log(1 − p_k)`` of the
-arg-max class k, the only one whose probability can round to 1, is computed as
-``log Σ_{j≠k} p_j``, so near-certain predictions keep their precision.
-:class:`privmon.queries.ModifiedEntropyQuery` uses the same code
-(:func:`modified_entropy_from_logits`).
-
-**Thresholds** are fitted on records whose membership is known (a shadow model's training / test
-data, or the audited model's own member / non-member reference sets) to maximize the accuracy
-at the prior p, ``accuracy = p·TPR + (1 − p)·TNR``. The class-independent attack uses one
-threshold τ for every record. The class-dependent attack (§3.1.2) fits one threshold τ_y per
-label y; since the accuracy is a sum over classes,
-
-    accuracy = (1 − p) + Σ_y [p·TP_y / N1 − (1 − p)·FP_y / N0],
-
-τ_y maximizes class y's term (N1, N0: member / non-member records over all classes). With p equal
-to the member fraction of the fitting data this is Song & Mittal's rule, the raw accuracy on the
-class-y records; and it makes the class-dependent attack at least as accurate as the
-class-independent one on the data it was fitted on. A class with fewer than
-``min_class_records`` fitting members or non-members (or none at all) uses the class-independent
-threshold.
-
-The search is exact and vectorized: the records are sorted once by (class, value) on their
-device, and every distinct value is a candidate threshold, as is "nobody is a member". Ties in
-accuracy go to the highest threshold (fewest records called members); the stored threshold lies
-halfway between the chosen value and the next lower value of its class.
+The formulas, the clipping inside modified entropy and the exact threshold search: docs, Theory
+page, *Metric attacks*.
 """
 
 from __future__ import annotations
@@ -268,6 +235,13 @@ def metric_values(probs: Any, labels: Any, metric: MetricName = "mentr") -> np.n
     """The named metric of each record, shape (n,) float64 (NaN where a probs row is not finite).
 
     ``probs``: softmax outputs (n, C), numpy or torch on any device; ``labels``: class indices (n,).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import metric_values
+        >>> probs = torch.tensor([[0.9, 0.05, 0.05], [0.2, 0.5, 0.3]])
+        >>> metric_values(probs, torch.tensor([0, 2]), "confidence").round(2)
+        array([0.9, 0.3])
     """
     check_metric(metric)
     p, y = prepare_inputs(probs, labels, name="")
@@ -275,17 +249,40 @@ def metric_values(probs: Any, labels: Any, metric: MetricName = "mentr") -> np.n
 
 
 def correctness(probs: Any, labels: Any) -> np.ndarray:
-    """1.0 where the arg-max class (the first one on ties) equals the label, else 0.0 (eq. 5)."""
+    """1.0 where the arg-max class (the first one on ties) equals the label, else 0.0 (eq. 5).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import correctness
+        >>> probs = torch.tensor([[0.9, 0.05, 0.05], [0.2, 0.5, 0.3]])
+        >>> correctness(probs, torch.tensor([0, 2]))
+        array([1., 0.])
+    """
     return metric_values(probs, labels, "correctness")
 
 
 def confidence(probs: Any, labels: Any) -> np.ndarray:
-    """The probability of the true class, p_y (eq. 6)."""
+    """The probability of the true class, p_y (eq. 6).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import confidence
+        >>> probs = torch.tensor([[0.9, 0.05, 0.05], [0.2, 0.5, 0.3]])
+        >>> confidence(probs, torch.tensor([0, 2])).round(2)
+        array([0.9, 0.3])
+    """
     return metric_values(probs, labels, "confidence")
 
 
 def entropy(probs: Any, labels: Any = None) -> np.ndarray:
-    """Prediction entropy −Σ_i p_i log p_i, with 0·log 0 = 0 (eq. 7). Labels are not used."""
+    """Prediction entropy −Σ_i p_i log p_i, with 0·log 0 = 0 (eq. 7). Labels are not used.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import entropy
+        >>> entropy(torch.tensor([[1.0, 0.0], [0.5, 0.5]])).round(4)
+        array([0.    , 0.6931])
+    """
     if labels is None:
         p = as_probs(probs, name="probs")
         y = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
@@ -298,6 +295,13 @@ def modified_entropy(probs: Any, labels: Any) -> np.ndarray:
 
     Probabilities are clipped into [1e-30, 1 − 1e-30] inside the logs: 0 for a perfectly
     confident correct prediction, finite (2·69.08 for a one-hot wrong one) and never NaN.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import modified_entropy
+        >>> probs = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
+        >>> modified_entropy(probs, torch.tensor([0, 0, 0])).round(2)
+        array([  0.  ,   0.69, 138.16])
     """
     return metric_values(probs, labels, "mentr")
 
@@ -363,27 +367,41 @@ def best_thresholds(
 class MetricAttack:
     """Threshold attack on one metric, class-dependent or not (Song & Mittal §3.1).
 
-    Args:
-        metric: "mentr" (default), "entropy", "confidence" or "correctness".
-        class_conditional: one threshold per class label (τ_y, §3.1.2) or one for all.
-        prior: P(member) in (0, 1) at which the accuracy is maximized and reported.
-        min_class_records: a class gets its own threshold only with at least this many fitting
-            members and non-members; other classes (and labels never seen) use the
-            class-independent threshold.
-
-    ``fit`` learns thresholds from known members / non-members; ``predict`` applies them;
-    ``evaluate`` reports accuracy ``p·TPR + (1 − p)·(1 − FPR)``, advantage ``2·accuracy − 1``
-    (its trivial floor is |2p − 1|), TPR and FPR on the records given. Inputs are softmax outputs
+    ``fit`` learns thresholds from records of known membership, ``predict`` applies them and
+    ``evaluate`` reports the accuracy ``p·TPR + (1 − p)·(1 − FPR)``, the advantage
+    ``2·accuracy − 1`` (its trivial floor is |2p − 1|), TPR and FPR. Inputs are softmax outputs
     (n, C) and class indices (n,), numpy or torch on any device; the search runs on the member
     probs' device. Records whose probs are not finite are dropped (``n_dropped_`` counts them at
     fit time) and predicted non-members.
 
-    After ``fit``: ``threshold_`` (class-independent, in metric units), ``thresholds_`` (n_classes,)
-    the threshold each label uses, ``class_fitted_`` (n_classes,) bool, whether that class has its
-    own threshold. A record is called a member when its metric is ``>= threshold`` for
-    correctness / confidence and ``<= threshold`` for entropy / mentr, so a threshold of +inf
-    (correctness / confidence) or −inf (entropy / mentr) calls nobody a member, the opposite
-    infinity everybody.
+    Args:
+        metric: "mentr" (default), "entropy", "confidence" or "correctness".
+        class_conditional: one threshold per class label (τ_y, §3.1.2) or one for all.
+        prior: P(member) in (0, 1) at which the accuracy is maximized and reported.
+        min_class_records: fitting members and non-members a class needs for its own threshold;
+            other classes (and labels never seen) use the class-independent one.
+
+    After ``fit``: ``threshold_``, the class-independent threshold in metric units;
+    ``thresholds_`` (n_classes,), the one each label uses; ``class_fitted_`` (n_classes,) bool,
+    whether that class has its own. A record is a member when its metric is ``>= threshold``
+    (correctness, confidence) or ``<= threshold`` (entropy, mentr), so a threshold of +inf (−inf
+    for entropy, mentr) calls nobody a member and the opposite infinity everybody.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import MetricAttack
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> y_in, y_out = torch.randint(0, 3, (2, 400), generator=gen)
+        >>> def softmax_outputs(y, margin):  # members: a larger margin on their label
+        ...     logits = torch.randn(len(y), 3, generator=gen)
+        ...     return (logits + margin * torch.nn.functional.one_hot(y, 3)).softmax(dim=1)
+        >>> p_in, p_out = softmax_outputs(y_in, 3.0), softmax_outputs(y_out, 1.0)
+        >>> attack = MetricAttack("mentr").fit(p_in[:200], y_in[:200], p_out[:200], y_out[:200])
+        >>> attack.thresholds_.shape
+        (3,)
+        >>> figures = attack.evaluate(p_in[200:], y_in[200:], p_out[200:], y_out[200:])
+        >>> round(figures["advantage"], 2)
+        0.52
     """
 
     def __init__(

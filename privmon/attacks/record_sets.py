@@ -1,7 +1,7 @@
 """The record sets DOMIAS-style attacks take (test, synthetic, reference): validated as float64
 (n, d) tensors on the test records' device, embedded (PCA or an encoder), and a Gaussian KDE fitted
 with a message naming the set. Shared by :mod:`~privmon.attacks.domias`, its baselines and
-:class:`~privmon.attacks.GeneratorQuery`."""
+:class:`~privmon.queries.GeneratorQuery`."""
 
 from __future__ import annotations
 

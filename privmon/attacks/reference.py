@@ -1,50 +1,19 @@
 """Reference-model membership attacks: LiRA, RMIA and difficulty calibration.
 
 Each attack compares a per-record statistic of the audited (target) model with the same statistic
-under k reference (shadow) models trained on random subsets of the population, some of which
-contain the record (``shadow_in[i, j]``: record j was in model i's training set) and some not.
+under k reference (shadow) models trained on random subsets of the population, some with the
+record and some without (``shadow_in[i, j]``: record j was in model i's training set):
+:func:`lira` (Carlini et al., "Membership Inference Attacks From First Principles"), :func:`rmia`
+(Zarifzadeh et al., "Low-Cost High-Power Membership Inference Attacks") and
+:func:`calibrated_score` (Watson et al., "On the Importance of Difficulty Calibration in
+Membership Inference Attacks"). :func:`leave_one_out` makes each model in turn the target of the
+others. :class:`privmon.queries.ReferenceModelQuery` uses the same pieces.
 
-============================ ======================================================== ==========
-attack                       score of record x (higher = member)                      reference
-============================ ======================================================== ==========
-:func:`lira` online          log N(t; μ_in, σ²_in) − log N(t; μ_out, σ²_out)           LiRA eq. 4
-:func:`lira` offline         log Φ((t − μ_out) / σ_out)                                LiRA §VI-A
-:func:`rmia`                 Pr_z(LR(x, z) ≥ γ), LR(x, z) = (Pr(x|θ)/Pr(x)) /          RMIA
-                             (Pr(z|θ)/Pr(z))                                          Score_MIA
-:func:`calibrated_score`     s(θ, x) − mean of s(θ_i, x) over models without x        Watson
-============================ ======================================================== ==========
-
-Sources. LiRA: Carlini, Chien, Nasr, Song, Terzis, Tramèr, "Membership Inference Attacks From
-First Principles" (IEEE S&P 2022): the online likelihood ratio of eq. 4 (Algorithm 1), its
-offline one-sided test (§VI-A) and the fixed ("global") variance for fewer than about 64 shadow
-models. RMIA: Zarifzadeh, Liu, Mahendran, Shokri, "Low-Cost High-Power Membership Inference
-Attacks" (ICML 2024): the pairwise likelihood ratio against population records z and the
-offline approximation Pr(x) ≈ ½((1 + a)·Pr_out(x) + (1 − a)) from reference models trained
-without x.
-Difficulty calibration: Watson, Guo, Cormode, Sablayrolles, "On the Importance of Difficulty
-Calibration in Membership Inference Attacks" (ICLR 2022).
-
-The statistic. LiRA's t = s(θ, x) is best the logit-scaled confidence φ = log(p_y / (1 − p_y))
-(:func:`privmon.attacks.metric.logit_confidence_from_logits`, :class:`privmon.queries.
-LogitConfidenceQuery`), close to Gaussian per record; RMIA's Pr(x | θ) is the probability of the
-true label, p_y = sigmoid(φ); the calibrated loss attack takes −loss = −softplus(−φ) (higher =
-member), and any other higher-is-member score works too.
-
-Gaussian fits (LiRA). Per record, the mean and variance of its finite shadow scores on each side
-(in: ``shadow_in`` True, out: False) are maximum-likelihood estimates (the variance divides by
-the count, as ``scipy.stats.norm.fit``). The fixed variance of a side is the mean of these
-per-record variances over the records with at least two finite scores on that side (a pooled
-within-record variance, not the variance of all scores together, which would add the spread of
-the per-record means). Variances are floored at 1e-60 (σ ≥ 1e-30, as in the paper's code), so a
-record whose shadow scores are all equal gets a finite, extreme score.
-
-Conventions. Inputs are numpy arrays or torch tensors on any device; the work is done in float64
-on the target scores' device, vectorized over records and models; results are float64 numpy
-arrays of shape (n,), aligned with the records. A non-finite shadow score is left out of its
-record's fit (as if that model had not been trained). A record gets NaN, which privmon's
-estimators drop and count, when its target score is not finite or it lacks the reference scores
-its fit needs: per-record variance needs two finite scores on each side used, the fixed variance
-one (online LiRA uses both sides, offline LiRA, offline RMIA and calibration only the out side).
+Inputs are numpy arrays or torch tensors on any device, worked in float64 on the target scores'
+device and vectorized over records and models; results are float64 numpy arrays aligned with the
+records. A non-finite shadow score is left out of its record's fit; a record that cannot be
+scored gets NaN, which privmon's estimators drop and count. The formulas and the Gaussian fits:
+docs, Theory page, *Reference-model attacks*.
 """
 
 from __future__ import annotations
@@ -259,21 +228,34 @@ def lira(
         shadow_scores: (k, n) the same statistic under k shadow models.
         shadow_in: (k, n) bool, ``shadow_in[i, j]``: record j was in shadow model i's training
             set.
-        online: True (default): per record, Gaussians N(μ_in, σ²_in) and N(μ_out, σ²_out) fitted
-            to the shadow scores of the models with and without it, and the score is the log
-            likelihood ratio log N(t; μ_in, σ²_in) − log N(t; μ_out, σ²_out) (eq. 4, Algorithm
-            1). False: the offline attack (§VI-A), out models only, the one-sided test
-            log Φ((t − μ_out) / σ_out) = log P(Z ≤ t), Z ~ N(μ_out, σ²_out).
-        fixed_variance: True: one global variance per side (the pooled within-record variance,
-            see the module docstring), as the paper advises with fewer than about 64 shadow
-            models; False: per-record variances. None (default): fixed when k < 64.
+        online: True (default): the log likelihood ratio log N(t; μ_in, σ²_in) − log N(t; μ_out,
+            σ²_out) of Gaussians fitted per record to the models with and without it (eq. 4,
+            Algorithm 1). False: the offline one-sided test log Φ((t − μ_out) / σ_out) (§VI-A).
+        fixed_variance: True: one variance per side, the pooled within-record variance (as the
+            paper advises below about 64 shadow models); False: per-record variances. None
+            (default): fixed when k < 64.
 
     Returns:
-        float64 numpy array (n,); NaN for records that cannot be scored (module docstring).
+        float64 numpy array (n,); NaN where the target score is not finite or a side used has
+        too few finite shadow scores (two for a per-record variance, one for a fixed one).
 
     Raises:
         ValueError naming the argument: arrays of the wrong dimension or shape, empty arrays,
             a ``shadow_in`` that is not boolean, ``online`` / ``fixed_variance`` not a bool.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon import auc
+        >>> from privmon.attacks import lira
+        >>> rng = np.random.default_rng(0)
+        >>> shadow_in = rng.random((16, 200)) < 0.5  # record j in shadow model i
+        >>> shadow = rng.normal(size=(16, 200)) + shadow_in  # members score higher
+        >>> member = rng.random(200) < 0.5  # the target model's members
+        >>> scores = lira(rng.normal(size=200) + member, shadow, shadow_in)
+        >>> scores.shape
+        (200,)
+        >>> round(auc(scores[member], scores[~member]), 2)
+        0.69
     """
     online = check_flag(online, name="online")
     fixed_variance = _check_fixed_variance(fixed_variance)
@@ -308,13 +290,10 @@ def rmia(
         shadow_in: (k, n) bool membership of the records in the reference models; needed only
             offline, where None means no reference model saw any record.
         population: which of the n records are the population records z (records the target
-            did not train on), as positions among the n: a bool mask (n,) or a 1-D array of
-            integer indices into them (``[3, 7]`` and the mask true at 3 and 7 are the same).
-            Not the records themselves, unlike :class:`privmon.queries.ReferenceModelQuery`'s
-            ``population=(x, y)``: to compare with separate population records, append their
-            probabilities to ``target_probs`` and ``shadow_probs`` (and False columns to
-            ``shadow_in``) and pass their indices. It may include scored records; a record
-            compared with itself has LR = 1.
+            did not train on): a bool mask (n,) or integer indices, positions rather than the
+            records :class:`privmon.queries.ReferenceModelQuery` takes. A scored record among
+            them has LR = 1 against itself. Separate population records: append their
+            probabilities (and False columns of ``shadow_in``) and pass their indices.
         online: the Pr(x) estimate (above).
         a: offline only, the slope of Pr_in(x) ≈ a·Pr_out(x) + (1 − a), in [0, 1]; the paper
             tunes it on reference models (0.3 is a common value for small datasets).
@@ -324,6 +303,21 @@ def rmia(
         float64 numpy array (n,); NaN where Pr(x | θ) is not finite or Pr(x) cannot be formed
         (no finite reference probability on the side needed). A Pr(x) of exactly 0 makes
         r(x) infinite (the top score), or NaN when Pr(x | θ) is 0 too.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon import auc
+        >>> from privmon.attacks import rmia
+        >>> rng = np.random.default_rng(0)
+        >>> def sigmoid(z):
+        ...     return 1 / (1 + np.exp(-z))
+        >>> shadow_in = rng.random((8, 200)) < 0.5
+        >>> shadow_probs = sigmoid(rng.normal(size=(8, 200)) + shadow_in)
+        >>> member = np.arange(200) < 100  # the target trained on the first 100 records
+        >>> target_probs = sigmoid(rng.normal(size=200) + member)
+        >>> scores = rmia(target_probs, shadow_probs, shadow_in, population=~member)
+        >>> round(auc(scores[member], scores[~member]), 2)
+        0.76
     """
     online = check_flag(online, name="online")
     a = check_unit(a, name="a")
@@ -353,6 +347,14 @@ def calibrated_score(target_scores: Any, shadow_scores: Any, shadow_in: Any = No
     Returns:
         float64 numpy array (n,); NaN where the target score is not finite or the record has no
         finite score from a model trained without it.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.attacks import calibrated_score
+        >>> target = -np.array([0.1, 2.0, 0.5])  # the target model's -loss of 3 records
+        >>> shadow = -np.array([[0.2, 2.1, 0.1], [0.4, 1.9, 0.3]])  # 2 models without them
+        >>> calibrated_score(target, shadow).round(2)  # record 0 is easier for the target
+        array([ 0.2,  0. , -0.3])
     """
     t, s, m = reference_inputs(
         target_scores, shadow_scores, shadow_in, kind="scores", mask_required=False
@@ -422,6 +424,19 @@ def leave_one_out(
 
     Returns:
         float64 numpy array (k, n), higher = member; NaN as the attacks give it.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon import auc
+        >>> from privmon.attacks import leave_one_out
+        >>> rng = np.random.default_rng(0)
+        >>> masks = rng.random((8, 100)) < 0.5
+        >>> phi = rng.normal(size=(8, 100)) + masks  # members: a higher confidence
+        >>> scores = leave_one_out(phi, masks, attack="lira_offline")
+        >>> scores.shape
+        (8, 100)
+        >>> round(auc(scores[masks], scores[~masks]), 2)
+        0.75
     """
     if attack not in LOMO_ATTACKS:
         raise ValueError(f"attack must be one of {LOMO_ATTACKS}, got {attack!r}")

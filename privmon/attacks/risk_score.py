@@ -1,57 +1,13 @@
 """Song & Mittal's privacy risk score (§4.1, eq. 12-15) and its calibration check (§4.2.1).
 
-The privacy risk score of a labelled record z = (x, y) is the posterior probability that it is a
-member given what the model outputs on it,
+The privacy risk score of a labelled record is the posterior probability that it is a member
+given one metric of the model's output on it (modified entropy by default), measured per class
+(eq. 14). It is MACE's individual risk, r = (1 + f_p) / 2, so :class:`PrivacyRiskScore` computes
+it with :func:`privmon.individual_risk` on the metric's quantile scale, intervals included.
+:func:`calibration` checks a score on records it was not fitted on.
 
-    r(z) = p·P(m(z) | member, y) / (p·P(m(z) | member, y) + (1 − p)·P(m(z) | non-member, y)),
-
-with the model output reduced to one metric value m(z) (eq. 15; modified entropy by default, any
-metric of :mod:`privmon.attacks.metric` works) and, when ``class_conditional``, the member /
-non-member distributions of m measured separately for each label y (eq. 14). This is exactly
-MACE's individual risk: r = (1 + f_p) / 2, so the score is computed by
-:func:`privmon.individual_risk` (histogram method, MACE Lemma 5), and :meth:`PrivacyRiskScore.risk`
-returns its intervals too.
-
-**Fitting.** ``fit`` takes records of known membership: a shadow model's training / test data
-(the paper's setting), or the audited model's own member / non-member reference records. Score
-*other* records with ``score``; scoring the fitting records themselves counts each one in its
-own estimate and overstates the calibration.
-
-**Cells.** The metric is binned on quantiles of the fitting records of the group (the class, or
-all classes for the pooled estimate): it is mapped through their empirical CDF, a monotone map,
-and :func:`privmon.individual_risk` bins the result on its equal-width grid, so every cell holds
-about the same number of fitting records. Metric values beyond the fitted range fall in the edge
-cells. With ``bins=None`` a group of n fitting records gets ``clip(n // 200, 2, 100)`` cells:
-about 200 records per cell, where the posterior's sampling noise (about 0.5/sqrt(200) = 0.035)
-stays well below the 0.05 calibration goal; finer cells make the score sharper but noisier, and
-a noisy score is over-confident on new records.
-
-**Resolution.** One score per cell (the paper's code, too, reads one value per histogram cell:
-5 per class) gives few distinct scores: 4 from 400 + 400 fitting records. ``interpolate=True``
-reads the score between cells instead: Lemma 5 at each occupied cell's node (the mean quantile
-of its fitting records, so a tied metric value is its own node) and linear interpolation of f_p
-and its bounds between neighbouring nodes, flat beyond the first and last. The nodes' intervals
-are taken at δ/2, so the interpolated interval covers the interpolated cell posteriors at level
-1 − δ (a union bound over the two cells). On a smooth posterior this keeps the calibration and
-halves the error to the true posterior; where the posterior jumps inside a cell (an overfit MLP
-that memorised flipped labels) it blends across the jump and is over-confident, so it is not the
-default (docs/benchmarks.md, *Privacy risk score: resolution*).
-
-**Fallback rule.** With ``class_conditional=True``, a class gets its own estimate only when the
-fitting data hold at least ``min_class_records`` members *and* ``min_class_records``
-non-members of it (default 100); every other class, and any label absent at fit time, gets the
-pooled (class-independent) estimate. With ``method="kde"`` a class whose members or
-non-members show fewer than two distinct values (no KDE exists) is pooled too.
-``class_fitted_`` says which classes have their own.
-
-The score depends on the fitting records only through their sorted values per group, so it does
-not depend on their order. Non-finite probability rows are dropped at fit time (``n_dropped_``)
-and score NaN.
-
-**Calibration.** :func:`calibration` bins scores of records *not* used for fitting and compares
-each bin's observed member fraction with the scores: a calibrated score tracks the diagonal.
-The observed fraction also depends on the share of members among the records checked; it is
-comparable with the score when that share equals the prior.
+The cells, the interpolated resolution, the per-class fallback and what the calibration
+measures: docs, Theory page, *Privacy risk score*.
 """
 
 from __future__ import annotations
@@ -72,8 +28,8 @@ from privmon.attacks.metric import (
     prepare_inputs,
     prepare_pair,
 )
-from privmon.estimators.binning import BinnedScores
-from privmon.estimators.estimates import check_method
+from privmon.estimators.binned_scores import BinnedScores
+from privmon.estimators.methods import check_method
 from privmon.estimators.risk import IndividualRisk, individual_risk, risk_from_probabilities
 
 __all__ = ["Calibration", "PrivacyRiskScore", "calibration"]
@@ -159,21 +115,41 @@ def _interpolated_risk(g: _Group, u: torch.Tensor, *, prior: float, delta: float
 class PrivacyRiskScore:
     """Privacy risk score r(z) = P(member | metric, label) (Song & Mittal §4.1, eq. 13-15).
 
+    ``fit`` takes records of known membership (a shadow model's training and test data, or the
+    audited model's own member / non-member reference records); ``score`` and ``risk`` read other
+    records (scoring the fitting records overstates the calibration). Inputs are softmax outputs
+    (n, C) and class indices (n,), numpy or torch on any device. Non-finite probability rows are
+    dropped at fit time (``n_dropped_``) and score NaN.
+
     Args:
         prior: P(member) in (0, 1); the paper's eq. 13 is prior 0.5.
         metric: "mentr" (eq. 15, default), "entropy", "confidence" or "correctness".
-        class_conditional: per-label distributions (eq. 14), with the fallback rule of the module
-            docstring; False uses the pooled estimate for every record.
+        class_conditional: per-label distributions (eq. 14); a class with fewer than
+            ``min_class_records`` fitting members or non-members, or a label unseen at fit time,
+            gets the pooled estimate (``class_fitted_`` says which have their own). False: pooled.
         method: "histogram" (default; MACE Lemma 5 intervals) or "kde" (Gaussian KDE on the
             quantile scale, Lemma 6/11 intervals; O(n·m) time).
         bins: cells per estimate (histogram), or None for about 200 fitting records per cell.
-        interpolate: histogram only: read the score between the cells by linear interpolation
-            (module docstring, *Resolution*); False (default) gives one score per cell, as the
-            paper's code does.
+        interpolate: histogram only: read the score between the cells by linear interpolation;
+            False (default) gives one score per cell, as the paper's code does.
         min_class_records: fitting members and non-members a class needs for its own estimate.
         delta: 1 − level of the intervals returned by :meth:`risk`.
 
-    Inputs are softmax outputs (n, C) and class indices (n,), numpy or torch on any device.
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import PrivacyRiskScore
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> y = torch.randint(0, 2, (3, 1000), generator=gen)
+        >>> def softmax_outputs(y, margin):  # members: a larger margin on their label
+        ...     logits = torch.randn(len(y), 2, generator=gen)
+        ...     return (logits + margin * torch.nn.functional.one_hot(y, 2)).softmax(dim=1)
+        >>> prs = PrivacyRiskScore()
+        >>> _ = prs.fit(softmax_outputs(y[0], 3.0), y[0], softmax_outputs(y[1], 1.0), y[1])
+        >>> prs.class_fitted_
+        array([ True,  True])
+        >>> scores = prs.score(softmax_outputs(y[2], 3.0), y[2])  # members, not fitted on
+        >>> round(float(scores.mean()), 2)
+        0.66
     """
 
     def __init__(
@@ -313,6 +289,17 @@ class Calibration(NamedTuple):
     records whose score falls in the bin (NaN when empty); ``counts`` (bins,) records per bin;
     ``rmse`` the root mean square gap between each record's bin member fraction and the bin's
     mean score, i.e. sqrt(Σ_b counts_b·(observed_b − mean score_b)² / Σ_b counts_b).
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.attacks import calibration
+        >>> rng = np.random.default_rng(0)
+        >>> scores = rng.random(2000)
+        >>> curve = calibration(scores, rng.random(2000) < scores, bins=4)
+        >>> curve.centers
+        array([0.125, 0.375, 0.625, 0.875])
+        >>> curve.observed.round(2)
+        array([0.12, 0.4 , 0.61, 0.89])
     """
 
     centers: np.ndarray
@@ -332,6 +319,17 @@ def calibration(scores: Any, is_member: Any, *, bins: int = 10) -> Calibration:
     perfectly calibrated score) and weights bins by their record counts, so sparsely populated
     bins do not dominate. The member fraction is comparable with the score when the share of
     members among the records equals the score's prior.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.attacks import calibration
+        >>> rng = np.random.default_rng(0)
+        >>> scores = rng.random(1000)
+        >>> is_member = rng.random(1000) < scores  # P(member | score) = score: calibrated
+        >>> round(calibration(scores, is_member, bins=5).rmse, 2)
+        0.03
+        >>> round(calibration(np.full(1000, 0.9), is_member).rmse, 2)  # over-confident
+        0.38
     """
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
         raise ValueError(f"bins must be a positive integer, got {bins!r}")

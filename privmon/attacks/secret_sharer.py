@@ -1,32 +1,13 @@
-"""Secret-sharer canaries and their exposure (Carlini et al. 2019, "The Secret Sharer: Evaluating
-and Testing Unintended Memorization in Neural Networks").
+"""Secret-sharer canaries and their exposure (Carlini et al., "The Secret Sharer: Evaluating and
+Testing Unintended Memorization in Neural Networks").
 
-A canary is a template filled with a random secret r from a space R (e.g. six digits:
-|R| = 10⁶), inserted into the training text. After training, the model's log-perplexity of the
-canary is compared with that of the other fills of the template:
-
-    rank(r) = |{r' ∈ R : Px(s[r']) ≤ Px(s[r])}|        (rank 1: no fill is more likely)
-    exposure(r) = log₂|R| − log₂ rank(r)
-
-where Px(s) = −Σ_t log p(s_t | s_<t) is the total negative log-likelihood of the filled text
-(any fixed log base and any fixed prefix give the same ranks). A canary the model has not
-memorized has exposure around 1 bit (its rank is uniform); one it has fully memorized,
-log₂|R|.
-
-:func:`exposure` takes the canaries' losses and their candidates' losses:
-
-* ``method="rank"`` counts the candidates at or below each canary:
-  exposure = log₂(m + 1) − log₂(1 + #{candidates ≤ canary}) for m candidates. Exact when the
-  candidates are every other fill of R (then m + 1 = |R|); with a uniform sample of R it
-  estimates the exposure and saturates at log₂(m + 1).
-* ``method="gaussian"`` extrapolates past the sample: a normal distribution N(μ, σ²) is fitted
-  to the candidates' losses (mean, standard deviation with ddof = 1) and
-  exposure = −log₂ Φ((Px − μ) / σ): the fraction of R at least as likely as the canary, read
-  off the fit instead of counted (the paper's extrapolation of the rank for large |R|). Beyond
-  the sample the normal tail is an assumption about the losses, not a measurement.
-
-:func:`secret_sharer_canaries` draws the secrets and the candidates; :func:`canary_exposure`
-scores both with a Hugging Face causal language model and returns each canary's exposure.
+A canary is a template filled with a random secret from a space R (e.g. six digits: |R| = 10⁶),
+inserted into the training text. After training, the canary's log-perplexity is ranked among
+the template's other fills: exposure = log₂|R| − log₂ rank, about 1 bit for a canary the model
+has not memorized and log₂|R| for one it has. :func:`secret_sharer_canaries` draws the secrets
+and the candidate fills, :func:`exposure` turns losses into bits (counted among the candidates,
+or extrapolated from a Gaussian fit) and :func:`canary_exposure` scores both with a Hugging Face
+causal language model. The two estimators: docs, Theory page, *Secret-sharer exposure*.
 """
 
 from __future__ import annotations
@@ -74,14 +55,28 @@ def exposure(
     """Exposure (bits) of each canary given the losses of the template's other fills.
 
     Args:
-        canary_losses: Px of each canary, shape (c,).
+        canary_losses: Px of each canary (its total negative log-likelihood), shape (c,).
         candidate_losses: Px of the candidate fills, shape (m,) (shared by every canary) or
             (c, m) (one row per canary). Non-finite candidates are left out of their row.
-        method: "rank" (exact count) or "gaussian" (normal fit, extrapolated); module docstring.
+        method: "rank" (default): log₂(m + 1) − log₂(1 + #{candidates ≤ canary}), exact when
+            the candidates are every other fill of R, else saturating at log₂(m + 1);
+            "gaussian": −log₂ Φ((Px − μ) / σ) with a normal fitted to the candidates' losses,
+            which extrapolates past the sample.
 
     Returns:
         float64 array (c,); NaN for a non-finite canary loss, or a row with too few finite
         candidates (one for "rank", two with a positive spread for "gaussian").
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.attacks import exposure
+        >>> rng = np.random.default_rng(0)
+        >>> candidates = rng.normal(50.0, 2.0, size=999)  # losses of the other fills
+        >>> canaries = np.array([50.0, 40.0])  # a typical canary, a memorized one
+        >>> exposure(canaries, candidates).round(2)
+        array([0.91, 9.97])
+        >>> exposure(canaries, candidates, method="gaussian").round(2)
+        array([ 0.94, 22.22])
     """
     check_choice(method, EXPOSURE_METHODS, name="method")
     canary = as_array(canary_losses, name="canary_losses", ndim=1)
@@ -133,6 +128,14 @@ class SecretSharerCanaries:
             the rest of R, or all of it when ``exhaustive``).
         exhaustive: True when ``candidates`` is every fill of R but the secrets, so that
             ``exposure(..., method="rank")`` is exact (relative to R without the other canaries).
+
+    Examples:
+        >>> from privmon.attacks import secret_sharer_canaries
+        >>> canaries = secret_sharer_canaries("my pin is {secret}", n_canaries=2, length=4, seed=0)
+        >>> canaries.texts
+        ['my pin is 8652', 'my pin is 3000']
+        >>> canaries.space_size, len(canaries.candidate_texts), canaries.exhaustive
+        (10000, 1000, False)
     """
 
     template: str
@@ -178,6 +181,14 @@ def secret_sharer_canaries(
             (and R has at most 10⁶ secrets), every other fill is listed and the rank exposure
             is exact.
         seed: seed of the draw (numpy ``default_rng``).
+
+    Examples:
+        >>> from privmon.attacks import secret_sharer_canaries
+        >>> canaries = secret_sharer_canaries("the code is {secret}", n_canaries=3, length=2)
+        >>> canaries.secrets
+        ('86', '52', '30')
+        >>> len(canaries.candidates), canaries.exhaustive  # every other fill: exact ranks
+        (97, True)
     """
     if not isinstance(template, str) or template.count(_PLACEHOLDER) != 1:
         raise ValueError(f"template must be a string holding {_PLACEHOLDER} once, got {template!r}")
@@ -244,6 +255,23 @@ def sequence_losses(
     return_tensors="pt")`` (a tokenizer without a pad token is refused) and scored by
     :func:`~privmon.attacks.language_model.causal_lm_logits`, so the padding side does not
     matter. The caller puts the model in eval mode.
+
+    Examples:
+        >>> import torch
+        >>> from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+        >>> from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+        >>> from privmon.attacks import sequence_losses
+        >>> vocab = {c: i for i, c in enumerate(["<pad>", *" abcdefghijklmnopqrstuvwxyz"])}
+        >>> chars = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+        >>> chars.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")  # a token a letter
+        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=chars, pad_token="<pad>")
+        >>> _ = torch.manual_seed(0)
+        >>> config = GPT2Config(
+        ...     vocab_size=len(vocab), n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=0
+        ... )
+        >>> model = GPT2LMHeadModel(config).eval()  # untrained: about log 28 nats a token
+        >>> sequence_losses(model, tokenizer, ["abc", "hello world"])
+        array([ 6.5945425 , 33.29724503])
     """
     batch_size = check_int(batch_size, name="batch_size", minimum=1)
     if not callable(tokenizer) or getattr(tokenizer, "pad_token", None) is None:
@@ -273,7 +301,27 @@ def canary_exposure(
 ) -> np.ndarray:
     """Each canary's exposure (bits) under ``model``: :func:`sequence_losses` of the canary texts
     and of the candidate texts, then :func:`exposure`. Runs under ``torch.no_grad()``; the
-    caller puts the model in eval mode (a check of :class:`~privmon.PrivacyMonitor` does)."""
+    caller puts the model in eval mode (a check of :class:`~privmon.PrivacyMonitor` does).
+
+    Examples:
+        >>> import numpy as np
+        >>> import torch
+        >>> from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+        >>> from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+        >>> from privmon.attacks import canary_exposure, secret_sharer_canaries
+        >>> canaries = secret_sharer_canaries("pin {secret}", n_canaries=2, length=2, seed=0)
+        >>> vocab = {c: i for i, c in enumerate(["<pad>", "p", "i", "n", " ", *"0123456789"])}
+        >>> digits = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+        >>> digits.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=digits, pad_token="<pad>")
+        >>> _ = torch.manual_seed(0)
+        >>> config = GPT2Config(
+        ...     vocab_size=len(vocab), n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=0
+        ... )
+        >>> bits = canary_exposure(GPT2LMHeadModel(config).eval(), tokenizer, canaries)
+        >>> bits.shape, bool(bits.max() <= np.log2(len(canaries.candidates) + 1))
+        ((2,), True)
+    """
     if not isinstance(canaries, SecretSharerCanaries):
         raise ValueError(f"canaries must be a SecretSharerCanaries, got {type(canaries).__name__}")
     own = sequence_losses(model, tokenizer, canaries.texts, batch_size=batch_size)

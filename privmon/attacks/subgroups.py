@@ -1,35 +1,13 @@
 """Membership-inference risk per subgroup of the records (DOMIAS §5.3).
 
 DOMIAS (van Breugel et al., "Membership Inference Attacks against Synthetic Data through
-Overfitting Detection", Sec. 5.3, Fig. 5, App. A.3) shows that an attack's
-success can differ sharply between groups of records: a generator overfits sparse regions, so an
-under-represented group (there: heart-failure patients on ARB medication) can be far more exposed
-than the population, while a global AUC near 0.5 hides it. "It is advisable data publishers
-quantify the excess MIA risk to specific subgroups" (Sec. 6). :func:`subgroup_risk` does that for
-any attack scores and any user-given group labels: the attack's figures restricted to the member
-and non-member records of each group.
-
-Figures per group (higher score = "more likely a member", as everywhere in privmon):
-
-- ``auc``: :func:`privmon.auc` of the group's member scores against its non-member scores
-  (Mann–Whitney, ties 1/2).
-- ``top_q_precision``: ``{q: precision}``, :func:`privmon.top_q_precision` within the group
-  (DOMIAS App. D): the member fraction among the group's ceil(q * n_group) highest-scoring
-  records. Read it against ``member_fraction``, the precision of guessing at random within the
-  group (the groups' member fractions differ in general).
-- ``n_members``, ``n_nonmembers``: the group's finite scores on each side; ``n_dropped``: its
-  NaN / infinite scores, dropped before ranking (never binned, never counted as ties).
-- ``member_fraction``: ``n_members / (n_members + n_nonmembers)``.
-
-A group with no (finite) member score or no non-member score has no ROC: its ``auc`` and every
-``top_q_precision`` value are NaN (its counts say why); no error is raised, so one empty cell does
-not hide the other groups. A group whose scores are all NaN is reported the same way.
-
-Implementation: the labels of both sides are pooled and factorized once (``np.unique``), the
-records are sorted by group once (a stable argsort), and each group's contiguous slice goes
-through privmon's ROC code (:mod:`privmon.estimators.roc`: one sort per group gives both the AUC
-and the top-q precisions; the same functions that :func:`privmon.auc` and
-:func:`privmon.top_q_precision` call). No per-record Python loop; a loop over the groups only.
+Overfitting Detection", Sec. 5.3, Fig. 5) shows that an attack's success can differ sharply
+between groups of records: a generator overfits sparse regions, so an under-represented group
+can be far more exposed than the population while a global AUC near 0.5 hides it ("data
+publishers [should] quantify the excess MIA risk to specific subgroups", Sec. 6).
+:func:`subgroup_risk` restricts an attack's figures to the members and non-members of each
+user-given group: one stable sort by group, then one ranking per group through the functions
+behind :func:`privmon.auc` and :func:`privmon.top_q_precision`.
 """
 
 from __future__ import annotations
@@ -101,16 +79,33 @@ def subgroup_risk(
         q: quantile(s) in (0, 1] for the top-q precision.
 
     Returns:
-        ``{group: {"auc", "top_q_precision": {q: value}, "n_members", "n_nonmembers",
-        "n_dropped", "member_fraction"}}`` with groups in sorted order and numpy scalar labels
-        turned into Python scalars. ``auc`` and ``top_q_precision`` are NaN for a group without
-        finite member scores or without finite non-member scores; ``member_fraction`` is NaN for
-        a group with no finite score. See the module docstring.
+        ``{group: figures}`` with groups in sorted order (numpy scalar labels turned into Python
+        scalars). ``figures["auc"]``: :func:`privmon.auc` of the group's member scores against
+        its non-member scores; ``figures["top_q_precision"]``: ``{q: precision}``, the member
+        fraction among the group's ceil(q · n_group) highest scores (DOMIAS App. D), to read
+        against ``figures["member_fraction"]`` (the precision of guessing at random within the
+        group); ``n_members`` / ``n_nonmembers``: the group's finite scores on each side;
+        ``n_dropped``: its NaN / infinite scores, dropped before ranking. ``auc`` and
+        ``top_q_precision`` are NaN for a group without a finite member score or without a
+        finite non-member score (no error: one empty cell does not hide the other groups);
+        ``member_fraction`` is NaN for a group with no finite score.
 
     Raises:
         ValueError: a score argument is empty or has more than one dimension per record; a label
             argument's length differs from its scores'; ``q`` outside (0, 1]; labels of the two
             sides that cannot be sorted together. Messages name the argument.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.attacks import subgroup_risk
+        >>> rng = np.random.default_rng(0)
+        >>> groups = np.repeat(["common", "rare"], [900, 100])
+        >>> members = rng.normal(size=1000) + (groups == "rare")  # the rare group leaks
+        >>> risk = subgroup_risk(members, rng.normal(size=1000), groups, groups, q=0.1)
+        >>> {group: round(figures["auc"], 2) for group, figures in risk.items()}
+        {'common': 0.49, 'rare': 0.73}
+        >>> risk["rare"]["n_members"], risk["rare"]["member_fraction"]
+        (100, 0.5)
     """
     qs, _ = check_quantiles(q)
     mem = _scores(member_scores, name="member_scores")

@@ -4,11 +4,12 @@ reference-model attack, and one-run DP audits: canaries (gradient canaries insid
 optimizer, input canaries for any model) and the ε lower bound their scores give."""
 
 from privmon.audit.canaries import GradientCanaries, InputCanaries
-from privmon.audit.ensemble import Ensemble, random_halves, train_ensemble
 from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
 from privmon.audit.results import AuditResult, SetupComparison, compare
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
 from privmon.audit.specific import average, default_score, logit_score, specific
+from privmon.audit.train import random_halves, train_ensemble
+from privmon.models import Ensemble
 
 __all__ = [
     "AuditResult",

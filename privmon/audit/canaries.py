@@ -1,22 +1,13 @@
 """Canaries for one-run DP audits: Dirac gradient canaries inside an Opacus optimizer, and input
 canaries for any model.
 
-A one-run audit (Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run",
-Algorithm 1) includes each of m canaries with probability ½, trains once, scores every canary
-and turns how well the scores tell the included canaries from the others into a lower bound on
-ε (:func:`privmon.audit.one_run_epsilon`). This module makes and scores the canaries; higher
-scores mean "included" for both kinds.
-
-* :class:`GradientCanaries` (white box, DP-SGD): the Dirac canaries of Nasr et al. 2023, "Tight
-  Auditing of Differentially Private Machine Learning": a gradient that is zero except one
-  coordinate, where it equals the clipping bound C. Each included canary is sampled at every
-  step like a record (Poisson, at the optimizer's sampling rate) and added to the summed clipped
-  gradient *before* the optimizer's own ``add_noise``, so it passes through exactly the noise, the
-  scaling and the update rule a record does. A run whose optimizer adds less noise than the
-  accountant assumes is caught: the audited ε exceeds the accountant's.
-* :class:`InputCanaries` (black box, any model): records (mislabelled ones are the strongest)
-  of which a seeded half joins the training set; a query scores all of them at a check. Much
-  weaker than gradient canaries: they audit the whole training pipeline, not the mechanism.
+A one-run audit (Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run",
+Algorithm 1) includes each of m canaries with probability ½, trains once, scores every canary and
+turns how well the scores tell the included canaries from the others into a lower bound on ε
+(:func:`privmon.audit.one_run_epsilon`). This module makes and scores the canaries (higher =
+included): :class:`GradientCanaries` (white box: DP-SGD's own mechanism, audited exactly) and
+:class:`InputCanaries` (black box: records that join the training set, much weaker, auditing the
+whole pipeline rather than the mechanism).
 """
 
 from __future__ import annotations
@@ -134,48 +125,29 @@ class _Hook:
 class GradientCanaries:
     """Dirac gradient canaries inside an Opacus ``DPOptimizer``, for a one-run audit of DP-SGD.
 
-    Nasr et al. 2023, "Tight Auditing of Differentially Private Machine Learning": canary i is
-    a gradient that is zero except coordinate i of a dedicated parameter block, where it equals
-    the clipping bound C (``optimizer.max_grad_norm``, read at every step). Each canary is
-    included with probability ½ (seeded, :attr:`included`); at every logical step each included
-    canary is sampled with the optimizer's sampling rate q (Poisson, like a record: q times the
-    accumulated iterations, as Opacus' accountant counts it) and added to the summed clipped
-    gradient between ``clip_and_accumulate`` and the optimizer's own ``add_noise``. It
-    therefore passes through exactly the noise, the ``expected_batch_size`` scaling and the
-    update rule (SGD, momentum, Adam, weight decay) a record does, and a broken ``add_noise`` is
-    audited, never bypassed: no noise is added here. Skipped (virtual) steps of
-    ``BatchMemoryManager`` / ``signal_skip_step`` never reach ``add_noise``, so each logical
-    step adds the canaries once.
-
-    :meth:`scores` gives each canary's total update along its coordinate, θ_0 − θ_T (gradient
-    descent moves against the canary's gradient, so higher = included): feed them to
+    Nasr et al., "Tight Auditing of Differentially Private Machine Learning": canary i is a
+    gradient that is zero except coordinate i of a dedicated parameter block, where it equals the
+    clipping bound C (``optimizer.max_grad_norm``, read at every step). Each canary is included
+    with probability ½ (seeded, :attr:`included`); at every logical step each included canary is
+    sampled like a record (Poisson, at the optimizer's sampling rate) and added to the summed
+    clipped gradient before the optimizer's own ``add_noise``. It thus passes through exactly the
+    noise, the scaling and the update rule a record does, and an optimizer that adds less noise
+    than the accountant assumes is caught: the audited ε exceeds the accountant's. :meth:`scores`
+    gives each canary's total update along its coordinate (higher = included), for
     :func:`privmon.audit.one_run_epsilon`.
 
-    The block: ``n_canaries`` zeros on the device and dtype of the optimizer's first parameter,
-    added to the optimizer as a param group of its own with the first group's hyperparameters
-    (create the canaries before an LR scheduler, which must know that group: one made earlier
-    is refused). The model never uses the block, so its clipped per-sample gradients are exactly
-    zero: it is kept out of Opacus' per-sample clipping (which would cost a batch × n_canaries
-    pass per step) and sees only the noise, the canaries and the update: the idealised Gaussian
-    mechanism of the audit, exactly, with as many canaries as wanted (1e5 cost about +30 % CPU
-    time per step on a 19k-parameter MLP, benchmarks/dp_canaries.py). Canaries on the model's own
-    coordinates instead were measured and dropped: weaker bounds, at most one per coordinate,
-    and they perturb the model.
+    The block (``n_canaries`` zeros on the first parameter's device and dtype) joins the optimizer
+    as a param group of its own with the first group's hyperparameters: create the canaries before
+    an LR scheduler (one made earlier is refused). The model's training is unchanged in
+    distribution, not bit for bit: Opacus draws ``n_canaries`` more normals per step from its
+    noise source (with ``noise_multiplier=0`` the weights are bit-identical). The canaries' own
+    random numbers come from a generator seeded with ``seed``. ``optimizer.state_dict()`` holds
+    the block's group: a checkpoint loads into an optimizer carrying the same canaries
+    (:meth:`state_dict`). Distributed, per-layer, adaptive and ghost clipping are refused. How the
+    block stays out of the per-sample clipping, and its cost: docs, Theory page, *Gradient
+    canaries*.
 
-    Where training with canaries differs from training without: nowhere in distribution (the
-    model's clipping, noise and updates are unchanged); not bit for bit, because Opacus draws
-    ``n_canaries`` more normals per step for the block from its noise source (its
-    ``generator``, or the global torch RNG when it has none), after the model's noise, which
-    shifts every later draw from that source (the next steps' noise and, where they share the
-    global RNG, the Poisson batches and dropout). With ``noise_multiplier=0`` the model's weights
-    are bit-identical. ``optimizer.state_dict()`` holds the block's group and state: a
-    checkpoint loads into an optimizer that carries the same canaries. The canaries' own random
-    numbers (inclusion, sampling) come from a generator seeded with ``seed`` (sampling on the
-    block's device), never from a global RNG.
-
-    Distributed Opacus (``DistributedDPOptimizer``) adds noise on rank 0 only and averages over
-    ranks; canaries added on every rank would count ``world_size`` times, so it is refused, as
-    are per-layer, adaptive and ghost clipping.
+    Use as a context manager (or call :meth:`detach`) to restore the optimizer.
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
@@ -184,7 +156,32 @@ class GradientCanaries:
         sample_rate: probability that a record is in a batch. None (default) reads the rate
             Opacus' accountant hook was built with; a value must agree with it when both exist.
 
-    Use as a context manager (or call :meth:`detach`) to restore the optimizer.
+    Examples:
+        >>> import torch
+        >>> from opacus import PrivacyEngine
+        >>> from privmon.audit import GradientCanaries, one_run_epsilon
+        >>> _ = torch.manual_seed(0)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        >>> model = torch.nn.Linear(4, 2)
+        >>> engine = PrivacyEngine()
+        >>> model, optimizer, loader = engine.make_private(
+        ...     module=model,
+        ...     optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        ...     data_loader=torch.utils.data.DataLoader(data, batch_size=16),
+        ...     noise_multiplier=1.0,
+        ...     max_grad_norm=1.0,
+        ... )
+        >>> with GradientCanaries(optimizer, 1000, seed=0) as canaries:
+        ...     for x, y in loader:  # one epoch: 4 steps
+        ...         optimizer.zero_grad()
+        ...         torch.nn.functional.cross_entropy(model(x), y).backward()
+        ...         optimizer.step()
+        >>> in_scores, out_scores = canaries.scores()
+        >>> canaries.steps, len(in_scores) + len(out_scores)
+        (4, 1000)
+        >>> audit = one_run_epsilon(in_scores, out_scores, delta=1e-5)
+        >>> bool(audit.epsilon <= engine.get_epsilon(delta=1e-5))  # the accountant's ε holds
+        True
     """
 
     def __init__(
@@ -418,21 +415,40 @@ def _check_query(query: Any) -> bool:
 class InputCanaries:
     """Input canaries for a black-box one-run audit of any model.
 
-    Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run": each canary
-    record is included in the training set with probability ½ (seeded, :attr:`included`);
-    after (or during) training a query scores every canary and
-    :func:`privmon.audit.one_run_epsilon` turns the scores into an ε lower bound. Mislabelled
-    records are the usual canaries: a model that memorises them fits labels no other record
-    supports.
+    Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run": each canary record is
+    included in the training set with probability ½ (seeded, :attr:`included`); after (or during)
+    training a query scores every canary and :func:`privmon.audit.one_run_epsilon` turns the
+    scores into an ε lower bound. Mislabelled records are the usual canaries: a model that
+    memorizes them fits labels no other record supports.
 
     Args:
         records: the canary records, a map-style dataset (``len`` and integer indexing; a
             ``TensorDataset`` of ``(x, y)``, a list of ``(x, y)`` tuples) whose items the
             training loop and the query both accept after default collation.
         query: the query :meth:`scores` runs when called without one (e.g.
-            ``privmon.queries.LossQuery(model)``), so that the canaries can be handed to
-            ``PrivacyMonitor(canaries=...)``, which calls ``scores()`` at every check.
+            ``privmon.queries.LossQuery(model)``), so that ``PrivacyMonitor(canaries=...)`` can
+            call ``scores()`` at every check.
         seed: seeds the inclusion bits (>= 0).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import InputCanaries
+        >>> from privmon.queries import LossQuery
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(40, 8, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+        >>> canaries = InputCanaries(torch.utils.data.TensorDataset(x, y), seed=0)  # random labels
+        >>> len(canaries.training_records)  # the included ones, to add to the training set
+        16
+        >>> model = torch.nn.Linear(8, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        >>> keep = torch.as_tensor(canaries.included)
+        >>> for _ in range(100):  # a model that memorizes its training set
+        ...     optimizer.zero_grad()
+        ...     torch.nn.functional.cross_entropy(model(x[keep]), y[keep]).backward()
+        ...     optimizer.step()
+        >>> in_scores, out_scores = canaries.scores(LossQuery(model))  # negated losses
+        >>> bool(in_scores.mean() > out_scores.mean())
+        True
     """
 
     def __init__(

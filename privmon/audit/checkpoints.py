@@ -1,14 +1,14 @@
 """A checkpoint folder: what each trained model gave, one file per model, saved as soon as it
 is trained, so that an interrupted audit resumes without retraining what was saved.
 
-File ``{kind}-{i:06d}.pt`` (``torch.save``) holds model i's *identity* (its seed, its mask and
-whatever else makes it model i), the *recipe* (fingerprints of what every model of the audit
-shares: data, architecture, optimizer, ...; :func:`digest`, :func:`qualified_name`) and its
-contents (parameters, or scores). A later call loads a file only when recipe and identity
-match the call's, and otherwise refuses, naming what differs. Files are read with
-``torch.load(weights_only=True)`` (tensors, numbers, strings and containers only: no code runs
-on loading) and written to a temporary name first, then renamed, so a process killed while
-saving leaves no half-written file under the final name.
+File ``{kind}-{i:06d}.pt`` (``torch.save``) holds model i's *fingerprint* (its seed, its mask
+and whatever else makes it model i, under ``identity``), the *recipe* (fingerprints of what
+every model of the audit shares: data, architecture, optimizer, ...; :func:`digest`,
+:func:`qualified_name`) and its contents (parameters, or scores). A later call loads a file
+only when recipe and fingerprint match the call's, and otherwise refuses, naming what differs.
+Files are read with ``torch.load(weights_only=True)`` (tensors, numbers, strings and containers
+only: no code runs on loading) and written to a temporary name first, then renamed, so a
+process killed while saving leaves no half-written file under the final name.
 """
 
 from __future__ import annotations
@@ -100,15 +100,15 @@ class CheckpointFolder:
         found = (self._pattern.fullmatch(f) for f in os.listdir(self.folder))
         return sorted(i for m in found if m is not None and (i := int(m.group(1))) < n_models)
 
-    def save(self, i: int, identity: Mapping[str, Any], contents: Mapping[str, Any]) -> None:
-        """Write model ``i``'s file: its ``identity`` (e.g. seed, mask) and ``contents``
+    def save(self, i: int, fingerprint: Mapping[str, Any], contents: Mapping[str, Any]) -> None:
+        """Write model ``i``'s file: its ``fingerprint`` (e.g. seed, mask) and ``contents``
         (tensors are saved from the CPU, each as a copy of its own)."""
         record = {
             "format": FORMAT,
             "kind": self.kind,
             "index": i,
             "recipe": self.recipe,
-            "identity": portable(identity),
+            "identity": portable(fingerprint),
             "contents": portable(contents),
         }
         final = self.path(i)
@@ -116,12 +116,12 @@ class CheckpointFolder:
         torch.save(record, partial)
         os.replace(partial, final)
 
-    def load(self, i: int, identity: Mapping[str, Any]) -> dict[str, Any]:
+    def load(self, i: int, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
         """Model ``i``'s contents (on the CPU), after checking its file was saved by this
-        recipe for this identity.
+        recipe for this fingerprint.
 
         Raises:
-            ValueError naming the file and what differs: another recipe or identity, or a file
+            ValueError naming the file and what differs: another recipe or fingerprint, or a file
                 that cannot be read (remove it and that model is trained again).
         """
         path = self.path(i)
@@ -156,7 +156,7 @@ class CheckpointFolder:
                 f"{'; '.join(differs)} differ{'s' if len(differs) == 1 else ''}. Use another "
                 "folder, or empty this one to retrain"
             )
-        wanted = portable(identity)
+        wanted = portable(fingerprint)
         mismatch = [
             _difference(k, record["identity"].get(k), v)
             for k, v in wanted.items()

@@ -1,22 +1,14 @@
 """ε lower bounds from the canaries of one training run.
 
-Sources: Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run" (2023), and
-Mahloujifar, Melis, Chaudhuri, "Auditing f-Differential Privacy in One Run" (2025), Algorithm 3
-with the Gaussian trade-off curve. The count-level formulas live in
-:mod:`privmon.audit.one_run_math`.
-
-Setting. m canaries are each included in training with probability 1/2, independently. After
-training every canary gets a score (higher = more likely included). The auditor guesses
-"included" on the k₊ highest scores and "left out" on the k₋ lowest, abstains on the rest, and
-counts the correct guesses v among the r = k₊ + k₋ made. A mechanism that is (ε, δ)-DP (or
-μ-GDP) in each canary makes many correct guesses unlikely, so a large v refutes it; the bound
-is the largest ε refuted at level ``significance``.
-
-Choosing the guesses. Picking (k₊, k₋) after looking at which guesses came out right
-invalidates the level: the largest bound over 20 guess counts is > 0 in 26 % of null runs
-(1,000 canaries) at a nominal 5 % (benchmarks/one_run_audit.py). :func:`one_run_epsilon`
-offers three valid choices: a split of the canaries (the default), a Bonferroni grid fixed in
-advance, or a pair fixed in advance; its docstring states their guarantees.
+m canaries are each included in training with probability 1/2, independently; after training
+every canary gets a score (higher = more likely included). The auditor guesses "included" on the
+k₊ highest scores and "left out" on the k₋ lowest; many correct guesses refute (ε, δ)-DP
+(Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run") or μ-GDP (Mahloujifar,
+Melis, Chaudhuri, "Auditing f-Differential Privacy in One Run", Algorithm 3).
+:func:`epsilon_from_guesses` bounds ε from counts fixed in advance; :func:`one_run_epsilon` also
+chooses the guesses from the scores, in ways that keep the level. The count-level tests are in
+:mod:`privmon.audit.one_run_math`; the bounds, the choice of guesses and its guarantee: docs,
+Theory page, *One-run ε lower bounds*.
 """
 
 from __future__ import annotations
@@ -76,6 +68,18 @@ class OneRunAudit:
         selection: how the guesses were chosen: "split", "bonferroni" or "fixed".
         mu: the GDP parameter the f-DP test refutes (None for "steinke"): every μ' < mu is
             refuted, and ``epsilon`` is mu-GDP's ε at ``delta``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.audit import one_run_epsilon
+        >>> rng = np.random.default_rng(0)
+        >>> included = rng.random(1000) < 0.5
+        >>> scores = rng.normal(size=1000) + 2.0 * included
+        >>> audit = one_run_epsilon(scores[included], scores[~included], delta=1e-5)
+        >>> audit.n_canaries + audit.n_selection, audit.n_guesses <= audit.n_canaries
+        (1000, True)
+        >>> round(float(audit), 2) == round(audit.epsilon, 2)
+        True
     """
 
     epsilon: float
@@ -134,13 +138,12 @@ def epsilon_from_guesses(
     """ε lower bound from counts fixed in advance: ``n_correct`` right among ``n_guesses``
     guesses on ``n_canaries`` canaries, each included with probability 1/2.
 
-    ``method="steinke"``: the largest ε whose p-value β + α·δ·2m stays below
-    ``significance`` ("Privacy Auditing with One (1) Training Run"); at ``delta = 0`` the
-    pure-DP bound. ``method="fdp"``: the largest μ that Algorithm 3 of "Auditing
-    f-Differential Privacy in One Run" refutes with the Gaussian trade-off curve, as ε at
-    ``delta`` (> 0). Both are valid at level 1 - ``significance`` when the number of guesses
-    does not depend on the run; bounds are rounded down (see
-    :mod:`privmon.audit.one_run_math`).
+    ``method="fdp"``: the largest μ that Algorithm 3 of "Auditing f-Differential Privacy in One
+    Run" refutes with the Gaussian trade-off curve, as ε at ``delta`` (> 0).
+    ``method="steinke"``: the largest ε whose p-value β + α·δ·2m stays below ``significance``
+    ("Privacy Auditing with One (1) Training Run"); at ``delta = 0`` the pure-DP bound. Both are
+    valid at level 1 - ``significance`` when the number of guesses does not depend on the run;
+    bounds are rounded down.
 
     Args:
         n_canaries: m, every canary of the audit (guessed or not), >= 1.
@@ -152,6 +155,14 @@ def epsilon_from_guesses(
 
     Returns:
         The ε lower bound (0 when nothing is refuted).
+
+    Examples:
+        >>> from privmon.audit import epsilon_from_guesses
+        >>> counts = dict(n_canaries=1000, n_guesses=100, n_correct=95, delta=1e-5)
+        >>> round(epsilon_from_guesses(**counts), 2)
+        3.32
+        >>> round(epsilon_from_guesses(**counts, method="steinke"), 2)
+        2.17
     """
     delta, significance = _check_bound_args(delta, significance, method)
     m = check_int(n_canaries, name="n_canaries", minimum=1)
@@ -260,46 +271,29 @@ def one_run_epsilon(
     The auditor guesses "included" on the k₊ highest scores and "left out" on the k₋ lowest
     and counts the correct guesses; ``method`` turns the counts into a bound ("fdp":
     Mahloujifar et al.'s Algorithm 3 with the Gaussian trade-off curve, the refuted μ-GDP
-    converted to ε at ``delta``; "steinke": Steinke et al.'s (ε, δ) p-value).
-
-    Choosing (k₊, k₋) (``selection``):
+    converted to ε at ``delta``; "steinke": Steinke et al.'s (ε, δ) p-value). Choosing (k₊, k₋)
+    after seeing which guesses came out right would invalidate the level, so ``selection``
+    offers three valid ways:
 
     * ``"split"`` (default): a seeded random ``selection_fraction`` of the canaries, drawn
-      independently of inclusion, chooses the guesses; the rest is audited, its size as m.
-      On the selection part, 12 guess counts (geometric, 1 to its size), each all on top,
-      half and half or all at the bottom, are scaled to the audited part with their precision
-      (one pseudo-count each way, less one standard deviation: against the winner's curse of
-      small counts); the pair whose bound computed from that prediction is largest is used.
-    * ``"bonferroni"``: the pairs of :data:`BONFERRONI_GRID`, fixed before the run, each
-      tested at ``significance / 6``; the largest bound is reported.
-    * a pair ``(k_plus, k_minus)`` fixed before the run (e.g. by an earlier run): one test at
-      ``significance``.
+      independently of inclusion, chooses the guesses (from 12 guess counts, each all on top,
+      half and half or all at the bottom, with a pessimistic precision); the rest is audited.
+    * ``"bonferroni"``: the pairs of :data:`BONFERRONI_GRID`, fixed before the run, each tested
+      at ``significance / 6``; the largest bound is reported.
+    * a pair ``(k_plus, k_minus)`` fixed before the run (e.g. by an earlier run): one test.
 
-    Guarantee: P[bound > the mechanism's ε (μ for "fdp")] <= ``significance``.
+    Guarantee: P[bound > the mechanism's ε (μ for "fdp")] <= ``significance`` for any mechanism
+    that is (ε, δ)-DP ("steinke") or μ-GDP ("fdp") in each canary, with "bonferroni" or a fixed
+    pair; with "split", for "steinke" at ``delta = 0``, and otherwise when the selection part's
+    scores do not depend on the audited canaries' bits (canaries that do not interact; not
+    proven beyond, measured under the null by ``benchmarks/one_run_audit.py``). "fdp"
+    refutes μ-GDP curves, so its ε is a lower bound for mechanisms whose trade-off curve is
+    Gaussian (DP-SGD's, to a good approximation). The argument: docs, Theory page, *One-run ε
+    lower bounds*.
 
-    * "bonferroni" and a fixed pair: for any mechanism that is (ε, δ)-DP ("steinke") or μ-GDP
-      ("fdp") in each canary, as in the papers (the guess counts are fixed in advance).
-    * "split": given the selection canaries' inclusion bits (the auditor knows them), the run
-      is a mechanism of the audited canaries' bits alone with the same guarantee in each, and
-      the audited guesses are a function of its output. For "steinke" at ``delta = 0`` that
-      suffices for any mechanism: given the output, each guess is right with probability at
-      most e^ε / (1 + e^ε) whatever the other bits (Steinke et al.'s pure-DP argument), so
-      the guess count may depend on the output. For ``delta > 0`` and for "fdp" the papers
-      fix the guess count in advance, while the split's depends on the selection part's
-      scores: the level is exact when those scores are independent of the audited canaries'
-      bits given the selection bits (canaries that do not interact, e.g. the idealised
-      Gaussian mechanism); for a mechanism that ties them together it is not proven.
-      benchmarks/one_run_audit.py measures it under the null.
-    * "fdp": the ε is that of the refuted μ-GDP curve at ``delta``, a lower bound for
-      mechanisms whose trade-off curve is Gaussian (DP-SGD's, to a good approximation); the
-      test refutes μ-GDP, not every (ε, δ)-DP curve ("steinke" does that).
-
-    Ties and missing scores. Tied scores are ordered by seeded uniform draws independent of
-    inclusion, so all-tied scores give a bound near 0 with the stated level. Non-finite scores
-    (NaN, ±inf) are counted in ``n_dropped`` and ranked at the median of the finite scores
-    (ties broken the same way): they are abstentions unless the guesses reach the middle of
-    the ranking. Dropping them would not bias the level either (which canaries are dropped is a
-    function of the output); ranking them keeps the guess count of a fixed pair fixed.
+    Tied scores are ordered by seeded draws independent of inclusion. Non-finite scores are
+    counted in ``n_dropped`` and ranked at the median of the finite scores: abstentions unless
+    the guesses reach the middle of the ranking.
 
     Args:
         in_scores: scores of the canaries included in training, shape (n,) or (n, 1), numpy
@@ -314,6 +308,20 @@ def one_run_epsilon(
 
     Returns:
         :class:`OneRunAudit`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.audit import one_run_epsilon
+        >>> rng = np.random.default_rng(0)
+        >>> included = rng.random(1000) < 0.5  # each canary trained on with probability 1/2
+        >>> scores = rng.normal(size=1000) + 2.0 * included  # a mechanism that leaks
+        >>> in_scores, out_scores = scores[included], scores[~included]
+        >>> audit = one_run_epsilon(in_scores, out_scores, delta=1e-5)
+        >>> round(audit.epsilon, 2), audit.k_plus, audit.k_minus, audit.n_correct
+        (5.1, 171, 0, 168)
+        >>> pair = one_run_epsilon(in_scores, out_scores, delta=1e-5, selection=(50, 50))
+        >>> round(pair.epsilon, 2), pair.n_correct
+        (5.55, 100)
     """
     delta, significance = _check_bound_args(delta, significance, method)
     fraction = check_open_unit(selection_fraction, name="selection_fraction")

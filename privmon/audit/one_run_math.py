@@ -1,20 +1,12 @@
 """Count-level one-run audit bounds: (canaries, guesses, correct guesses) to a lower bound on ε.
 
-Sources:
-
-* Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run" (2023): with m
-  canaries, r guesses and v correct, q = 1 / (1 + e^-ε), β = P[Binomial(r, q) >= v] and
-  α = max_{i=1..v} P[v - i <= Binomial(r, q) < v] / i, the p-value of the claim "(ε, δ)-DP"
-  is min(1, β + α·δ·2m) (their approximate-DP theorem; α drops at δ = 0).
-* Mahloujifar, Melis, Chaudhuri, "Auditing f-Differential Privacy in One Run" (2025),
-  Algorithm 3 with the Gaussian trade-off curve (μ-GDP): f̄⁻¹(x) = Φ(Φ⁻¹(x) - μ), and μ-GDP
-  converted to ε at δ through δ(ε) = Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2) (Dong, Roth, Su,
-  "Gaussian Differential Privacy", Corollary 2.13).
-
-Every bound is the first parameter value that the test can no longer refute: the largest grid
-point below it that is still refuted is returned, so rounding never lifts a bound. Searches
-evaluate 33 parameter values per call (numpy vectorised) and refine three times, a bracket
-1/32768 of the first one.
+Steinke et al.'s p-value of "(ε, δ)-DP" (:func:`steinke_p_value`, "Privacy Auditing with One (1)
+Training Run") and Mahloujifar et al.'s Algorithm 3 with the Gaussian trade-off curve
+(:func:`fdp_rejects`, "Auditing f-Differential Privacy in One Run"), μ-GDP then converted to ε
+at δ (:func:`gdp_epsilon`; Dong, Roth, Su, "Gaussian Differential Privacy", Corollary 2.13). Each
+bound is the first parameter value the test can no longer refute, searched on vectorized grids
+and rounded down, so rounding never lifts a bound. The formulas: docs, Theory page, *One-run ε
+lower bounds*.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Shadow-model audit: how far each membership attack gets against models of one recipe.
 
 :func:`shadow_audit` trains ``n_models`` models on random halves of a dataset
-(:func:`privmon.audit.ensemble.random_halves`, each record in about half of them) as one batched
-ensemble (:func:`privmon.audit.ensemble.train_ensemble`), reads every record's logit-scaled
+(:func:`privmon.audit.random_halves`, each record in about half of them) as one batched
+ensemble (:func:`privmon.audit.train_ensemble`), reads every record's logit-scaled
 confidence φ under every model, and evaluates each attack as Carlini et al. do
 ("Membership Inference Attacks From First Principles", §V): each model in turn is the target
 and the others are its reference models (:func:`privmon.attacks.reference.leave_one_out`); the
@@ -29,8 +29,9 @@ from torch import nn
 from privmon._validation import as_array, as_mask, check_fprs, check_int, to_numpy
 from privmon.attacks.metric import logit_confidence_from_logits
 from privmon.attacks.reference import LOMO_ATTACKS, LOMO_MIN_MODELS, leave_one_out
-from privmon.audit.ensemble import LossFn, OptimizerFn, random_halves, train_ensemble
+from privmon.audit.loops import LossFn, OptimizerFn
 from privmon.audit.records import as_xy, frozen
+from privmon.audit.train import random_halves, train_ensemble
 from privmon.estimators.roc import roc_curve, roc_summary
 
 __all__ = ["ShadowAudit", "evaluate", "shadow_audit"]
@@ -52,6 +53,19 @@ class ShadowAudit:
         n_nonfinite: attack name -> number of NaN / infinite scores left out of its summary.
         seeds: (k,) the models' seeds (None when the statistic came from the caller).
         elapsed_s: wall time of the audit (training included).
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.audit import evaluate
+        >>> rng = np.random.default_rng(0)
+        >>> masks = rng.random((8, 100)) < 0.5
+        >>> audit = evaluate(rng.normal(size=(8, 100)) + masks, masks, attacks=["lira_offline"])
+        >>> audit.n_models, audit.n_records
+        (8, 100)
+        >>> round(audit.tpr("lira_offline", 0.1), 2)
+        0.39
+        >>> audit.exposure("lira_offline", fpr=0.1).shape  # per record: how often it is caught
+        (100,)
     """
 
     masks: np.ndarray
@@ -159,6 +173,16 @@ def evaluate(
         fpr: target false-positive rates, each in (0, 1).
         fixed_variance, a, gamma: the attacks' options (:func:`privmon.attacks.lira`,
             :func:`privmon.attacks.rmia`).
+
+    Examples:
+        >>> import numpy as np
+        >>> from privmon.audit import evaluate
+        >>> rng = np.random.default_rng(0)
+        >>> masks = rng.random((8, 200)) < 0.5  # record j in model i
+        >>> phi = rng.normal(size=(8, 200)) + masks  # members: a higher confidence
+        >>> audit = evaluate(phi, masks, attacks=["loss", "lira", "rmia"])
+        >>> {attack: round(row["auc"], 2) for attack, row in audit.summary.items()}
+        {'loss': 0.75, 'lira': 0.68, 'rmia': 0.73}
     """
     names = _check_attacks(attacks)
     targets = tuple(check_fprs(fpr))
@@ -217,21 +241,40 @@ def shadow_audit(
     Args:
         model_fn: ``model_fn() -> nn.Module`` returning logits (n, C).
         data: the records ``(x, y)``, ``y`` class indices (formats as in
-            :func:`privmon.audit.ensemble.train_ensemble`).
+            :func:`privmon.audit.train_ensemble`).
         n_models: number of models (>= 3 with a reference attack, else >= 2; Carlini et al.
             use 64 to 256).
         seed: non-negative integer; the halves and the models' seeds derive from it.
         optimizer, epochs, batch_size, loss_fn, stacked: the training recipe
-            (:func:`privmon.audit.ensemble.train_ensemble`); ``loss_fn`` defaults to the
+            (:func:`privmon.audit.train_ensemble`); ``loss_fn`` defaults to the
             per-record cross-entropy.
         attacks, fpr, fixed_variance, a, gamma: as in :func:`evaluate`.
-        checkpoint_dir, distributed: as in :func:`privmon.audit.ensemble.train_ensemble`:
+        checkpoint_dir, distributed: as in :func:`privmon.audit.train_ensemble`:
             each model saved as soon as it is trained, and resumed from; the models split over
             the ranks of an initialised default process group (call on every rank), every rank
             returning the audit of one process.
 
     Returns:
         A :class:`ShadowAudit` with the models' seeds.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import shadow_audit
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(64, 10, generator=gen), torch.randint(0, 2, (64,), generator=gen)
+        >>> audit = shadow_audit(
+        ...     lambda: torch.nn.Linear(10, 2),
+        ...     (x, y),
+        ...     n_models=16,
+        ...     seed=0,
+        ...     optimizer=lambda params: torch.optim.Adam(params, lr=0.1),
+        ...     epochs=50,
+        ...     attacks=["loss", "lira_offline"],
+        ... )
+        >>> print(audit.table())
+        attack            AUC    TPR@0.1   TPR@0.01  TPR@0.001  dropped
+        loss            0.693     13.28%      1.37%      0.20%        0
+        lira_offline    0.672     16.99%      2.34%      0.20%        0
     """
     start = time.perf_counter()
     names = _check_attacks(attacks)

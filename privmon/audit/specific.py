@@ -1,64 +1,30 @@
 """Per-record membership risk in the *specific* setup, its *average* counterpart, and the
 comparison between the two.
 
-Source: Krčo, Guépin, Meeus, de Montjoye, "Lost in the Averages: A New Specific Setup to Evaluate
+Krčo, Guépin, Meeus, de Montjoye, "Lost in the Averages: A New Specific Setup to Evaluate
 Membership Inference Attacks Against Machine Learning Models" (section numbers below refer to
-it).
-
-Why. The usual (*average*, §3.2) evaluation trains each evaluation model on a dataset resampled
-from a larger pool, with the target record in half of them. Its per-record risk is the risk
-averaged over datasets, and the risk of a record depends strongly on the dataset it sits in
-(outliers of one sample are often not outliers of another). The *specific* setup (§3.3) keeps the
-released model's training set ``D`` fixed and uses the training randomness (seed / weight
-initialisation) as the only source of randomness: half of the evaluation models are trained on
-``D``, the other half on ``D`` with the target swapped for a reference record. On the paper's
-datasets 67-100 % of the records that are high-risk in the specific setup are classified low-risk
-by the average one (Tables 1-2, the *miss rate* of §3.4).
-
-What this module computes.
-
-* :func:`specific` (§3.3, App. C Algorithm 1). ``dataset`` is fixed. For model ``k`` a seeded
-  balanced mask decides for every target whether it is *in* (its own record at its index) or
-  *out* (a reference record swapped in at its index); the model is trained on the resulting set
-  with a training seed derived from ``(seed, k)``, then every target's **original** record is
-  scored. All targets share the same models, so the cost is ``n_models`` trainings in total, not
-  ``2 * n_models`` per target. Consequence: in one model about half the targets are swapped at
-  once, so keep the targets a small fraction of the dataset (the paper audits one target at a
-  time; sharing models trades a slightly perturbed ``D`` for a cost independent of the number of
-  targets).
-* :func:`average` (§3.2, App. C Algorithm 2). Same mask and training seeds, but model ``k``'s
-  training set is drawn afresh from ``pool``: ``dataset_size`` records, the *in* targets plus
-  non-target records sampled without replacement.
-* Per target, the attack's performance over the models (§3.1 "privacy risk"): members are the
-  models trained with the target, non-members those trained without it; the risk is the ROC AUC
-  (:func:`privmon.estimators.roc.auc`) and the TPR at FPR 0.1
-  (:func:`privmon.estimators.roc.tpr_at_fpr`). The attack is a score threshold, by default the
-  loss attack (negative cross-entropy, higher = member).
-* :func:`~privmon.audit.results.compare` (§3.4): miss rate, RMSE and Pearson correlation
-  between the per-target risks of the two setups, plus the §6 Theorem 1 reference value
-  ``sqrt(var_avg / var_spec)``.
-
-Randomness. Everything derives from ``seed`` through ``numpy.random.SeedSequence`` (one stream
-for the mask, one per model for the reference draw / dataset sampling, one per model for the
-training seed), so a result reproduces from its seed. The global RNGs (``random``, numpy's
-legacy global, torch CPU and CUDA) are saved before each ``train_fn`` / ``score_fn`` call,
-seeded with that model's training seed for the call (so a ``train_fn`` that never seeds anything
-is still reproducible) and restored afterwards: the caller's global RNG state is left untouched.
+it). The usual *average* evaluation (§3.2) trains each evaluation model on a dataset resampled
+from a pool, so a record's risk is averaged over datasets; the *specific* setup (§3.3) keeps the
+released model's training set fixed and varies only the training randomness, each target
+swapped for a reference record in half of the models. :func:`specific` and :func:`average` train
+``n_models`` models shared by all targets and score every target under each, giving its AUC and
+TPR at a low FPR (:class:`~privmon.audit.results.AuditResult`);
+:func:`~privmon.audit.results.compare` counts the high-risk records the average setup misses
+(§3.4). Everything derives from ``seed``; the global RNGs are seeded for each ``train_fn`` /
+``score_fn`` call and restored afterwards. Why the setups differ and how the models are shared:
+docs, Theory page, *Specific and average setups*.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
-import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from privmon._validation import (
     check_callable,
@@ -67,64 +33,25 @@ from privmon._validation import (
     check_int,
     check_open_unit,
 )
-from privmon.attacks.reference import FIXED_VARIANCE_BELOW, leave_one_out, lira_tensor
-from privmon.audit.checkpoints import CheckpointFolder, digest, qualified_name
-from privmon.audit.distributed import exchange, plan
-from privmon.audit.records import as_xy, frozen
-from privmon.audit.results import AuditResult
-from privmon.audit.seeding import (
-    TAG_DATA,
-    TAG_FOLDS,
-    TAG_MASK,
-    seeded_global_rng,
-    stream,
-    training_seeds,
+from privmon.audit.checkpoints import digest
+from privmon.audit.evaluation_models import (
+    EvaluationModels,
+    ScoreFn,
+    TrainFn,
+    balanced_mask,
+    evaluation_scores,
 )
-from privmon.estimators.roc import auc as _auc
-from privmon.estimators.roc import tpr_at_fpr as _tpr_at_fpr
+from privmon.audit.per_target import audit_result
+from privmon.audit.records import as_xy
+from privmon.audit.results import AuditResult
+from privmon.audit.seeding import TAG_DATA, stream, training_seeds
 
-__all__ = [
-    "average",
-    "default_score",
-    "logit_score",
-    "specific",
-]
-
-TrainFn = Callable[[torch.Tensor, Any, int], Any]
-ScoreFn = Callable[[Any, torch.Tensor, Any], Any]
+__all__ = ["average", "default_score", "logit_score", "specific"]
 
 _ATTACKS = ("threshold", "lira", "lira_offline")
 # online LiRA's folds each need two members and two non-members of a target; offline LiRA
 # scores a model against the others (leave one out), two of them out
 _MIN_MODELS = {"threshold": 2, "lira": 8, "lira_offline": 4}
-# §4.1: high-risk threshold T = 0.8 for AUC and T = 0.6 for TPR at low FPR.
-
-
-# --- argument checks ------------------------------------------------------------------------------
-
-
-# --- randomness -----------------------------------------------------------------------------------
-
-
-def _balanced_mask(seed: int, n_models: int, n_targets: int) -> np.ndarray:
-    """(n_models, n_targets) in/out mask; each column a random arrangement of a balanced vector.
-
-    Every entry is marginally Bernoulli(0.5) (the extra model of an odd ``n_models`` goes to
-    "in" or "out" with probability 1/2 per target); each target is in exactly n_models // 2
-    or n_models // 2 + 1 models, so both member and non-member sides are never empty.
-    """
-    rng = stream(seed, TAG_MASK)
-    half = n_models // 2
-    mask = np.zeros((n_models, n_targets), dtype=bool)
-    extra = rng.random(n_targets) < 0.5 if n_models % 2 else np.zeros(n_targets, dtype=bool)
-    for j in range(n_targets):
-        col = np.zeros(n_models, dtype=bool)
-        col[: half + int(extra[j])] = True
-        mask[:, j] = rng.permutation(col)
-    return mask
-
-
-# --- scoring --------------------------------------------------------------------------------------
 
 
 def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
@@ -133,6 +60,15 @@ def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.
     ``model`` must be an ``nn.Module`` returning logits ``(n, C)`` (or one logit per record for
     a binary classifier, read as ``[0, z]`` as in :mod:`privmon.queries`). It is run in eval mode
     under ``torch.no_grad()`` and its train / eval modes are restored afterwards.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import default_score
+        >>> _ = torch.manual_seed(0)
+        >>> model, x, y = torch.nn.Linear(3, 2), torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        >>> losses = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+        >>> torch.allclose(default_score(model, x, y), -losses)
+        True
     """
     from privmon.queries import LossQuery
 
@@ -142,7 +78,17 @@ def default_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.
 def logit_score(model: Any, x: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor:
     """LiRA's statistic: the logit-scaled confidence ``log(p_y / (1 − p_y))`` of a classifier
     (:class:`privmon.queries.LogitConfidenceQuery`), the default ``score_fn`` of the LiRA
-    attacks. Same model requirements and mode handling as :func:`default_score`."""
+    attacks. Same model requirements and mode handling as :func:`default_score`.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import logit_score
+        >>> _ = torch.manual_seed(0)
+        >>> model, x, y = torch.nn.Linear(3, 2), torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        >>> p_y = model(x).softmax(dim=1)[torch.arange(4), y]
+        >>> torch.allclose(logit_score(model, x, y), torch.log(p_y / (1 - p_y)))
+        True
+    """
     from privmon.queries import LogitConfidenceQuery
 
     return _classifier_score(LogitConfidenceQuery, model, x, y)
@@ -168,198 +114,6 @@ def _classifier_score(query: Any, model: Any, x: torch.Tensor, y: torch.Tensor |
             m.training = mode
 
 
-def _scores_row(out: Any, n_targets: int) -> np.ndarray:
-    if isinstance(out, torch.Tensor):
-        arr = out.detach().to("cpu", torch.float64).numpy()
-    else:
-        try:
-            arr = np.asarray(out, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"score_fn must return {n_targets} numeric scores, got {type(out).__name__}"
-            ) from None
-    if arr.ndim == 2 and arr.shape[1] == 1:
-        arr = arr[:, 0]
-    if arr.shape != (n_targets,):
-        raise ValueError(
-            f"score_fn must return one score per target, shape ({n_targets},), "
-            f"got shape {arr.shape}"
-        )
-    return arr
-
-
-def _per_target_metrics(
-    scores: np.ndarray, mask: np.ndarray, fpr: float
-) -> tuple[np.ndarray, np.ndarray, int]:
-    n_targets = scores.shape[1]
-    aucs = np.full(n_targets, np.nan)
-    tprs = np.full(n_targets, np.nan)
-    finite = np.isfinite(scores)
-    for j in range(n_targets):
-        s, m, f = scores[:, j], mask[:, j], finite[:, j]
-        members, nonmembers = s[m & f], s[~m & f]
-        if members.size == 0 or nonmembers.size == 0:
-            continue
-        aucs[j] = _auc(members, nonmembers)
-        tprs[j] = _tpr_at_fpr(members, nonmembers, fpr=fpr)[fpr]
-    return aucs, tprs, int((~finite).sum())
-
-
-# --- shared driver --------------------------------------------------------------------------------
-
-
-class _Models(NamedTuple):
-    """How :func:`_run` trains and records the models: the checkpoint folder (or None), whether
-    to split them over the ranks, the recipe's fingerprint and each model's identity."""
-
-    checkpoint_dir: Any
-    distributed: bool
-    recipe: dict[str, str]
-    identity: Callable[[int], dict[str, Any]]
-
-
-def _run(
-    setup: str,
-    build: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]],
-    train_fn: TrainFn,
-    score_fn: ScoreFn,
-    target_x: torch.Tensor,
-    target_y: torch.Tensor | None,
-    mask: np.ndarray,
-    model_seeds: np.ndarray,
-    progress: bool,
-    models: _Models,
-) -> np.ndarray:
-    n_models, n_targets = mask.shape
-    what = f"privmon.audit.{setup}"
-    recipe = {
-        **models.recipe,
-        "train_fn": qualified_name(train_fn),
-        "score_fn": qualified_name(score_fn),
-        "n_models": str(n_models),
-    }
-    folder = None
-    if models.checkpoint_dir is not None:
-        folder = CheckpointFolder(models.checkpoint_dir, kind=setup, recipe=recipe, what=what)
-    work = plan(
-        n_models,
-        {**recipe, "checkpoint_dir": str(folder is not None)},
-        folder.present(n_models) if folder is not None else [],
-        distributed=models.distributed,
-        what=what,
-    )
-    rows: dict[int, np.ndarray] = {}
-    error = None
-    # tqdm on stderr; disable=None turns it off when stderr is not a terminal (CI logs, pipes)
-    bar = tqdm(
-        total=len(work.train),
-        desc=f"privmon {setup} audit",
-        unit="model",
-        disable=None if progress else True,
-    )
-    try:
-        if folder is not None:  # (without one on any rank, nothing is saved: to_load is empty)
-            for k in work.load:
-                rows[k] = folder.load(k, models.identity(k))["scores"].numpy()
-        for k in work.train:
-            x_k, y_k = build(k)
-            s = int(model_seeds[k])
-            with seeded_global_rng(s):
-                model = train_fn(x_k, y_k, s)
-                out = score_fn(
-                    model, target_x.clone(), None if target_y is None else target_y.clone()
-                )
-            rows[k] = _scores_row(out, n_targets)
-            del model, out
-            if folder is not None:
-                folder.save(k, models.identity(k), {"scores": rows[k]})
-            bar.update(1)
-    except Exception as err:
-        error = err
-    finally:
-        bar.close()
-    every = exchange(rows, error, world=work.world, stage=f"the {setup} audit's models")
-    return np.stack([every[k] for k in range(n_models)])
-
-
-def _finish(
-    setup: str,
-    targets: np.ndarray,
-    mask: np.ndarray,
-    scores: np.ndarray,
-    fpr: float,
-    seed: int,
-    model_seeds: np.ndarray,
-    replacement: np.ndarray | None,
-    start: float,
-    attack: str,
-) -> AuditResult:
-    if attack == "lira":
-        scores, fold = _cross_fitted_lira(scores, mask, seed)
-        per_fold = [
-            _per_target_metrics(np.where(fold == f, scores, np.nan), mask, fpr) for f in (0, 1)
-        ]
-        with warnings.catch_warnings():  # a target neither fold could score: NaN, counted
-            warnings.simplefilter("ignore", RuntimeWarning)
-            aucs = np.nanmean([r[0] for r in per_fold], axis=0)
-            tprs = np.nanmean([r[1] for r in per_fold], axis=0)
-        n_bad = int((~np.isfinite(scores)).sum())
-    else:
-        if attack == "lira_offline":
-            scores = leave_one_out(scores, mask, attack=attack)
-        aucs, tprs, n_bad = _per_target_metrics(scores, mask, fpr)
-    return AuditResult(
-        setup=setup,
-        targets=frozen(targets),
-        mask=frozen(mask),
-        scores=frozen(scores),
-        auc=frozen(aucs),
-        tpr=frozen(tprs),
-        fpr=fpr,
-        seed=seed,
-        model_seeds=frozen(model_seeds),
-        replacement=None if replacement is None else frozen(replacement),
-        n_nonfinite=n_bad,
-        attack=attack,
-        elapsed_s=time.perf_counter() - start,
-    )
-
-
-def _cross_fitted_lira(
-    statistic: np.ndarray, mask: np.ndarray, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Online LiRA (Carlini et al. eq. 4) per model and target, each model scored against the
-    in and out Gaussians of the other fold: the scores (k, n) and the folds (k, n) in {0, 1}.
-
-    For each target the models that trained on it, and those that did not, are split in
-    halves at random (seeded by ``seed``; an odd one out goes to fold 1), so each fold holds
-    half of the target's members and half of its non-members. Leaving only the scored model out (as
-    :func:`~privmon.attacks.reference.leave_one_out` does) biases a per-target AUC low: the
-    scored model's own statistic is missing from the fit of its side, which lowers a member's
-    score and raises a non-member's (mean AUC 0.44 at 64 models on a statistic without
-    signal). With disjoint folds the fits know nothing of the models they score, and the
-    per-target AUC and TPR are taken within each fold and averaged
-    (``benchmarks/specific_null.py``). Each fit sees about half of the models, with a fixed
-    variance below 128 models (fewer than 64 per fit)."""
-    rng = stream(seed, TAG_FOLDS)
-    keys = rng.random(mask.shape)
-    fold = np.zeros(mask.shape, dtype=np.int64)
-    for side in (True, False):
-        on_side = mask == side
-        rank = np.argsort(np.argsort(np.where(on_side, keys, np.inf), axis=0), axis=0)
-        fold[on_side & (rank >= on_side.sum(axis=0) // 2)] = 1
-    stat = torch.as_tensor(statistic, dtype=torch.float64)
-    m, f = torch.as_tensor(mask), torch.as_tensor(fold)
-    fixed = stat.shape[0] // 2 < FIXED_VARIANCE_BELOW
-    out = torch.full_like(stat, math.nan)
-    for held in (0, 1):
-        references = torch.where(f == held, math.nan, stat)  # the other fold's models only
-        # one fit per fold; lira_tensor broadcasts the (n,) fits over all k models' statistics
-        score = lira_tensor(stat, references, m, online=True, fixed_variance=fixed)
-        out = torch.where(f == held, score, out)
-    return out.numpy(), fold
-
-
 def _common_checks(
     train_fn: Any, score_fn: Any, n_models: Any, seed: Any, fpr: Any, attack: Any
 ) -> tuple[ScoreFn, int, int, float]:
@@ -376,9 +130,6 @@ def _common_checks(
         check_int(seed, name="seed"),
         check_open_unit(fpr, name="fpr"),
     )
-
-
-# --- public API -----------------------------------------------------------------------------------
 
 
 def specific(
@@ -404,17 +155,16 @@ def specific(
     1. the mask row ``k`` says, for each target, *in* or *out* (seeded, balanced per target,
        marginally Bernoulli(0.5); see :attr:`AuditResult.mask`);
     2. the training set is ``dataset`` with every *out* target's row replaced, at the same
-       index, by a reference record (§3.3: "D with x swapped out for a reference record x'");
-       the *in* targets keep their own record; non-target records never change;
+       index, by a reference record (§3.3); non-target records never change;
     3. ``model = train_fn(x, y, model_seed)`` with ``model_seed`` derived from ``(seed, k)``
        (the global RNGs are also seeded with it during the call, then restored);
     4. ``score_fn(model, x_targets, y_targets)`` scores the targets' **original** records.
 
     Per target, the risk is the AUC / TPR at ``fpr`` of its scores, the models with the target
-    in being the members and the others the non-members (App. C, Algorithm 1, with the loss
-    attack in place of a trained meta-classifier unless ``score_fn`` says otherwise). The paper
-    found ~100-200 evaluation models per setup give a stable AUC (App. B); a few dozen give a
-    coarse screening.
+    in being the members and the others the non-members (App. C, Algorithm 1). The paper found
+    ~100-200 evaluation models per setup give a stable AUC (App. B); a few dozen give a coarse
+    screening. The models are shared by all targets: keep the targets a small fraction of the
+    dataset, since about half of them are swapped out in each model.
 
     Args:
         train_fn: ``train_fn(x, y, seed) -> model``: trains a fresh model on the given set
@@ -435,31 +185,19 @@ def specific(
             more likely a member. Default: :func:`default_score` (negative cross-entropy).
         progress: show a progress bar (tqdm) on stderr when it is a terminal.
         fpr: the low false-positive rate of the TPR figure (the paper's 0.1).
-        attack: ``"threshold"`` (default): the per-target risk reads the ``score_fn`` scores
-            directly (§3.1's threshold on one score). ``"lira"`` / ``"lira_offline"``: LiRA
-            (Carlini et al., "Membership Inference Attacks From First Principles", eq. 4 and
-            §VI-A), as the paper's §5 audits ML models: in model ``k`` a target's score is the
-            LiRA score of its ``score_fn`` statistic against other models as shadow models (the
-            ones with the target in / out). ``"lira_offline"``: against all the other models
-            (:func:`privmon.attacks.reference.leave_one_out`). ``"lira"`` (online): against
-            the other fold of a split of each target's members and non-members in halves, the
-            per-target AUC / TPR taken within each fold and averaged (leaving only the scored
-            model out biases an online per-target AUC low, to 0.44 at 64 models where nothing
-            leaks: ``benchmarks/specific_null.py``). A fixed variance below 64 shadow models
-            per fit. ``score_fn`` then defaults to :func:`logit_score` (the logit-scaled
-            confidence).
-        reference_draw: ``"per_model"`` (default): for each model, the reference records swapped
-            in are drawn at random, without replacement within a model (the paper samples the
-            reference record, §3.3 and §6); ``"fixed"``: target ``j`` is always replaced by
-            ``reference`` record ``j``.
-        checkpoint_dir: a folder (created when missing) where each model's scores of the
-            targets are saved as soon as it is scored, with its seed, mask row and reference
-            draw and the audit's fingerprint (the data, targets and reference records' bytes,
-            ``reference_draw``, ``seed``, ``n_models``, and the qualified names of ``train_fn``
-            and ``score_fn``: a changed body under the same name goes unnoticed); a later call
-            with the same folder reads the saved scores and trains only the other models. A
-            folder of another audit is refused, naming what differs. None (default): nothing
-            is saved.
+        reference_draw: ``"per_model"`` (default): the reference records swapped in are drawn
+            afresh for each model, without replacement within a model (§3.3 and §6);
+            ``"fixed"``: target ``j`` is always replaced by ``reference`` record ``j``.
+        attack: ``"threshold"`` (default): the risk reads the ``score_fn`` scores directly.
+            ``"lira"`` / ``"lira_offline"``: each score is the LiRA score of the ``score_fn``
+            statistic against other models as shadow models (offline: all the others; online:
+            the other fold of the target's models split in halves, the figures averaged over
+            the folds); ``score_fn`` then defaults to :func:`logit_score`.
+        checkpoint_dir: a folder (created when missing) where each model's scores are saved as
+            soon as it is scored; a later call with the same folder reads them and trains only
+            the other models. A folder of another audit (fingerprint: the data, targets and
+            reference bytes, ``reference_draw``, ``seed``, ``n_models``, the qualified names of
+            ``train_fn`` and ``score_fn``) is refused, naming what differs. None: nothing saved.
         distributed: True (default): called on every rank of an initialised default process
             group with the same arguments, the models are split over the ranks
             (:func:`privmon.audit.train_ensemble` explains how) and every rank returns the
@@ -473,6 +211,28 @@ def specific(
             non-integer ``seed``, targets out of range or repeated, ``reference`` missing,
             smaller than ``len(targets)`` or of another feature shape, a non-callable
             ``train_fn`` / ``score_fn``, a ``score_fn`` returning the wrong shape.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import specific
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(40, 5, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+        >>> reference = torch.randn(8, 5, generator=gen), torch.randint(0, 2, (8,), generator=gen)
+        >>> def train_fn(x, y, seed):  # privmon seeds the global RNGs with seed around the call
+        ...     model = torch.nn.Linear(5, 2)
+        ...     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        ...     for _ in range(30):
+        ...         optimizer.zero_grad()
+        ...         torch.nn.functional.cross_entropy(model(x), y).backward()
+        ...         optimizer.step()
+        ...     return model
+        >>> result = specific(train_fn, (x, y), [0, 1, 2], reference=reference, n_models=8, seed=0)
+        >>> result.auc.shape, result.mask.shape  # per target; per model and target
+        ((3,), (8, 3))
+        >>> print(result.table(top=2))
+        rank  target    AUC   TPR@0.1   in  out
+           1       2  1.000     1.000    4    4
+           2       1  0.938     0.750    4    4
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
@@ -504,7 +264,7 @@ def specific(
     if y is not None and ry is not None:  # both or neither (checked above)
         ry = ry.to(device=y.device, dtype=y.dtype)
 
-    mask = _balanced_mask(seed, n_models, t.size)
+    mask = balanced_mask(seed, n_models, t.size)
     model_seeds = training_seeds(seed, n_models)
     n_ref = rx.shape[0]
     replacement = np.full((n_models, t.size), -1, dtype=np.int64)
@@ -514,8 +274,6 @@ def specific(
         else:
             chosen = stream(seed, TAG_DATA, k).choice(n_ref, size=t.size, replace=False)
         replacement[k] = np.where(mask[k], -1, chosen)
-
-    t_torch = torch.as_tensor(t, device=x.device)
 
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = ~mask[k]
@@ -529,30 +287,14 @@ def specific(
             y_k[pos] = ry[src]
         return x_k, y_k
 
-    scores = _run(
-        "specific",
-        build,
-        train_fn,
-        score_fn,
-        x[t_torch],
-        None if y is None else y[t_torch],
-        mask,
-        model_seeds,
-        progress,
-        _Models(
-            checkpoint_dir,
-            distributed,
-            {
-                "data": digest(x, y),
-                "targets": digest(t),
-                "reference": digest(rx, ry),
-                "reference_draw": reference_draw,
-                "seed": str(seed),
-            },
-            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k], "draw": replacement[k]},
-        ),
+    recipe = {"reference": digest(rx, ry), "reference_draw": reference_draw, "seed": str(seed)}
+    models = EvaluationModels(checkpoint_dir, distributed, recipe, replacement)
+    scores = evaluation_scores(
+        "specific", build, train_fn, score_fn, (x, y), t, mask, model_seeds, progress, models
     )
-    return _finish("specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack)
+    return audit_result(
+        "specific", t, mask, scores, fpr, seed, model_seeds, replacement, start, attack
+    )
 
 
 def average(
@@ -594,6 +336,18 @@ def average(
 
     Returns:
         An :class:`AuditResult` with ``setup="average"`` (``replacement`` is None).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.audit import average
+        >>> pool = torch.randn(60, 3, generator=torch.Generator().manual_seed(0))  # unlabelled
+        >>> def train_fn(x, y, seed):  # a "model" that memorizes: its training records
+        ...     return x
+        >>> def score_fn(model, x, y):  # minus the distance to the nearest training record
+        ...     return -torch.cdist(x, model).min(dim=1).values
+        >>> result = average(train_fn, pool, [0, 1], n_models=6, seed=0, score_fn=score_fn)
+        >>> result.setup, result.auc
+        ('average', array([1., 1.]))
     """
     start = time.perf_counter()
     score_fn, n_models, seed, fpr = _common_checks(train_fn, score_fn, n_models, seed, fpr, attack)
@@ -609,10 +363,9 @@ def average(
             f"dataset_size must lie in [len(targets), len(pool) - len(targets)] = "
             f"[{t.size}, {n - t.size}], got {size}"
         )
-    mask = _balanced_mask(seed, n_models, t.size)
+    mask = balanced_mask(seed, n_models, t.size)
     model_seeds = training_seeds(seed, n_models)
     others = np.setdiff1d(np.arange(n), t)
-    t_torch = torch.as_tensor(t, device=x.device)
 
     def build(k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         rng = stream(seed, TAG_DATA, k)
@@ -621,26 +374,10 @@ def average(
         idx = torch.as_tensor(rng.permutation(np.concatenate([members, drawn])), device=x.device)
         return x[idx].clone(), None if y is None else y[idx].clone()
 
-    scores = _run(
-        "average",
-        build,
-        train_fn,
-        score_fn,
-        x[t_torch],
-        None if y is None else y[t_torch],
-        mask,
-        model_seeds,
-        progress,
-        _Models(
-            checkpoint_dir,
-            distributed,
-            {
-                "data": digest(x, y),
-                "targets": digest(t),
-                "dataset_size": str(size),
-                "seed": str(seed),
-            },
-            lambda k: {"seed": int(model_seeds[k]), "mask": mask[k]},
-        ),
+    models = EvaluationModels(
+        checkpoint_dir, distributed, {"dataset_size": str(size), "seed": str(seed)}, None
     )
-    return _finish("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)
+    scores = evaluation_scores(
+        "average", build, train_fn, score_fn, (x, y), t, mask, model_seeds, progress, models
+    )
+    return audit_result("average", t, mask, scores, fpr, seed, model_seeds, None, start, attack)

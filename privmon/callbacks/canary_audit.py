@@ -16,23 +16,19 @@ no assumption on the audit sets: the canaries' inclusion is randomised by design
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from privmon.audit.one_run import one_run_epsilon
+from privmon.report import tags
+from privmon.report.build import CanaryFigures
 
-__all__ = ["CANARY_METHODS", "CanaryFigures", "canary_figures", "canary_tag", "check_canaries"]
+__all__ = ["CANARY_METHODS", "canary_figures", "check_canaries"]
 
 CANARY_METHODS: tuple[Literal["fdp", "steinke"], ...] = ("fdp", "steinke")
 """The one-run bounds a check reports: f-DP (μ-GDP, then ε at δ) and Steinke et al.'s."""
 
 # an audited ε above the accountant's by less than this is rounding, not a violation
 _TOLERANCE = 1e-9
-
-
-def canary_tag(method: str) -> str:
-    """The scalar tag of a method's audited ε lower bound."""
-    return f"privacy/canaries/{method}/epsilon_lower_bound"
 
 
 def check_canaries(canaries: Any) -> Any:
@@ -45,16 +41,6 @@ def check_canaries(canaries: Any) -> Any:
             f"got {type(canaries).__name__}"
         )
     return canaries
-
-
-@dataclass(frozen=True)
-class CanaryFigures:
-    """What the canaries said at one check: ``scalars`` (tag -> value), whether an audited ε
-    exceeded the accountant's (``violation``) and the messages saying so."""
-
-    scalars: dict[str, float]
-    violation: bool
-    messages: tuple[str, ...]
 
 
 def canary_figures(
@@ -76,8 +62,8 @@ def canary_figures(
         audit = one_run_epsilon(
             in_scores, out_scores, delta=delta, significance=significance, method=method
         )
-        scalars[canary_tag(method)] = audit.epsilon
-        scalars["privacy/canaries/n_canaries"] = float(audit.n_canaries + audit.n_selection)
+        scalars[tags.canary_epsilon(method)] = audit.epsilon
+        scalars[tags.CANARY_COUNT] = float(audit.n_canaries + audit.n_selection)
         if epsilon is not None and not math.isnan(epsilon):
             if audit.epsilon > epsilon + _TOLERANCE:
                 violation = True

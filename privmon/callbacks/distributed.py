@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "agree_on_outcomes",
     "agree_on_schedule",
     "agree_on_scores",
+    "agreed_stage",
     "gather_scores",
 ]
 
@@ -108,6 +110,22 @@ def agree(error: BaseException | None, *, stage: str, flags: Sequence[bool] = ()
             raise error
         raise RankFailure(f"privmon: {stage} failed on rank {first}: {message[0]}")
     return [bool(f) for f in agreed[1:]]
+
+
+@contextmanager
+def agreed_stage(stage: str, flags: list[bool] | None = None) -> Iterator[list[bool]]:
+    """A stage of the check each rank runs alone, then :func:`agree` on: an exception in the
+    ``with`` block is raised after the ranks agreed, on every rank (there as a
+    :class:`RankFailure`). ``flags`` (one list of the same length on every rank) is what the
+    block yields; set its entries there, and after the block each holds whether it is True on
+    any rank."""
+    flags = [] if flags is None else flags
+    error = None
+    try:
+        yield flags
+    except Exception as err:
+        error = err
+    flags[:] = agree(error, stage=stage, flags=flags)
 
 
 def agree_on_outcomes(

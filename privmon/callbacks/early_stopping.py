@@ -1,7 +1,7 @@
 """Privacy-aware early stopping: stop when a privacy figure stays above its budget.
 
-The decision is the pure function :func:`should_stop` (Lightning EarlyStopping style); the class
-only keeps the counters across checks and reads its figure from each report.
+The decision is the pure function :func:`stopping_decision` (Lightning EarlyStopping style); the
+class only keeps the counters across checks and reads its figure from each report.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ import math
 from typing import Any, Literal
 
 from privmon._validation import check_int
+from privmon.report import tags
 
-__all__ = ["PrivacyEarlyStopping", "should_stop"]
+__all__ = ["PrivacyEarlyStopping", "stopping_decision"]
 
 USES = ("lower", "value")
-# the paper's plug-in figures: biased up, no bound on the advantage, never a stopping figure
-PLUGIN_FIELDS = ("plugin", "plugin_upper", "upper")
 
 
-def should_stop(
+def stopping_decision(
     value: float, *, threshold: float, checks_seen: int, min_checks: int, wait: int, patience: int
 ) -> tuple[bool, int, str | None]:
     """One early-stopping decision, in a fixed order.
@@ -27,6 +26,18 @@ def should_stop(
     leaves the wait unchanged; a figure at or below the threshold resets the wait; above it the
     wait grows and training stops once it exceeds ``patience`` — but never before ``min_checks``
     checks have been seen.
+
+    Examples:
+        >>> from privmon.callbacks import stopping_decision
+        >>> stopping_decision(0.1, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0)
+        (False, 0, None)
+        >>> stop, wait, reason = stopping_decision(
+        ...     0.3, threshold=0.2, checks_seen=1, min_checks=1, wait=0, patience=0
+        ... )
+        >>> stop, wait
+        (True, 1)
+        >>> print(reason)
+        privacy figure 0.3000 above the budget 0.2000 for 1 consecutive check(s) (patience 0)
     """
     if not math.isfinite(value):
         return False, wait, None
@@ -51,16 +62,23 @@ class PrivacyEarlyStopping:
     """Stop training when ``metric`` stays above ``threshold``.
 
     Args:
-        metric: which figure of a report to watch. Either a full scalar tag
-            (``"privacy/loss/histogram/lower"``) or the part between ``privacy/`` and the estimate
-            field (``"loss/histogram"``), completed with ``use``.
+        metric: the figure to watch: a full tag (``"privacy/loss/histogram/lower"``) or its
+            query and method (``"loss/histogram"``), completed with ``use``.
         threshold: the budget: stop when the figure is above it.
-        use: which estimate of an advantage: "lower" (certified over the whole run: stops only
-            on proven leakage, the default) or "value" (debiased point estimate). The paper's
-            plug-in figures (``plugin``, ``plugin_upper``) are refused: they are biased up and
-            bound nothing, so they would stop training on noise.
+        use: "lower" (certified over the run: stops only on proven leakage) or "value" (the
+            debiased estimate); plug-in figures are refused (biased up, they stop on noise).
         patience: checks above the budget tolerated before stopping (0: stop at the first).
         min_checks: never stop before this many checks.
+
+    Examples:
+        >>> from privmon import PrivacyEarlyStopping
+        >>> stopping = PrivacyEarlyStopping("loss/histogram", 0.2, patience=1)
+        >>> stopping.tag  # PrivacyMonitor(..., early_stopping=stopping) feeds it every report
+        'privacy/loss/histogram/lower'
+        >>> [stopping.update(step, {stopping.tag: lower}) for step, lower in [(1, 0.25), (2, 0.3)]]
+        [False, True]
+        >>> stopping.stopped_step, stopping.wait  # two checks above 0.2 in a row
+        (2, 2)
     """
 
     def __init__(
@@ -80,11 +98,11 @@ class PrivacyEarlyStopping:
             raise ValueError(f"threshold must be a finite number, got {threshold!r}") from None
         if not math.isfinite(threshold):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-        if use not in USES or metric.rsplit("/", 1)[-1] in PLUGIN_FIELDS:
+        if use not in USES or metric.rsplit("/", 1)[-1] in tags.PLUGIN_FIELDS:
             raise ValueError(
                 f"use must be one of {USES} and metric must not name a plug-in figure "
-                f"{PLUGIN_FIELDS}, got use={use!r}, metric={metric!r}: the plug-in + McDiarmid "
-                "figure is biased up and is not an upper bound on the advantage"
+                f"{tags.PLUGIN_FIELDS}, got use={use!r}, metric={metric!r}: the plug-in + "
+                "McDiarmid figure is biased up and is not an upper bound on the advantage"
             )
         for name, v in (("patience", patience), ("min_checks", min_checks)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -99,13 +117,11 @@ class PrivacyEarlyStopping:
     @property
     def tag(self) -> str:
         """The full scalar tag watched, e.g. ``"privacy/loss/histogram/lower"``."""
-        if self.metric.startswith("privacy/"):
-            return self.metric
-        return f"privacy/{self.metric}/{self.use}"
+        return tags.watched_tags(self.metric, self.use)[0]
 
     def figure(self, scalars: dict[str, float]) -> float:
         """The watched figure from a report's scalars (the tag, or ``privacy/<metric>``)."""
-        for tag in (self.tag, f"privacy/{self.metric}"):
+        for tag in tags.watched_tags(self.metric, self.use):
             if tag in scalars:
                 return float(scalars[tag])
         raise KeyError(
@@ -118,7 +134,7 @@ class PrivacyEarlyStopping:
         if self.stopped_step is not None:
             return True
         self.checks_seen += 1
-        stop, self.wait, reason = should_stop(
+        stop, self.wait, reason = stopping_decision(
             self.figure(scalars),
             threshold=self.threshold,
             checks_seen=self.checks_seen,

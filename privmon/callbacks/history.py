@@ -157,19 +157,13 @@ class ReportHistory(Sequence[Report]):
 
     @classmethod
     def from_state_dict(cls, state: Any) -> ReportHistory:
-        """A history from :meth:`state_dict`'s output (or the older list of report dicts),
-        checked field by field: a ValueError names the first field that does not fit."""
+        """A history from :meth:`state_dict`'s output, checked field by field: a ValueError
+        names the first field that does not fit."""
         history = cls()
-        if isinstance(state, list):  # checkpoints before the columns: one dict per report
-            for k, h in enumerate(state):
-                history.append(_legacy_report(h, k))
-            history._latest = None
-            return history
-        keys = {"fields", "scalars", "tagsets", "notes"}
-        # states saved before run ids have none
-        if not isinstance(state, dict) or set(state) - {"run_id"} != keys:
-            raise ValueError("history must hold fields, scalars, tagsets and notes")
-        run_id = state.get("run_id", "")
+        keys = {"run_id", "fields", "scalars", "tagsets", "notes"}
+        if not isinstance(state, dict) or set(state) != keys:
+            raise ValueError("history must hold run_id, fields, scalars, tagsets and notes")
+        run_id = state["run_id"]
         if not isinstance(run_id, str):
             raise ValueError(f"history run_id must be a string, got {run_id!r}")
         history.run_id = run_id
@@ -231,14 +225,3 @@ def _column(values: Any, what: str, code: str, n: int | None) -> array.array[Any
     if n is not None and len(values) != n:
         raise ValueError(f"{what} has {len(values)} entries, the history has {n} checks")
     return array.array(code, values.contiguous().numpy().tobytes())
-
-
-def _legacy_report(h: Any, k: int) -> Report:
-    if not isinstance(h, dict) or not {"step", "scalars", "epsilon", "dp_violation"} <= set(h):
-        raise ValueError(f"history entry {k} must hold step, scalars, epsilon and dp_violation")
-    return Report(
-        step=int(h["step"]),
-        scalars={str(t): float(v) for t, v in dict(h["scalars"]).items()},
-        epsilon=None if h["epsilon"] is None else float(h["epsilon"]),
-        dp_violation=bool(h["dp_violation"]),
-    )

@@ -6,6 +6,7 @@ line in the ``privmon`` log, once per monitor.
 - a run that closes with no check (``step(epoch)`` instead of the global step);
 - every check failing (a broken query, a model in another dtype): said at the first failure;
 - members scoring as non-members on a query that knows its direction (sets swapped?);
+- early stopping watching a figure the reports do not have;
 - a new monitor first called past its first due step (a resumed run that did not load the
   monitor's state restarts the run's confidence budget);
 - steps that come before the last checked one (no check until they pass it).
@@ -16,6 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -64,9 +67,10 @@ class Traps:
         self.overlap_checked = False
         self.identical: str | None = None  # the error every check raises once sets matched
 
-    def say(self, key: str, message: str, *, stacklevel: int) -> None:
+    def warn_once(self, key: str, message: str, *, stacklevel: int) -> None:
         """Warn (``UserWarning``) and log ``message`` unless the trap ``key`` was said;
-        ``stacklevel``: the frames from say's caller up to the user's call (the caller is 1)."""
+        ``stacklevel``: the frames from warn_once's caller up to the user's call (the caller
+        is 1)."""
         if key in self._said:
             return
         self._said.add(key)
@@ -79,7 +83,7 @@ class Traps:
         if self.first_step is None:
             self.first_step = step
             if fresh and step > every_n_steps:
-                self.say(
+                self.warn_once(
                     "resumed",
                     f"privmon: the first step this monitor sees is {step}, past every_n_steps="
                     f"{every_n_steps}: if the run resumes from a checkpoint, call "
@@ -91,9 +95,12 @@ class Traps:
         self.steps_seen += 1
         self.last_step_seen = step
 
-    def behind(self, step: int, last: int) -> None:
-        """A due step before the last checked one: no check until the steps pass it."""
-        self.say(
+    def step_before_last_check(self, step: int, last: int | None) -> None:
+        """A due step before the last checked one (``last``): no check until the steps pass it
+        (said once: a training loop repeats it)."""
+        if last is None or step >= last:
+            return
+        self.warn_once(
             "behind",
             f"privmon: step {step} comes before the last checked step {last}: no check until the "
             "steps pass it (was training restarted without monitor.load_state_dict, or the "
@@ -114,11 +121,12 @@ class Traps:
                 f"{every_n_steps}: pass step() the global step (batches so far), not the epoch, "
                 "or lower every_n_steps"
             )
-        self.say("no check", f"privmon: the run closes with no privacy check: {seen}", stacklevel=3)
+        message = f"privmon: the run closes with no privacy check: {seen}"
+        self.warn_once("no check", message, stacklevel=3)
 
     def check_failed(self, step: int, error: str) -> None:
         """The first failed check of a run none of whose checks has succeeded yet."""
-        self.say(
+        self.warn_once(
             "failing",
             f"privmon: the privacy check at step {step} failed and was skipped ({error}). "
             "Training goes on, but a run whose every check fails measures nothing "
@@ -127,32 +135,49 @@ class Traps:
             stacklevel=4,
         )
 
-    def check_direction(
+    def check_directions(
         self,
         step: int,
-        name: str,
-        *,
-        higher_is_member: bool | None,
-        auc: float | None,
-        scores: tuple[torch.Tensor, torch.Tensor],
+        queries: Sequence[Any],
+        results: Mapping[str, Any],
+        scores: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
-        """Say so when a query of known direction ranks members below non-members far beyond
-        chance (:func:`swapped_sets_alarm`)."""
-        if higher_is_member is None or auc is None:
-            return
-        n1, n2 = (finite_rows(s) for s in scores)
-        if not swapped_sets_alarm(auc, n1, n2):
-            return
-        direction = "higher" if higher_is_member else "lower"
-        self.say(
-            "swapped",
-            f"privmon: query {name!r} ranks members below non-members: AUC {auc:.3f} at step "
-            f"{step}, far below 0.5 for {n1} members and {n2} non-members, although "
-            f"{direction} scores mean member for it. Are members and nonmembers swapped? (A "
-            "held-out set from another distribution, easier than the training records, does "
-            "this too.)",
-            stacklevel=5,
-        )
+        """Say so when a query of known direction (``higher_is_member``) ranks members below
+        non-members far beyond chance (:func:`swapped_sets_alarm`): by the AUC of its figures in
+        ``results`` (a query's figures, or why it failed) and its ``scores``' finite rows."""
+        for q in queries:
+            higher_is_member = getattr(q, "higher_is_member", None)
+            result = results[q.name]
+            auc = None if isinstance(result, str) else result.roc.get("auc")
+            if higher_is_member is None or auc is None:
+                continue
+            n1, n2 = (finite_rows(s) for s in scores[q.name])
+            if not swapped_sets_alarm(auc, n1, n2):
+                continue
+            direction = "higher" if higher_is_member else "lower"
+            self.warn_once(
+                "swapped",
+                f"privmon: query {q.name!r} ranks members below non-members: AUC {auc:.3f} at "
+                f"step {step}, far below 0.5 for {n1} members and {n2} non-members, although "
+                f"{direction} scores mean member for it. Are members and nonmembers swapped? (A "
+                "held-out set from another distribution, easier than the training records, does "
+                "this too.)",
+                stacklevel=5,
+            )
+
+    def check_stopping_figure(self, stopping: Any, scalars: dict[str, float], *, strict: bool):
+        """At the first report, say loudly when early stopping (``stopping``) watches a figure
+        the report's ``scalars`` lack: a typo in the metric would otherwise switch the privacy
+        budget off, check after check. An error with ``strict``, else an error log and a
+        warning."""
+        try:
+            stopping.figure(scalars)
+        except KeyError as err:
+            message = f"privmon: early stopping can never fire: {err.args[0]}"
+            if strict:
+                raise ValueError(message) from None
+            logger.error(message)
+            warnings.warn(message, UserWarning, stacklevel=5)
 
     def check_overlap(self, digests: tuple[list[bytes], list[bytes]] | None) -> None:
         """At the first check that digested its records: refuse identical sets (every later
@@ -169,7 +194,7 @@ class Traps:
                 "as members and held-out records as nonmembers"
             )
         elif shared:
-            self.say(
+            self.warn_once(
                 "overlap",
                 f"privmon: {shared} of the {len(nonmembers)} non-member records also appear "
                 f"among the {len(members)} members (matched by content: input and label): the "

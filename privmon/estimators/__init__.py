@@ -3,22 +3,18 @@ what its certificate can detect (:func:`detectable_advantage`, :func:`audit_reco
 individual risk, generalized metrics, ROC, densities, streaming states. Functions take numpy
 arrays or torch tensors on any device."""
 
-from privmon.estimators import generalized as _generalized
 from privmon.estimators.advantage import (
-    AdvantageEstimate,
     StreamingAdvantage,
     advantage_from_state,
     optimal_advantage,
 )
 from privmon.estimators.analysis import QueryResult, analyse
-from privmon.estimators.binning import BinnedScores
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.density import GaussianKDE
-from privmon.estimators.generalized import (
-    GeneralizedEstimate,
-    GeneralizedMetric,
-    generalized_advantage,
-)
+from privmon.estimators.estimates import AdvantageEstimate
+from privmon.estimators.generalized import GeneralizedEstimate, generalized_advantage
+from privmon.estimators.generalized_metric import GeneralizedMetric
 from privmon.estimators.risk import IndividualRisk, individual_risk
 from privmon.estimators.roc import (
     accuracy_at_median,
@@ -52,8 +48,3 @@ __all__ = [
     "top_q_precision",
     "tpr_at_fpr",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # privmon.estimators.Metric: the deprecated alias of GeneralizedMetric (warns)
-    return _generalized.deprecated_alias(__name__, name)

@@ -1,159 +1,38 @@
-"""Optimal membership advantage (MACE §5): the paper's plug-in estimators, a debiased
-cross-fitted estimate, a certified lower bound and the McDiarmid upper interval.
+"""Optimal membership advantage (MACE §5): :func:`optimal_advantage` on all scores at once,
+:class:`StreamingAdvantage` on batches, :func:`advantage_from_state` on a binned state.
 
-The optimal accuracy advantage at prior p is (MACE eq. 7-8)
+The optimal accuracy advantage at prior p, Adv*_p = ∫ |p·P(q) − (1−p)·Q(q)| dq (MACE eq. 7-8,
+P / Q the member / non-member distributions of the query output), is at least |2p − 1|. Each
+estimate reports the paper's plug-in (W_N for "histogram", U_N for "kde"), a debiased
+cross-fitted ``value``, a certified lower bound ``lower``
+(:mod:`privmon.estimators.certificate`) and the paper's McDiarmid ``upper`` — a plug-in figure,
+not an upper bound on the advantage. In 1-D the rules read the pooled ranks, so ``value`` and
+``lower`` do not depend on how the score is scaled.
 
-    Adv*_p = E_z |f_p(z)| = ∫ |p·P(q) − (1−p)·Q(q)| dq,
-
-P / Q the member / non-member distributions of the query output. It is at least |2p − 1|: the
-trivial attack that always guesses the more likely class reaches it without looking at the model.
-
-* ``plugin`` — W_N (Thm 2, histogram, 100 bins per dimension over the data range) or U_N (Thm 3,
-  Gaussian KDE; grid quadrature in 1-2 dimensions, importance sampling from the mixture KDE above).
-  Plug-ins over-report small leaks: sampling noise never cancels inside |·| (two identical
-  distributions with 1,000 + 1,000 samples give W_N ≈ 0.14).
-* In 1-D the rules below read the records' pooled ranks scaled into (0, 1) instead of the
-  scores: the optimal advantage of a 1-D query is invariant under any strictly monotone
-  transform of the score (loss, log-loss, confidence and logit-confidence of one model carry the
-  same information), and so are ``value``, ``lower`` and the per-record risks. The plug-ins
-  W_N / U_N stay the paper's, on the scores as given (they are not invariant).
-* ``value`` — the debiased estimate, by cross-fitting: the records are split in ``folds``; on each
-  fold the Bayes rule sign(p·P̂ − (1−p)·Q̂) is learned from the other folds and its accuracy
-  advantage 2p·TPR − 2(1−p)·FPR + 1 − 2p is measured on the held-out fold. The learned rule never
-  beats the optimal one, so this is nearly unbiased at small leaks and slightly conservative at
-  large ones; it is floored at |2p − 1|, which the truth never falls below. The rule's densities
-  are smoothed (histogram method: an average shifted histogram over the 100 bins with Scott's bin
-  width 3.5·σ·n^(−1/(2+d)); KDE method: the same Gaussian KDE as U_N, Scott's factor).
-* ``lower`` — a certified lower confidence bound at level 1 − δ: a rule learned on some folds
-  is applied to the others, which it has never seen, and an exact bound on its true advantage
-  — which bounds the optimal one from below — is read from its correct calls
-  (:mod:`privmon.estimators.certificate`: one Clopper–Pearson bound on members' and
-  non-members' correct calls pooled, without splitting δ, when the records are balanced for
-  the prior; else bounds on its TPR and FPR at δ/2 each). In 1-2 D two rules are certified,
-  learned on folds 3..K−1 and on folds 2..K−1, each at δ/2, and ``lower`` is the larger; above
-  2-D the one learned on folds 2..K−1, at δ.
-  ``lower_check`` is the same bound at the call's ``delta``; the two differ only inside the
-  monitor, which certifies ``lower`` at the share of its run-level δ that the check is allotted
-  (:mod:`privmon.estimators.spending`). What it can detect at a given audit size:
-  :func:`~privmon.estimators.certificate.detectable_advantage`.
-* ``upper`` — the paper's plug-in + McDiarmid half-width sqrt(2·(p²/N1 + (1−p)²/N2)·log(2/δ))
-  (Thm 2-3 (2); equals sqrt(2/N·log(2/δ)) when N1 = pN). It bounds the plug-in's deviation from
-  its own mean, not the plug-in's bias, so it is **not** an upper bound on the advantage: the
-  plug-in is biased up, by far more than the half-width above 2-D or on skewed scores. No
-  sample-based upper bound on the optimal advantage exists without assumptions; ``upper`` is
-  kept only to reproduce MACE.
+Derivations: Theory, *The optimal advantage and its estimators*.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from privmon._validation import as_scores, check_open_unit
-from privmon.estimators.binning import (
-    BinnedRecords,
-    BinnedScores,
-    GridSelections,
-    bin_records,
-    record_selections,
-    select_folds,
-)
+from privmon._validation import check_open_unit
+from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import bandwidth_factor
-from privmon.estimators.estimates import (
-    AdvantageEstimate,
-    Method,
-    check_bins,
-    check_method,
-    default_bins,
-    describe_error,
+from privmon.estimators.estimates import AdvantageEstimate, check_bins, default_bins
+from privmon.estimators.methods import Method, check_method
+from privmon.estimators.selections import stream_selections
+from privmon.estimators.stages import (
+    EstimatorOptions,
+    bin_scores,
+    estimate_advantages,
+    finite_scores,
+    grid_figures,
 )
-from privmon.estimators.in_memory import in_memory_estimate, learned_rule
-from privmon.estimators.magnitude import magnitude_scale
-from privmon.estimators.plugins import plugin_from, raw_plugins
-from privmon.estimators.rules import RuleDensities, grid_estimates
-from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections
 
-__all__ = [
-    "AdvantageEstimate",
-    "StreamingAdvantage",
-    "advantage_from_state",
-    "default_bins",
-    "optimal_advantage",
-]
-
-
-def grid_figures(
-    grids: dict[str, GridSelections],
-    *,
-    prior: float,
-    delta: float,
-    bandwidth: str | float,
-    n_dropped: int,
-    certify_delta: float | None = None,
-    raw: tuple[BinnedRecords, torch.Tensor, torch.Tensor] | None = None,
-    raw_methods: Sequence[str] = (),
-    hist_bins: int = 100,
-    n_samples: int = 16384,
-    seed: int = 0,
-) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities], dict[str, str]]:
-    """Stages 2-3 for several grid methods (arguments already checked), each from the
-    :class:`~privmon.estimators.binning.GridSelections` of the same records, in order:
-
-    1. smooth (:mod:`~privmon.estimators.smoothing`) every selection, and in 1-D (``raw``: the
-       binned records with the member and non-member scores) U_N's KDEs on the scores' own
-       scale;
-    2. the plug-ins (:mod:`~privmon.estimators.plugins`): in 1-D those of ``raw_methods`` on the
-       raw scale (the rules read ranks; W_N / U_N are defined on the query as given), else from
-       the grid;
-    3. the rules and their certificates (:mod:`~privmon.estimators.rules`).
-
-    Returns each method's estimate, its rules' densities, and the plug-ins that could not be
-    computed (method -> error; they read NaN)."""
-    ns = next(iter(grids.values())).selected[1]
-    n1, n2 = ns[:, 0].tolist()
-    if n1 == 0 or n2 == 0:
-        raise ValueError(f"the state holds no {'member' if n1 == 0 else 'non-member'} scores")
-    kde_rows: torch.Tensor | Exception | None = None
-    if raw is not None and raw[0].raw is not None and "kde" in raw_methods:
-        try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
-            kde_rows = smooth_raw(raw[0].raw, bandwidth)
-        except (ValueError, RuntimeError) as err:
-            kde_rows = err
-    on_raw = raw_methods if raw is not None else ()
-    smoothed = {
-        method: smooth_selections(
-            grid,
-            method,
-            bandwidth=bandwidth,
-            extended=method == "kde" and method not in on_raw,
-        )
-        for method, grid in grids.items()
-    }
-    plugins: dict[str, torch.Tensor] = {}
-    lost: dict[str, str] = {}
-    if raw is not None:
-        plugins, lost = raw_plugins(
-            *raw, on_raw, prior=prior, bandwidth=bandwidth, hist_bins=hist_bins,
-            n_samples=n_samples, seed=seed, kde_rows=kde_rows,
-        )  # fmt: skip
-    for method, grid in grids.items():
-        if method not in plugins:
-            total = grid.selected[0][:, 0]
-            plugins[method] = plugin_from(
-                total, smoothed[method][0], method, prior=prior, n=(n1, n2)
-            )
-    estimates, densities = grid_estimates(
-        grids,
-        {method: mass for method, (_, mass) in smoothed.items()},
-        plugins,
-        prior=prior,
-        delta=delta,
-        n_dropped=n_dropped,
-        certify_delta=certify_delta,
-    )
-    return estimates, densities, lost
+__all__ = ["StreamingAdvantage", "advantage_from_state", "optimal_advantage"]
 
 
 def advantage_from_state(
@@ -165,14 +44,30 @@ def advantage_from_state(
     bandwidth: str | float = "scott",
     n_dropped: int = 0,
 ) -> AdvantageEstimate:
-    """The estimate from a streaming state (1-2 dimensional grid); see the module docstring."""
+    """The estimate of :func:`optimal_advantage` from a streaming state (1-2 dimensional grid):
+    what :meth:`StreamingAdvantage.compute` returns.
+
+    Args:
+        state: binned member and non-member scores, both classes seen.
+        prior, method, delta, bandwidth: as for :func:`optimal_advantage`.
+        n_dropped: non-finite records dropped before binning, reported in the estimate.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.estimators import BinnedScores, advantage_from_state
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> state = BinnedScores(bins=100)
+        >>> state.update(torch.randn(500, generator=gen) + 0.5, torch.randn(500, generator=gen))
+        >>> round(advantage_from_state(state).plugin, 3)
+        0.282
+    """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     check_method(method)
     if not state.initialized:
         raise ValueError("the state holds no scores yet")
     estimates, _, _ = grid_figures(
-        {method: select_folds(state)},
+        {method: stream_selections(state)},
         prior=prior,
         delta=delta,
         bandwidth=bandwidth,
@@ -199,30 +94,35 @@ def optimal_advantage(
     """Estimate the optimal membership advantage of a query (MACE eq. 7, Thm 2-3).
 
     Args:
-        member_scores, nonmember_scores: query outputs on member / held-out records, numpy or
-            torch on any device, shape (n,) or (n, d); higher need not mean "member". NaN / inf
-            rows are dropped and counted in ``n_dropped``.
+        member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
+            device, in either orientation; NaN / inf rows are dropped, counted in ``n_dropped``.
         prior: P(a probed record is a member), in (0, 1). The advantage is at least |2p − 1|.
         method: "histogram" (W_N) or "kde" (U_N).
         delta: 1 − confidence level of ``lower`` and ``upper``, in (0, 1).
         bins: cells per dimension (histogram default 100, MACE §9.1; KDE quadrature grid default
             2000 in 1-D, 128 per axis in 2-D; above 2 dimensions the histogram bins per axis).
-            When a class's KDE bandwidth is narrower than one grid cell (heavy-tailed scores),
-            the KDE method evaluates exact kernel sums instead of the grid (slower, O(N²)).
-        bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number, scipy's
-            gaussian_kde convention (full covariance).
+        bandwidth: KDE bandwidth factor, "scott" (default), "silverman" or a number (scipy's
+            gaussian_kde convention). A bandwidth below one grid cell takes exact kernel sums.
         folds: cross-fitting folds (>= 4).
         n_samples: importance samples for U_N above 2 dimensions; ``seed`` seeds them (a local
             generator: the global RNG is never touched).
-        low, high: the grid's range per dimension in 1-2 dimensions, or one number for every
-            dimension (records outside land in the edge bins). Default: the pooled data range
-            cut at 5 IQRs beyond the quartiles (:func:`~privmon.estimators.binning.robust_range`).
-            Ignored above 2 dimensions.
+        low, high: the grid's range in 1-2 dimensions, one number or one per dimension; default
+            the pooled range cut at 5 IQRs beyond the quartiles. Ignored above 2 dimensions.
 
     Returns:
         :class:`AdvantageEstimate` with ``value`` (debiased), ``lower`` (certified, level
         1 − delta), ``plugin`` (W_N / U_N), ``upper`` and ``halfwidth`` (McDiarmid), counts.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import optimal_advantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> est = optimal_advantage(members, torch.randn(500, generator=gen))
+        >>> round(est.value, 3), round(est.lower, 3)
+        (0.23, 0.17)
     """
+
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     check_method(method)
@@ -232,25 +132,10 @@ def optimal_advantage(
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 4:
         raise ValueError(f"folds must be an integer >= 4, got {folds!r}")
     bandwidth_factor(bandwidth, n=2, d=1)  # validate early
-    m, dm = as_scores(member_scores, name="member_scores")
-    h, dh = as_scores(nonmember_scores, name="nonmember_scores", device=m.device)
-    if m.shape[1] != h.shape[1]:
-        raise ValueError(
-            f"member_scores and nonmember_scores must have the same dimension d, got "
-            f"{m.shape[1]} and {h.shape[1]}"
-        )
-    scale = magnitude_scale(torch.cat([m, h]))
-    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
-        m, h = m * scale, h * scale
-    if m.shape[1] <= 2:
-        low, high = _grid_bounds(low, high, m.shape[1], scale)
-    return estimate_from_scores(
-        m,
-        h,
-        method=method,
-        prior=prior,
-        delta=delta,
-        lower_delta=delta,
+    scores = finite_scores(member_scores, nonmember_scores, aligned=False)
+    if scores.dim <= 2:
+        low, high = _grid_bounds(low, high, scores.dim, scores.scale)
+    options = EstimatorOptions(
         bins=bins,
         bandwidth=bandwidth,
         folds=folds,
@@ -258,13 +143,27 @@ def optimal_advantage(
         seed=seed,
         low=low,
         high=high,
-        n_dropped=dm + dh,
     )
+    binned = bin_scores(
+        scores, methods=[method], per_record=False, options=options, skip_errors=False
+    )
+    advantages = estimate_advantages(
+        scores,
+        binned,
+        methods=[method],
+        prior=prior,
+        delta=delta,
+        lower_delta=delta,
+        options=options,
+        skip_errors=False,
+    )
+    return advantages.estimates[method]
 
 
 def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tuple[Any, Any]:
     """``low`` / ``high`` as (d,) float64 tensors (a single number serves every dimension),
-    multiplied by ``scale`` when the scores were (:func:`magnitude_scale`); None as given."""
+    multiplied by ``scale`` when the scores were
+    (:func:`~privmon.estimators.magnitude.magnitude_scale`); None as given."""
     if low is None or high is None:
         if (low is None) != (high is None):
             raise ValueError("low and high must be given together (or neither)")
@@ -282,195 +181,31 @@ def _grid_bounds(low: Any, high: Any, d: int, scale: torch.Tensor | None) -> tup
     return bounds[0], bounds[1]
 
 
-def estimate_from_scores(
-    m: torch.Tensor,
-    h: torch.Tensor,
-    *,
-    method: str,
-    prior: float,
-    delta: float,
-    lower_delta: float,
-    bins: int | None = None,
-    bandwidth: str | float = "scott",
-    folds: int = 4,
-    n_samples: int = 16384,
-    seed: int = 0,
-    low: Any = None,
-    high: Any = None,
-    n_dropped: int = 0,
-    rule: tuple[float, float, float, float] | None = None,
-) -> AdvantageEstimate:
-    """:func:`optimal_advantage` on finite float64 scores (n, d) already checked, with
-    ``lower`` certified at ``lower_delta`` (``lower_check`` at ``delta``); above 2 dimensions
-    ``rule`` may carry the :func:`learned_rule` figures already learned."""
-    d = m.shape[1]
-    nbins = bins if bins is not None else default_bins(method, d)
-    if d == 1:  # the rule reads the pooled ranks; the plug-in the scores (bin_records)
-        binned = bin_records(
-            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
-        )
-        return grid_figures(  # a lost plug-in reads NaN; the rule's figures stand
-            {method: record_selections(binned)},
-            prior=prior,
-            delta=delta,
-            bandwidth=bandwidth,
-            n_dropped=n_dropped,
-            certify_delta=lower_delta,
-            raw=(binned, m, h),
-            raw_methods=[method],
-            hist_bins=nbins,
-            n_samples=n_samples,
-            seed=seed,
-        )[0][method]
-    exact = False
-    if d == 2 and method == "kde" and m.shape[0] >= 2 and h.shape[0] >= 2:
-        pooled = torch.cat([m, h])
-        width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / nbins
-        covs = torch.stack([torch.cov(m.T).reshape(d, d), torch.cov(h.T).reshape(d, d)])
-        ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
-        exact = kde_grid_too_coarse(ns, covs, width, bandwidth)
-    if d == 2 and not exact:
-        binned = bin_records(
-            torch.cat([m, h]), m.shape[0], bins=nbins, folds=folds, low=low, high=high
-        )
-        return grid_figures(
-            {method: record_selections(binned)},
-            prior=prior,
-            delta=delta,
-            bandwidth=bandwidth,
-            n_dropped=n_dropped,
-            certify_delta=lower_delta,
-        )[0][method]
-    return in_memory_estimate(
-        m,
-        h,
-        prior=prior,
-        method=method,
-        delta=delta,
-        lower_delta=lower_delta,
-        bins=nbins,
-        bandwidth=bandwidth,
-        folds=folds,
-        n_samples=n_samples,
-        seed=seed,
-        n_dropped=n_dropped,
-        rule=rule,
-    )
-
-
-def estimate_methods(
-    members: torch.Tensor,
-    nonmembers: torch.Tensor,
-    binned: BinnedRecords | None,
-    selections: dict[str, GridSelections],
-    *,
-    methods: Sequence[str],
-    prior: float,
-    delta: float,
-    lower_delta: float,
-    n_dropped: int,
-    skip_errors: bool,
-) -> tuple[dict[str, AdvantageEstimate], dict[str, str], RuleDensities | None]:
-    """Each method's :func:`optimal_advantage` of finite float64 scores (arguments checked),
-    ``lower`` certified at ``lower_delta``: the analysis's rule-and-certify step.
-
-    In 1-2 dimensions the grid methods read the records' one binning pass (``binned``) and its
-    ``selections`` (:func:`~privmon.estimators.binning.grid_selections`: the histogram's fold
-    selections are sums of the KDE grid's cells when the KDE's finer grid was binned), and every
-    grid figure comes back in one device transfer. The KDE takes exact kernel
-    sums instead when its bandwidth is below a grid cell, and above 2 dimensions every method
-    runs on the scores. ``skip_errors``: a method that raises is left out and reported in the
-    second dict (method -> error) instead of failing the others. The third value: the histogram
-    rules' :class:`RuleDensities` (learned even when the histogram is not among ``methods``: the
-    per-record risks read them), None above 2 dimensions or when they failed.
-    """
-    failures: dict[str, str] = {}
-    estimates: dict[str, AdvantageEstimate] = {}
-    densities: dict[str, RuleDensities] = {}
-    # 1-D: the rules read ranks, the plug-ins the scores
-    raw = (binned, members, nonmembers) if binned is not None and binned.raw is not None else None
-    if selections:
-
-        def estimate(chosen: dict[str, Any]) -> None:
-            found, dens, lost = grid_figures(
-                chosen,
-                bandwidth="scott",
-                certify_delta=lower_delta,
-                prior=prior,
-                delta=delta,
-                n_dropped=n_dropped,
-                raw=raw,
-                raw_methods=[m for m in chosen if m in methods],
-            )
-            estimates.update(found)
-            densities.update(dens)
-            failures.update({f"{m}/plugin": e for m, e in lost.items()})
-
-        try:  # every grid method in one pass (one device transfer)
-            estimate(selections)
-        except Exception:
-            if not skip_errors:
-                raise
-            for method, one in selections.items():  # again one by one, to isolate the failure
-                try:
-                    estimate({method: one})
-                except Exception as err:
-                    failures[method] = describe_error(err)
-    low = high = rule = None
-    if binned is not None:
-        low, high = binned.fine.low, binned.fine.high
-    elif len(methods) > 1:  # above 2-D every method measures the same learned rule: learn it once
-        try:
-            rule = learned_rule(
-                members, nonmembers, prior=prior, folds=4, deltas=(lower_delta, delta)
-            )
-        except Exception as err:
-            if not skip_errors:
-                raise
-            return {}, dict.fromkeys(methods, describe_error(err)), None
-    for method in methods:
-        if method in estimates or method in failures:
-            continue
-        try:
-            estimates[method] = estimate_from_scores(
-                members,
-                nonmembers,
-                method=method,
-                lower_delta=lower_delta,
-                low=low,
-                high=high,
-                rule=rule,
-                prior=prior,
-                delta=delta,
-                n_dropped=n_dropped,
-            )
-        except Exception as err:
-            if not skip_errors:
-                raise
-            failures[method] = describe_error(err)
-    reported = {m: estimates[m] for m in methods if m in estimates}
-    reported_failures = {k: e for k, e in failures.items() if k.split("/")[0] in methods}
-    return reported, reported_failures, densities.get("histogram")
-
-
 class StreamingAdvantage:
     """Stateful, mergeable form of :func:`optimal_advantage` (torchmetrics style).
 
-    ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device;
-    ``compute()`` returns the same :class:`AdvantageEstimate` as :func:`advantage_from_state` on
-    the same records binned at once. In 2-D that is the functional form's estimate when the grid
-    is the same (pass ``low`` / ``high``, or let the first batch fix it, see
-    :class:`~privmon.estimators.binning.BinnedScores`), except for ``lower`` (the functional
-    certificate bins its rule's records again, on their own range; a stream's certificate reads
-    the stream's one grid, whose edges the first batch fixed — a dependence on the certified
-    records, through those edges, that the proof in :mod:`privmon.estimators.certificate` does
-    not cover: pass ``low`` / ``high`` to remove it) and where a class's KDE bandwidth is
-    narrower than a grid cell (the functional KDE then takes exact kernel sums, which a stream
-    keeping no records cannot). In 1-D the functional rule reads the pooled ranks of all records,
-    which a stream cannot know: the stream's rule reads its fixed grid on the scores' own scale,
-    so its ``value`` and ``lower`` depend on how the scores are scaled; its plug-ins equal the
-    functional ones. Choose a finer grid (``bins``) for very concentrated scores. State tensors
-    reduce by sum across ranks (``state.reducible``); ``state_dict`` is persistent.
+    ``update(member_scores, nonmember_scores)`` bins each batch on the scores' device (the first
+    batch fixes the grid unless ``low`` / ``high`` are given); ``compute()`` returns the
+    :class:`AdvantageEstimate` of :func:`advantage_from_state` on every record binned so far.
+    State tensors reduce by sum across ranks (``state.reducible``); ``state_dict`` is a
+    checkpoint. A stream keeps no records: its 1-D rule reads its grid, not the pooled ranks,
+    so ``value`` and ``lower`` depend on the scores' scale, and its certificate depends on the
+    first batch through the grid's edges unless ``low`` / ``high`` are given (Theory, *The
+    optimal advantage and its estimators*). Choose a finer grid (``bins``) for very
+    concentrated scores.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import StreamingAdvantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> stream = StreamingAdvantage(low=-4.0, high=4.0)
+        >>> for m, n in zip(members.split(100), nonmembers.split(100)):  # five batches
+        ...     stream.update(m, n)
+        >>> est = stream.compute()
+        >>> est.n_members, round(est.value, 3), round(est.lower, 3)
+        (500, 0.232, 0.181)
     """
 
     def __init__(

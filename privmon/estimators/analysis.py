@@ -1,34 +1,15 @@
 """Everything one check reports for one query, as one pure function: :func:`analyse`.
 
 The monitor calls it once per query and check (as ``torchmetrics.Metric.compute`` calls its
-functional twin); offline users call it on saved scores. It is a one-way pipeline: the scores
-enter each stage module once, in this order, and leave for the next:
+functional twin); offline users call it on saved scores. It is the estimators' one pipeline:
+the scores enter each stage of :mod:`~privmon.estimators.stages` once — keep the finite rows,
+bin, smooth, the plug-ins and each method's rule and certificate, the ROC (1-D), the
+per-record risks (1-2 D) — and leave for the next. Every advantage and ROC figure equals the
+one the public function of its module gives on the same scores
+(:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding; the per-record
+risks are cross-fitted, out of sample.
 
-1. bin (:mod:`~privmon.estimators.binning`): in 1-2 dimensions every record is binned once on
-   the rules' grid and the fold selections are counted; in 1-D one sort gives the pooled ranks
-   the rules read (so the 1-D figures do not depend on how the score is scaled), the raw
-   scores' grid for the paper's plug-ins, and the ROC's ranking;
-2. smooth (:mod:`~privmon.estimators.smoothing`): each fold selection's densities on the grid
-   (average shifted histogram, Gaussian KDE), and U_N's KDEs;
-3. the plug-ins W_N / U_N (:mod:`~privmon.estimators.plugins`), then the rule and its
-   certificate per method (:mod:`~privmon.estimators.rules`); beside the grid, scores kept in
-   memory (:mod:`~privmon.estimators.in_memory`): above 2-D a classifier learns the rule once
-   for both methods (:mod:`~privmon.estimators.learned`), in 2-D a KDE narrower than a cell
-   takes exact kernel sums;
-4. rank for the ROC (:mod:`~privmon.estimators.roc`, 1-D): AUC, TPR at low FPR, accuracy at
-   the median, from the sort of step 1;
-5. read the per-record risks (:mod:`~privmon.estimators.risk`, 1-2 D), out of sample: f_p of a
-   record of fold k from the cross-fitted histogram rule's densities learned without fold k,
-   posteriors (1 + f_p) / 2, quantiles and the most exposed members.
-
-:mod:`~privmon.estimators.advantage` drives stages 2-3 for each method
-(:func:`~privmon.estimators.advantage.estimate_methods`); the estimate records and the
-certificate's arithmetic are in :mod:`~privmon.estimators.estimates`.
-
-Every advantage and ROC figure equals the one the public function of its module gives on the
-same scores (:func:`~privmon.optimal_advantage`, :func:`~privmon.roc_summary`), to rounding.
-The per-record risks are the cross-fitted out-of-sample ones; :func:`~privmon.individual_risk`
-scores *other* records against reference sets.
+Stage by stage: Theory, *One check's analysis, stage by stage*.
 """
 
 from __future__ import annotations
@@ -41,13 +22,20 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from privmon._validation import as_scores, check_int, check_open_unit, check_subset
-from privmon.estimators.advantage import estimate_methods
-from privmon.estimators.binning import bin_records, grid_selections
-from privmon.estimators.estimates import METHODS, AdvantageEstimate, default_bins, describe_error
-from privmon.estimators.magnitude import magnitude_scale
+from privmon._validation import check_int, check_open_unit, check_subset
+from privmon.estimators.estimates import AdvantageEstimate, describe_error
+from privmon.estimators.methods import METHODS, applicable_methods
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
+from privmon.estimators.rules import RuleDensities
+from privmon.estimators.stages import (
+    Binned,
+    EstimatorOptions,
+    FiniteScores,
+    bin_scores,
+    estimate_advantages,
+    finite_scores,
+)
 
 __all__ = ["ESTIMATE_FIELDS", "QueryResult", "analyse"]
 
@@ -60,12 +48,15 @@ ESTIMATE_FIELDS = {
     "upper": "plugin_upper",
 }
 
+# a check's estimators: each method's default grid, Scott's KDE bandwidth, 4 folds
+_OPTIONS = EstimatorOptions()
+
 
 @dataclass(frozen=True)
 class QueryResult:
     """What one query revealed at one check (:func:`analyse`).
 
-    ``estimates``: method -> :class:`~privmon.estimators.advantage.AdvantageEstimate`, for the
+    ``estimates``: method -> :class:`~privmon.estimators.estimates.AdvantageEstimate`, for the
     methods that succeeded. ``roc`` (1-D): AUC, ``tpr@fpr=…`` and accuracy at the median.
     ``risk`` (1-2 D): quantiles, max and counts above levels of the members' risks |f_p|.
     ``member_risk`` / ``member_posterior`` / ``nonmember_posterior``: per record, in the order
@@ -74,6 +65,18 @@ class QueryResult:
     read off shared cells tie: the order among tied records is by index, not a ranking).
     ``failures``: what could not be computed (a method, "roc" or "risk") -> the error.
     Arrays are dropped from results kept in a monitor's history.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import analyse
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> result = analyse(members, torch.randn(500, generator=gen), name="loss")
+        >>> sorted(result.estimates), result.member_risk.shape
+        (['histogram', 'kde'], (500,))
+        >>> {tag: round(v, 3) for tag, v in result.scalars().items() if tag.startswith("kde/")}
+        {'kde/value': 0.22, 'kde/lower': 0.17, 'kde/lower_check': 0.17, 'kde/plugin': 0.217,
+         'kde/plugin_upper': 0.303}
     """
 
     name: str
@@ -127,9 +130,8 @@ def analyse(
     """Every figure a privacy check reports for one query's scores.
 
     Args:
-        member_scores, nonmember_scores: the query's outputs on member / non-member records,
-            numpy or torch on any device, shape (n,) or (n, d). Rows holding NaN / inf are
-            dropped and counted; per-record outputs stay aligned with the input (NaN there).
+        member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
+            device; NaN / inf rows are dropped and counted (NaN in the per-record outputs).
         methods: advantage estimators, from ("histogram", "kde") (MACE Thm 2 / Thm 3).
         prior: P(member), in (0, 1).
         delta: 1 − confidence level of ``lower_check`` and of the plug-in interval, in (0, 1).
@@ -145,6 +147,17 @@ def analyse(
 
     Returns:
         :class:`QueryResult`.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import analyse
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> result = analyse(members, torch.randn(500, generator=gen), methods=["histogram"])
+        >>> round(result.estimates["histogram"].lower, 3), round(result.roc["auc"], 3)
+        (0.17, 0.649)
+        >>> len(result.top_records), round(result.risk["max"], 3)
+        (10, 0.539)
     """
     methods = check_subset(methods, METHODS, name="methods")
     prior = check_open_unit(prior, name="prior")
@@ -158,95 +171,101 @@ def analyse(
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
     skip = errors == "skip"
-    if discrete:
-        methods = tuple(m for m in methods if m != "kde")
+    methods = applicable_methods(methods, discrete=discrete)
 
-    mem, dropped_m = as_scores(member_scores, name="member_scores", drop=False)
-    non, dropped_n = as_scores(
-        nonmember_scores, name="nonmember_scores", device=mem.device, drop=False
-    )
-    if mem.shape[1] != non.shape[1]:
-        raise ValueError(
-            f"member_scores and nonmember_scores must have the same dimension d, got "
-            f"{mem.shape[1]} and {non.shape[1]}"
-        )
-    n_mem, d = mem.shape
-    x = torch.cat([mem, non])
-    kept = None  # rows kept (None: all, the usual case)
-    if dropped_m or dropped_n:
-        kept = torch.isfinite(x).all(dim=1)
-        x = x[kept]
-    n1 = n_mem - dropped_m
-    for n, side in ((n1, "member_scores"), (x.shape[0] - n1, "nonmember_scores")):
-        if n == 0:
-            raise ValueError(f"{side} has no finite scores")
-    n_dropped = dropped_m + dropped_n
-    scale = magnitude_scale(x)
-    if scale is not None:  # extreme magnitudes: the same figures, on a scale safe to compute on
-        x = x * scale
-
+    scores = finite_scores(member_scores, nonmember_scores, aligned=True)  # 0. finite rows
     with torch.inference_mode():  # hundreds of small operations: no autograd bookkeeping
-        # 1. bin
-        binned = None
-        if d <= 2:
-            shared = d == 1 and "kde" in methods  # the KDE's fine grid serves the histogram
-            binned = bin_records(
-                x,
-                n1,
-                bins=default_bins("histogram", d),
-                fine_bins=default_bins("kde", d) if shared else None,
-            )
-        selections = grid_selections(binned) if binned is not None else {}
-        # 2-3. smooth, plug-ins, learn, measure and certify the rule per method
-        estimates, failures, densities = estimate_methods(
-            x[:n1],
-            x[n1:],
+        binned = bin_scores(  # 1. bin
+            scores, methods=methods, per_record=True, options=_OPTIONS, skip_errors=skip
+        )
+        advantages = estimate_advantages(  # 2-3. smooth, plug-ins, rule + certificate
+            scores,
             binned,
-            selections,
             methods=methods,
             prior=prior,
             delta=delta,
             lower_delta=lower_delta,
-            n_dropped=n_dropped,
+            options=_OPTIONS,
             skip_errors=skip,
         )
-        # 4. rank for the ROC
-        roc: dict[str, float] = {}
-        if binned is not None and binned.ascending is not None:
-            try:
-                roc = summary_from_ascending(
-                    *binned.ascending, n1, higher_is_member=higher_is_member
-                )
-            except Exception as err:
-                if not skip:
-                    raise
-                failures["roc"] = describe_error(err)
-        # 5. per-record risks
-        result = QueryResult(name, estimates, d, n_dropped, roc=roc, failures=failures)
-        if binned is None:
-            return result
-        try:
-            if densities is None:
-                raise ValueError("the histogram rule that per-record risks read failed")
-            signed = record_signed_risk(binned, densities, prior=prior)
-            if kept is not None:  # back to the records given, NaN for the dropped ones
-                full = np.full(kept.shape[0], np.nan)
-                full[kept.cpu().numpy()] = signed
-                signed = full
-            risk = np.abs(signed[:n_mem])
-            posterior = (1 + signed) / 2
-            top = most_exposed(risk, top_k)
-            return dataclasses.replace(
-                result,
-                risk=risk_summary(risk),
-                member_risk=risk,
-                member_posterior=posterior[:n_mem],
-                nonmember_posterior=posterior[n_mem:],
-                top_records=top,
-                top_risks=tuple(risk[list(top)].tolist()),
-                top_tied=tied_beyond(risk, top),
-            )
-        except Exception as err:
-            if not skip:
-                raise
-            return dataclasses.replace(result, failures={**failures, "risk": describe_error(err)})
+        failures = dict(advantages.failures)
+        roc = _roc_figures(  # 4. ROC
+            binned, scores, higher_is_member=higher_is_member, failures=failures, skip=skip
+        )
+        result = QueryResult(
+            name, advantages.estimates, scores.dim, scores.n_dropped, roc=roc, failures=failures
+        )
+        return _with_record_risks(  # 5. per-record risks
+            result, binned, advantages.densities, scores, prior=prior, top_k=top_k, skip=skip
+        )
+
+
+def _roc_figures(
+    binned: Binned,
+    scores: FiniteScores,
+    *,
+    higher_is_member: bool | None,
+    failures: dict[str, str],
+    skip: bool,
+) -> dict[str, float]:
+    """Stage 4: the ROC figures of 1-D scores from stage 1's one sort (empty above 1-D); a
+    failure is reported in ``failures`` when ``skip``."""
+    if not binned.passes or binned.passes[0].records.ascending is None:
+        return {}
+    try:
+        return summary_from_ascending(
+            *binned.passes[0].records.ascending,
+            scores.n_members,
+            higher_is_member=higher_is_member,
+        )
+    except Exception as err:
+        if not skip:
+            raise
+        failures["roc"] = describe_error(err)
+        return {}
+
+
+def _with_record_risks(
+    result: QueryResult,
+    binned: Binned,
+    densities: RuleDensities | None,
+    scores: FiniteScores,
+    *,
+    prior: float,
+    top_k: int,
+    skip: bool,
+) -> QueryResult:
+    """Stage 5: ``result`` with the per-record risks (1-2 D) read out of sample off the
+    histogram rule's ``densities`` in the cells of stage 1's first pass, aligned with the
+    records given (NaN for the dropped ones); a failure is reported in ``failures`` when
+    ``skip``."""
+    if not binned.passes:
+        return result
+    try:
+        if densities is None:
+            raise ValueError("the histogram rule that per-record risks read failed")
+        signed = record_signed_risk(binned.passes[0].records, densities, prior=prior)
+        if scores.kept is not None:  # back to the records given, NaN for the dropped ones
+            full = np.full(scores.kept.shape[0], np.nan)
+            full[scores.kept.cpu().numpy()] = signed
+            signed = full
+        n_mem = scores.n_given_members
+        risk = np.abs(signed[:n_mem])
+        posterior = (1 + signed) / 2
+        top = most_exposed(risk, top_k)
+        return dataclasses.replace(
+            result,
+            risk=risk_summary(risk),
+            member_risk=risk,
+            member_posterior=posterior[:n_mem],
+            nonmember_posterior=posterior[n_mem:],
+            top_records=top,
+            top_risks=tuple(risk[list(top)].tolist()),
+            top_tied=tied_beyond(risk, top),
+        )
+    except Exception as err:
+        if not skip:
+            raise
+        return dataclasses.replace(
+            result, failures={**result.failures, "risk": describe_error(err)}
+        )

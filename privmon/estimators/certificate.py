@@ -1,80 +1,16 @@
 """The certificate of a rule fixed in advance, and what such a certificate can detect.
 
-**Setting.** The certificate's rule is learned on some folds of the records and applied to the
-others, which it has never seen: ``n1`` members and ``n2`` non-members (1-2 dimensions: two
-certificates, one learned on folds 3..K−1 and applied to folds 0-2, one learned on folds
-2..K−1 and applied to folds 0-1; above 2-D the second alone). The rule reads every record at
-coordinates its own records fix (in 1-D a score's mid-rank among them, in 2-D the grid over
-their range, above 2-D their standardisation: :func:`~privmon.estimators.binning.bin_records`,
-:mod:`~privmon.estimators.learned`), so given those records the rule, and the call it makes on
-any score, are fixed. Each held-out record is an independent draw, and a record on which the
-densities tie goes to a side fixed in advance, so the members it calls members,
-``tp`` ~ Bin(n1, TPR), and the non-members it calls non-members, ``tn = n2 − fp`` ~ Bin(n2, TNR),
-are independent binomials. (A :class:`~privmon.StreamingAdvantage` keeps one grid, whose edges
-its first batch fixed: its certificate depends on the held-out records through those edges,
-which this proof does not cover, unless ``low`` / ``high`` are given.) The rule's accuracy
-advantage at prior p, A = 2p·TPR + 2(1−p)·TNR − 1, is at most the optimal advantage (MACE, "A
-Framework for Membership Privacy Estimation in Generative Models", eq. 7-8): a lower
-confidence bound on A is one on the optimal advantage.
+A rule learned on some folds of the records is applied to the others, which it has never seen:
+its true-positive and true-negative counts there are independent binomials, and a lower
+confidence bound on its accuracy advantage bounds the optimal advantage from below
+(:func:`certified_advantage`: a *pooled* bound on all correct calls, valid by the lemma of
+:func:`poisson_binomial_lower`, or a *split* one on each class at δ/2, as :func:`pools` chooses
+before any count is read). :func:`certify` takes the larger of the certificates of rules
+learned on different folds, each at its share of δ. :func:`detectable_advantage` and
+:func:`audit_records_needed` give, exactly, the advantage a certificate detects at given audit
+sizes and the audit size a given advantage needs.
 
-**Two bounds**, each at level 1 − δ (:func:`certified_advantage`):
-
-* *split*: A ≥ 2p·L(tp; n1, δ/2) + 2(1−p)·L(tn; n2, δ/2) − 1, with L(k; n, α) = Beta⁻¹(α; k,
-  n − k + 1) the one-sided Clopper–Pearson lower bound of a binomial rate; δ is split between
-  the two classes (Bonferroni).
-* *pooled*: the count of correct calls C = tp + tn over N = n1 + n2 records. Its mean rate
-  c̄ = (n1·TPR + n2·TNR) / N bounds A through the share s = min(n1 / (2p), n2 / (2(1−p))) / N
-  (1/2 when n1 = n2 and p = 1/2; at most 1/2 always): since 2p·s ≤ n1/N and 2(1−p)·s ≤ n2/N,
-
-      c̄ = s·(2p·TPR + 2(1−p)·TNR) + (n1/N − 2p·s)·TPR + (n2/N − 2(1−p)·s)·TNR
-         ≤ s·(1 + A) + (1 − 2s),      so      A ≥ 1 − (1 − c̄) / s,
-
-  and a lower bound L' on c̄ gives A ≥ 1 − (1 − L') / s. δ is not split; at n1 = n2 and
-  p = 1/2 the bound is 2·L' − 1. C is a sum of independent Bernoulli trials with two rates, not
-  a binomial; L' is the Clopper–Pearson bound all the same, by the lemma below.
-
-**Lemma** (:func:`poisson_binomial_lower`). Let S be the number of successes of n independent
-Bernoulli trials with rates p_i, mean rate p̄, α ≤ 1/4, and L'(S) = L(S; n, α) where that is
-above 1/n, else 0. Then P(L'(S) > p̄) ≤ α.
-
-*Proof.* Let q = max(p̄, 1/n); L'(S) > p̄ implies L(S; n, α) > q. Raise the rates to p_i' ≥ p_i
-with mean q and couple the trials so that S ≤ S'; L is increasing in S, so
-P(L(S) > q) ≤ P(L(S') > q). With B ~ Bin(n, q), L(s) > q if and only if P(B ≥ s) < α (the
-bound solves P_L(B ≥ s) = α, and the tail grows with the rate), so {L(S') > q} = {S' ≥ s*},
-s* the smallest s with P(B ≥ s) < α. As q ≥ 1/n, P(B ≥ nq) > 1/4 ≥ α ("Tight lower bound on the
-probability of a binomial exceeding its mean", Greenberg and Mohri, 2014, for q > 1/n; at
-q = 1/n it is 1 − (1 − 1/n)^n ≥ 1 − 1/e, at q = 1 it is 1), so s* ≥ ⌈nq⌉ + 1 ≥ nq + 1, where
-P(S' ≥ s*) ≤ P(B ≥ s*) < α ("On the distribution of the number of successes in independent
-trials", Hoeffding, 1956, Theorem 4: a sum of independent Bernoulli trials with mean rate q has
-P(S' ≥ c) ≤ P(B ≥ c) for c ≥ nq + 1). □
-
-For α > 1/4 the pooled bound is taken at α = 1/4 (still valid at level 1 − α). Dropping bounds
-at or below 1/n costs nothing: the pooled certificate exceeds the floor |2p − 1| only when
-L' > 1 − s·2·min(p, 1 − p) ≥ 1/2.
-
-**Which bound** (:func:`pools`). The one whose figure would be the higher for a rule right on
-half the records (normal quantiles z): pooled 1 − (1/2 + z_{min(δ, 1/4)} / (2√N)) / s, split
-−z_{δ/2}·(p/√n1 + (1−p)/√n2). The choice reads only n1, n2, p and δ, never a count, so each
-certificate is the one bound chosen in advance and keeps its level. Balanced audit sets at
-p = 1/2 pool; both pool and split are exact, but the pooled bound does not split δ and needs
-about 1/1.5 of the split bound's margin.
-
-**Several rules** (:func:`certify`). A rule learned on few records can miss a leak that one
-learned on more records finds, and the other way round for the records left to certify: in
-1-2 dimensions two rules are certified, one learned on one fold of four (certifying three),
-one on two (certifying two), each at δ/2, and ``lower`` is the larger — at level 1 − δ by the
-union bound, chosen in advance.
-
-**What it can detect** (:func:`detectable_advantage`, :func:`audit_records_needed`). A rule
-whose true- and true-negative rates are both r = (1 + A)/2 has advantage A = 2r − 1 at every
-prior; its pooled count is C ~ Bin(N, r) and its split counts tp ~ Bin(n1, r), tn ~ Bin(n2, r).
-The probability that its certificate exceeds a threshold τ is then exact: P(C ≥ c_τ), c_τ the
-smallest count whose pooled certificate exceeds τ, so the rate reaching probability π solves
-I_r(c_τ, N − c_τ + 1) = π (the regularised incomplete beta: r = Beta⁻¹(π; c_τ, N − c_τ + 1)),
-and A = 2r − 1; split, Σ_tp P(tp)·P(tn ≥ t_τ(tp)), solved for r by bisection. This is the
-certificate of a rule as good as the optimal one, and of the first certificate alone at its
-δ/2: a learned rule reaches a little less, the larger of two certificates a little more
-(``benchmarks/power.py`` measures both).
+Derivation, the lemma and its proof: Theory, *The certificate of a rule fixed in advance*.
 """
 
 from __future__ import annotations
@@ -88,7 +24,7 @@ from scipy.special import betaincinv, ndtri
 from scipy.stats import binom
 
 from privmon._validation import check_half_open_interval, check_int, check_open_unit
-from privmon.estimators.binning import CERTIFY_FOLDS, fold_of
+from privmon.estimators.folds import CERTIFY_FOLDS, fold_of
 from privmon.estimators.intervals import clopper_pearson_lower
 from privmon.estimators.learned import HIGH_DIM_CERTIFY_FOLDS
 
@@ -113,8 +49,9 @@ _MAX_RECORDS = 1 << 22  # audit_records_needed searches up to this many records 
 
 def poisson_binomial_lower(successes, trials: float, alpha) -> np.ndarray:
     """Lower bound at level 1 − ``alpha`` on the mean rate of ``trials`` independent Bernoulli
-    trials with possibly different rates, from their ``successes`` (the module's lemma): the
-    Clopper–Pearson bound at min(alpha, 1/4), 0 where that is at most 1/trials. Vectorized."""
+    trials with possibly different rates, from their ``successes``: the Clopper–Pearson bound
+    at min(alpha, 1/4), 0 where that is at most 1/trials (a lemma proves it valid although the
+    rates differ: Theory, *The certificate of a rule fixed in advance*). Vectorized."""
     level = np.minimum(np.asarray(alpha, dtype=np.float64), POOLED_MAX_ALPHA)
     lower = clopper_pearson_lower(successes, trials, level)
     return np.where(lower > 1.0 / trials, lower, 0.0)
@@ -122,7 +59,8 @@ def poisson_binomial_lower(successes, trials: float, alpha) -> np.ndarray:
 
 def pooled_share(n1: float, n2: float, prior: float) -> float:
     """s = min(n1 / (2p), n2 / (2(1−p))) / (n1 + n2): the pooled bound is A ≥ 1 − (1 − c̄)/s
-    (module docstring); 1/2 for balanced records at p = 1/2, 0 when a class has none."""
+    (Theory, *The certificate of a rule fixed in advance*); 1/2 for balanced records at
+    p = 1/2, 0 when a class has none."""
     return min(n1 / (2 * prior), n2 / (2 * (1 - prior))) / (n1 + n2)
 
 
@@ -130,7 +68,7 @@ def pools(n1: float, n2: float, prior: float, delta) -> np.ndarray:
     """Whether the certificate of ``n1`` + ``n2`` held-out records at level 1 − ``delta`` (a
     scalar or one per certificate) pools the classes' correct calls (else it splits δ between
     them): the bound with the higher figure for a rule right on half the records, in the normal
-    approximation (module docstring). Reads no count."""
+    approximation (Theory, *The certificate of a rule fixed in advance*). Reads no count."""
     delta = np.asarray(delta, dtype=np.float64)
     if n1 <= 0 or n2 <= 0:
         return np.zeros(delta.shape, dtype=bool)
@@ -144,8 +82,8 @@ def pools(n1: float, n2: float, prior: float, delta) -> np.ndarray:
 def certified_advantage(tp, n1: float, fp, n2: float, *, prior: float, delta) -> np.ndarray:
     """Lower confidence bound, level 1 − ``delta``, on the accuracy advantage of a rule fixed
     before it called ``tp`` of ``n1`` held-out members and ``fp`` of ``n2`` held-out
-    non-members members — hence on the optimal advantage: the pooled or the split bound of the
-    module docstring, as :func:`pools` chooses. ``tp`` / ``fp`` scalars or arrays (one per
+    non-members members — hence on the optimal advantage: the pooled or the split bound (module
+    docstring), as :func:`pools` chooses. ``tp`` / ``fp`` scalars or arrays (one per
     rule), ``delta`` a scalar or one per rule. Not floored: the caller clips it into
     [|2p − 1|, 1]."""
     delta = np.asarray(delta, dtype=np.float64)
@@ -302,7 +240,8 @@ def detectable_advantage(
     The advantage is that of a rule right on members and non-members alike with probability
     r = (1 + A)/2, as good as the optimal rule (a learned rule reaches a little less). The
     probability is that of the first certificate alone (:func:`certified_records`, at its
-    δ / :func:`certificates_of` share), exactly (module docstring): ``lower`` is the larger of
+    δ / :func:`certificates_of` share), exactly (Theory, *The certificate of a rule fixed in
+    advance*): ``lower`` is the larger of
     the certificates, so it exceeds the threshold at least as often, and the advantage
     returned is at least the smallest one detected with that probability. In a monitor, pass
     the δ a check certifies each figure at:
@@ -321,6 +260,13 @@ def detectable_advantage(
     Returns:
         The advantage, in (threshold, 1]; ``math.inf`` when no advantage reaches it at these
         sizes.
+
+    Examples:
+        >>> from privmon import detectable_advantage
+        >>> round(detectable_advantage(1000, 1000, delta=0.05), 3)
+        0.051
+        >>> round(detectable_advantage(1000, 1000, delta=0.05, power=0.9), 3)
+        0.084
     """
     n1 = check_int(n_members, name="n_members", minimum=1)
     n2 = check_int(n_nonmembers, name="n_nonmembers", minimum=1)
@@ -354,6 +300,13 @@ def audit_records_needed(
     Returns:
         Records per class, found by bisection (the binomial's discreteness can make a size a
         few records larger fall just short).
+
+    Examples:
+        >>> from privmon import audit_records_needed
+        >>> audit_records_needed(0.1, delta=0.05)
+        278
+        >>> audit_records_needed(0.1, delta=0.05, power=0.9)
+        714
     """
     prior, delta, threshold, power, dim = _check_power_arguments(
         prior, delta, threshold, power, dim

@@ -7,26 +7,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar
 
 __all__ = [
-    "METHODS",
     "AdvantageEstimate",
     "Estimate",
-    "Method",
     "accuracy_advantage",
     "check_bins",
-    "check_method",
     "default_bins",
     "describe_error",
     "make_estimate",
     "mcdiarmid_halfwidth",
 ]
-
-Method = Literal["histogram", "kde"]
-
-
-METHODS = ("histogram", "kde")
 
 
 class Estimate:
@@ -53,10 +45,21 @@ class AdvantageEstimate(Estimate):
     holds over the whole run); ``lower_check`` the same certificate at level 1 − ``delta``, valid
     for this one estimate alone; ``plugin`` the paper's W_N / U_N; ``upper`` the paper's
     plugin + ``halfwidth`` (McDiarmid), capped at 1 — a plug-in figure, not a bound on the
-    advantage (see the module docstring).
+    advantage (:mod:`privmon.estimators.advantage`).
     ``floor`` = |2·prior − 1|, the advantage of always guessing the majority class: at a prior
     other than 0.5 read the figures against it, or use the generalized metrics
     (:func:`privmon.generalized_advantage`, e.g. the AM metric) which do not reward that guess.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import optimal_advantage
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> est = optimal_advantage(members, torch.randn(500, generator=gen), prior=0.3)
+        >>> est.floor, round(float(est), 3), round(est.lower, 3)
+        (0.4, 0.4, 0.4)
+        >>> est.as_dict()["n_members"]
+        500
     """
 
     value: float
@@ -73,13 +76,6 @@ class AdvantageEstimate(Estimate):
     n_nonmembers: int
     n_dropped: int
     floor: float
-
-
-def check_method(method: str) -> Method:
-    """``method`` if it is one of "histogram" and "kde", else a ValueError naming them."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return cast(Method, method)
 
 
 def check_bins(bins: int | None) -> None:

@@ -1,63 +1,16 @@
 """Normalizing-flow density estimation in torch: a Block Neural Autoregressive Flow (BNAF).
 
-DOMIAS (van Breugel et al., "Membership Inference Attacks against Synthetic Data through
-Overfitting Detection", AISTATS 2023, Sec. 5 and App. A.3) estimates the synthetic and the
-reference densities with BNAF (De Cao, Aziz & Titov, UAI 2019), "chosen for its training
-efficiency". This module implements BNAF itself, not a stand-in: BNAF is a few masked matrix
-products and a log-sum-exp per layer, cheap enough on a CPU for tabular data.
+DOMIAS (van Breugel et al., AISTATS 2023) estimates the synthetic and the reference densities
+with BNAF (De Cao, Aziz & Titov, UAI 2019). This module implements BNAF itself: blocks of
+block-masked linear maps with tanh between them, each with a gated residual on every block (so
+each block is a bijection of R^d and the density integrates to 1), alternating with a flip of
+the coordinates, on a standard normal base; the log-likelihood is exact. Inputs are
+standardized (the log-Jacobian is added, so :meth:`FlowDensity.log_density` is in data units)
+and clipped to ±1e15, so every finite input has a finite log density; NaN gives NaN.
 
-Architecture (one flow = one BNAF block; blocks alternate with a flip of the coordinates):
-
-- each block is ``layers + 1`` block-masked linear maps with ``tanh`` between them; the hidden
-  width is ``dim * hidden`` (``hidden`` units per input coordinate, BNAF's ``hidden_dim``);
-- the weight matrices are block lower triangular with diagonal blocks ``exp(W)`` (strictly
-  positive) and are weight-normalized (row norm ``exp(s)``), so each block's Jacobian is lower
-  triangular with a positive diagonal whose logarithm is propagated exactly through the layers by
-  log-sum-exp over the diagonal blocks (BNAF eq. 10-12): the log-likelihood is exact;
-- every block has BNAF's gated residual ``y = a f(x) + (1 - a) x``, ``a = sigmoid(gate)``.
-  Unlike the reference code (which drops the residual on the last flow), the residual is kept on
-  every block: ``f`` is bounded (a linear map of ``tanh``), so without it the last block maps
-  R^d onto a bounded set and the density would integrate to less than 1. With it, every block is a
-  triangular map whose i-th output is strictly increasing in ``x_i`` (slope >= 1 - a > 0) and
-  unbounded, i.e. a bijection of R^d, and the density integrates to exactly 1;
-- base distribution: standard normal. Inputs are standardized with the fitted per-column mean
-  and standard deviation (all rows, ``ddof=0``), and ``-sum(log std)`` — the log-Jacobian of the
-  standardization — is added, so :meth:`FlowDensity.log_density` is a density in data units.
-
-Hyperparameters: the defaults are DOMIAS Table 3; a faster setting for a CPU is one call away.
-
-==============  ===================  ==========================================================
-setting         default (Table 3)    fast CPU setting (``FAST_CPU``)
-==============  ===================  ==========================================================
-flows           5                    5
-n-layer         3 (``layers``)       2 tanh layers per flow
-hidden-dim      32 (``hidden``)      16 per coordinate (width ``dim * hidden``)
-learning rate   0.01                 0.01 (Adam, AMSGrad as in the BNAF code)
-batch size      50                   128: fewer, larger steps suit a CPU
-epochs          50                   50, both with early stopping (below)
-==============  ===================  ==========================================================
-
-Measured on one CPU thread, 10,000 rows x 8 columns (DOMIAS's California Housing size,
-``python benchmarks/domias.py --section flow``): Table 3 takes ~4.6 s per epoch (166 s for a fit
-that early-stopped after 36 epochs), the fast setting ~1.2 s (58 s, 49 epochs), with a slightly
-better validation likelihood (8.17 vs 8.23 nats) and the same DOMIAS AUC (0.60);
-``fit_flow(x, **FAST_CPU)`` or ``domias_scores(..., density="flow", flow_kwargs=FAST_CPU)``
-selects it. On a GPU, Table 3 is cheap.
-
-Training: Adam (``amsgrad=True``), gradient norm clipped to 0.1 (BNAF's ``clip_norm``), learning
-rate halved after ``patience // 2`` epochs without a validation improvement (floor ``lr / 20``;
-BNAF uses the same plateau schedule), early stopping after ``patience`` epochs without one, and
-the parameters of the best validation epoch are restored. The validation split is a random 10%
-of the rows (``val_fraction``, at least one row); the model is trained on the other 90% only.
-Shuffling, the split and the initialization all draw from one local ``torch.Generator`` seeded
-with ``seed`` (on the CPU, so results do not depend on the device); the global RNG is never used
-or reseeded. Training runs on the data's device (or ``device``) in ``dtype`` (float32 by
-default: a flow gains nothing from float64 and trains ~2x slower in it; pass ``torch.float64``
-for exact reproducibility checks); the standardization statistics are kept in float64.
-
-Far-away points: the standardized inputs are clipped to ``±1e15`` before the flow, so
-:meth:`FlowDensity.log_density` is finite for every finite input (about ``-1e30`` or below at the
-clip, far beneath any density of interest); NaN inputs give NaN.
+:func:`fit_flow`'s defaults are DOMIAS Table 3; ``fit_flow(x, **FAST_CPU)`` trains ~3x faster on
+a CPU with about the same validation likelihood. Architecture, hyperparameters and timings:
+Theory, *Normalizing flows (BNAF)*.
 """
 
 from __future__ import annotations
@@ -76,10 +29,10 @@ from torch import nn
 __all__ = ["FAST_CPU", "FlowDensity", "fit_flow"]
 
 # A smaller flow that trains ~3x faster on a CPU than DOMIAS Table 3 (the defaults), with about
-# the same validation likelihood on tabular data (module docstring).
+# the same validation likelihood on tabular data (Theory, *Normalizing flows (BNAF)*).
 FAST_CPU = MappingProxyType({"hidden": 16, "layers": 2, "batch_size": 128})  # read-only
 
-_CLIP = 1e15  # |standardized input| bound that keeps float32 squares finite (see docstring)
+_CLIP = 1e15  # |standardized input| bound that keeps float32 squares finite (module docstring)
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -216,7 +169,7 @@ class _BNAFBlock(nn.Module):
 
 
 class FlowDensity(nn.Module):
-    """A BNAF density on R^dim with built-in standardization (see the module docstring).
+    """A BNAF density on R^dim with built-in standardization (module docstring).
 
     Usually made by :func:`fit_flow`. Constructing one directly gives an untrained flow with the
     given architecture, ready for ``load_state_dict`` (or use :meth:`from_state_dict`, which reads
@@ -409,13 +362,17 @@ def fit_flow(
 ) -> FlowDensity:
     """Fit a BNAF density to ``data`` (shape (n, d), numpy or torch) by maximum likelihood.
 
-    Defaults (DOMIAS Table 3), the faster ``FAST_CPU`` setting and the training procedure are
-    described in the module docstring. ``hidden`` is per input coordinate (hidden width
-    ``d * hidden``); ``layers`` is the number of tanh layers per flow. ``patience`` epochs
-    without a validation improvement stop training; the best epoch's parameters are kept, and
-    ``flow.history`` records the per-epoch losses (mean negative log-likelihood of the
-    standardized data, in nats), the best epoch, and ``val_index``: the rows held out for
-    validation.
+    Defaults: DOMIAS Table 3 (``FAST_CPU`` for a faster setting). ``hidden`` is per input
+    coordinate (hidden width ``d * hidden``); ``layers`` is the number of tanh layers per flow.
+    Training: Adam (AMSGrad), gradient norm clipped to ``clip_norm``, the learning rate halved
+    after ``patience // 2`` epochs without a validation improvement (floor ``lr / 20``), stopped
+    after ``patience``; the best epoch's parameters are kept. A random ``val_fraction`` of the
+    rows (at least one) is held out for validation. Shuffling, the split and the initialization
+    draw from one CPU ``torch.Generator`` seeded with ``seed`` (the global RNG is never used).
+    Training runs on the data's device (or ``device``) in ``dtype``; the standardization
+    statistics are kept in float64. ``flow.history`` records the per-epoch losses (mean negative
+    log-likelihood of the standardized data, in nats), the best epoch, and ``val_index``: the
+    rows held out for validation.
     """
     x = _as_data(data, device)
     n, d = x.shape

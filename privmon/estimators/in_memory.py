@@ -10,10 +10,10 @@ import math
 import numpy as np
 import torch
 
-from privmon.estimators.binning import CERTIFY_FOLDS, fold_of
 from privmon.estimators.certificate import certify
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.estimates import make_estimate
+from privmon.estimators.folds import CERTIFY_FOLDS, fold_of
 from privmon.estimators.learned import learned_rule_counts
 from privmon.estimators.plugins import cell_histogram_plugin, sampled_kde_plugin
 from privmon.estimators.rules import bayes_rule

@@ -1,62 +1,17 @@
 """A learned Bayes rule for high-dimensional queries (d ≥ 3): cross-fitted logistic regression.
 
-The optimal accuracy advantage at prior p is reached by the Bayes rule "member iff
-p·P(x) > (1−p)·Q(x)" (MACE eq. 7-8). Density estimates lose most of a leak above two dimensions,
-so here the rule is learned as a classifier: logistic regression on the standardised scores z
-and their squares z² (one coefficient per feature), which holds the exact log-likelihood ratio of
-two Gaussians with a shifted mean or a changed per-coordinate scale. The decision includes the
-prior: with ℓ(x) the fitted logit under the training class balance n1/n2,
+Density estimates lose most of a leak above two dimensions, so there the Bayes rule "member iff
+p·P(x) > (1−p)·Q(x)" (MACE eq. 7-8) is learned as a classifier: logistic regression on the
+standardised scores z and their squares z², the decision shifted by the prior
+(member iff ℓ(x) − log(n1/n2) + log(p/(1−p)) > 0). Each rule first picks, on its own training
+records, the blocks it uses (z, z², both or none) by Rao's score test at 5 %
+(``SELECTION_LEVEL``), which keeps the null quiet; the ridge penalty of each block is set by the
+evidence approximation; no random numbers are drawn. K-fold cross-fitting: rule k learns on the
+other folds and is applied to fold k; the certificate's rule learns on folds 2..K−1 and is
+applied to folds 0-1. All K + 1 fits run as one batch on the scores' device. A tie (decision
+within 1e-9 of 0) counts 1/2, and for the certificate goes to the prior's side.
 
-    member  iff  ℓ(x) − log(n1/n2) + log(p/(1−p)) > 0,
-
-so the rule targets the accuracy advantage 2p·TPR − 2(1−p)·FPR + 1 − 2p at prior p.
-
-**Which blocks.** Before it is fitted, each rule chooses, on its own training records, the
-features it uses: the linear block z, the quadratic block z², or both, by Rao's score test of
-each against the intercept alone ("Large sample tests of statistical hypotheses concerning
-several parameters with applications to problems of estimation", Rao, 1948; see
-:func:`_score_tests`). The set with the smallest p-value enters if that p-value is below
-``SELECTION_LEVEL`` = 5 %; otherwise the rule is the prior's alone, and every record it is
-applied to is a tie. The choice reads the training records only, so each held-out count is
-still that of a rule fixed before its fold is read. What it buys is a quiet null: a rule fitted
-to pure noise calls half the records members and half not, so each fold's term TPR − FPR
-spreads like a fair coin, and with K-fold cross-fitting the terms of two rules that learned on
-each other's folds are positively correlated (each learned the chance association between the
-other's records and labels: "No unbiased estimator of the variance of K-fold cross-validation",
-Bengio and Grandvalet, 2004). With the choice, under the null most rules keep no block and add
-exactly 0. Measured at d = 64 with 2,000 + 2,000 identical draws over 240 seeded runs: the
-value's standard deviation is 0.0066 and 3 runs exceed 0.03 (with both blocks always fitted:
-0.019 and 11 %). That is what lets each rule learn on all the other folds (**Folds**).
-
-**Fit.** Penalised maximum likelihood by minorise-maximise steps (see :func:`_fit`). The
-ridge penalty of each block of coefficients (the linear block z, the quadratic block z²; the
-intercept is free) is set by the evidence approximation — the Laplace approximation of the
-posterior and the re-estimation α = γ / ‖w‖², γ = Σ_j (1 − α·(H⁻¹)_jj) of "Pattern Recognition
-and Machine Learning" (Bishop, 2006; eqs. 3.91-3.92, applied to logistic regression as in
-"The evidence framework applied to classification networks", MacKay, 1992) — interleaved with the
-steps; a chosen block whose evidence-optimal penalty is unbounded still drops out. Columns that
-are constant on the training records (dead ReLU units) get the feature 0; collinear columns
-lower the score test's rank and are handled in the fit by the penalty, which keeps the Hessian
-positive definite. No random numbers are drawn.
-
-**Folds.** K-fold cross-fitting on the caller's folds: the records are split by position within
-each class (``fold_of``) into K folds, and rule k is learned on the other K − 1 folds and
-applied to fold k. An earlier version learned each rule on fewer records so that no two rules
-learned on each other's folds (a round robin over 9 folds, each rule on 4 of them); with the
-choice of blocks the null spread no longer needs that, and learning on 3/4 of the records
-instead of 4/9 brings a 64-D mean shift with truth 0.311 from 0.281 to 0.297 and a 16-D one
-with truth 0.159 from 0.131 to 0.146 (means over 20 seeds, ``benchmarks/learned.py``). The
-certificate's rule is learned on folds 2..K−1 and applied to folds 0-1. All K + 1 fits, their
-choices of blocks included, run as one batch on the scores' device. A fit whose training
-records lack a class learns nothing: its rule is the prior's alone (a tie at p = 1/2).
-
-**Ties.** A record whose decision value lies within 1e-9 of 0 counts 1/2 for the cross-fitted
-rules and, for the certificate's, as a member iff p > 1/2 (the prior's side).
-
-**Cost.** F = 2d + 1 features; each of the K + 1 fits forms one Gram matrix (F × F, over its
-training records), O(N·F²), takes three eigendecompositions of its blocks for the score tests,
-O(F³), then per update of the penalties factors the bound, O(F³), and takes a few steps,
-O(N·F) each; typically a few updates.
+Derivation, measurements and cost: Theory, *The learned rule above two dimensions*.
 """
 
 from __future__ import annotations
@@ -66,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from privmon.estimators.binning import fold_of
+from privmon.estimators.folds import fold_of
 
 __all__ = ["HIGH_DIM_CERTIFY_FOLDS", "RuleCounts", "learned_rule_counts"]
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from privmon.estimators.binning import BinnedRecords
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.estimates import describe_error
+from privmon.estimators.record_binning import BinnedRecords
 
 __all__ = ["cell_histogram_plugin", "plugin_from", "raw_plugins", "sampled_kde_plugin"]
 

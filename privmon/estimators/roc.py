@@ -7,20 +7,7 @@ scores and the non-member scores (numpy arrays or torch tensors on any device, s
 are moved onto the member scores' device and all work is done there in torch (numpy sorts CPU
 scores), in O(n log n): the pooled scores are sorted once (:func:`rank_scores`) and every metric
 is read off the cumulative member / non-member counts per distinct score. Results are Python
-floats or numpy arrays.
-
-Sources:
-
-- AUC is the Mann–Whitney U statistic over n1 * n0: P(member score > non-member score) plus
-  half the probability of a tie (the ROC area with ties traced as diagonal segments).
-- ``tpr_at_fpr`` is the "TPR at low FPR" reading of Carlini et al., "Membership Inference
-  Attacks From First Principles" (LiRA), reported by Krčo et al., "Lost in the Averages: A New
-  Specific Setup to Evaluate Membership Inference Attacks Against Machine Learning Models".
-- ``accuracy_at_median`` is the DOMIAS threshold rule (van Breugel et al., "Membership Inference
-  Attacks against Synthetic Data through Overfitting Detection", App. A, algorithm steps 4-5):
-  tau = median of the test scores, predict member when score > tau.
-- ``top_q_precision`` is the DOMIAS high-precision attack (App. D): the mean membership of the
-  records scored in the top q-quantile.
+floats or numpy arrays. Sources (LiRA, DOMIAS): Theory, *Threshold metrics of a score*.
 """
 
 from __future__ import annotations
@@ -255,6 +242,15 @@ def auc(member_scores: Any, nonmember_scores: Any) -> float:
         ValueError: a score argument is empty, has no finite value, or has more than one
             dimension per record (the message names the argument); the arguments look like
             scikit-learn's ``(y_true, y_score)``.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import auc
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> auc(members, nonmembers)
+        0.649208
     """
     check_not_label_order(member_scores, nonmember_scores, fn="auc")
     return auc_from_ranking(rank_scores(member_scores, nonmember_scores))
@@ -272,6 +268,16 @@ def roc_curve(
     Like :func:`auc` it takes the two score sets, not ``(y_true, y_score)``: call
     ``privmon.roc_curve(y_score[y_true == 1], y_score[y_true == 0])``; the scikit-learn order is
     refused with a ValueError that says so.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import roc_curve
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> fpr, tpr, thresholds = roc_curve(members, nonmembers)
+        >>> fpr.shape, fpr[[0, -1]].tolist(), tpr[[0, -1]].tolist(), float(thresholds[0])
+        ((1001,), [0.0, 1.0], [0.0, 1.0], inf)
     """
     check_not_label_order(member_scores, nonmember_scores, fn="roc_curve")
     return _roc_from(rank_scores(member_scores, nonmember_scores))
@@ -296,6 +302,15 @@ def tpr_at_fpr(
 
     Returns:
         ``{target: tpr}`` keyed by the targets as floats, in the order given.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import tpr_at_fpr
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> tpr_at_fpr(members, nonmembers, fpr=[0.1, 0.01])
+        {0.1: 0.2, 0.01: 0.026}
     """
     targets = check_fprs(fpr)
     values = _tpr_at_fpr_from(rank_scores(member_scores, nonmember_scores), targets)
@@ -313,6 +328,15 @@ def accuracy_at_median(member_scores: Any, nonmember_scores: Any) -> float:
     Tie rule: a score equal to tau is predicted non-member (the strict inequality of DOMIAS). With
     many scores tied at the median this leans towards "non-member"; in the extreme where every
     score is equal the result is n_nonmembers / n_total.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import accuracy_at_median
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> accuracy_at_median(members, nonmembers)
+        0.612
     """
     return _accuracy_at_median_from(rank_scores(member_scores, nonmember_scores))
 
@@ -334,6 +358,17 @@ def top_q_precision(
 
     Returns:
         A float for a scalar ``q``, else a float64 numpy array with one value per ``q``.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import top_q_precision
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> top_q_precision(members, nonmembers, q=0.1)
+        0.66
+        >>> top_q_precision(members, nonmembers, q=[0.1, 1.0]).tolist()
+        [0.66, 0.5]
     """
     qs, scalar = check_quantiles(q)
     out = top_q_precision_from_ranking(rank_scores(member_scores, nonmember_scores), qs)
@@ -356,6 +391,18 @@ def roc_summary(
     Returns ``{"auc": ..., "tpr@fpr=0.1": ..., "tpr@fpr=0.01": ..., "tpr@fpr=0.001": ...,
     "accuracy_at_median": ...}`` (one ``tpr@fpr=<repr(target)>`` key per target). The values
     are identical to those of :func:`auc`, :func:`tpr_at_fpr` and :func:`accuracy_at_median`.
+
+    Examples:
+        >>> import torch
+        >>> from privmon import roc_summary
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> members = torch.randn(500, generator=gen) + 0.5
+        >>> nonmembers = torch.randn(500, generator=gen)
+        >>> roc_summary(members, nonmembers)
+        {'auc': 0.649208, 'tpr@fpr=0.1': 0.2, 'tpr@fpr=0.01': 0.026, 'tpr@fpr=0.001': 0.008,
+         'accuracy_at_median': 0.612}
+        >>> roc_summary(-members, -nonmembers, higher_is_member=False)["auc"]  # e.g. a loss
+        0.649208
     """
     targets = check_fprs(fpr)
     if higher_is_member not in (True, False, None):

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from privmon.estimators.binning import GridSelections
 from privmon.estimators.certificate import certify
 from privmon.estimators.estimates import AdvantageEstimate, make_estimate
+from privmon.estimators.selections import GridSelections
 from privmon.estimators.tensors import small_tensor
 
 __all__ = ["RuleDensities", "bayes_rule", "grid_estimates"]

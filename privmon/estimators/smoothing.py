@@ -9,8 +9,9 @@ import math
 import numpy as np
 import torch
 
-from privmon.estimators.binning import ClassCounts, GridSelections
 from privmon.estimators.density import bandwidth_factor
+from privmon.estimators.record_binning import ClassCounts
+from privmon.estimators.selections import GridSelections
 from privmon.estimators.tensors import small_tensor
 
 __all__ = ["kde_grid_too_coarse", "smooth", "smooth_raw", "smooth_selections"]

@@ -1,23 +1,13 @@
 """Spending a run's confidence budget over its checks.
 
-A monitor certifies figures at every check and its users read the run: the largest certified
-advantage, any DP-violation alarm, early stopping on a certified bound. A bound that holds with
-probability 1 − δ at each check says nothing about the maximum over checks (with nothing leaking,
-40 checks of two queries × two methods at δ = 0.05 each certified leakage in 98.5 % of runs,
-benchmarks/certificates.py).
-So check k certifies at δ_k with Σ_k δ_k ≤ δ, split evenly over its figures: by the union bound
-every certified figure of the run then holds simultaneously with probability ≥ 1 − δ, however
-the checks depend on one another and however many there are.
+A bound that holds with probability 1 − δ at each check says nothing about the maximum over
+checks, so check k certifies at δ_k with Σ_k δ_k ≤ δ (:func:`check_delta`): by the union bound
+every certified figure of the run then holds together with probability ≥ 1 − δ, however many
+checks there are. Runs of unknown length spend δ_k = δ / (S·(k+1)·ln²(k+1)), which decays
+barely faster than 1/k; a planned run spends (1 − η)·δ evenly over its planned checks and the
+unknown-length sequence on η·δ = 0.1·δ after them.
 
-The sequences:
-
-* unplanned (the default): δ_k = δ / (S·(k+1)·ln²(k+1)), S = Σ_{j≥2} 1/(j·ln² j) ≤ 2.1097428015
-  (the partial sum to 10⁷ plus the integral bound 1/ln 10⁷ on its tail). It decays barely faster
-  than 1/k, so late checks — where leakage is usually largest — keep more of the budget than
-  under the common 6δ/(π²k²): at k = 10 the share is 1.2× larger, at k = 100 3.6×.
-* planned (``planned_checks = n``): (1 − η)·δ/n for each of the first n checks and the unplanned
-  sequence on η·δ after them (η = 0.1), so checks beyond the plan are still covered. At n = 10
-  a check certifies at δ/11 instead of δ/133 (unplanned, k = 10).
+The sequences and their constants: Theory, *Spending the run's confidence budget*.
 """
 
 from __future__ import annotations
@@ -46,6 +36,13 @@ def check_delta(k: int, *, delta: float, planned_checks: int | None = None) -> f
         delta: the run-level budget, in (0, 1).
         planned_checks: the number of checks the run is planned to have, or None (unknown).
             A plan spends (1 − η)·δ evenly over its checks and η·δ (η = 0.1) over any beyond it.
+
+    Examples:
+        >>> from privmon.estimators.spending import check_delta
+        >>> round(check_delta(1, delta=0.05), 5), round(check_delta(10, delta=0.05), 5)
+        (0.02466, 0.00037)
+        >>> round(check_delta(10, delta=0.05, planned_checks=10), 5)
+        0.0045
     """
     check_int(k, name="k", minimum=1)
     delta = check_open_unit(delta, name="delta")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["small_tensor"]
+__all__ = ["on_device", "small_tensor"]
 
 
 def small_tensor(
@@ -19,3 +19,8 @@ def small_tensor(
     times cheaper than torch.tensor on a list (checks run hundreds of small operations)."""
     out = torch.from_numpy(np.asarray(values, dtype=dtype))
     return out if torch.device(device).type == "cpu" else out.to(device)
+
+
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on ``device`` (without an operation when it is there already)."""
+    return t if t.device == device else t.to(device)

@@ -1,40 +1,11 @@
 """PyTorch-Ignite adapter: run a :class:`~privmon.PrivacyMonitor` from an Ignite ``Engine``.
 
-```python
-from privmon.integrations.ignite import attach
-
-handle = attach(trainer, monitor)  # after every iteration
-trainer.run(loader, max_epochs=10)
-```
-
-The handler is thin: on ``event`` it calls ``monitor.step(engine.state.iteration)`` — the
-iteration counter runs across epochs, like a global step — and calls ``engine.terminate()`` when the
-monitor says stop (Ignite finishes the current iteration's handlers, fires ``TERMINATE`` and
-``COMPLETED``, and leaves ``engine.state.iteration`` at the stopping step).
-
-Planned checks: at the handler's first call a monitor given no ``planned_checks`` plans them
-from the run's length (:meth:`~privmon.PrivacyMonitor.plan`), when the handler runs on every
-iteration (the default event, unfiltered): ``engine.state.max_iters``, else
-``max_epochs × epoch_length`` when both are known (an epoch length Ignite cannot read from the
-data leaves the checks unplanned). Each check then certifies at 0.9·δ / planned checks. Load a
-checkpoint's monitor state before ``trainer.run``: a resumed run keeps the plan it was saved
-under.
-
-Metrics: after each check the report's finite scalars are written into ``engine.state.metrics``
-(tag -> float, e.g. ``engine.state.metrics["privacy/loss/histogram/value"]``) and stay there
-until the next check, so Ignite's logger handlers that read the metrics — ``TensorboardLogger``
-/ ``MLflowLogger`` / ``WandBLogger`` with ``OutputHandler(metric_names="all")`` — log them. Attach
-such a handler *after* this one on the same event so it sees the fresh figures. (Ignite's
-MLflow handler drops names MLflow refuses, such as ``privacy/loss/tpr@fpr=0.01``, with a
-warning; :class:`privmon.sinks.MlflowSink` logs them as ``tpr_at_fpr_0.01``.)
-``attach(..., metrics=False)`` leaves ``engine.state.metrics`` alone.
-
-To resume, put the monitor into Ignite's checkpoint dictionary: it has ``state_dict`` /
-``load_state_dict``, e.g. ``Checkpoint({"model": model, "trainer": trainer, "privmon": monitor},
-...)`` and ``Checkpoint.load_objects``. Sinks are not closed by the handler: call
-``monitor.close()`` when done.
-
-``import privmon`` never imports ``ignite``: only calling :func:`attach` does.
+:func:`attach` adds a thin handler: it steps the monitor at ``engine.state.iteration`` (a global
+step across epochs), calls ``engine.terminate()`` when the monitor says stop, plans the checks
+from the run's length, and writes each report's finite scalars into ``engine.state.metrics``,
+where Ignite's logger handlers find them. To resume, put the monitor into Ignite's
+``Checkpoint`` dictionary (it has ``state_dict`` / ``load_state_dict``). User guide:
+*PyTorch-Ignite*. ``import privmon`` never imports ``ignite``: only calling :func:`attach` does.
 """
 
 from __future__ import annotations
@@ -51,10 +22,50 @@ __all__ = ["attach"]
 def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: bool = True) -> Any:
     """Step ``monitor`` on ``event`` of ``engine`` (default ``Events.ITERATION_COMPLETED``).
 
-    ``event`` may carry an Ignite filter (``Events.ITERATION_COMPLETED(every=50)``); the monitor's
-    own ``every_n_steps`` still decides which iterations are checked. ``metrics``: write each
-    report's finite scalars into ``engine.state.metrics`` (default True). Returns the
-    ``RemovableEventHandle`` of the handler (``handle.remove()`` detaches it).
+    At its first call the handler plans the checks of a monitor given no ``planned_checks``
+    (:meth:`~privmon.PrivacyMonitor.plan`) from ``engine.state.max_iters``, else
+    ``max_epochs × epoch_length``, when it runs on every iteration (the default event,
+    unfiltered); otherwise, or when the length is unknown, the checks stay unplanned. Ignite
+    finishes the iteration's handlers after ``terminate()``, and ``engine.state.iteration`` stays
+    at the stopping step. The handler does not close the monitor's sinks: call
+    ``monitor.close()`` when done.
+
+    Args:
+        engine: the Ignite ``Engine`` that trains.
+        monitor: the :class:`~privmon.PrivacyMonitor` to step.
+        event: the event to run on; may carry a filter (``Events.ITERATION_COMPLETED(every=50)``),
+            while the monitor's ``every_n_steps`` still decides which iterations are checked.
+        metrics: write each report's finite scalars into ``engine.state.metrics`` (default
+            True), where they stay until the next check; attach logger handlers (e.g.
+            ``OutputHandler(metric_names="all")``) after this one on the same event.
+
+    Returns:
+        The handler's ``RemovableEventHandle`` (``handle.remove()`` detaches it).
+
+    Examples:
+        >>> import torch
+        >>> from ignite.engine import Engine
+        >>> from torch import nn
+        >>> import privmon
+        >>> from privmon.integrations.ignite import attach
+        >>> from privmon.queries import LossQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(4, 3)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+        >>> def train_step(engine, batch):
+        ...     optimizer.zero_grad()
+        ...     nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        ...     optimizer.step()
+        >>> monitor = privmon.PrivacyMonitor(
+        ...     LossQuery(model), [(x[:20], y[:20])], [(x[20:], y[20:])], every_n_steps=5
+        ... )
+        >>> trainer = Engine(train_step)
+        >>> handle = attach(trainer, monitor)
+        >>> _ = trainer.run([(x[:20], y[:20])] * 5, max_epochs=2)
+        >>> monitor.last_report.step, "privacy/loss/auc" in trainer.state.metrics
+        (10, True)
+        >>> monitor.close()
     """
     try:
         from ignite.engine import Events

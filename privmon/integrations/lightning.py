@@ -1,43 +1,12 @@
 """PyTorch Lightning adapter: run a :class:`~privmon.PrivacyMonitor` from a Lightning ``Trainer``.
 
-```python
-from privmon.integrations.lightning import PrivacyMonitorCallback
-
-trainer = lightning.pytorch.Trainer(callbacks=[PrivacyMonitorCallback(monitor)], ...)
-trainer.fit(module)
-```
-
-The callback is thin: after every training batch it calls ``monitor.step(trainer.global_step)``
-(the monitor decides whether a check is due, and it protects modes, BatchNorm statistics and RNGs),
-and when the monitor says stop it sets ``trainer.should_stop = True`` — Lightning's own mechanism,
-so ``min_epochs`` / ``min_steps`` still apply and validation still runs at the end as with
-Lightning's ``EarlyStopping``. ``trainer.global_step`` counts optimizer steps, so with gradient
-accumulation a check runs once per optimizer step, not once per batch.
-
-Loggers: like Lightning's ``LearningRateMonitor``, the callback writes each new report's finite
-scalars (``privacy/<query>/<method>/value``, ``…/lower``, ``privacy/<query>/auc``, …) to every
-logger in ``trainer.loggers`` — TensorBoardLogger, CSVLogger, MLFlowLogger, WandbLogger, … —
-with ``logger.log_metrics(scalars, step=report.step)``, the check's global step, from global rank
-0 only. ``PrivacyMonitorCallback(monitor, log_to_loggers=False)`` turns that off (the monitor's
-own sinks still write).
-
-Planned checks: at ``on_train_start`` — after Lightning restored a checkpoint's callback state —
-a monitor given no ``planned_checks`` plans them from the run's length
-(:meth:`~privmon.PrivacyMonitor.plan`): ``trainer.estimated_stepping_batches`` when finite
-(the optimizer steps until ``max_steps`` or ``max_epochs``, whichever ends the run first), else
-``trainer.max_steps`` when set (the epochs' length unknown). Lightning's default when neither
-is set is 1000 epochs, a plan far longer than a run stopped early by other means: pass
-``max_steps`` / ``max_epochs`` or ``planned_checks``. Each check
-then certifies at 0.9·δ / planned checks. A resumed run keeps the plan it was saved under.
-
-The monitor's state (history of scalars, early-stopping counters, last checked step) travels in
-Lightning checkpoints through the callback's ``state_dict`` / ``load_state_dict``: resuming with
-``trainer.fit(module, ckpt_path=...)`` and a fresh monitor continues the history without checking
-a step twice. Sinks are not closed by the callback: call ``monitor.close()`` when done.
-
-Lightning is imported from ``lightning.pytorch`` (the ``lightning`` package), or from the standalone
-``pytorch_lightning`` package when that is the only one installed. ``import privmon`` never imports
-either: only importing this module does.
+:class:`PrivacyMonitorCallback` is thin: after every training batch it steps the monitor at
+``trainer.global_step`` (optimizer steps), sets ``trainer.should_stop`` when the monitor says
+stop (Lightning's own mechanism, as ``EarlyStopping``), plans the checks from the run's length,
+writes each report's finite scalars to every logger in ``trainer.loggers`` (as
+``LearningRateMonitor`` does), and carries the monitor's state in Lightning checkpoints.
+User guide: *PyTorch Lightning*. Lightning is imported from ``lightning.pytorch``, else from the
+standalone ``pytorch_lightning``; ``import privmon`` imports neither, only this module does.
 """
 
 from __future__ import annotations
@@ -70,15 +39,52 @@ __all__ = ["PrivacyMonitorCallback"]
 class PrivacyMonitorCallback(Callback):
     """Lightning callback that runs ``monitor`` after every training batch.
 
+    The monitor's state (history, early-stopping counters, last checked step) travels in
+    Lightning checkpoints through :meth:`state_dict`: ``trainer.fit(module, ckpt_path=...)`` with
+    a fresh monitor continues the history without checking a step twice. Under a distributed
+    strategy every rank steps its own monitor, and the stop decision of a due check is combined
+    across ranks with the strategy's ``reduce_boolean_decision`` (any rank stops all), as
+    Lightning's ``EarlyStopping`` does. The callback does not close the monitor's sinks.
+
     Args:
         monitor: the :class:`~privmon.PrivacyMonitor` to step.
         log_to_loggers: write each new report's finite scalars to every entry of
             ``trainer.loggers`` at the check's global step (rank 0 only). Default True.
 
-    Under a distributed strategy every rank steps its own monitor (the monitor decides what each
-    rank queries and writes); the stop decision of a due check is combined across ranks with the
-    strategy's ``reduce_boolean_decision`` (any rank stops all), as Lightning's ``EarlyStopping``
-    does, so that no rank waits for another that has left the loop.
+    Examples:
+        >>> import lightning.pytorch as pl
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> import privmon
+        >>> from privmon.integrations.lightning import PrivacyMonitorCallback
+        >>> from privmon.queries import LossQuery
+        >>> class Classifier(pl.LightningModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.net = nn.Linear(4, 3)
+        ...     def training_step(self, batch, batch_idx):
+        ...         return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+        ...     def configure_optimizers(self):
+        ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+        >>> _ = torch.manual_seed(0)
+        >>> x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+        >>> module = Classifier()
+        >>> monitor = privmon.PrivacyMonitor(
+        ...     LossQuery(module.net), [(x[:20], y[:20])], [(x[20:], y[20:])], every_n_steps=5
+        ... )
+        >>> trainer = pl.Trainer(
+        ...     max_steps=10,
+        ...     callbacks=[PrivacyMonitorCallback(monitor)],
+        ...     logger=False,
+        ...     enable_checkpointing=False,
+        ...     enable_progress_bar=False,
+        ...     enable_model_summary=False,
+        ... )
+        >>> trainer.fit(module, DataLoader(TensorDataset(x[:20], y[:20]), batch_size=4))
+        >>> monitor.last_report.step, len(monitor.history.steps)
+        (10, 2)
+        >>> monitor.close()
     """
 
     def __init__(self, monitor: PrivacyMonitor, *, log_to_loggers: bool = True) -> None:
@@ -100,7 +106,10 @@ class PrivacyMonitorCallback(Callback):
         return self._generate_state_key(queries=names)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """Plan the monitor's checks from the run's length (module docstring)."""
+        """Plan the checks of a monitor given no ``planned_checks`` from the run's length
+        (:meth:`~privmon.PrivacyMonitor.plan`): ``trainer.estimated_stepping_batches`` when
+        finite, else ``trainer.max_steps`` when set. Runs after Lightning restored a
+        checkpoint's callback state, so a resumed run keeps the plan it was saved under."""
         # estimated_stepping_batches already ends the run at the first of max_steps and
         # max_epochs; max_steps alone serves where the epochs' length is unknown
         try:

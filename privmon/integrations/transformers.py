@@ -1,59 +1,13 @@
 """Hugging Face ``transformers`` adapter: run a :class:`~privmon.PrivacyMonitor` from a ``Trainer``.
 
-```python
-from privmon.integrations.transformers import attach
-
-trainer = transformers.Trainer(..., args=TrainingArguments(..., report_to=["tensorboard"]))
-attach(trainer, monitor)  # adds a PrivacyMonitorCallback that knows its trainer
-trainer.train()
-```
-
-The callback is thin: at the end of every optimizer step (``on_step_end``) it calls
-``monitor.step(state.global_step)`` — the monitor decides whether a check is due and protects the
-model's mode and every RNG — and when the monitor says stop it sets
-``control.should_training_stop = True``, the Trainer's own mechanism.
-
-Logging: after each check the callback passes the report's finite scalars to ``trainer.log`` —
-the Trainer's own logging path — so they land in ``trainer.state.log_history`` (with ``step`` =
-the check's global step) and reach every ``report_to`` integration (TensorBoard, MLflow, Weights &
-Biases, …) through its ``on_log``. A ``TrainerCallback`` is not given the Trainer, so the callback
-must be told it: :func:`attach` does that, as does ``PrivacyMonitorCallback(monitor,
-trainer=trainer)`` added with ``trainer.add_callback``. A callback built without a trainer (e.g.
-in ``Trainer(callbacks=[...])``) still steps the monitor and warns once that the figures do not
-reach the Trainer's loggers; ``log_to_trainer=False`` opts out of the logging and the warning.
-
-Console: the Trainer's console printers (its ``ProgressCallback``, or ``PrinterCallback`` with
-``disable_tqdm``) would print every scalar of every check, dozens per query. They are left out
-of that ``trainer.log`` call and are handed, instead, what ``console`` selects:
-
-* ``"headline"`` (default): per query its AUC (``privacy/<query>/auc``) and the value and
-  certified lower bound of its method with the highest lower bound (``privacy/<query>/adv``,
-  ``privacy/<query>/lower``; in ``log_history`` as ``privacy/<query>/<method>/value`` and
-  ``…/lower``), plus ``privacy/epsilon`` and ``privacy/dp_violation`` when an accountant is
-  given: one short line per check;
-* ``"all"``: every scalar, as ``log_history`` has them;
-* ``"none"``: nothing;
-* a sequence of ``fnmatch`` patterns over the tags (e.g. ``["privacy/*/auc"]``): those scalars.
-
-Only the console changes: ``log_history`` and the ``report_to`` integrations get every figure
-whatever ``console`` says.
-
-Planned checks: at ``on_train_begin`` (after a resumed run's state is loaded) a monitor given no
-``planned_checks`` plans them from ``state.max_steps``, the run's optimizer steps
-(:meth:`~privmon.PrivacyMonitor.plan`): each check then certifies at 0.9·δ / planned checks. A
-resumed run keeps the plan it was saved under.
-
-Checkpoints: when the Trainer saves a checkpoint (``on_save``) the monitor's state is written
-with ``torch.save`` as ``privmon_monitor.pt`` into that checkpoint folder
-(``<output_dir>/checkpoint-<step>``). When ``trainer.train(resume_from_checkpoint=...)`` resumes
-from such a folder, ``on_train_begin`` loads it back (``torch.load(..., weights_only=True)``: the
-state holds only tensors and plain Python values), so the history continues without checking a
-step twice. (The Trainer's own ``ExportableState`` mechanism cannot carry the monitor: it rebuilds
-callbacks from JSON arguments.) The folder is found from ``args.resume_from_checkpoint`` when
-set, else as ``<output_dir>/checkpoint-<global step resumed at>``. Sinks are not closed by the
-callback: call ``monitor.close()`` when done.
-
-``import privmon`` never imports ``transformers``: only importing this module does.
+:func:`attach` adds a thin :class:`PrivacyMonitorCallback`: at the end of every optimizer step it
+steps the monitor at ``state.global_step``, sets ``control.should_training_stop`` when the
+monitor says stop, and passes each report's finite scalars to ``trainer.log``, so they land in
+``trainer.state.log_history`` and every ``report_to`` integration, while the console shows a
+short line per check (``console``). It plans the checks from ``state.max_steps`` and saves the
+monitor's state in each checkpoint folder (:data:`STATE_FILE`), loaded back on resume.
+User guide: *Hugging Face transformers*. ``import privmon`` never imports ``transformers``: only
+importing this module does.
 """
 
 from __future__ import annotations
@@ -80,7 +34,7 @@ except ImportError as err:
 from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, plan_checks, publish
-from privmon.report import Report
+from privmon.report import Report, tags
 from privmon.sinks.base import finite_scalars
 
 __all__ = ["CONSOLE_MODES", "STATE_FILE", "PrivacyMonitorCallback", "attach", "console_scalars"]
@@ -111,14 +65,40 @@ def _check_console(console: Any) -> str | tuple[str, ...]:
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError(
             f"console must be one of {CONSOLE_MODES} or a non-empty sequence of tag patterns "
-            f"(e.g. ['privacy/*/auc']), got {console!r}"
+            f"(e.g. [{tags.auc('*')!r}]), got {console!r}"
         )
     return patterns
 
 
 def console_scalars(report: Report, console: Console = "headline") -> dict[str, float]:
-    """The figures of ``report`` the Trainer's console shows for ``console`` (module docstring):
-    finite values only, in the report's order."""
+    """The figures of ``report`` the Trainer's console shows for ``console``: finite values
+    only, in the report's order.
+
+    Args:
+        report: a check's report.
+        console: ``"headline"`` (default): per query its AUC, and the value and certified lower
+            bound of its method with the highest lower bound (``privacy/<query>/adv``,
+            ``privacy/<query>/lower``), plus ``privacy/epsilon`` and ``privacy/dp_violation``
+            when an accountant is given; ``"all"``: every scalar; ``"none"``: nothing; or a
+            sequence of ``fnmatch`` patterns over the tags.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import privmon
+        >>> from privmon.integrations.transformers import console_scalars
+        >>> from privmon.queries import LossQuery
+        >>> _ = torch.manual_seed(0)
+        >>> x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+        >>> monitor = privmon.PrivacyMonitor(
+        ...     LossQuery(nn.Linear(4, 3)), [(x[:20], y[:20])], [(x[20:], y[20:])]
+        ... )
+        >>> report = monitor.check(100)
+        >>> list(console_scalars(report))
+        ['privacy/loss/auc', 'privacy/loss/adv', 'privacy/loss/lower']
+        >>> list(console_scalars(report, ["privacy/*/tpr@*"]))
+        ['privacy/loss/tpr@fpr=0.1', 'privacy/loss/tpr@fpr=0.01', 'privacy/loss/tpr@fpr=0.001']
+    """
     mode = _check_console(console)
     scalars = finite_scalars(report)
     if mode == "all":
@@ -129,15 +109,15 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
         return {k: v for k, v in scalars.items() if any(fnmatch.fnmatchcase(k, p) for p in mode)}
     out: dict[str, float] = {}
     for name, result in report.queries.items():
-        if f"privacy/{name}/auc" in scalars:
-            out[f"privacy/{name}/auc"] = scalars[f"privacy/{name}/auc"]
+        if tags.auc(name) in scalars:
+            out[tags.auc(name)] = scalars[tags.auc(name)]
         figures = [(est.lower, est.value) for est in result.estimates.values()]
         figures = [(lo, v) for lo, v in figures if math.isfinite(lo) and math.isfinite(v)]
         if figures:
             lower, value = max(figures)  # the method with the highest certified lower bound
-            out[f"privacy/{name}/adv"] = value
-            out[f"privacy/{name}/lower"] = lower
-    for tag in ("privacy/epsilon", "privacy/dp_violation"):
+            out[tags.console_advantage(name)] = value
+            out[tags.console_lower(name)] = lower
+    for tag in (tags.EPSILON, tags.DP_VIOLATION):
         if tag in scalars:
             out[tag] = scalars[tag]
     return out
@@ -146,14 +126,33 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
 class PrivacyMonitorCallback(TrainerCallback):
     """``transformers.TrainerCallback`` that steps ``monitor`` after every optimizer step.
 
+    A ``TrainerCallback`` is not given the Trainer, so this one must be told it to log through
+    ``trainer.log``: :func:`attach` does that. A callback built without a trainer (e.g. in
+    ``Trainer(callbacks=[...])``) still steps the monitor, and warns once that the figures reach
+    neither ``log_history`` nor ``report_to`` (``log_to_trainer=False`` silences it).
+
     Args:
         monitor: the :class:`~privmon.PrivacyMonitor` to step.
         trainer: the ``transformers.Trainer`` whose ``log`` receives each report's finite
             scalars (set by :func:`attach`).
         log_to_trainer: log the figures through ``trainer.log`` (default True).
-        console: what the Trainer's console printers show of each check: "headline" (default),
-            "all", "none" or a sequence of ``fnmatch`` tag patterns (module docstring);
+        console: what the Trainer's console printers show of each check (:func:`console_scalars`):
+            "headline" (default), "all", "none" or a sequence of ``fnmatch`` tag patterns;
             ``log_history`` and ``report_to`` get every figure whatever it says.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> import privmon
+        >>> from privmon.integrations.transformers import PrivacyMonitorCallback
+        >>> from privmon.queries import LossQuery
+        >>> x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+        >>> monitor = privmon.PrivacyMonitor(
+        ...     LossQuery(nn.Linear(4, 3)), [(x[:20], y[:20])], [(x[20:], y[20:])]
+        ... )
+        >>> callback = PrivacyMonitorCallback(monitor, log_to_trainer=False)
+        >>> callback.console  # pass it as Trainer(..., callbacks=[callback])
+        'headline'
     """
 
     def __init__(
@@ -234,8 +233,9 @@ class PrivacyMonitorCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """On a resumed run, restore the monitor's state from the checkpoint's
-        :data:`STATE_FILE` (a warning when none is found); then plan the monitor's checks from
-        ``state.max_steps`` (module docstring)."""
+        :data:`STATE_FILE` (a warning when none is found); then plan the checks of a monitor
+        given no ``planned_checks`` from ``state.max_steps`` (:meth:`~privmon.PrivacyMonitor.plan`);
+        a resumed run keeps the plan it was saved under."""
         self._restore(args, state)
         plan_checks(self.monitor, state.max_steps, source="state.max_steps")
         return control
@@ -287,8 +287,53 @@ def attach(
 
     The callback steps the monitor after every optimizer step and, unless ``log_to_trainer`` is
     False, logs each report's finite scalars through ``trainer.log`` (``log_history`` and every
-    ``report_to`` integration), while the console shows what ``console`` selects ("headline":
-    a short line per check; "all", "none", or tag patterns; module docstring).
+    ``report_to`` integration), while the console shows what ``console`` selects
+    (:func:`console_scalars`). The callback does not close the monitor's sinks.
+
+    Args:
+        trainer: the ``transformers.Trainer``.
+        monitor: the :class:`~privmon.PrivacyMonitor` to step.
+        log_to_trainer, console: as for :class:`PrivacyMonitorCallback`.
+
+    Examples:
+        >>> import tempfile
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+        >>> import privmon
+        >>> from privmon.integrations.transformers import attach
+        >>> from privmon.queries import LanguageModelQuery
+        >>> _ = torch.manual_seed(0)
+        >>> config = GPT2Config(
+        ...     n_layer=1, n_embd=8, n_head=2, vocab_size=20, bos_token_id=0, eos_token_id=0
+        ... )
+        >>> model = GPT2LMHeadModel(config)
+        >>> ids = torch.randint(1, 20, (8, 6))
+        >>> monitor = privmon.PrivacyMonitor(
+        ...     LanguageModelQuery(model, "loss"),
+        ...     [{"input_ids": ids[:4]}],
+        ...     [{"input_ids": ids[4:]}],
+        ...     every_n_steps=2,
+        ... )
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     args = TrainingArguments(
+        ...         output_dir=tmp,
+        ...         max_steps=4,
+        ...         per_device_train_batch_size=2,
+        ...         report_to=[],
+        ...         save_strategy="no",
+        ...         disable_tqdm=True,
+        ...         use_cpu=True,
+        ...     )
+        ...     train = [{"input_ids": i, "labels": i} for i in ids[:4]]
+        ...     trainer = Trainer(model=model, args=args, train_dataset=train)
+        ...     callback = attach(trainer, monitor)
+        ...     _ = trainer.train()  # the console shows one short line per check
+        {'privacy/loss/auc': ..., 'privacy/loss/adv': ..., 'privacy/loss/lower': ..., 'epoch': ...}
+        {'privacy/loss/auc': ..., 'privacy/loss/adv': ..., 'privacy/loss/lower': ..., 'epoch': ...}
+        {'train_runtime': ...}
+        >>> [log["step"] for log in trainer.state.log_history if "privacy/loss/auc" in log]
+        [2, 4]
+        >>> monitor.close()
     """
     check_has_methods(
         trainer, "log", "add_callback", name="trainer", expected="a transformers.Trainer"

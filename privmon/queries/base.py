@@ -33,7 +33,21 @@ class Query(abc.ABC):
         discrete: True when scores take few distinct values (histogram estimators only).
         higher_is_member: True / False when members tend to score higher / lower, None if unknown
             or for vector scores.
-        transform: optional ``batch -> (x, y)`` adapter (see the module docstring).
+        transform: optional ``batch -> (x, y)`` adapter (:mod:`privmon.queries`).
+
+    Subclass it for a query with per-check state (samples to draw, caches): implement
+    ``__call__``, and ``prepare`` / ``release`` where needed.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.queries import Query
+        >>> class NormQuery(Query):
+        ...     higher_is_member = False
+        ...     def __call__(self, batch):
+        ...         return batch.norm(dim=1)
+        >>> query = NormQuery(name="norm")
+        >>> query(torch.ones(3, 4)).tolist()
+        [2.0, 2.0, 2.0]
     """
 
     name: str
@@ -83,7 +97,26 @@ class CallableQuery(Query):
     Scores become a float tensor of shape (n,) or (n, d) on the device of ``modules`` (or, without
     modules, of the tensor ``fn`` returned; CPU for arrays). ``fn`` runs in whatever grad mode the
     caller set (the monitor: no_grad), so a gradient-based query can use ``torch.enable_grad()``.
-    List every module ``fn`` runs in ``modules`` so the monitor protects its mode.
+
+    Args:
+        fn: ``batch -> scores``, one score (or row of scores) per record of the raw batch.
+        name: tag in reports.
+        modules: every module ``fn`` runs, so that the monitor protects its train / eval mode.
+        discrete: True when the scores take few distinct values (histogram estimators only).
+        higher_is_member: True / False when members tend to score higher / lower; None: unknown.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import CallableQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(4, 3)
+        >>> def margin(batch):  # top logit minus the runner-up
+        ...     top2 = model(batch[0]).topk(2, dim=1).values
+        ...     return top2[:, 0] - top2[:, 1]
+        >>> query = CallableQuery(margin, name="margin", modules=model, higher_is_member=True)
+        >>> query((torch.randn(5, 4), torch.tensor([0, 1, 2, 1, 0]))).shape
+        torch.Size([5])
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """The batch convention every query reads (see :mod:`privmon.queries`): splitting a batch into
 inputs and labels, moving it to the model's device, calling a module on it, unwrapping its output,
 and the content digests that key the queries' caches. Shared by the queries and
-:class:`privmon.attacks.GeneratorQuery`."""
+:class:`privmon.queries.GeneratorQuery`."""
 
 from __future__ import annotations
 

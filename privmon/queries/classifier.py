@@ -106,7 +106,24 @@ class ClassifierQuery(Query):
 
 
 class LossQuery(ClassifierQuery):
-    """Per-record cross-entropy loss ``-log p_y`` (``F.cross_entropy(..., reduction="none")``)."""
+    """Per-record cross-entropy loss ``-log p_y`` (``F.cross_entropy(..., reduction="none")``).
+
+    Args:
+        model: the classifier; its output is read as logits (n, C) (:mod:`privmon.queries`).
+        name: tag in reports.
+        transform: optional ``batch -> (x, y)`` adapter.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import LossQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(4, 3)
+        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 1])
+        >>> scores = LossQuery(model)((x, y))
+        >>> [round(s, 3) for s in scores.tolist()]
+        [1.12, 1.707, 1.045, 0.619]
+    """
 
     higher_is_member = False
 
@@ -118,7 +135,23 @@ class LossQuery(ClassifierQuery):
 
 
 class ConfidenceQuery(ClassifierQuery):
-    """Softmax probability of the true class, ``p_y`` (Song & Mittal's confidence metric)."""
+    """Softmax probability of the true class, ``p_y`` (Song & Mittal's confidence metric).
+
+    Arguments as for :class:`LossQuery`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import ConfidenceQuery, LossQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(4, 3)
+        >>> batch = {"x": torch.randn(4, 4), "label": torch.tensor([0, 1, 2, 1])}  # a dict batch
+        >>> confidence = ConfidenceQuery(model)(batch)
+        >>> [round(p, 3) for p in confidence.tolist()]
+        [0.326, 0.181, 0.352, 0.538]
+        >>> torch.allclose(confidence, (-LossQuery(model)(batch)).exp())  # p_y = exp(-loss)
+        True
+    """
 
     higher_is_member = True
 
@@ -132,7 +165,20 @@ class ConfidenceQuery(ClassifierQuery):
 
 
 class CorrectnessQuery(ClassifierQuery):
-    """1.0 when the arg-max class equals the label, else 0.0 (discrete)."""
+    """1.0 when the arg-max class equals the label, else 0.0 (discrete: histogram estimators).
+
+    Arguments as for :class:`LossQuery`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import CorrectnessQuery
+        >>> _ = torch.manual_seed(0)
+        >>> binary = nn.Linear(4, 1)  # one logit per record: class 1 when it is positive
+        >>> x, y = torch.randn(4, 4), torch.tensor([0, 1, 1, 0])
+        >>> CorrectnessQuery(binary)((x, y)).tolist()
+        [0.0, 1.0, 1.0, 1.0]
+    """
 
     discrete = True
     higher_is_member = True
@@ -147,7 +193,21 @@ class CorrectnessQuery(ClassifierQuery):
 
 
 class EntropyQuery(ClassifierQuery):
-    """Prediction entropy ``-sum_i p_i log p_i`` (label-free, but labels are still required)."""
+    """Prediction entropy ``-sum_i p_i log p_i`` (label-free, but labels are still required).
+
+    Arguments as for :class:`LossQuery`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import EntropyQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(4, 3)
+        >>> batch = {"features": torch.randn(4, 4), "target": torch.tensor([0, 1, 2, 1])}
+        >>> query = EntropyQuery(model, transform=lambda b: (b["features"], b["target"]))
+        >>> [round(h, 3) for h in query(batch).tolist()]  # at most log(3) = 1.099
+        [1.095, 1.029, 1.096, 0.98]
+    """
 
     higher_is_member = False
 
@@ -163,15 +223,22 @@ class EntropyQuery(ClassifierQuery):
 
 
 class ModifiedEntropyQuery(ClassifierQuery):
-    """Song & Mittal's modified entropy (their eq. 8)::
+    """Song & Mittal's modified entropy (their eq. 8), computed stably from the logits::
 
         Mentr = -(1 - p_y) log p_y - sum_{i != y} p_i log(1 - p_i)
 
-    Computed from the logits: ``log p_i`` by log-softmax and ``log(1 - p_i)`` by log1mexp, exactly
-    (``logsumexp_{j != k} z_j - logsumexp z``) for the arg-max class k, the only one that can round
-    to probability 1. Probabilities are clipped into [1e-30, 1 - 1e-30] inside the logs, so the
-    score is 0 for a perfectly confident correct prediction and finite (about 2 * 69.1 at most per
-    wrong confident class) for a confident wrong one; it is never NaN / inf for finite logits.
+    Never NaN / inf for finite logits: 0 for a perfectly confident correct prediction, finite for
+    a confident wrong one (Theory page: *Modified entropy from logits*). Arguments as for
+    :class:`LossQuery`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import ModifiedEntropyQuery
+        >>> logits = torch.tensor([[50.0, -50.0, -50.0], [50.0, -50.0, -50.0]])
+        >>> query = ModifiedEntropyQuery(nn.Identity())  # a "model" returning its input
+        >>> [round(m, 2) for m in query((logits, torch.tensor([0, 1]))).tolist()]
+        [0.0, 138.16]
     """
 
     higher_is_member = False
@@ -190,6 +257,16 @@ class LogitConfidenceQuery(ClassifierQuery):
 
     Computed by the identity on the right, so it stays finite (e.g. 100 for logits [50, -50]) where
     ``p_y`` rounds to 1. The scaling used by LiRA-style attacks: roughly Gaussian per record.
+    Arguments as for :class:`LossQuery`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import LogitConfidenceQuery
+        >>> logits = torch.tensor([[50.0, -50.0], [1.0, 1.0]])
+        >>> query = LogitConfidenceQuery(nn.Identity())  # a "model" returning its input
+        >>> query((logits, torch.tensor([0, 0]))).tolist()
+        [100.0, 0.0]
     """
 
     higher_is_member = True
@@ -206,12 +283,26 @@ class LogitConfidenceQuery(ClassifierQuery):
 class HiddenLayerQuery(Query):
     """Activations of a submodule ``layer`` of ``model``, flattened to (n, d) (MACE App. G).
 
-    ``layer`` is a submodule or its qualified name (``model.get_submodule``). A forward hook is
-    attached to ``layer`` only for the duration of each call (removed in a ``finally``, so it is
-    never attached during training, even if the forward raises). The captured output is cloned
-    (an in-place op later in the forward, such as ``ReLU(inplace=True)``, cannot alter it); a tuple
-    output gives its first tensor; if the layer runs several times in one forward the last run wins.
+    A forward hook is attached to ``layer`` only during each call (never during training), and
+    the captured output is cloned, so an in-place op later in the forward cannot alter it. A tuple
+    output gives its first tensor; a layer run several times in one forward gives its last run.
     Labels are not needed.
+
+    Args:
+        model: the model whose forward is run.
+        layer: a submodule of ``model``, or its qualified name (``model.get_submodule``).
+        name: tag in reports.
+        transform: optional ``batch -> (x, y)`` adapter.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import HiddenLayerQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> query = HiddenLayerQuery(model, "1")  # the ReLU's output
+        >>> query(torch.randn(5, 4)).shape
+        torch.Size([5, 8])
     """
 
     def __init__(

@@ -44,9 +44,24 @@ def _disc_logit(d: nn.Module, x: Any, output: str, eps: float) -> torch.Tensor:
 class DiscriminatorQuery(Query):
     """Discriminator output D(x) as a logit (MACE eq. 20), shape (n,).
 
-    ``output="logit"`` (default) when the discriminator returns logits; ``output="prob"`` when it
-    ends in a sigmoid: the probability is clamped into [eps, 1 - eps] and mapped through
-    ``torch.logit``. The discriminator's output must hold one value per record, (n,) or (n, 1).
+    Args:
+        discriminator: the discriminator; one output per record, shape (n,) or (n, 1).
+        name: tag in reports.
+        output: ``"logit"`` (default) when it returns logits; ``"prob"`` when it ends in a
+            sigmoid: the probability is clamped into [eps, 1 - eps] and mapped through
+            ``torch.logit``.
+        eps: the clamp for ``output="prob"``, in (0, 0.5).
+        transform: optional ``batch -> (x, y)`` adapter.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import DiscriminatorQuery
+        >>> _ = torch.manual_seed(0)
+        >>> D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())
+        >>> scores = DiscriminatorQuery(D, output="prob")(torch.randn(3, 4))
+        >>> [round(s, 3) for s in scores.tolist()]
+        [-0.48, 0.021, 0.737]
     """
 
     higher_is_member = True
@@ -71,10 +86,28 @@ class DiscriminatorQuery(Query):
 
 
 class MultiDiscriminatorQuery(Query):
-    """Several discriminators (privGAN): ``reduce="max"`` gives max_i D_i(x) (MACE eq. 22), shape
-    (n,); ``reduce="vector"`` gives (D_1(x), ..., D_k(x)) (eq. 23), shape (n, k). Outputs are logits
-    (``output`` / ``eps`` as in :class:`DiscriminatorQuery`; the max commutes with the logit). The
-    default name is ``"disc_max"`` or ``"disc_vector"``. All discriminators must share a device.
+    """Several discriminators (privGAN): their max, max_i D_i(x) (MACE eq. 22), shape (n,), or
+    all of them, (D_1(x), ..., D_k(x)) (eq. 23), shape (n, k). Outputs are logits.
+
+    Args:
+        discriminators: a non-empty sequence of discriminators, all on one device.
+        reduce: ``"max"`` (default) or ``"vector"``.
+        name: tag in reports; default ``"disc_max"`` or ``"disc_vector"``.
+        output, eps: as for :class:`DiscriminatorQuery` (the max commutes with the logit).
+        transform: optional ``batch -> (x, y)`` adapter.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import MultiDiscriminatorQuery
+        >>> _ = torch.manual_seed(0)
+        >>> discriminators = [nn.Linear(4, 1) for _ in range(3)]
+        >>> x = torch.randn(5, 4)
+        >>> MultiDiscriminatorQuery(discriminators)(x).shape
+        torch.Size([5])
+        >>> query = MultiDiscriminatorQuery(discriminators, reduce="vector")
+        >>> query.name, query(x).shape
+        ('disc_vector', torch.Size([5, 3]))
     """
 
     _REDUCE = ("max", "vector")
@@ -121,15 +154,38 @@ class MultiDiscriminatorQuery(Query):
 class NearestGeneratedQuery(Query):
     """Distance to the nearest generated sample, min_j ||x - g_j||_2 (MACE eq. 19), shape (n,).
 
-    ``prepare()`` draws ``n_samples`` samples once per check and keeps them flattened to
-    (n_samples, d) on the generator's device: ``generator(z)`` with z ~ N(0, I) of shape
-    ``(chunk_size, *latent_dim)`` drawn from the global torch RNG on that device, ``chunk`` latents
-    per generator call; or, with ``sample_fn``, ``sample_fn(n_samples, device)`` called once (it
-    replaces latent sampling and the generator call; the generator, if given, is still listed in
-    ``modules``, and may be None). ``release()`` drops the samples. Inputs are flattened to (n, d)
-    and compared in chunks of ``chunk`` rows with ``torch.cdist`` (direct differences, not the
-    matrix-product shortcut, so near-duplicates give distances near 0), so memory is
-    O(chunk * n_samples). Deterministic given ``torch.manual_seed``.
+    ``prepare()`` draws ``n_samples`` samples once per check and keeps them, flattened to
+    (n_samples, d), on the generator's device until ``release()``: ``generator(z)`` with
+    z ~ N(0, I) from the global torch RNG (which the monitor restores), or ``sample_fn``. Inputs
+    are flattened to (n, d) and compared in chunks with ``torch.cdist`` by direct differences, so
+    near-duplicates score near 0 (Theory page: *Nearest generated sample*).
+
+    Args:
+        generator: the generator (listed in ``modules``); may be None when ``sample_fn`` is given.
+        n_samples: samples drawn per check, >= 1.
+        latent_dim: the latent shape per sample, an int or a tuple (required without
+            ``sample_fn``).
+        sample_fn: ``sample_fn(n_samples, device) -> samples``, called once per check instead
+            of sampling latents and calling the generator.
+        chunk: latents per generator call and rows per distance block (memory
+            O(chunk * n_samples)).
+        name: tag in reports.
+        transform: optional ``batch -> (x, y)`` adapter.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import NearestGeneratedQuery
+        >>> _ = torch.manual_seed(0)
+        >>> G = nn.Linear(2, 4)
+        >>> query = NearestGeneratedQuery(G, latent_dim=2, n_samples=100)
+        >>> query.prepare()  # the monitor calls it once per check
+        >>> query.samples.shape
+        torch.Size([100, 4])
+        >>> scores = query(torch.randn(5, 4))
+        >>> scores.shape, bool((scores >= 0).all())
+        (torch.Size([5]), True)
+        >>> query.release()
     """
 
     higher_is_member = False
@@ -233,6 +289,25 @@ class HybridQuery(Query):
     Any two queries work (vector ones contribute all their columns). ``modules`` is their union;
     ``prepare`` / ``release`` are forwarded to both. Scores are promoted to a common dtype and
     moved to the first query's output device.
+
+    Args:
+        discriminator_query: the first query (its columns come first).
+        nearest_query: the second query.
+        name: tag in reports.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
+        >>> _ = torch.manual_seed(0)
+        >>> D, G = nn.Linear(4, 1), nn.Linear(2, 4)
+        >>> query = HybridQuery(
+        ...     DiscriminatorQuery(D), NearestGeneratedQuery(G, latent_dim=2, n_samples=100)
+        ... )
+        >>> query.prepare()
+        >>> query(torch.randn(5, 4)).shape
+        torch.Size([5, 2])
+        >>> query.release()
     """
 
     def __init__(

@@ -87,6 +87,20 @@ class LanguageModelQuery(Query):
         name: tag in reports (default: the statistic).
         transform: optional batch adapter (see above).
         chunk_tokens: positions per chunk of the vocabulary-wide work (default ⌊2²²/V⌋).
+
+    Examples:
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from privmon.queries import LanguageModelQuery
+        >>> _ = torch.manual_seed(0)
+        >>> config = GPT2Config(
+        ...     n_layer=1, n_embd=8, n_head=2, vocab_size=20, bos_token_id=0, eos_token_id=0
+        ... )
+        >>> model = GPT2LMHeadModel(config).eval()  # the monitor sets eval mode during checks
+        >>> batch = {"input_ids": torch.randint(1, 20, (3, 6)), "attention_mask": torch.ones(3, 6)}
+        >>> query = LanguageModelQuery(model, "min_k", k=0.5)
+        >>> query.name, query.higher_is_member, query(batch).shape
+        ('min_k', True, torch.Size([3]))
     """
 
     def __init__(
@@ -193,6 +207,29 @@ def language_model_queries(
         statistics: which statistics (default: all five; "zlib" needs ``tokenizer``,
             "reference" needs ``reference``).
         k, tokenizer, reference, transform, chunk_tokens: as for :class:`LanguageModelQuery`.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import language_model_queries
+        >>> class TinyLM(nn.Module):  # any module mapping input_ids to logits (n, L, V)
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.embed, self.head, self.calls = nn.Embedding(20, 8), nn.Linear(8, 20), 0
+        ...     def forward(self, input_ids, attention_mask=None):
+        ...         self.calls += 1
+        ...         return self.head(self.embed(input_ids))
+        >>> model = TinyLM()
+        >>> queries = language_model_queries(model, ["loss", "min_k", "min_k_plus_plus"])
+        >>> batch = {"input_ids": torch.randint(1, 20, (3, 6))}
+        >>> for q in queries:  # what the monitor does at a check
+        ...     q.prepare()
+        >>> {q.name: tuple(q(batch).shape) for q in queries}
+        {'loss': (3,), 'min_k': (3,), 'min_k_plus_plus': (3,)}
+        >>> model.calls  # one forward served all three
+        1
+        >>> for q in queries:
+        ...     q.release()
     """
     names = check_subset(statistics, STATISTICS, name="statistics")
     queries = [

@@ -32,7 +32,7 @@ from privmon.attacks.reference import (
     rmia_marginal,
     rmia_score,
 )
-from privmon.audit.ensemble import Ensemble
+from privmon.models import Ensemble
 from privmon.queries.batches import (
     Batch,
     Transform,
@@ -60,44 +60,26 @@ class ReferenceModelQuery(ClassifierQuery):
 
     ``references`` are classifiers of the same task as ``model``, trained by the user. Each
     attack is the functional one of :mod:`privmon.attacks.reference` on φ, the logit-scaled
-    confidence (:class:`LogitConfidenceQuery`), p_y = sigmoid(φ) and the loss
-    −log p_y = softplus(−φ), with the reference models that trained on a record known from
-    ``reference_data`` and ``reference_in`` (records matched by content: input bytes and label).
-    Without ``reference_data`` every reference counts as trained without every record (for
-    example references trained on a held-out pool, never on the audit records):
+    confidence (:class:`~privmon.queries.LogitConfidenceQuery`), with the references trained
+    on a record known from ``reference_data`` and ``reference_in`` (records matched by content:
+    input bytes and label); without ``reference_data`` every reference counts as trained
+    without every record (references trained on a held-out pool):
 
-    - ``"lira"``: LiRA (Carlini et al., "Membership Inference Attacks From First Principles").
-      Offline (§VI-A, default): log Φ((φ_θ(x) − μ_out(x)) / σ_out(x)), μ_out and σ²_out the mean
-      and (maximum-likelihood) variance of φ over the references trained without x. Online
-      (``online=True``, eq. 4): log N(φ_θ(x); μ_in, σ²_in) − log N(φ_θ(x); μ_out, σ²_out), the
-      in-Gaussian fitted over the references that trained on x; this needs references trained
-      on the audit records, each record in about half of them (e.g. an ensemble of
-      :func:`privmon.audit.train_ensemble` on :func:`privmon.audit.random_halves` of the
-      members and non-members the monitor audits). The offline test sees only how far φ
-      rises above the out-models; the online one also knows how high training drives φ, so it
-      tells apart a non-member the model gets wrong from a member, as a loss threshold does.
-      With ``fixed_variance`` one σ² per side for all records, the mean per-record variance:
-      offline over the ``population`` records, online over the ``reference_data`` records
-      (the paper advises it below about 64 references);
-    - ``"rmia"``: RMIA (Zarifzadeh et al., "Low-Cost High-Power Membership Inference Attacks"):
-      the fraction of ``population`` records z with r(x) / r(z) ≥ ``gamma``, r = p_θ / Pr;
-      offline Pr(x) = ½((1 + a)·mean of p_y over the references trained without x + (1 − a)),
-      online the mean over all references;
+    - ``"lira"``: LiRA (Carlini et al., "Membership Inference Attacks From First Principles"),
+      offline by default: how far φ rises above the Gaussian of the references trained without
+      the record; ``online=True`` also fits the in-Gaussian, and needs references trained on
+      the audit records, each record in about half of them;
+    - ``"rmia"``: RMIA (Zarifzadeh et al., "Low-Cost High-Power Membership Inference Attacks"),
+      comparing each record's likelihood ratio with those of ``population`` records;
     - ``"calibrated"``: the difficulty-calibrated loss (Watson et al., "On the Importance of
-      Difficulty Calibration in Membership Inference Attacks"), the mean loss of the
-      references trained without x minus the model's loss.
+      Difficulty Calibration in Membership Inference Attacks").
 
-    A record lacking the reference scores its attack needs (e.g. online LiRA for a record no
-    reference trained on) scores NaN, which the monitor drops and counts.
-
-    Cost per check: one forward of ``model`` per batch (and, for RMIA, on the population in
-    ``prepare``). The references do not change during training, so their per-record values
-    (Gaussian fits, Pr(x), the mean loss) are computed once per batch content and cached, keyed
-    like :class:`privmon.attacks.GeneratorQuery`'s cache by dtype, shape and a BLAKE2b digest of
-    the batch's inputs and labels (after ``transform``); inputs that are not a tensor (keyword
-    inputs) are not cached. ``release()`` keeps only the entries the check used, so memory
-    stays O(audit records). Counters: :attr:`n_reference_evaluations` (records run through the
-    references), :attr:`cache_hits`, :attr:`cache_misses` (batches).
+    The formulas are on the Theory page (*Reference-model queries*). A record lacking the
+    references its attack needs scores NaN, which the monitor drops and counts. A check costs
+    one forward of ``model`` per batch (and, for RMIA, on the population): the references'
+    per-record values are cached across checks by batch content, as in
+    :class:`~privmon.queries.GeneratorQuery` (tensor inputs only), and ``release()`` keeps only
+    the entries the check used.
 
     Args:
         model: the classifier being trained.
@@ -114,14 +96,34 @@ class ReferenceModelQuery(ClassifierQuery):
             trained on any copy trained on the record).
         population: records ``(x, y)`` that neither ``model`` nor the references trained on;
             required for ``"rmia"`` and for offline ``fixed_variance``.
-        fixed_variance: LiRA with one variance per side for all records. False by default
-            (per-record variances, at least two references a side), unlike
-            :func:`privmon.attacks.lira`, whose default turns to the fixed variance below
-            64 references; Carlini et al. advise it below about 64 references.
-        a: RMIA's offline slope in [0, 1]; gamma: its likelihood-ratio threshold > 0.
+        fixed_variance: LiRA with one variance per side for all records (offline: pooled over
+            ``population``, online: over ``reference_data``). False by default (per-record
+            variances, at least two references a side), unlike :func:`privmon.attacks.lira`;
+            Carlini et al. advise it below about 64 references.
+        a: RMIA's offline slope, in [0, 1].
+        gamma: RMIA's likelihood-ratio threshold, > 0.
         cache: cache the references' per-record values across checks.
         name: defaults to ``attack`` (``"lira_online"`` / ``"rmia_online"`` when online).
         transform: ``batch -> (x, y)`` adapter.
+
+    Attributes:
+        n_reference_evaluations: records run through the references.
+        cache_hits, cache_misses: batches found in / missing from the cache.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from privmon.queries import ReferenceModelQuery
+        >>> _ = torch.manual_seed(0)
+        >>> model = nn.Linear(4, 3)
+        >>> references = [nn.Linear(4, 3) for _ in range(4)]  # trained on held-out records
+        >>> query = ReferenceModelQuery(model, references, attack="lira")
+        >>> x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 1, 0])
+        >>> query.prepare()  # the monitor calls prepare / release around each check
+        >>> scores = query((x, y))
+        >>> query.release()
+        >>> query.name, scores.shape
+        ('lira', torch.Size([5]))
     """
 
     higher_is_member = True

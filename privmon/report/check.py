@@ -25,6 +25,12 @@ class Report:
     :class:`~privmon.PrivacyMonitor`, kept across a resume through its ``state_dict``), so that
     two runs written to one place are never read as one. Only indices and scores are held,
     never raw records.
+
+    Examples:
+        >>> from privmon.report import Report
+        >>> report = Report(step=100, scalars={"privacy/loss/histogram/lower": 0.12}, run_id="3f2a")
+        >>> report.dp_violation, report.to_json()["scalars"]  # e.g. a monitor's ``last_report``
+        (False, {'privacy/loss/histogram/lower': 0.12})
     """
 
     step: int

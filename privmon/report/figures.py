@@ -10,18 +10,28 @@ from typing import Any
 
 import numpy as np
 
+from privmon.estimators.methods import METHODS
+from privmon.report import tags
 from privmon.report.formatting import fmt
-from privmon.report.runs import RISK_TAG, ROC_TAG, Checks
+from privmon.report.runs import Checks
 
 __all__ = ["advantage_figure", "plot_advantage", "plot_epsilon", "plot_risk", "plot_roc"]
 
-# one colour per line of the advantage chart: estimate and bound of each method, each ceiling
-_VALUE_COLORS = {"histogram": "#1f77b4", "kde": "#d62728"}
-_LOWER_COLORS = {"histogram": "#17becf", "kde": "#ff7f0e"}
+# one colour per line of the advantage chart: estimate and bound of each method (in the order
+# of METHODS), each ceiling
+_VALUE_COLORS = ("#1f77b4", "#d62728")
+_LOWER_COLORS = ("#17becf", "#ff7f0e")
 _CEILINGS = (
-    ("privacy/ceiling/tanh", ":", "#9467bd", "ε-DP ceiling (tanh)"),
-    ("privacy/ceiling/eps_delta", "-.", "#8c564b", "(ε, δ)-DP ceiling"),
+    (tags.CEILING_TANH, ":", "#9467bd", "ε-DP ceiling (tanh)"),
+    (tags.CEILING_EPS_DELTA, "-.", "#8c564b", "(ε, δ)-DP ceiling"),
 )
+
+
+def _colors(method: str) -> tuple[str, str]:
+    """The colours of ``method``'s estimate and certified lower bound (by its place in
+    :data:`~privmon.estimators.methods.METHODS`; grey tones beyond the palette)."""
+    i = METHODS.index(method)
+    return (_VALUE_COLORS[i], _LOWER_COLORS[i]) if i < len(_VALUE_COLORS) else ("k", "0.3")
 
 
 def _literal(text: str) -> str:
@@ -61,10 +71,11 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
     above 0, each line in its own colour, on the fixed range [0, 1]."""
     fig, (ax,) = _figure()
     for m in checks.methods(q):
-        s, v = checks.series(f"privacy/{q}/{m}/value")
-        ax.plot(s, v, "-o", color=_VALUE_COLORS.get(m, "k"), ms=3, label=f"{m}: estimate (value)")
-        s, v = checks.series(f"privacy/{q}/{m}/lower")
-        ax.plot(s, v, "--", color=_LOWER_COLORS.get(m, "0.3"), label=f"{m}: certified lower bound")
+        value, lower = _colors(m)
+        s, v = checks.series(tags.value(q, m))
+        ax.plot(s, v, "-o", color=value, ms=3, label=f"{m}: estimate (value)")
+        s, v = checks.series(tags.lower(q, m))
+        ax.plot(s, v, "--", color=lower, label=f"{m}: certified lower bound")
     for tag, style, color, label in _CEILINGS:
         s, v = checks.series(tag)
         if len(s):
@@ -87,14 +98,14 @@ def plot_advantage(checks: Checks, q: str, floor: float | None) -> tuple[str, st
 
 def plot_epsilon(checks: Checks) -> str:
     fig, (ax,) = _figure()
-    s, v = checks.series("privacy/epsilon")
+    s, v = checks.series(tags.EPSILON)
     ax.plot(s, v, "-", color="k", lw=2, label="ε (accountant)")
     for q in checks.queries():
         for m in checks.methods(q):
-            s, v = checks.series(f"privacy/{q}/{m}/epsilon_lower_bound")
+            s, v = checks.series(tags.epsilon_lower_bound(q, m))
             ax.plot(s, v, "--o", ms=3, label=_literal(f"ε lower bound ({q}, {m})"))
     for m in checks.canary_methods():
-        s, v = checks.series(f"privacy/canaries/{m}/epsilon_lower_bound")
+        s, v = checks.series(tags.canary_epsilon(m))
         ax.plot(s, v, "-s", ms=4, lw=1.5, label=f"ε lower bound (one-run canary audit, {m})")
     ax.set_ylim(bottom=0.0)
     ax.set_xlabel("training step")
@@ -108,10 +119,10 @@ def plot_epsilon(checks: Checks) -> str:
 def _operating_points(scalars: dict[str, float], q: str) -> list[tuple[float, float]]:
     pts = []
     for tag, v in scalars.items():
-        m = ROC_TAG.match(tag)
-        if m and m.group(1) == q and m.group(2).startswith("tpr@fpr="):
+        point = tags.parse_operating_point(tag)
+        if point is not None and point[0] == q:
             try:
-                pts.append((float(m.group(2)[len("tpr@fpr=") :]), float(v)))
+                pts.append((float(point[1]), float(v)))
             except ValueError:
                 continue
     return sorted(pts)
@@ -121,7 +132,7 @@ def plot_roc(checks: Checks, q: str) -> tuple[str, str]:
     """The ROC image and a caption."""
     last = checks.records[-1]
     pts = _operating_points(last["scalars"], q)
-    auc = last["scalars"].get(f"privacy/{q}/auc", math.nan)
+    auc = last["scalars"].get(tags.auc(q), math.nan)
     fig, (ax,) = _figure(width=5.0, height=4.2)
     diag = np.concatenate([[0.0], np.logspace(-4, 0, 200)])  # y = x, drawn on the symlog axis
     ax.plot(diag, diag, ":", color="0.5", label="chance")
@@ -168,20 +179,21 @@ def plot_roc(checks: Checks, q: str) -> tuple[str, str]:
     return _png(fig), caption
 
 
-def _risk_tags(checks: Checks, q: str) -> tuple[list[str], list[str]]:
-    quant: set[str] = set()
-    counts: set[str] = set()
+def _risk_tags(
+    checks: Checks, q: str
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """The risk figures of ``q`` as (tag, kind, level): the quantiles and max, by level (max
+    last), and the counts above each risk level, by level."""
+    quant: set[tuple[str, str, str]] = set()
+    counts: set[tuple[str, str, str]] = set()
     for r in checks.records:
         for tag in r["scalars"]:
-            m = RISK_TAG.match(tag)
-            if m and m.group(1) == q:
-                (counts if m.group(2).startswith("n_above_") else quant).add(tag)
+            parsed = tags.parse_risk(tag)
+            if parsed is not None and parsed[0] == q:
+                (counts if parsed[1] == "above" else quant).add((tag, *parsed[1:]))
 
-    def key(t: str) -> float:
-        last = t.rsplit("/", 1)[1]
-        if last == "max":
-            return 1e9
-        return float(last[1:]) if last.startswith("q") else float(last[len("n_above_") :])
+    def key(figure: tuple[str, str, str]) -> float:
+        return 1e9 if figure[1] == "max" else float(figure[2])
 
     return sorted(quant, key=key), sorted(counts, key=key)
 
@@ -191,10 +203,9 @@ def plot_risk(checks: Checks, q: str) -> str | None:
     if not quant and not counts:
         return None
     fig, (a1, a2) = _figure(ncols=2, width=9.0, height=3.4)
-    for tag in quant:
+    for tag, kind, level in quant:
         s, v = checks.series(tag)
-        name = tag.rsplit("/", 1)[1]
-        label = "max" if name == "max" else f"{int(name[1:])}th percentile"
+        label = "max" if kind == "max" else f"{int(level)}th percentile"
         a1.plot(s, v, "-o", ms=3, label=label)
     a1.set_ylim(-0.02, 1.02)
     a1.set_xlabel("training step")
@@ -203,9 +214,9 @@ def plot_risk(checks: Checks, q: str) -> str | None:
     a1.grid(alpha=0.3)
     if quant:  # a legend without lines warns
         a1.legend(fontsize=7)
-    for tag in counts:
+    for tag, _, level in counts:
         s, v = checks.series(tag)
-        a2.plot(s, v, "-o", ms=3, label=f"risk > {tag.rsplit('_', 1)[1]}")
+        a2.plot(s, v, "-o", ms=3, label=f"risk > {level}")
     a2.set_xlabel("training step")
     a2.set_ylabel("member records")
     a2.set_title(_literal(f"{q}: records above each risk level"))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from privmon.report import tags
 from privmon.report.figures import plot_advantage, plot_epsilon, plot_risk, plot_roc
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks, read_checks
@@ -70,20 +71,19 @@ def _summary_table(checks: Checks) -> str:
     rows = []
     for q in checks.queries():
         for m in checks.methods(q):
-            b = f"privacy/{q}/{m}"
             rows.append(
                 [
                     q,
                     m,
-                    s.get(f"{b}/value"),
-                    s.get(f"{b}/lower"),
-                    s.get(f"{b}/plugin"),
-                    s.get(f"{b}/plugin_upper", s.get(f"{b}/upper")),
-                    s.get(f"{b}/epsilon_lower_bound"),
-                    s.get(f"privacy/{q}/auc"),
-                    s.get(f"privacy/{q}/tpr@fpr=0.01"),
-                    s.get(f"privacy/{q}/n_dropped"),
-                    s.get(f"privacy/{q}/detectable"),
+                    s.get(tags.value(q, m)),
+                    s.get(tags.lower(q, m)),
+                    s.get(tags.plugin(q, m)),
+                    s.get(tags.plugin_upper(q, m)),
+                    s.get(tags.epsilon_lower_bound(q, m)),
+                    s.get(tags.auc(q)),
+                    s.get(tags.tpr_at_fpr(q, 0.01)),
+                    s.get(tags.n_dropped(q)),
+                    s.get(tags.detectable(q)),
                 ]
             )
     return _table(
@@ -162,14 +162,11 @@ def _checks_table(checks: Checks, limit: int = 60) -> str:
         s = r["scalars"]
         row: list[Any] = [str(r["step"])]
         for q, m in cols:
-            row.append(
-                f"{fmt(s.get(f'privacy/{q}/{m}/value'), 3)} / "
-                f"{fmt(s.get(f'privacy/{q}/{m}/lower'), 3)}"
-            )
+            row.append(f"{fmt(s.get(tags.value(q, m)), 3)} / {fmt(s.get(tags.lower(q, m)), 3)}")
         if has_eps:
             row += [
                 r["epsilon"],
-                s.get("privacy/ceiling/eps_delta"),
+                s.get(tags.CEILING_EPS_DELTA),
                 "yes" if r["dp_violation"] else "no",
             ]
         rows.append(row)
@@ -182,7 +179,15 @@ def _checks_table(checks: Checks, limit: int = 60) -> str:
 
 
 def render_html(checks: Checks, title: str | None = None) -> str:
-    """The report page for ``checks`` as one HTML string."""
+    """The report page for ``checks`` as one HTML string.
+
+    Examples:
+        >>> from privmon.report import Report, checks_from_reports, render_html
+        >>> checks = checks_from_reports([Report(step=100, scalars={}, run_id="3f2a9c")])
+        >>> page = render_html(checks, title="exp1")
+        >>> page.startswith("<!DOCTYPE html>"), "No measurable membership leakage" in page
+        (True, True)
+    """
     v = verdict(checks)
     title = title or "Membership privacy report"
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -227,7 +232,7 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     out.append("<h2>Advantage over training</h2>")
     for q in checks.queries():
         out.append(_img(*plot_advantage(checks, q, floor)))
-    if checks.has("privacy/epsilon") or checks.canary_methods():
+    if checks.has(tags.EPSILON) or checks.canary_methods():
         out.append(_img(plot_epsilon(checks), "epsilon: accountant vs audited lower bounds"))
         if checks.canary_methods():
             out.append(
@@ -283,6 +288,17 @@ def write_report(
     ``checks.jsonl`` nor TensorBoard privacy scalars, :class:`~privmon.report.SeveralRunsError`
     (a ValueError) when it holds several runs and ``run`` is None, ImportError when matplotlib is
     missing.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import Report, write_report
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as logdir:
+        ...     sink = JsonlSink(os.path.join(logdir, "checks.jsonl"))  # as a monitor's sink
+        ...     sink.write(Report(step=100, scalars={}, run_id="3f2a9c"))
+        ...     sink.close()
+        ...     os.path.basename(write_report(logdir))
+        'privacy_report.html'
     """
     return write_page(read_checks(logdir, run=run), logdir, out, title)
 

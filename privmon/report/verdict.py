@@ -1,5 +1,8 @@
 """The verdict of a run: no measurable leakage, leakage certified, or a DP violation, from the
-certified lower bounds alone (see :mod:`privmon.report`)."""
+certified lower bounds alone. A check certifies leakage when its ε lower bound is positive (its
+certified bound exceeds the prior's floor |2p − 1|); the monitor's bounds hold together over the
+run, so one is enough. A DP violation is a certified bound above the (ε, δ) ceiling, or a canary
+ε lower bound above the accountant's ε. Theory, *The report's verdict and its ROC*."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from privmon.report import tags
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks
 
@@ -25,7 +29,15 @@ EXCHANGEABILITY = (
 @dataclass(frozen=True)
 class Verdict:
     """A run's verdict: ``level`` ("violation", "leakage", "none" or "empty"), a one-line
-    ``headline`` and the ``details`` behind it."""
+    ``headline`` and the ``details`` behind it.
+
+    Examples:
+        >>> from privmon.report import Report, checks_from_reports, verdict
+        >>> checks = checks_from_reports([Report(step=100, scalars={}, run_id="3f2a9c")])
+        >>> result = verdict(checks)
+        >>> result.level, result.headline
+        ('none', 'No measurable membership leakage.')
+    """
 
     level: str  # "violation", "leakage", "none", "empty"
     headline: str
@@ -39,8 +51,8 @@ def certificates(checks: Checks) -> list[tuple[int, str, str, float, float]]:
         s = r["scalars"]
         for q in checks.queries():
             for m in checks.methods(q):
-                lower = s.get(f"privacy/{q}/{m}/lower", math.nan)
-                elb = s.get(f"privacy/{q}/{m}/epsilon_lower_bound", math.nan)
+                lower = s.get(tags.lower(q, m), math.nan)
+                elb = s.get(tags.epsilon_lower_bound(q, m), math.nan)
                 certified = elb > TOL if not math.isnan(elb) else lower > TOL
                 if certified and not math.isnan(lower):
                     hits.append((r["step"], q, m, lower, elb))
@@ -64,18 +76,18 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
     canaries = checks.canary_methods()
     for r in checks.records:
         s = r["scalars"]
-        ceiling = s.get("privacy/ceiling/eps_delta", math.nan)
-        eps = r["epsilon"] if r["epsilon"] is not None else s.get("privacy/epsilon", math.nan)
+        ceiling = s.get(tags.CEILING_EPS_DELTA, math.nan)
+        eps = r["epsilon"] if r["epsilon"] is not None else s.get(tags.EPSILON, math.nan)
         found = False
         for m in canaries:
-            audited = s.get(f"privacy/canaries/{m}/epsilon_lower_bound", math.nan)
+            audited = s.get(tags.canary_epsilon(m), math.nan)
             if not math.isnan(eps) and audited > eps + TOL:
                 out.append((r["step"], f"canaries/{m}", audited, eps, eps))
                 found = True
         if not math.isnan(ceiling):
             for q in checks.queries():
                 for m in checks.methods(q):
-                    lower = s.get(f"privacy/{q}/{m}/lower", math.nan)
+                    lower = s.get(tags.lower(q, m), math.nan)
                     if lower > ceiling + 1e-12:
                         out.append((r["step"], f"{q}/{m}", lower, ceiling, eps))
                         found = True
@@ -85,7 +97,19 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
 
 
 def verdict(checks: Checks) -> Verdict:
-    """The plain-language verdict of a run (rules in the module docstring)."""
+    """The plain-language verdict of a run (rules in the module docstring).
+
+    Examples:
+        >>> from privmon import epsilon_lower_bound
+        >>> from privmon.report import Report, checks_from_reports, verdict
+        >>> def check(step, lower):  # the figures a monitor's check reports, in brief
+        ...     figures = {"privacy/loss/histogram/lower": lower,
+        ...                "privacy/loss/histogram/epsilon_lower_bound": epsilon_lower_bound(lower)}
+        ...     return Report(step=step, scalars=figures, run_id="3f2a9c")
+        >>> result = verdict(checks_from_reports([check(100, 0.0), check(200, 0.15)]))
+        >>> result.level, result.headline
+        ('leakage', 'Leakage detected: certified advantage ≥ 0.150 at step 200.')
+    """
     if not checks.records:
         return Verdict("empty", "No checks recorded: nothing to certify.")
     n = len(checks.records)
@@ -112,7 +136,7 @@ def verdict(checks: Checks) -> Verdict:
             "audit sets)."
         )
     violations = _violations(checks)
-    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has("privacy/epsilon")
+    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has(tags.EPSILON)
     if violations:
         # the canaries' figure first: it needs no assumption on the audit sets
         step, tag, lower, ceiling, eps = min(
@@ -157,7 +181,7 @@ def verdict(checks: Checks) -> Verdict:
         for r in checks.records:
             for q in checks.queries():
                 for m in checks.methods(q):
-                    v = r["scalars"].get(f"privacy/{q}/{m}/value", math.nan)
+                    v = r["scalars"].get(tags.value(q, m), math.nan)
                     if not math.isnan(v) and (v_best is None or v > v_best[0]):
                         v_best = (v, r["step"], q, m)
         headline = "No measurable membership leakage."
@@ -179,9 +203,7 @@ def verdict(checks: Checks) -> Verdict:
         )
         last = checks.records[-1]["scalars"]
         detectable = [
-            (q, last[f"privacy/{q}/detectable"])
-            for q in checks.queries()
-            if f"privacy/{q}/detectable" in last
+            (q, last[tags.detectable(q)]) for q in checks.queries() if tags.detectable(q) in last
         ]
         if detectable:
             details.append(
@@ -194,14 +216,14 @@ def verdict(checks: Checks) -> Verdict:
         level = "none"
     if has_eps:
         eps_last = checks.records[-1]["epsilon"]
-        ceil = checks.records[-1]["scalars"].get("privacy/ceiling/eps_delta", math.nan)
+        ceil = checks.records[-1]["scalars"].get(tags.CEILING_EPS_DELTA, math.nan)
         details.append(
             f"Consistent with the DP budget: no certified lower bound exceeded the (ε, δ) "
             f"ceiling (at the last check ε = {fmt(eps_last)}, ceiling {fmt(ceil)}). "
             + EXCHANGEABILITY
         )
     audited = [
-        (r["scalars"].get(f"privacy/canaries/{m}/epsilon_lower_bound", math.nan), r["step"], m)
+        (r["scalars"].get(tags.canary_epsilon(m), math.nan), r["step"], m)
         for r in checks.records
         for m in checks.canary_methods()
     ]

@@ -4,21 +4,7 @@ A sink is any object with ``write(report)`` and ``close()``; nothing needs to in
 :class:`Sink`. :class:`~privmon.PrivacyMonitor` calls ``write`` once per successful check, on rank
 0 only under ``torch.distributed``, and ``close`` from ``monitor.close()``. An exception raised by
 ``write`` is logged and skipped like any failure inside a check (``strict=True`` re-raises), so a
-sink never stops training.
-
-```python
-class PrintSink:
-    def write(self, report):
-        print(report.step, report.scalars["privacy/loss/histogram/value"])
-
-    def close(self):
-        pass
-
-monitor = privmon.PrivacyMonitor(query, members, nonmembers, sinks=[PrintSink()])
-```
-
-``report.scalars`` is a flat ``{tag: float}`` dict (the TensorBoard tags, all under
-``privacy/``); :func:`finite_scalars` drops the NaN / infinite ones for loggers that refuse them.
+sink never stops training. :class:`Backlog` keeps the reports a sink could not write yet.
 """
 
 from __future__ import annotations
@@ -38,7 +24,24 @@ logger = logging.getLogger("privmon")
 
 @runtime_checkable
 class Sink(Protocol):
-    """Anything with ``write(report)`` and ``close()`` (structural: no inheritance needed)."""
+    """Anything with ``write(report)`` and ``close()`` (structural: no inheritance needed).
+
+    Pass sinks as ``PrivacyMonitor(..., sinks=[...])``. ``report.scalars`` is a flat
+    ``{tag: float}`` dict (the TensorBoard tags, all under ``privacy/``).
+
+    Examples:
+        >>> from privmon.report import Report
+        >>> from privmon.sinks import Sink
+        >>> class PrintSink:
+        ...     def write(self, report):
+        ...         print(report.step, report.scalars["privacy/loss/auc"])
+        ...     def close(self):
+        ...         pass
+        >>> isinstance(PrintSink(), Sink)
+        True
+        >>> PrintSink().write(Report(step=100, scalars={"privacy/loss/auc": 0.61}))
+        100 0.61
+    """
 
     def write(self, report: Report) -> None:
         """Record one check's report (called once per successful check, on rank 0)."""
@@ -50,7 +53,19 @@ class Sink(Protocol):
 
 
 def finite_scalars(report: Report) -> dict[str, float]:
-    """The report's scalars without NaN / infinite values (e.g. an ε lower bound of ``inf``)."""
+    """The report's scalars without NaN / infinite values (e.g. an ε lower bound of ``inf``), for
+    loggers that refuse them.
+
+    Examples:
+        >>> from privmon.report import Report
+        >>> from privmon.sinks import finite_scalars
+        >>> scalars = {
+        ...     "privacy/loss/auc": 0.61,
+        ...     "privacy/loss/histogram/epsilon_lower_bound": float("inf"),
+        ... }
+        >>> finite_scalars(Report(step=100, scalars=scalars))
+        {'privacy/loss/auc': 0.61}
+    """
     return {k: float(v) for k, v in report.scalars.items() if math.isfinite(v)}
 
 

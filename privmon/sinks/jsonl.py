@@ -74,12 +74,28 @@ class JsonlSink:
 
     Every line is written whole or not at all: a write that fails (a full disk) is cut back to the
     last complete line, and the report is written again, before the next one, at the next check
-    (:class:`~privmon.sinks.base.Backlog`). A file whose last line has no newline (a run killed
-    while writing it) is repaired before anything is appended: a whole JSON object there gets its
-    newline, anything else is cut off and the cut logged as a warning, so a resumed run's lines
-    never run into a cut-off one. Each line is written under an advisory lock (POSIX), so two runs
-    appending to one file at once keep their lines whole; ``privmon report`` separates them by
-    their run ids.
+    (:class:`~privmon.sinks.base.Backlog`). A cut-off last line left by a killed run is repaired
+    before anything is appended (a whole JSON object gets its newline, anything else is cut off,
+    with a warning). Each line is written under an advisory lock (POSIX), so two runs appending
+    to one file keep their lines whole; ``privmon report`` separates them by their run ids.
+
+    Args:
+        path: the ``.jsonl`` file, appended to (``privmon report`` reads it).
+
+    Examples:
+        >>> import json
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from privmon.report import Report
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = Path(tmp) / "run" / "checks.jsonl"
+        ...     sink = JsonlSink(path)
+        ...     sink.write(Report(step=100, scalars={"privacy/loss/auc": 0.61}, run_id="demo"))
+        ...     sink.close()
+        ...     line = json.loads(path.read_text())
+        >>> line["run_id"], line["step"], line["scalars"]
+        ('demo', 100, {'privacy/loss/auc': 0.61})
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

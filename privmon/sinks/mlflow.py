@@ -1,31 +1,8 @@
 """MLflow sink: each report's scalars as MLflow metrics at the check's step.
 
-```python
-import mlflow
-from privmon.sinks import MlflowSink
-
-with mlflow.start_run():
-    monitor = privmon.PrivacyMonitor(query, members, nonmembers, sinks=[MlflowSink()])
-    ...  # train; monitor.step(step) logs every check to the active run
-```
-
-Or name the run and the tracking server explicitly:
-``MlflowSink(run_id=run.info.run_id, tracking_uri="sqlite:///mlflow.db")``. The sink never starts
-or ends a run: the run belongs to the caller.
-
-The MLflow run is tagged ``privmon.run_id`` with the monitor's run id
-(:attr:`privmon.report.Report.run_id`). MLflow keeps every value logged at a step, so two
-privmon runs logged into one MLflow run cannot be told apart afterwards: when the tag already
-names another privmon run, the sink logs a warning naming both (start one MLflow run per
-monitor run).
-
-MLflow metric names allow letters, digits and ``_ - . : / space`` only, so a tag such as
-``privacy/loss/tpr@fpr=0.01`` is logged as ``privacy/loss/tpr_at_fpr_0.01`` (:func:`mlflow_key`).
-NaN / infinite values are left out. ``mlflow`` (or ``mlflow-skinny``) is imported at the first
-write, never by ``import privmon``: ``pip install 'privmon[mlflow]'``, which also installs
-SQLAlchemy and Alembic: MLflow 3's default store, ``sqlite:///mlflow.db`` in the working
-directory, needs them, and mlflow-skinny does not declare them. Any tracking backend works;
-MLflow 3 keeps the plain file store (``file:///…/mlruns``) behind ``MLFLOW_ALLOW_FILE_STORE=true``.
+``mlflow`` (or ``mlflow-skinny``) is imported at the first write, never by ``import privmon``:
+``pip install 'privmon[mlflow]'``, which also installs what MLflow 3's default store,
+``sqlite:///mlflow.db``, needs (SQLAlchemy, Alembic). Any tracking backend works.
 """
 
 from __future__ import annotations
@@ -36,13 +13,10 @@ import time
 from typing import Any
 
 from privmon._validation import check_optional_str
-from privmon.report import Report
+from privmon.report import Report, tags
 from privmon.sinks.base import finite_scalars
 
-__all__ = ["RUN_ID_TAG", "MlflowSink", "mlflow_key"]
-
-RUN_ID_TAG = "privmon.run_id"
-"""The MLflow run tag that names the privmon run logging into it."""
+__all__ = ["MlflowSink", "mlflow_key"]
 
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 
@@ -51,18 +25,51 @@ logger = logging.getLogger("privmon")
 
 def mlflow_key(tag: str) -> str:
     """A privmon tag as a valid MLflow metric name: ``@`` becomes ``_at_``, any other character
-    MLflow refuses becomes ``_``."""
+    MLflow refuses becomes ``_`` (it allows letters, digits and ``_ - . : / space`` only).
+
+    Examples:
+        >>> from privmon.sinks.mlflow import mlflow_key
+        >>> mlflow_key("privacy/loss/tpr@fpr=0.01")
+        'privacy/loss/tpr_at_fpr_0.01'
+    """
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", tag.replace("@", "_at_"))
 
 
 class MlflowSink:
     """Log every report's finite scalars to an MLflow run.
 
+    The sink never starts or ends a run: ``MlflowSink()`` logs to the run active at each write
+    (``with mlflow.start_run(): ...``), or to the one named. Metric names go through
+    :func:`mlflow_key` (``privacy/loss/tpr@fpr=0.01`` becomes ``privacy/loss/tpr_at_fpr_0.01``);
+    NaN / infinite values are left out. The MLflow run is tagged ``privmon.run_id`` with the
+    monitor's run id; MLflow cannot tell apart two privmon runs logged into one MLflow run, so
+    the sink warns, naming both, when the tag already names another (start one MLflow run per
+    monitor run).
+
     Args:
         run_id: the run to log to; ``None`` logs to the run active at each write
             (``mlflow.start_run()``).
         tracking_uri: the tracking server or store; ``None`` uses MLflow's current one
             (``mlflow.set_tracking_uri`` / ``MLFLOW_TRACKING_URI``).
+
+    Examples:
+        >>> import os
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from unittest import mock
+        >>> import mlflow
+        >>> from privmon.report import Report
+        >>> from privmon.sinks import MlflowSink
+        >>> report = Report(step=100, scalars={"privacy/loss/tpr@fpr=0.01": 0.02}, run_id="demo")
+        >>> with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(
+        ...     os.environ, MLFLOW_ALLOW_FILE_STORE="true"  # a file store, for the example
+        ... ):
+        ...     uri = Path(tmp).as_uri()
+        ...     client = mlflow.MlflowClient(tracking_uri=uri)
+        ...     run = client.create_run(client.create_experiment("demo"))
+        ...     MlflowSink(run_id=run.info.run_id, tracking_uri=uri).write(report)
+        ...     client.get_run(run.info.run_id).data.metrics
+        {'privacy/loss/tpr_at_fpr_0.01': 0.02}
     """
 
     def __init__(self, *, run_id: str | None = None, tracking_uri: str | None = None) -> None:
@@ -97,12 +104,13 @@ class MlflowSink:
 
     def write(self, report: Report) -> None:
         """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000); at
-        a run's first report, tag the MLflow run with its run id (:data:`RUN_ID_TAG`)."""
+        a run's first report, tag the MLflow run with its run id
+        (:data:`~privmon.report.tags.MLFLOW_RUN_ID_TAG`)."""
         from mlflow.entities import Metric
 
         client, run_id = self._target()
         if report.run_id and self._tagged.get(run_id) != report.run_id:
-            before = client.get_run(run_id).data.tags.get(RUN_ID_TAG)
+            before = client.get_run(run_id).data.tags.get(tags.MLFLOW_RUN_ID_TAG)
             if before is not None and before != report.run_id:
                 logger.warning(
                     "privmon: MLflow run %s already holds the figures of privmon run %s; run %s "
@@ -112,7 +120,7 @@ class MlflowSink:
                     before,
                     report.run_id,
                 )
-            client.set_tag(run_id, RUN_ID_TAG, report.run_id)
+            client.set_tag(run_id, tags.MLFLOW_RUN_ID_TAG, report.run_id)
             self._tagged[run_id] = report.run_id
         now = int(time.time() * 1000)
         metrics = [

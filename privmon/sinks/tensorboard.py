@@ -1,17 +1,11 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
-classifier, the run id of every check, and a custom-scalar layout that puts the advantage, its
+classifier, the run id of every check, and a *Custom Scalars* layout that puts the advantage, its
 certified lower bound and (with an accountant) the DP ceilings on one chart per query and method.
 
-What TensorBoard's *Custom Scalars* charts can and cannot be told (its ``layout_pb2``): a chart
-has a title and either a list of tag regular expressions (multiline) or value / lower / upper
-series (margin); no colour and no y-range. The dashboard colours every line by its *run* (the
-log directory), so the lines of one run share a colour and are told apart by their names (hover,
-or the chart's list of matches); the HTML report (``privmon report``) draws them in distinct
-colours. The server matches each regular expression at the start of a tag, so the layout anchors
-every tag (``…/lower`` would otherwise match ``…/lower_check`` too). The y-range is pinned to
-[0, 1] by two constant series on each advantage chart (:data:`~privmon.report.runs.AXIS_TAGS`):
-the dashboard's default outlier clipping keeps only the 5–95 % quantiles of a chart's values,
-and would cut the curves' ends.
+The layout format has no colour and no y-range field, and the server matches each chart's regular
+expressions at the start of a tag: the layout anchors every tag (``…/lower`` would match
+``…/lower_check`` too) and pins each advantage chart to [0, 1] with two constant series
+(:data:`~privmon.report.tags.AXIS_TAGS`), which the dashboard's 5–95 % outlier clipping keeps.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from privmon._validation import check_writable_dir
-from privmon.report import Report
-from privmon.report.runs import AXIS_TAGS, CANARY_TAG, RUN_ID_TAG
+from privmon.report import Report, tags
 from privmon.sinks.base import Backlog
 
 __all__ = ["TensorBoardSink"]
@@ -34,13 +27,30 @@ logger = logging.getLogger("privmon")
 
 
 class TensorBoardSink:
-    """Write reports to TensorBoard. ``writer``: a SummaryWriter or a log directory path.
+    """Write reports to TensorBoard event files.
 
     A SummaryWriter whose write fails (a full disk) is dead for good: its writer thread keeps
     the error. The sink then starts a new event file in the same log directory (TensorBoard reads
     every event file of a run) and writes the reports it could not write, before the next one
     (:class:`~privmon.sinks.base.Backlog`); a figure written just before the fault may then
     appear twice at its step, with the same value.
+
+    Args:
+        writer: a ``SummaryWriter`` (flushed, not closed, by :meth:`close`) or a log directory
+            path (its writer is opened at the first report: ranks that never write leave no
+            file).
+
+    Examples:
+        >>> import os
+        >>> import tempfile
+        >>> from privmon.report import Report
+        >>> from privmon.sinks import TensorBoardSink
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     sink = TensorBoardSink(tmp)
+        ...     sink.write(Report(step=100, scalars={"privacy/loss/auc": 0.61}, run_id="demo"))
+        ...     sink.close()
+        ...     [name.startswith("events.out.tfevents.") for name in os.listdir(tmp)]
+        [True]
     """
 
     def __init__(self, writer: Any) -> None:
@@ -68,28 +78,30 @@ class TensorBoardSink:
 
     def _layout(self, report: Report) -> None:
         charts: dict[str, list[Any]] = {}
-        ceilings = [
-            t for t in ("privacy/ceiling/tanh", "privacy/ceiling/eps_delta") if t in report.scalars
-        ]
+        ceilings = [t for t in tags.CEILINGS if t in report.scalars]
         # the title says what is drawn: ceilings only when an accountant gave them
         against = f" vs DP ceiling{'s' if len(ceilings) > 1 else ''}" if ceilings else ""
         for qname, q in report.queries.items():
             for method in q.estimates:
-                base = f"privacy/{qname}/{method}"
                 # figures whose meaning holds: the estimate, the run-level certified bound and
                 # the ceilings (the plug-in figures are biased up and bound nothing)
-                tags = [f"{base}/value", f"{base}/lower", *ceilings, *AXIS_TAGS]
+                shown = [
+                    tags.value(qname, method),
+                    tags.lower(qname, method),
+                    *ceilings,
+                    *tags.AXIS_TAGS,
+                ]
                 title = f"{qname} {method}: advantage estimate and certified lower bound{against}"
-                charts[title] = ["Multiline", [_exactly(t) for t in tags]]
-        if "privacy/epsilon" in report.scalars:
+                charts[title] = ["Multiline", [_exactly(t) for t in shown]]
+        if tags.EPSILON in report.scalars:
             charts["epsilon: accountant vs measured lower bounds"] = [
                 "Multiline",
-                [_exactly("privacy/epsilon")]
-                + [_exactly(t) for t in report.scalars if t.endswith("epsilon_lower_bound")],
+                [_exactly(tags.EPSILON)]
+                + [_exactly(t) for t in report.scalars if tags.is_epsilon_lower_bound(t)],
             ]
-        canaries = [t for t in report.scalars if CANARY_TAG.match(t)]
+        canaries = [t for t in report.scalars if tags.parse_canary(t) is not None]
         if canaries:
-            accountant = "privacy/epsilon" in report.scalars
+            accountant = tags.EPSILON in report.scalars
             title = (
                 "epsilon: accountant vs one-run canary audit"
                 if accountant
@@ -97,10 +109,9 @@ class TensorBoardSink:
             )
             charts[title] = [
                 "Multiline",
-                ([_exactly("privacy/epsilon")] if accountant else [])
-                + [_exactly(t) for t in canaries],
+                ([_exactly(tags.EPSILON)] if accountant else []) + [_exactly(t) for t in canaries],
             ]
-        self.writer.add_custom_scalars({"privacy": charts})
+        self.writer.add_custom_scalars({tags.LAYOUT_CATEGORY: charts})
         self._layout_written = True
 
     def _reopen(self) -> None:
@@ -116,7 +127,7 @@ class TensorBoardSink:
         self._writer, self._owned, self._failed = None, True, False
 
     def write(self, report: Report) -> None:
-        """Write the report's run id (a text summary, :data:`~privmon.report.runs.RUN_ID_TAG`)
+        """Write the report's run id (a text summary, :data:`~privmon.report.tags.RUN_ID_TEXT_TAG`)
         and scalars at its step, each query's member risks as a histogram and its posteriors as
         a membership PR curve; the first report also writes the Custom Scalars layout (each
         advantage with its lower bound, and the DP ceilings when there are, on one chart).
@@ -135,23 +146,23 @@ class TensorBoardSink:
         w, step = self.writer, report.step
         # first the run id: every figure after it in this file belongs to that run
         # (privmon.report.read_checks separates runs by it)
-        w.add_text(RUN_ID_TAG, report.run_id, step)
+        w.add_text(tags.RUN_ID_TEXT_TAG, report.run_id, step)
         for tag, value in report.scalars.items():
             w.add_scalar(tag, value, step)
         if any(q.estimates for q in report.queries.values()):
-            for tag, value in AXIS_TAGS.items():
+            for tag, value in tags.AXIS_TAGS.items():
                 w.add_scalar(tag, value, step)
         for qname, q in report.queries.items():
             if q.member_risk is not None and np.isfinite(q.member_risk).any():
                 risk = q.member_risk[np.isfinite(q.member_risk)]
-                w.add_histogram(f"privacy/{qname}/member_risk", risk, step)
+                w.add_histogram(tags.member_risk(qname), risk, step)
             if q.member_posterior is not None and q.nonmember_posterior is not None:
                 post = np.concatenate([q.member_posterior, q.nonmember_posterior])
                 labels = np.concatenate(
                     [np.ones(len(q.member_posterior)), np.zeros(len(q.nonmember_posterior))]
                 )
                 keep = np.isfinite(post)
-                w.add_pr_curve(f"privacy/{qname}/membership_pr", labels[keep], post[keep], step)
+                w.add_pr_curve(tags.membership_pr(qname), labels[keep], post[keep], step)
         w.flush()
 
     def close(self) -> None:

@@ -1,0 +1,145 @@
+"""What a :class:`~privmon.PrivacyMonitor` is built from, checked at construction: its queries and
+sinks as the monitor uses them, the audit sets, the accountant, and early stopping's threshold
+against the prior."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, cast
+
+from torch import nn
+
+from privmon._validation import check_audit_set, check_has_methods
+from privmon.bounds import epsilon_from_opacus
+from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.queries import CallableQuery
+from privmon.report import tags
+from privmon.sinks.base import Sink
+
+__all__ = [
+    "as_modules",
+    "as_queries",
+    "as_sinks",
+    "check_accountant",
+    "check_audit_sets",
+    "check_epsilon_readable",
+    "check_stopping_threshold",
+]
+
+logger = logging.getLogger("privmon")
+
+
+def as_queries(query: Any) -> list[Any]:
+    """The monitor's queries: :mod:`privmon.queries` queries as they are, any other callable
+    ``batch -> scores`` wrapped in a :class:`~privmon.queries.CallableQuery` named by its
+    ``__name__`` (lambdas: ``query``, ``query_1``, …); names must differ."""
+    given = list(query) if isinstance(query, (list, tuple)) else [query]
+    if not given:
+        raise ValueError("query must be a query or a non-empty sequence of queries")
+    out, unnamed = [], 0
+    for q in given:
+        if isinstance(q, nn.Module) and not isinstance(getattr(q, "name", None), str):
+            raise ValueError(
+                f"query is a model ({type(q).__name__}), not a query: pass what an attacker "
+                "observes of it, e.g. privmon.queries.LossQuery(model), another privmon.queries "
+                "query, or a function batch -> scores"
+            )
+        if not callable(q):
+            raise ValueError(
+                f"query {q!r} is not callable: pass a privmon.queries query (e.g. "
+                "privmon.queries.LossQuery(model)) or any function batch -> scores"
+            )
+        if isinstance(getattr(q, "name", None), str):
+            out.append(q)
+            continue
+        name = getattr(q, "__name__", "<lambda>")
+        if name == "<lambda>" or not isinstance(name, str):
+            name = "query" if unnamed == 0 else f"query_{unnamed}"
+            unnamed += 1
+        out.append(CallableQuery(q, name=name))
+    names = [q.name for q in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"query names must be unique, got {names}")
+    return out
+
+
+def check_audit_sets(members: Any, nonmembers: Any, *, sharded: bool) -> None:
+    """Refuse one object as both audit sets, or a set that is not an iterable of batches (an
+    empty one only where ``sharded``: a rank's shard under torch.distributed)."""
+    if members is nonmembers:
+        raise ValueError(
+            "members and nonmembers are the same object: every figure would read no leak. "
+            "Pass training records as members and held-out records as nonmembers"
+        )
+    for data, name in ((members, "members"), (nonmembers, "nonmembers")):
+        check_audit_set(data, name=name, allow_empty=sharded)
+
+
+def as_modules(modules: nn.Module | Sequence[nn.Module] | None) -> tuple[nn.Module, ...]:
+    """The modules a check protects besides the queries': one, a sequence or None."""
+    out = (modules,) if isinstance(modules, nn.Module) else tuple(modules or ())
+    for module in out:
+        if not isinstance(module, nn.Module):
+            raise ValueError(
+                f"modules must be torch.nn.Module objects, got a {type(module).__name__}"
+            )
+    return out
+
+
+def check_accountant(accountant: Any) -> None:
+    """Refuse an accountant that is neither None nor has ``get_epsilon(delta)``."""
+    if accountant is not None and not callable(getattr(accountant, "get_epsilon", None)):
+        raise ValueError(
+            "accountant must be an Opacus PrivacyEngine or accountant "
+            "(an object with get_epsilon(delta))"
+        )
+
+
+def as_sinks(sinks: Sink | Sequence[Sink] | None, writer: Any) -> list[Sink]:
+    """The monitor's sinks: ``sinks`` (one, a sequence or None), each with ``write`` and
+    ``close``, after a :class:`~privmon.sinks.TensorBoardSink` of ``writer`` when given."""
+    if sinks is None:
+        given: Sequence[Sink] = ()
+    elif callable(getattr(sinks, "write", None)):  # a single sink
+        given = (cast(Sink, sinks),)
+    else:
+        given = cast("Sequence[Sink]", sinks)
+    out: list[Sink] = [
+        check_has_methods(
+            sink, "write", "close", name="sinks", expected="sinks with write() and close()"
+        )
+        for sink in given
+    ]
+    if writer is not None:
+        from privmon.sinks.tensorboard import TensorBoardSink
+
+        out.insert(0, TensorBoardSink(writer))
+    return out
+
+
+def check_epsilon_readable(accountant: Any, *, delta: float) -> None:
+    """Read ε once at construction: an accountant that answers with something other than a
+    number is refused now rather than at every check. One that cannot answer before training
+    (it raises) is left for the checks to read."""
+    try:
+        epsilon_from_opacus(accountant, delta=delta)
+    except ValueError as err:
+        raise ValueError(f"accountant: {err}") from None
+    except Exception:  # e.g. no step accounted yet: the first check reads it
+        logger.debug("privmon: the accountant gave no ε before training", exc_info=True)
+
+
+def check_stopping_threshold(stopping: PrivacyEarlyStopping, prior: float) -> None:
+    """Refuse a budget on an advantage figure in [0, |2p − 1|): every figure is at least |2p − 1|
+    (the advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop
+    training at the first check whatever leaks — a budget set on the scale of prior ½. (A
+    negative one says "stop at the first check" on purpose, at any prior.)"""
+    floor = abs(2 * prior - 1)
+    if tags.is_advantage_estimate(stopping.tag) and 0 <= stopping.threshold < floor:
+        raise ValueError(
+            f"early_stopping's threshold {stopping.threshold:g} on {stopping.tag} is below "
+            f"|2·prior − 1| = {floor:.4g}, the advantage of always guessing the likelier class "
+            f"at prior {prior:g}: every advantage figure is at least that, so training would "
+            f"stop at the first check whatever leaks; give a threshold in [{floor:.4g}, 1)"
+        )

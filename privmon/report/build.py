@@ -1,0 +1,137 @@
+"""Building one check's :class:`~privmon.report.Report` from what the check computed: the queries'
+analyses, ε from the accountant and the DP ceilings it implies, the ε lower bounds of the
+certified advantages, the canaries' figures and the DP-violation flag, each figure named by
+:mod:`~privmon.report.tags`. A pure function: the monitor logs and warns what it returns."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from privmon.bounds import epsilon_lower_bound, tanh_bound
+from privmon.estimators.analysis import QueryResult
+from privmon.report import tags
+from privmon.report.check import Report
+
+__all__ = ["CANARIES", "CanaryFigures", "build_report", "violation_message"]
+
+CANARIES = "canaries"
+"""The canary audit's entry among a check's failures."""
+
+_ROUNDING = 1e-12  # a certified bound above the ceiling by less than this is rounding
+
+
+@dataclass(frozen=True)
+class CanaryFigures:
+    """What the canaries said at one check: ``scalars`` (tag -> value), whether an audited ε
+    exceeded the accountant's (``violation``) and the messages saying so."""
+
+    scalars: dict[str, float]
+    violation: bool
+    messages: tuple[str, ...]
+
+
+def violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
+    """What a certified lower bound above the (ε, δ)-DP ceiling means."""
+    return (
+        f"privmon: at step {step} the certified lower bound on the membership advantage "
+        f"({tag}: {lower:.4f}) exceeds the ceiling {ceiling:.4f} that (ε={eps:.3f}, δ)-DP allows. "
+        "Something the DP claim rests on is false: either the DP implementation or its "
+        "accounting is broken (e.g. less noise than the accountant was told), or the members "
+        "and non-members are not drawn from the same distribution — the ceiling assumes they are "
+        "exchangeable, and a shifted held-out set looks like leakage."
+    )
+
+
+def build_report(
+    *,
+    step: int,
+    results: Mapping[str, QueryResult | str],
+    detectable: Mapping[str, float],
+    epsilon: float | None,
+    canaries: CanaryFigures | str | None,
+    prior: float,
+    delta: float,
+    certify_delta: float,
+    run_id: str,
+    seconds: float,
+    query_seconds: float,
+) -> Report:
+    """The report of the check at ``step``.
+
+    Args:
+        step: the check's global step.
+        results: per query, in the monitor's order: its analysis, or why it failed.
+        detectable: per query analysed: the smallest advantage the check certifies in half
+            the runs at its audit sizes.
+        epsilon: ε read from the accountant at ``delta`` (None: no accountant); it gives the
+            ε-DP and (ε, δ)-DP ceilings on the advantage (none when NaN).
+        canaries: the canaries' figures, why they failed, or None without canaries.
+        prior: P(member).
+        delta: the DP δ of ``epsilon``.
+        certify_delta: the δ each certified figure of the check holds at.
+        run_id: the run's id.
+        seconds: the whole check's duration; ``query_seconds``: of which in the queries.
+
+    Raises:
+        RuntimeError: when every query's analysis failed.
+    """
+    scalars: dict[str, float] = {}
+    failures: dict[str, str] = {}
+    ceilings: dict[str, float] = {}
+    if epsilon is not None:
+        if not math.isnan(epsilon):  # ε = inf gives the trivial ceiling 1
+            ceilings[tags.CEILING_TANH] = float(tanh_bound(epsilon, prior=prior))
+            ceilings[tags.CEILING_EPS_DELTA] = float(tanh_bound(epsilon, prior=prior, delta=delta))
+        scalars[tags.EPSILON] = epsilon
+        scalars.update(ceilings)
+    scalars[tags.CERTIFY_DELTA] = certify_delta
+    messages: list[str] = []
+    violation = False
+    analysed: dict[str, QueryResult] = {}
+    for name, result in results.items():
+        if isinstance(result, str):
+            failures[name] = result
+            continue
+        analysed[name] = result
+        failures.update({f"{name}/{what}": e for what, e in result.failures.items()})
+        scalars.update({tags.query_figure(name, k): v for k, v in result.scalars().items()})
+        scalars[tags.detectable(name)] = detectable[name]
+        # ε implied by each certified lower bound, in one call
+        eps_bounds = epsilon_lower_bound(
+            np.array([est.lower for est in result.estimates.values()]), prior=prior
+        )
+        for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
+            scalars[tags.epsilon_lower_bound(name, method)] = eps_bound
+        ceiling = ceilings.get(tags.CEILING_EPS_DELTA)
+        for method, est in result.estimates.items():
+            if epsilon is not None and ceiling is not None and est.lower > ceiling + _ROUNDING:
+                violation = True
+                messages.append(
+                    violation_message(step, f"{name}/{method}", est.lower, ceiling, epsilon)
+                )
+    if isinstance(canaries, str):
+        failures[CANARIES] = canaries
+    elif canaries is not None:
+        scalars.update(canaries.scalars)
+        violation = violation or canaries.violation
+        messages.extend(canaries.messages)
+    if not analysed:
+        raise RuntimeError(f"every query's analysis failed: {failures}")
+    if epsilon is not None:
+        scalars[tags.DP_VIOLATION] = float(violation)
+    return Report(
+        step=step,
+        scalars=scalars,
+        queries=analysed,
+        epsilon=epsilon,
+        dp_violation=violation,
+        messages=tuple(messages),
+        failures=failures,
+        seconds=seconds,
+        query_seconds=query_seconds,
+        run_id=run_id,
+    )

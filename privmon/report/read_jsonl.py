@@ -1,0 +1,189 @@
+"""Reading the JSON lines a :class:`~privmon.sinks.JsonlSink` wrote: each line checked field by
+field, the checks kept per run (see :mod:`privmon.report`).
+
+Only what a crash leaves is skipped: a last line with no newline that does not parse (the writer
+was interrupted mid-line), and a cut-off line that another line was appended to. Any other bad
+line is an error naming the line and the field, never skipped: the verdict is a statement about
+every check, and a dropped check could be the one that certifies leakage. A line without a run id
+was written by a privmon before run ids, and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from privmon.report.run_index import RunIndex
+
+__all__ = ["BadLine", "JsonlChecks", "check_record", "read_jsonl"]
+
+_MAX_STEP = 2**63 - 1  # steps are plotted as int64
+# how every line a JsonlSink writes begins (``step`` first: written before run ids)
+_LINE_START = re.compile(rb'\{"(?:run_id|step)":')
+
+
+class BadLine(ValueError):
+    """A line of the JSON lines that is not a privmon check; the message names the field."""
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number_or_null(v: Any, field: str) -> float:
+    """A JSON number (the literals NaN / Infinity too) or null (the sink's NaN / inf) -> float."""
+    if v is None:
+        return math.nan
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise BadLine(f"{field} must be a number or null, got {_shown(v)}")
+    try:
+        return float(v)
+    except OverflowError:  # an integer literal beyond the float range
+        raise BadLine(f"{field} is out of range for a float: {_shown(v)}") from None
+
+
+def _count(v: Any, field: str, maximum: int = _MAX_STEP) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= maximum:
+        raise BadLine(f"{field} must be an integer >= 0, got {_shown(v)}")
+    return v
+
+
+def _mapping(obj: dict[str, Any], field: str) -> dict[str, Any]:
+    """``obj[field]`` as a dict; missing or null -> {}."""
+    v = obj.get(field)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise BadLine(f"{field} must be a JSON object, got {_shown(v)}")
+    return v
+
+
+def _list(v: Any, field: str, what: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise BadLine(f"{field} must be a list of {what}, got {_shown(v)}")
+    return v
+
+
+def check_record(obj: Any) -> dict[str, Any]:
+    """One line's JSON value as a check record, every field type checked (JsonlSink's format:
+    ``privmon.report.Report.to_json``; other keys are ignored); :class:`BadLine` names the
+    field that does not fit."""
+    if not isinstance(obj, dict):
+        raise BadLine(f"a check must be a JSON object, got {type(obj).__name__}")
+    if "run_id" not in obj:
+        raise BadLine(
+            "run_id is missing: the line was written by a privmon before run ids, whose logs "
+            "privmon report does not read"
+        )
+    run_id = obj["run_id"]
+    if not isinstance(run_id, str):
+        raise BadLine(f"run_id must be a string, got {_shown(run_id)}")
+    if "step" not in obj:
+        raise BadLine("step is missing")
+    step = obj["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
+        raise BadLine(f"step must be an integer in [0, 2**63 - 1], got {_shown(step)}")
+    scalars = {
+        k: _number_or_null(v, f"scalars[{k!r}]") for k, v in _mapping(obj, "scalars").items()
+    }
+    eps = obj.get("epsilon")
+    dp_violation = obj.get("dp_violation", False)
+    if not isinstance(dp_violation, bool):
+        raise BadLine(f"dp_violation must be true or false, got {_shown(dp_violation)}")
+    top_records = {}
+    for k, v in _mapping(obj, "top_records").items():
+        field = f"top_records[{k!r}]"
+        indices = _list(v, field, "record indices (integers >= 0)")
+        top_records[k] = [_count(i, f"{field}[{j}]") for j, i in enumerate(indices)]
+    top_risks = {}
+    for k, v in _mapping(obj, "top_risks").items():
+        field = f"top_risks[{k!r}]"
+        risks = _list(v, field, "numbers or null")
+        top_risks[k] = [_number_or_null(r, f"{field}[{j}]") for j, r in enumerate(risks)]
+    messages = _list(obj.get("messages") or [], "messages", "strings")
+    if not all(isinstance(m, str) for m in messages):
+        raise BadLine(f"messages must be a list of strings, got {_shown(messages)}")
+    return {
+        "run_id": run_id,
+        "step": step,
+        "scalars": scalars,
+        "epsilon": None if eps is None else _number_or_null(eps, "epsilon"),
+        "dp_violation": dp_violation,
+        "top_records": top_records,
+        "top_risks": top_risks,
+        "top_tied": {
+            k: _count(v, f"top_tied[{k!r}]") for k, v in _mapping(obj, "top_tied").items()
+        },
+        "messages": messages,
+        "seconds": _number_or_null(obj.get("seconds"), "seconds"),
+    }
+
+
+def _parse_line(raw: bytes) -> Any:
+    """One line's JSON value; BadLine when it is not UTF-8 text or not valid JSON."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadLine(f"not UTF-8 text (byte {err.start + 1})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:  # nested too deep for the parser
+        raise BadLine("not valid JSON (nested too deep)") from None
+    except ValueError as err:
+        raise BadLine(f"not valid JSON ({err})") from None
+
+
+def _after_torn_start(raw: bytes) -> Any:
+    """The JSON object of the whole line that follows a line cut off mid-write on the same line,
+    or None: both parts begin as every line a JsonlSink writes does, and only the second
+    parses."""
+    if not _LINE_START.match(raw):
+        return None
+    for start in _LINE_START.finditer(raw, 1):
+        try:
+            value = _parse_line(raw[start.start() :])
+        except BadLine:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+@dataclass
+class JsonlChecks:
+    """What :func:`read_jsonl` found."""
+
+    runs: RunIndex
+    skipped: int | None  # the last line, cut off mid-write
+    torn: list[int]  # lines that begin with a line cut off mid-write
+
+
+def read_jsonl(path: str) -> JsonlChecks:
+    """The check records of a JSON-lines file, per run (what is skipped: the module
+    docstring); a ValueError names the first line that is not a check, and the field."""
+    runs = RunIndex("lines")
+    skipped, torn = None, []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = _parse_line(raw)
+            except BadLine as err:
+                obj = _after_torn_start(raw)
+                if obj is not None:
+                    torn.append(lineno)
+                elif not raw.endswith(b"\n"):  # only the last line can lack its newline
+                    skipped = lineno
+                    continue
+                else:
+                    raise ValueError(f"{path}, line {lineno}: {err}") from None
+            try:
+                record = check_record(obj)
+            except BadLine as err:
+                raise ValueError(f"{path}, line {lineno}: {err}") from None
+            runs.put(record["run_id"], record["step"], record, lineno)
+    return JsonlChecks(runs, skipped, torn)

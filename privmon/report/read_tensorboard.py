@@ -1,0 +1,157 @@
+"""Reading the TensorBoard event files a :class:`~privmon.sinks.TensorBoardSink` wrote: the privacy
+scalars per run, and the ROC rebuilt from each run's last membership PR curve (see
+:mod:`privmon.report`).
+
+Each file's events belong to the run named by the last run-id text summary
+(:data:`~privmon.report.tags.RUN_ID_TEXT_TAG`) before them in that file; figures before any (a
+file written by a privmon before run ids) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from privmon.report import tags
+from privmon.report.run_index import RunIndex
+
+__all__ = ["EventChecks", "event_dirs", "roc_beside"]
+
+
+def event_dirs(root: str) -> list[str]:
+    """``root`` and its direct sub-directories that hold TensorBoard event files (not deeper: a
+    log directory is where ``SummaryWriter`` writes, and ``runs/`` trees can be large)."""
+    candidates = [root]
+    try:
+        candidates += sorted(e.path for e in os.scandir(root) if e.is_dir())
+    except OSError:
+        pass
+    return [d for d in candidates if _event_files(d)]
+
+
+def _event_files(folder: str) -> list[str]:
+    """The event files in ``folder``, in name order (TensorBoard's: by creation time)."""
+    try:
+        return sorted(e.path for e in os.scandir(folder) if "tfevents" in e.name and e.is_file())
+    except OSError:
+        return []
+
+
+def _roc(tp_fp_tn_fn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fpr, tpr) of a membership PR curve's counts, from (0, 0) to (1, 1)."""
+    tp, fp, tn, fn = tp_fp_tn_fn[:4].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpr = tp / (tp + fn)
+        fpr = fp / (fp + tn)
+    keep = np.isfinite(tpr) & np.isfinite(fpr)
+    fpr = np.concatenate([[0.0], fpr[keep][::-1], [1.0]])
+    tpr = np.concatenate([[0.0], tpr[keep][::-1], [1.0]])
+    order = np.lexsort((tpr, fpr))
+    return fpr[order], tpr[order]
+
+
+def _before_run_ids(path: str, tag: str) -> ValueError:
+    return ValueError(
+        f"{path}: the figure {tag!r} comes before any run id: the file was written by a privmon "
+        "before run ids, whose logs privmon report does not read"
+    )
+
+
+class EventChecks:
+    """The privacy figures of the event files in one directory, per run."""
+
+    def __init__(self, folder: str) -> None:
+        from tensorboard.backend.event_processing.event_file_loader import (
+            LegacyEventFileLoader,
+        )
+        from tensorboard.util import tensor_util
+
+        self.folder = folder
+        self.runs = RunIndex("checks")  # step -> {tag: value}
+        # run -> query -> (step, wall time, counts) of its latest membership PR curve
+        self.pr: dict[str, dict[str, tuple[int, float, np.ndarray]]] = {}
+        for path in _event_files(folder):
+            current: str | None = None
+            # the raw events, as written: a truncated last record ends the file quietly
+            for event in LegacyEventFileLoader(path).Load():
+                step, when = int(event.step), float(event.wall_time)
+                for value in event.summary.value:
+                    tag = value.tag
+                    if tag == tags.RUN_ID_EVENT_TAG:
+                        ids = value.tensor.string_val
+                        current = ids[0].decode("utf-8", "replace") if ids else ""
+                        self.runs.put(current, step, {}, when)  # a check begins
+                    elif value.HasField("simple_value"):
+                        if tags.is_privacy_figure(tag):
+                            if current is None:
+                                raise _before_run_ids(path, tag)
+                            by_step = self.runs.steps.setdefault(current, {})
+                            by_step.setdefault(step, {})[tag] = float(value.simple_value)
+                            self.runs.seen(current, when)
+                    elif (query := tags.parse_membership_pr(tag)) is not None and value.HasField(
+                        "tensor"
+                    ):
+                        if current is None:
+                            raise _before_run_ids(path, tag)
+                        kept = self.pr.setdefault(current, {})
+                        old = kept.get(query)
+                        if old is None or (step, when) >= old[:2]:
+                            counts = tensor_util.make_ndarray(value.tensor)
+                            kept[query] = (step, when, counts)
+
+    def has_figures(self) -> bool:
+        """Whether any run here wrote privacy scalars."""
+        return any(any(s.values()) for s in self.runs.steps.values())
+
+    def records(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's checks, as the JSON lines' records (no top records: not in event files)."""
+        return [
+            {
+                "run_id": run_id,
+                "step": step,
+                "scalars": s,
+                "epsilon": s.get(tags.EPSILON),
+                "dp_violation": s.get(tags.DP_VIOLATION, 0.0) >= 0.5,
+                "top_records": {},
+                "top_risks": {},
+                "top_tied": {},
+                "messages": [],
+                "seconds": math.nan,
+            }
+            for step, s in sorted(self.runs.steps.get(run_id, {}).items())
+        ]
+
+    def roc(self, run_id: str) -> dict[str, tuple[int, float, np.ndarray, np.ndarray]]:
+        """query -> (step, wall time, fpr, tpr) of the run's last membership PR curve."""
+        return {
+            q: (step, when, *_roc(counts))
+            for q, (step, when, counts) in self.pr.get(run_id, {}).items()
+        }
+
+
+def roc_beside(
+    folders: Sequence[str], run_id: str, notes: list[str]
+) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
+    """The ROC curves of run ``run_id`` from the membership PR curves in ``folders`` (the event
+    files beside the JSON lines); a note when they hold PR curves of other runs only."""
+    found = [events for d in folders for events in [EventChecks(d)]]
+    mine = [roc for events in found if (roc := events.roc(run_id))]
+    if not mine:
+        others = sorted({r for events in found for r, by_q in events.pr.items() if by_q})
+        if others:
+            notes.append(
+                "The TensorBoard event files beside the JSON lines hold membership PR curves of "
+                f"other runs only ({', '.join(others)}), so the ROC shows only the operating "
+                "points of the JSON lines."
+            )
+        return {}
+    latest: dict[str, tuple[int, float, np.ndarray, np.ndarray]] = {}
+    for roc in mine:  # one run in several directories: its latest curve per query
+        for q, curve in roc.items():
+            if q not in latest or curve[:2] >= latest[q][:2]:
+                latest[q] = curve
+    return {q: (step, fpr, tpr) for q, (step, _, fpr, tpr) in latest.items()}

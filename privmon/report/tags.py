@@ -1,0 +1,283 @@
+"""The figures' names: every ``privacy/...`` tag is built and parsed here, and nowhere else.
+
+A check's figures are a flat ``{tag: float}`` dict (:attr:`privmon.report.Report.scalars`).
+Per query and method: ``privacy/<query>/<method>/<field>`` (the estimate's fields, and the ε its
+certified lower bound implies); per query: ``privacy/<query>/<figure>`` with the analysis' own
+names for its figures (:meth:`privmon.estimators.analysis.QueryResult.scalars`: ``auc``,
+``tpr@fpr=…``, ``risk/q50``, ``n_dropped`` …) and ``detectable``; per check: ε, the DP ceilings,
+the δ the check certifies at, ``dp_violation`` and the canaries' figures. The sinks' own names
+(TensorBoard's run-id text, histograms, PR curves and axis series; MLflow's run tag) are here
+too. The method list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
+
+Examples:
+    >>> from privmon.report import tags
+    >>> tags.lower("loss", "histogram"), tags.tpr_at_fpr("loss", 0.01)
+    ('privacy/loss/histogram/lower', 'privacy/loss/tpr@fpr=0.01')
+    >>> tags.parse_advantage("privacy/loss/kde/value")
+    ('loss', 'kde', 'value')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from privmon.estimators.methods import METHODS
+
+__all__ = [
+    "ADVANTAGE_FIELDS",
+    "AXIS_TAGS",
+    "CANARY_COUNT",
+    "CEILINGS",
+    "CEILING_EPS_DELTA",
+    "CEILING_TANH",
+    "CERTIFY_DELTA",
+    "DP_VIOLATION",
+    "EPSILON",
+    "ESTIMATE_FIGURES",
+    "LAYOUT_CATEGORY",
+    "MLFLOW_RUN_ID_TAG",
+    "PLUGIN_FIELDS",
+    "RUN_ID_EVENT_TAG",
+    "RUN_ID_TEXT_TAG",
+    "auc",
+    "canary_epsilon",
+    "ceilings",
+    "console_advantage",
+    "console_lower",
+    "detectable",
+    "epsilon_lower_bound",
+    "estimate",
+    "is_advantage_estimate",
+    "is_epsilon_lower_bound",
+    "is_privacy_figure",
+    "lower",
+    "member_risk",
+    "membership_pr",
+    "n_dropped",
+    "parse_advantage",
+    "parse_canary",
+    "parse_membership_pr",
+    "parse_operating_point",
+    "parse_risk",
+    "plugin",
+    "plugin_upper",
+    "query_figure",
+    "tpr_at_fpr",
+    "value",
+    "watched_tags",
+]
+
+_PREFIX = "privacy/"
+
+# -- per check --------------------------------------------------------------------------------
+EPSILON = "privacy/epsilon"
+"""ε read from the accountant at the monitor's δ."""
+CERTIFY_DELTA = "privacy/certify_delta"
+"""The δ each certified figure of the check holds at (its share of ``interval_delta``)."""
+DP_VIOLATION = "privacy/dp_violation"
+"""1.0 when a certified figure exceeded what the accountant's ε allows, else 0.0."""
+CEILING_TANH = "privacy/ceiling/tanh"
+"""The ε-DP ceiling on the advantage (:func:`privmon.tanh_bound` at δ = 0)."""
+CEILING_EPS_DELTA = "privacy/ceiling/eps_delta"
+"""The (ε, δ)-DP ceiling on the advantage."""
+CEILINGS = (CEILING_TANH, CEILING_EPS_DELTA)
+"""Both ceilings, in the order a check reports them."""
+_CEILING_PREFIX = "privacy/ceiling/"
+CANARY_COUNT = "privacy/canaries/n_canaries"
+"""How many canaries the one-run audit scored."""
+
+# -- per query and method -----------------------------------------------------------------------
+ESTIMATE_FIGURES = ("value", "lower", "lower_check", "plugin", "plugin_upper")
+"""The fields of a method's advantage estimate a check reports, in the analysis' order."""
+ADVANTAGE_FIELDS = (*ESTIMATE_FIGURES, "epsilon_lower_bound")
+"""Every per-method field: the estimate's, and the ε its certified lower bound implies."""
+PLUGIN_FIELDS = ("plugin", "plugin_upper", "upper")
+"""The paper's plug-in figures (biased up, no bound on the advantage); ``upper`` is refused
+too, as it reads like one."""
+_ADVANTAGE_ESTIMATES = ("value", "lower", "lower_check")  # estimates of the advantage itself
+
+# -- the sinks' own names ---------------------------------------------------------------------
+RUN_ID_TEXT_TAG = "privacy/run_id"
+"""The text summary (``add_text``) a :class:`~privmon.sinks.TensorBoardSink` writes before each
+check's figures: the run's id."""
+RUN_ID_EVENT_TAG = RUN_ID_TEXT_TAG + "/text_summary"
+"""What TensorBoard stores :data:`RUN_ID_TEXT_TAG` under in the event files."""
+MLFLOW_RUN_ID_TAG = "privmon.run_id"
+"""The MLflow run tag that names the privmon run logging into it."""
+LAYOUT_CATEGORY = "privacy"
+"""The TensorBoard Custom Scalars category of the advantage and ε charts."""
+AXIS_TAGS = {"privacy/axis/min": 0.0, "privacy/axis/max": 1.0}
+"""Constant series a :class:`~privmon.sinks.TensorBoardSink` writes at each check and puts on each
+advantage chart, so that the chart spans [0, 1]: TensorBoard's chart layout has no y-range, and
+its default outlier clipping (values outside the 5–95 % quantiles of a chart) would cut the
+curves' ends."""
+
+_METHODS = "|".join(re.escape(m) for m in METHODS)
+_ADVANTAGE = re.compile(rf"^privacy/(.+)/({_METHODS})/({'|'.join(ADVANTAGE_FIELDS)})$")
+_CANARY = re.compile(r"^privacy/canaries/(.+)/epsilon_lower_bound$")
+_RISK = re.compile(r"^privacy/(.+)/risk/(q\d+|max|n_above_[0-9.]+)$")
+_ROC = re.compile(r"^privacy/(.+)/(auc|tpr@fpr=.+|accuracy_at_median)$")
+_PR = re.compile(r"^privacy/(.+)/membership_pr$")
+_TPR_AT = "tpr@fpr="
+
+
+# -- building -----------------------------------------------------------------------------------
+def query_figure(query: str, figure: str) -> str:
+    """The tag of one of the analysis' figures of ``query`` (``figure``: its name relative to
+    the query, as :meth:`~privmon.estimators.analysis.QueryResult.scalars` gives it)."""
+    return f"privacy/{query}/{figure}"
+
+
+def _advantage(query: str, method: str, field: str) -> str:
+    return f"privacy/{query}/{method}/{field}"
+
+
+def value(query: str, method: str) -> str:
+    """The debiased advantage estimate of ``query`` by ``method``."""
+    return _advantage(query, method, "value")
+
+
+def lower(query: str, method: str) -> str:
+    """Its lower bound certified over the whole run."""
+    return _advantage(query, method, "lower")
+
+
+def plugin(query: str, method: str) -> str:
+    """The paper's plug-in W_N / U_N."""
+    return _advantage(query, method, "plugin")
+
+
+def plugin_upper(query: str, method: str) -> str:
+    """The plug-in plus McDiarmid's half-width."""
+    return _advantage(query, method, "plugin_upper")
+
+
+def estimate(query: str, method: str, field: str) -> str:
+    """The field ``field`` (one of :data:`ESTIMATE_FIGURES`) of ``query``'s estimate by
+    ``method``."""
+    return _advantage(query, method, field)
+
+
+def epsilon_lower_bound(query: str, method: str) -> str:
+    """The ε implied by the certified lower bound of ``query`` by ``method``."""
+    return _advantage(query, method, "epsilon_lower_bound")
+
+
+def auc(query: str) -> str:
+    """The threshold attack's AUC on ``query``'s 1-D scores."""
+    return f"privacy/{query}/auc"
+
+
+def tpr_at_fpr(query: str, fpr: float) -> str:
+    """The threshold attack's TPR at false-positive rate ``fpr``."""
+    return f"privacy/{query}/{_TPR_AT}{fpr!r}"
+
+
+def n_dropped(query: str) -> str:
+    """How many records with NaN / inf scores the analysis dropped."""
+    return f"privacy/{query}/n_dropped"
+
+
+def detectable(query: str) -> str:
+    """The smallest advantage the check certifies for ``query`` in half the runs."""
+    return f"privacy/{query}/detectable"
+
+
+def member_risk(query: str) -> str:
+    """TensorBoard histogram of ``query``'s per-record member risks."""
+    return f"privacy/{query}/member_risk"
+
+
+def membership_pr(query: str) -> str:
+    """TensorBoard PR curve of ``query``'s per-record membership posteriors."""
+    return f"privacy/{query}/membership_pr"
+
+
+def console_advantage(query: str) -> str:
+    """The Hugging Face console's advantage of ``query`` (its best-certified method)."""
+    return f"privacy/{query}/adv"
+
+
+def console_lower(query: str) -> str:
+    """The Hugging Face console's certified lower bound of ``query``."""
+    return f"privacy/{query}/lower"
+
+
+def canary_epsilon(method: str) -> str:
+    """The one-run canary audit's ε lower bound by ``method``."""
+    return f"privacy/canaries/{method}/epsilon_lower_bound"
+
+
+def watched_tags(metric: str, use: str) -> tuple[str, str]:
+    """The tags early stopping on ``metric`` reads, first found first: the full tag (``metric``
+    when it is one, else ``privacy/<metric>/<use>``), then ``privacy/<metric>``."""
+    full = metric if metric.startswith(_PREFIX) else f"privacy/{metric}/{use}"
+    return full, f"privacy/{metric}"
+
+
+# -- reading ------------------------------------------------------------------------------------
+def is_privacy_figure(tag: str) -> bool:
+    """Whether a TensorBoard scalar is one of the check's figures (not an axis series)."""
+    return tag.startswith(_PREFIX) and tag not in AXIS_TAGS
+
+
+def is_advantage_estimate(tag: str) -> bool:
+    """Whether ``tag`` names an estimate of an advantage (``value``, ``lower``,
+    ``lower_check``): a figure never below the trivial floor |2p − 1|."""
+    return tag.rsplit("/", 1)[-1] in _ADVANTAGE_ESTIMATES
+
+
+def is_epsilon_lower_bound(tag: str) -> bool:
+    """Whether ``tag`` is an ε lower bound (a query's method's, or the canaries')."""
+    return tag.endswith("epsilon_lower_bound")
+
+
+def ceilings(scalars: Mapping[str, float]) -> dict[str, float]:
+    """The DP ceilings among ``scalars``, by kind (``tanh``, ``eps_delta``), in their order."""
+    return {
+        tag.removeprefix(_CEILING_PREFIX): v
+        for tag, v in scalars.items()
+        if tag.startswith(_CEILING_PREFIX)
+    }
+
+
+def parse_advantage(tag: str) -> tuple[str, str, str] | None:
+    """(query, method, field) of a per-method figure, else None."""
+    m = _ADVANTAGE.match(tag)
+    return None if m is None else (m.group(1), m.group(2), m.group(3))
+
+
+def parse_canary(tag: str) -> str | None:
+    """The method of a canary ε lower bound, else None."""
+    m = _CANARY.match(tag)
+    return None if m is None else m.group(1)
+
+
+def parse_risk(tag: str) -> tuple[str, str, str] | None:
+    """(query, kind, level) of a per-record risk figure, else None: kind ``"quantile"`` (level
+    the percentile, e.g. ``"50"``), ``"max"`` (level ``"max"``) or ``"above"`` (the members
+    above a risk level, e.g. ``"0.5"``)."""
+    m = _RISK.match(tag)
+    if m is None:
+        return None
+    stat = m.group(2)
+    if stat == "max":
+        return m.group(1), "max", stat
+    if stat.startswith("q"):
+        return m.group(1), "quantile", stat[1:]
+    return m.group(1), "above", stat.rsplit("_", 1)[1]
+
+
+def parse_operating_point(tag: str) -> tuple[str, str] | None:
+    """(query, false-positive rate as written) of a TPR-at-FPR figure, else None."""
+    m = _ROC.match(tag)
+    if m is None or not m.group(2).startswith(_TPR_AT):
+        return None
+    return m.group(1), m.group(2)[len(_TPR_AT) :]
+
+
+def parse_membership_pr(tag: str) -> str | None:
+    """The query of a membership PR curve, else None."""
+    m = _PR.match(tag)
+    return None if m is None else m.group(1)

@@ -59,7 +59,7 @@ from opacus.optimizers import DPOptimizer
 from sklearn.datasets import load_digits
 from threadpoolctl import threadpool_limits
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from privmon import PrivacyMonitor, PrivacyViolationWarning
 from privmon.audit import GradientCanaries
@@ -128,39 +128,46 @@ def checks_supported() -> bool:
 
 @dataclass(frozen=True)
 class CanaryKind:
-    """How a run's canaries are made: ``wrap`` the dataset and model before ``make_private``,
-    ``attach`` to the DP optimizer after it (and after the fault's patches, so that the canaries
-    pass through them). ``checks``: None for ``GradientCanaries``' default, () to switch the
-    mechanism checks off (only where that option exists)."""
+    """How a run's canaries are made: ``wrap`` sets ``run.train`` and returns the model to make
+    private (before ``make_private``); ``attach`` returns the canaries for the monitor (after
+    ``make_private`` and the fault's patches, so that the canaries pass through them), or None.
+    ``run.checks``: None for ``GradientCanaries``' default, () to switch the mechanism checks off
+    (only where that option exists). Both run again at the resume fault's rebuild."""
 
     name: str
     n: int = 0
 
-    def wrap(self, train: Dataset[Any], model: nn.Module, *, seed: int) -> tuple[Any, nn.Module]:
-        return train, model
+    def wrap(self, run: Run, model: nn.Module) -> nn.Module:
+        run.train = run.data.train
+        return model
 
-    def attach(self, optimizer: Any, *, seed: int, checks: tuple[str, ...] | None) -> Any:
+    def attach(self, run: Run) -> Any:
         if self.n == 0:
             return None
-        options = {} if checks is None else {"checks": checks}
-        return GradientCanaries(optimizer, self.n, seed=seed, **options)
+        options: dict[str, Any] = {} if run.checks is None else {"checks": run.checks}
+        return GradientCanaries(run.optimizer, self.n, seed=run.seed, **options)
 
 
 @dataclass(frozen=True)
 class RecordCanaryKind(CanaryKind):
     """HOOK: record canaries (issue #29 §2, DP_FAULTS_DESIGN.md §2), not built yet.
 
-    Once ``privmon.audit.RecordCanaries`` exists, ``wrap`` is::
+    Once ``privmon.audit.RecordCanaries`` exists, wire them here::
 
-        self._canaries = RecordCanaries(self.n, seed=seed)   # kept for attach
-        return canaries.dataset(train), canaries.model(model)
+        def wrap(self, run, model):
+            run.extra["record_canaries"] = canaries = RecordCanaries(self.n, seed=run.seed)
+            run.train = canaries.dataset(run.data.train)  # N + m slots, read by the DP loader
+            return canaries.model(model)
 
-    and ``attach`` returns those canaries (their ``scores()`` feed the monitor; ``state_dict`` /
-    ``load_state_dict`` serve the resume fault). The loop already passes whatever the loader
-    yields as inputs to the model (a tensor or a tuple such as ``(x, slot)``) and the faults that
-    touch batches (``four_views``) or loaders keep tuples whole."""
+        def attach(self, run):
+            return run.extra["record_canaries"]  # scores(), state_dict(), load_state_dict()
 
-    def wrap(self, train: Dataset[Any], model: nn.Module, *, seed: int) -> tuple[Any, nn.Module]:
+    The loop already hands the model whatever the loader yields (a tensor, or a tuple such as
+    ``(x, slot)``), ``four_views`` augments the first element of a tuple and repeats the rest,
+    the replaced loaders read ``run.train``, and the queries, the test accuracy and the head's
+    fine-tuning use plain tensors / the unwrapped ``run.net``."""
+
+    def wrap(self, run: Run, model: nn.Module) -> nn.Module:
         raise NotImplementedError(
             "record canaries (privmon.audit.RecordCanaries, issue #29 §2) do not exist yet: "
             "wire them in benchmarks/dp_faults.py RecordCanaryKind"
@@ -203,7 +210,7 @@ class Run:
 def build(run: Run) -> None:
     """The correct setup, with the fault's hooks: model, ``make_private``, canaries, monitor."""
     run.net = run.model_fn()
-    run.train, model = run.kind.wrap(run.data.train, run.net, seed=run.seed)
+    model = run.kind.wrap(run, run.net)
     run.engine = PrivacyEngine()
     run.model, run.optimizer, run.loader = run.engine.make_private(
         module=model,
@@ -214,7 +221,7 @@ def build(run: Run) -> None:
         **run.fault.private_options(run),
     )
     run.fault.after_private(run)
-    run.canaries = run.kind.attach(run.optimizer, seed=run.seed, checks=run.checks)
+    run.canaries = run.kind.attach(run)
     x, y = run.data.train.tensors
     held_out = slice(0, N_AUDIT)
     run.monitor = PrivacyMonitor(
@@ -380,6 +387,7 @@ class Fault:
     how: str
     true_epsilon: Callable[[int], float] = _as_accounted
     is_fault: bool = True
+    bound: str = ""  # "≤ " where the true ε is an upper bound
     loader_options: dict[str, Any] = field(default_factory=dict)
     private_options: Callable[[Run], dict[str, Any]] = _no_options
     after_private: Callable[[Run], None] = _nothing
@@ -522,6 +530,7 @@ def norm_undercount() -> Fault:
         "one layer's per-sample norm undercounted 10×",
         "buggy grad sampler / ghost-clipping norm",
         lambda steps: accountant_epsilon(SIGMA / UNDERCOUNT, Q, steps),
+        bound="≤ ",
         after_private=_as_class(UndercountingDPOptimizer),
     )
 
@@ -627,6 +636,10 @@ def non_dp_head() -> Fault:
     )
 
 
+def _reseed_global(run: Run) -> None:
+    torch.manual_seed(run.seed)
+
+
 def seed_reset() -> Fault:
     """11. ``torch.manual_seed(seed)`` at the top of every epoch ("for reproducibility"): the
     global RNG drives Opacus' noise and Poisson batches, so both repeat every epoch; differences
@@ -636,7 +649,7 @@ def seed_reset() -> Fault:
         "`torch.manual_seed` reset every epoch",
         "noise and batches repeat",
         _infinite,
-        epoch_start=lambda run: torch.manual_seed(run.seed),
+        epoch_start=_reseed_global,
     )
 
 
@@ -795,7 +808,7 @@ def faults_table(seeds: int, steps: int, kinds: list[str], faults: list[str]) ->
                 for r, ref in zip(rs, reference, strict=True)
             )
             print(
-                f"| {fault.title} | {fault.how} | {_eps(rs[0]['true_eps'])} | "
+                f"| {fault.title} | {fault.how} | {fault.bound}{_eps(rs[0]['true_eps'])} | "
                 f"{statistics.median(r['accountant_eps'] for r in rs):.2f} | "
                 f"{statistics.mean(r['accuracy'] for r in rs):.2f} | "
                 f"{sum(r['alarm'] for r in rs)}/{len(rs)} | "
@@ -907,8 +920,8 @@ def main() -> None:
     parser.add_argument("--null-runs", type=int, default=200)
     parser.add_argument("--null-steps", type=int, default=100)
     parser.add_argument("--null-kind", default="1e3")
-    parser.add_argument("--repeats", type=int, default=3, help="timing repeats")
-    parser.add_argument("--timing-steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=5, help="timing repeats")
+    parser.add_argument("--timing-steps", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="1 seed, 100 steps, 10 null runs")
     args = parser.parse_args()
     if args.quick:

@@ -31,7 +31,20 @@ Parts (``--parts``, comma-separated):
     python benchmarks/dp_faults.py --quick          # smoke: 1 seed, 100 steps, 10 null runs
     python benchmarks/dp_faults.py --parts faults --kinds 1e3 --seeds 2 --faults correct,clip-10
 
-One thread, CPU time (``time.process_time``): the machine may be shared.
+One thread (torch and BLAS), CPU time (``time.process_time``): the machine may be shared. The
+data, model and noise patch are dp_canaries.py's (imported). Full run, 1 CPU: about 6 min per
+canary kind for the faults (5 seeds), 2 min for 200 null runs, 1 min for the timing.
+
+What the harness reads from privmon, i.e. what the mechanism checks must provide to show up:
+
+* ``report.dp_violation`` and ``report.messages`` of every check in ``monitor.history``; a
+  message names a mechanism check as ``"<check>: <evidence>"`` with ``<check>`` one of
+  :data:`CHECK_NAMES` (the canary audit's and the queries' messages are recognised as today);
+* scalars whose tag has a ``dp_checks`` segment: ``.../dp_checks/<check>/fired`` (>= 0.5:
+  fired) and any ``.../dp_checks/<check>/...p_value...`` (e.g.
+  ``privacy/dp_checks/sampling/mean/p_value``), tabulated per check whatever the names;
+* ``GradientCanaries(..., checks=())`` switches the checks off (found by its signature); the
+  canaries' ``scores()``, ``state_dict()`` / ``load_state_dict()`` (the resume fault).
 """
 
 from __future__ import annotations
@@ -52,11 +65,22 @@ from typing import Any
 
 import numpy as np
 import torch
+from dp_canaries import (
+    BATCH,
+    CLIP,
+    DELTA,
+    LR,
+    N_TRAIN,
+    SIGMA,
+    digits,
+    mlp,
+    small,
+    with_noise_factor,
+)
 from opacus import PrivacyEngine
 from opacus.accountants import PRVAccountant
 from opacus.data_loader import DPDataLoader
 from opacus.optimizers import DPOptimizer
-from sklearn.datasets import load_digits
 from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -67,9 +91,7 @@ from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_
 from privmon.queries import LossQuery
 from privmon.report import tags
 
-DELTA = 1e-5
-SIGMA, CLIP, LR = 2.5, 1.0, 0.5
-N_TRAIN, BATCH, N_AUDIT = 600, 60, 200
+N_AUDIT = 200  # members and held-out records of the loss query
 Q = BATCH / N_TRAIN
 CHECKS = 4  # per run: three during training, one at the end
 NON_DP_STEPS, VIEWS, WRONG_CLIP, UNDERCOUNT, CHANGED_CLIP, GRAD_SCALE = 100, 4, 10.0, 10.0, 0.5, 0.5
@@ -77,8 +99,7 @@ NON_DP_STEPS, VIEWS, WRONG_CLIP, UNDERCOUNT, CHANGED_CLIP, GRAD_SCALE = 100, 4, 
 # as "<check>: <evidence>"; their scalars live under a "dp_checks" tag segment.
 CHECK_NAMES = ("clipping", "noise", "sampling", "steps", "ledger")
 DP_CHECKS_SEGMENT = "dp_checks"
-for message in ("Secure RNG", "Optimal order", "Full backward hook", "invalid value"):
-    warnings.filterwarnings("ignore", message=message)
+# Opacus' warnings are filtered by dp_canaries (imported above).
 warnings.simplefilter("ignore", PrivacyViolationWarning)  # read from the reports instead
 logging.getLogger("privmon").setLevel(logging.ERROR)  # the alarms' log lines: idem
 
@@ -94,30 +115,8 @@ def accountant_epsilon(sigma: float, q: float, steps: int) -> float:
         return float(accountant.get_epsilon(DELTA))
 
 
-# -- data and models ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Data:
-    train: TensorDataset
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-
-def digits(seed: int) -> Data:
-    """600 training records and the rest as test records, split by ``seed``."""
-    d = load_digits()
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target)
-    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(x)))
-    train, test = order[:N_TRAIN], order[N_TRAIN:]
-    return Data(TensorDataset(x[train], y[train]), x[test], y[test])
-
-
-def mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-
-
-def linear() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(64, 10))
+# -- data and models: dp_canaries.py's (digits(seed) -> (train, x_test, y_test), mlp, small) --
+Data = tuple[TensorDataset, torch.Tensor, torch.Tensor]
 
 
 # -- canary kinds ------------------------------------------------------------------------------
@@ -138,7 +137,7 @@ class CanaryKind:
     n: int = 0
 
     def wrap(self, run: Run, model: nn.Module) -> nn.Module:
-        run.train = run.data.train
+        run.train = run.data[0]
         return model
 
     def attach(self, run: Run) -> Any:
@@ -156,7 +155,7 @@ class RecordCanaryKind(CanaryKind):
 
         def wrap(self, run, model):
             run.extra["record_canaries"] = canaries = RecordCanaries(self.n, seed=run.seed)
-            run.train = canaries.dataset(run.data.train)  # N + m slots, read by the DP loader
+            run.train = canaries.dataset(run.data[0])  # N + m slots, read by the DP loader
             return canaries.model(model)
 
         def attach(self, run):
@@ -222,12 +221,12 @@ def build(run: Run) -> None:
     )
     run.fault.after_private(run)
     run.canaries = run.kind.attach(run)
-    x, y = run.data.train.tensors
-    held_out = slice(0, N_AUDIT)
+    train, x_test, y_test = run.data
+    x, y = train.tensors
     run.monitor = PrivacyMonitor(
         LossQuery(run.model),
         [(x[:N_AUDIT], y[:N_AUDIT])],
-        [(run.data.x_test[held_out], run.data.y_test[held_out])],
+        [(x_test[:N_AUDIT], y_test[:N_AUDIT])],
         every_n_steps=max(1, run.steps // CHECKS),
         methods=("histogram",),
         accountant=run.engine,
@@ -324,8 +323,9 @@ def run_once(
     check_seconds = time.process_time() - check_start
     run.monitor.close()
     run.model.eval()
+    _, x_test, y_test = data
     with torch.no_grad():
-        accuracy = float((run.model(data.x_test).argmax(1) == data.y_test).float().mean())
+        accuracy = float((run.model(x_test).argmax(1) == y_test).float().mean())
     reports = run.monitor.history
     last = reports[-1]
     fired: set[str] = set()
@@ -398,22 +398,6 @@ class Fault:
     resumes: bool = False
 
 
-def scale_noise(optimizer: Any, factor: float) -> None:
-    """``add_noise`` runs with σ · factor; σ is restored before the accountant's hook reads it
-    (Opacus' ``pre_step``: clip → add_noise → scale_grad → step hook), as in dp_canaries.py."""
-    original = optimizer.add_noise
-
-    def add_noise() -> None:
-        sigma = optimizer.noise_multiplier
-        optimizer.noise_multiplier = sigma * factor
-        try:
-            original()
-        finally:
-            optimizer.noise_multiplier = sigma
-
-    optimizer.add_noise = add_noise
-
-
 def correct() -> Fault:
     """The correct run: nothing injected."""
     return Fault("correct", "correct run", "-", is_fault=False)
@@ -427,7 +411,7 @@ def noise_removed() -> Fault:
         "noise removed",
         "patched `add_noise` (σ 0, accountant told 2.5)",
         _infinite,
-        after_private=lambda run: scale_noise(run.optimizer, 0.0),
+        after_private=lambda run: with_noise_factor(run.optimizer, 0.0),
     )
 
 
@@ -439,7 +423,7 @@ def noise_half() -> Fault:
         "noise × 0.5",
         "patched `add_noise` (σ 1.25, accountant told 2.5)",
         lambda steps: accountant_epsilon(SIGMA / 2, Q, steps),
-        after_private=lambda run: scale_noise(run.optimizer, 0.5),
+        after_private=lambda run: with_noise_factor(run.optimizer, 0.5),
     )
 
 
@@ -494,31 +478,47 @@ def clipping_skipped() -> Fault:
     )
 
 
-def clip_at_ten() -> Fault:
-    """4. The bound read from two places: clipping uses the training config's C = 10 (e.g. a
-    wrapper re-reading ``cfg.max_grad_norm``) while the noise is calibrated to the C = 1 given to
-    ``make_private``: sensitivity 10 C for noise σ C, i.e. σ_eff = σ / 10."""
+def around_clipping(body: Callable[[Any, Callable[[], None]], None]) -> Callable[[Run], None]:
+    """A patch of the optimizer instance's ``clip_and_accumulate``: ``body(optimizer,
+    original)`` runs in its place."""
 
     def patch(run: Run) -> None:
         optimizer = run.optimizer
         original = optimizer.clip_and_accumulate
+        optimizer.clip_and_accumulate = lambda: body(optimizer, original)
 
-        def clip_and_accumulate() -> None:
-            bound = optimizer.max_grad_norm
-            optimizer.max_grad_norm = WRONG_CLIP
-            try:
-                original()
-            finally:
-                optimizer.max_grad_norm = bound
+    return patch
 
-        optimizer.clip_and_accumulate = clip_and_accumulate
+
+def _clip_at_wrong_bound(optimizer: Any, original: Callable[[], None]) -> None:
+    bound = optimizer.max_grad_norm
+    optimizer.max_grad_norm = WRONG_CLIP
+    try:
+        original()
+    finally:
+        optimizer.max_grad_norm = bound
+
+
+def _scale_then_clip(optimizer: Any, original: Callable[[], None]) -> None:
+    for p in optimizer.params:
+        samples = p.grad_sample
+        p.grad_sample = (
+            [s * GRAD_SCALE for s in samples] if isinstance(samples, list) else samples * GRAD_SCALE
+        )
+    original()
+
+
+def clip_at_ten() -> Fault:
+    """4. The bound read from two places: clipping uses the training config's C = 10 (e.g. a
+    wrapper re-reading ``cfg.max_grad_norm``) while the noise is calibrated to the C = 1 given to
+    ``make_private``: sensitivity 10 C for noise σ C, i.e. σ_eff = σ / 10."""
 
     return Fault(
         "clip-10",
         "clip at C = 10, noise for C = 1",
         "bound read from two places",
         lambda steps: accountant_epsilon(SIGMA / WRONG_CLIP, Q, steps),
-        after_private=patch,
+        after_private=around_clipping(_clip_at_wrong_bound),
     )
 
 
@@ -608,7 +608,8 @@ def lost_accountant() -> Fault:
 
 
 def _fine_tune_head(run: Run) -> None:
-    head = list(run.net.children())[-1]
+    layers = list(run.net.children())
+    head = layers[-1] if layers else run.net  # the last layer (a bare Linear: itself)
     optimizer = torch.optim.SGD(head.parameters(), lr=LR)
     loader = DataLoader(run.train, batch_size=BATCH, shuffle=True)
     loss_fn = nn.CrossEntropyLoss()
@@ -711,28 +712,12 @@ def scaled_grads() -> Fault:
     consistently in norm and sum, as a loss scaled by 0.5 gives): clipping still bounds every
     row by C, ε unchanged."""
 
-    def patch(run: Run) -> None:
-        optimizer = run.optimizer
-        original = optimizer.clip_and_accumulate
-
-        def clip_and_accumulate() -> None:
-            for p in optimizer.params:
-                samples = p.grad_sample
-                p.grad_sample = (
-                    [s * GRAD_SCALE for s in samples]
-                    if isinstance(samples, list)
-                    else samples * GRAD_SCALE
-                )
-            original()
-
-        optimizer.clip_and_accumulate = clip_and_accumulate
-
     return Fault(
         "scaled-grads",
         "B: per-sample gradients × 0.5 before clipping",
         "consistent rescaling",
         is_fault=False,
-        after_private=patch,
+        after_private=around_clipping(_scale_then_clip),
     )
 
 
@@ -859,7 +844,7 @@ def null_table(runs: int, steps: int, kind_name: str) -> None:
             1000 + i,
             steps=steps,
             data=digits(1000 + i),
-            model_fn=linear,
+            model_fn=small,
         )
         alarms += r["alarm"]
         causes_seen.update(r["causes"])

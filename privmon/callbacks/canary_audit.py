@@ -64,7 +64,7 @@ def _statistical_tests(canaries: Any) -> tuple[tuple[str, str], ...]:
             f"canaries {type(canaries).__name__}: statistical_tests must be distinct (check, "
             f"test) pairs of names without '/', got {declared!r}"
         )
-    return pairs  # type: ignore[return-value]
+    return pairs
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ def _finding(found: Any) -> MechanismFinding:
     """``found`` as a :class:`MechanismFinding`, every field checked (a ValueError says which)."""
     check, test = getattr(found, "check", None), getattr(found, "test", None)
     kind, p = getattr(found, "kind", None), getattr(found, "p_value", None)
-    if not all(isinstance(x, str) and x and "/" not in x for x in (check, test)):
+    if not (isinstance(check, str) and isinstance(test, str)) or not all(
+        x and "/" not in x for x in (check, test)
+    ):
         raise ValueError(f"a finding's check and test must be names without '/', got {found!r}")
     if kind not in ("deterministic", "statistical"):
         raise ValueError(f"a finding's kind must be deterministic or statistical, got {found!r}")
@@ -156,17 +158,15 @@ def agreed_findings(local: Local) -> tuple[list[MechanismFinding], dict[str, str
     per_source: list[MechanismFinding] = []
     failures: dict[str, str] = {}
     for name in local:
-        errors = [(r, found[name]) for r, found in enumerate(ranks) if isinstance(found[name], str)]
+        errors, where = [], []
+        for r, found in enumerate(ranks):
+            mine = found[name]
+            if isinstance(mine, str):
+                errors.append((f"failed on rank {r}: " if world > 1 else "") + mine)
+            else:
+                where += [(f" (rank {r})" if world > 1 else "", f) for f in mine]
         if errors:
-            failures[f"{DP_CHECKS}/{name}"] = "; ".join(
-                (f"failed on rank {r}: " if world > 1 else "") + e for r, e in errors
-            )
-        where = [
-            (f" (rank {r})" if world > 1 else "", f)
-            for r, found in enumerate(ranks)
-            if not isinstance(found[name], str)
-            for f in found[name]
-        ]
+            failures[f"{DP_CHECKS}/{name}"] = "; ".join(errors)
         per_source += [_combined(fs, adjust=True) for fs in _by_test(where).values()]
     # several objects: each of their tests had its own share of the budget
     combined = [

@@ -17,7 +17,7 @@ from privmon.estimators.analysis import QueryResult
 from privmon.report import tags
 from privmon.report.check import Report
 
-__all__ = ["CANARIES", "CanaryFigures", "build_report", "ceiling_cause", "violation_message"]
+__all__ = ["CANARIES", "CanaryFigures", "build_report", "violation_message"]
 
 CANARIES = "canaries"
 """The canary audit's entry among a check's failures."""
@@ -46,15 +46,6 @@ def violation_message(step: int, tag: str, lower: float, ceiling: float, eps: fl
         "accounting is broken (e.g. less noise than the accountant was told), or the members "
         "and non-members are not drawn from the same distribution — the ceiling assumes they are "
         "exchangeable, and a shifted held-out set looks like leakage."
-    )
-
-
-def ceiling_cause(tag: str, lower: float, ceiling: float, eps: float) -> str:
-    """The cause of a DP violation by a certified lower bound above the (ε, δ) ceiling."""
-    return (
-        f"{tag}: the certified lower bound on the membership advantage {lower:.4f} exceeds the "
-        f"ceiling {ceiling:.4f} that (ε={eps:.3f}, δ)-DP allows (or the audit sets are not "
-        "exchangeable)"
     )
 
 
@@ -128,7 +119,6 @@ def build_report(
                 messages.append(
                     violation_message(step, f"{name}/{method}", est.lower, ceiling, epsilon)
                 )
-                causes.append(ceiling_cause(f"{name}/{method}", est.lower, ceiling, epsilon))
     audited = False
     for key, figures in canaries.items():
         if isinstance(figures, str):

@@ -19,11 +19,13 @@ class Report:
     Every ``…/lower`` figure (and the ε lower bound derived from it) is certified over the whole
     run: all of them, at every check, hold together with probability ≥ 1 − ``interval_delta``;
     ``…/lower_check`` is the same bound at ``interval_delta`` for this one check alone.
-    ``dp_violation`` is True when the check found a DP violation, and ``dp_causes`` says why,
-    one sentence per cause, each naming what fired and its evidence: a DP mechanism check
-    (``"clipping: a row of norm 100 contributed 100.0, above C = 1.0"``), a canary audit's ε
-    lower bound above the accountant's ε, or a certified lower bound above the (ε, δ) ceiling;
-    ``messages`` holds the warnings raised for them.
+    ``dp_violation`` is True when the check found a DP violation: a certified lower bound above
+    the (ε, δ) ceiling, or what the DP audit beside the accountant found, whose causes
+    ``dp_causes`` names, one sentence each (what fired, its evidence): a DP mechanism check that
+    fired (``"clipping: a row of norm 100 contributed 100.0, above C = 1.0"``), a canary audit's
+    ε lower bound above the accountant's. ``messages`` holds the warnings raised for them all
+    (a bound above the ceiling may also mean audit sets that are not exchangeable: a message,
+    not a cause).
     ``failures``: what this check could not compute ("query" or "query/method") -> the error;
     every other figure is still reported. ``run_id``: the run the check belongs to (one per
     :class:`~privmon.PrivacyMonitor`, kept across a resume through its ``state_dict``), so that

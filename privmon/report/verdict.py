@@ -292,7 +292,7 @@ def verdict(checks: Checks) -> Verdict:
             f"ceiling (at the last check ε = {fmt(eps_last)}, ceiling {fmt(ceil)}). "
             + EXCHANGEABILITY
         )
-    ran = {q[0] for t in checks.records[-1]["scalars"] if (q := tags.parse_dp_check(t))}
+    ran = {c[0] for t in checks.records[-1]["scalars"] if (c := tags.parse_dp_check(t))}
     if ran:
         details.append(
             f"DP mechanism checks ({', '.join(sorted(ran))}): none fired at any of the {n} checks."

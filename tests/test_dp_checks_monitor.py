@@ -379,3 +379,41 @@ def test_one_gradient_canaries_object_keeps_todays_tags_and_values():
         audit = one_run_epsilon(ins, outs, delta=1e-5, significance=delta, method=method)
         assert report.scalars[T.canary_epsilon(method)] == audit.epsilon
     assert monitor.state_dict()["canaries"] is True
+
+
+def test_the_verdict_names_the_mechanism_check_first_and_reads_scalars_alone():
+    from privmon.report import Report, checks_from_reports
+
+    def report(step, *, causes=(), fired=0.0, canary=1.0):
+        scalars = {
+            "privacy/q/histogram/value": 0.05,
+            "privacy/q/histogram/lower": 0.0,
+            "privacy/q/histogram/epsilon_lower_bound": 0.0,
+            T.EPSILON: 3.67,
+            T.canary_epsilon("fdp"): canary,
+            T.dp_check_fired("sampling"): fired,
+            T.dp_check_p_value("sampling", "mean"): 1e-9 if fired else 0.4,
+        }
+        return Report(
+            step=step, scalars=scalars, epsilon=3.67, dp_violation=bool(fired) or canary > 3.67,
+            dp_causes=causes, run_id="r",
+        )  # fmt: skip
+
+    both = verdict(checks_from_reports([report(10), report(20, causes=(SAMPLING,), fired=1.0,
+                                                         canary=7.3)]))  # fmt: skip
+    assert both.level == "violation"
+    assert both.headline == (
+        "DP violation at step 20: sampling — 600 rows in each of 400 steps, the accountant "
+        "assumes Binomial(600, 0.1)."
+    )
+    assert both.details[1].startswith(
+        "Besides, the one-run canary audit (fdp) certifies ε ≥ 7.3, above the accountant's "
+        "ε = 3.67: flagged at 1 of 2 checks (steps 20)."
+    )
+    scalars_only = verdict(checks_from_reports([report(10, fired=1.0)]))
+    assert scalars_only.headline == (
+        "DP violation at step 10: sampling — the check fired (mean test p = 1.00e-09)."
+    )
+    quiet = verdict(checks_from_reports([report(10)]))
+    assert quiet.level == "none"
+    assert "DP mechanism checks (sampling): none fired at any of the 1 checks." in quiet.details

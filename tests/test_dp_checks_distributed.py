@@ -2,21 +2,20 @@
 a deterministic test that fired on any rank fires on all, a statistical test's p-value is the
 smallest over the ranks times their number (Bonferroni), a rank whose ``mechanism()`` failed is
 said on every rank while the others' findings still count, and ``strict`` raises on every rank.
-Collectives time out after 30 s and the spawn fails the test when it outlives ``DEADLINE_S``."""
+Collectives time out after 30 s and the spawn fails the test when it outlives the deadline of
+tests/test_distributed.py."""
 
 from __future__ import annotations
 
 import datetime
 import pickle
-import socket
-import time
 import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from test_distributed import _spawn
 
 from privmon import PrivacyMonitor, PrivacyViolationWarning
 from privmon.audit.mechanism import MechanismFinding
@@ -26,7 +25,6 @@ from privmon.report import tags as T
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
-DEADLINE_S = 180
 CLIPPING = "clipping: a row of norm 100 contributed 100.0, above C = 1.0"
 SAMPLING = "sampling: 60 rows in each of 40 steps, the accountant assumes Binomial(600, 0.1)"
 
@@ -104,27 +102,10 @@ def _worker(rank, world, port, tmp):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo_dp")
-    ctx = mp.start_processes(
-        _worker, args=(2, _free_port(), str(tmp)), nprocs=2, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the ranks were still running after {DEADLINE_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    _spawn(_worker, tmp)  # the harness of test_distributed.py: fails, never hangs
     out = []
     for rank in (0, 1):
         with open(tmp / f"rank{rank}.pkl", "rb") as f:

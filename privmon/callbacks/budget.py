@@ -3,11 +3,12 @@
 Check k certifies each of its figures at its share δ_k of ``interval_delta``
 (:mod:`privmon.estimators.spending`: evenly over the planned checks when the run's length is
 known, else the sequence for runs of unknown length), split evenly over its certified figures —
-one per query and method it applies to, and one per canary bound — so that every figure called
-certified holds over the whole run (union bound). What that share detects at a query's audit
-sizes (:func:`~privmon.estimators.certificate.detectable_advantage`) is said at construction and
-at the first check, with a warning when early stopping watches a bound that cannot reach its
-threshold.
+one per query and method it applies to, one per canary bound of each canaries object, and one
+per statistical test of the DP mechanism checks — so that every figure called certified, and
+every alarm a statistical test raises, holds over the whole run (union bound). What that share
+detects at a query's audit sizes (:func:`~privmon.estimators.certificate.detectable_advantage`)
+is said at construction and at the first check, with a warning when early stopping watches a
+bound that cannot reach its threshold.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class CertificationBudget:
     Args:
         queries: the monitor's queries (their ``name`` and ``discrete``).
         methods: the advantage estimators of each query.
-        canary_bounds: certified ε bounds of the canaries per check (0: no canaries).
+        canary_figures: the canaries' certified figures per check: their ε bounds and their
+            mechanism checks' statistical tests (0: no canaries).
         prior: P(member).
         interval_delta: the run's confidence budget.
         planned_checks: the checks the run is expected to have (None: unknown).
@@ -105,7 +107,7 @@ class CertificationBudget:
         *,
         queries: Sequence[Any],
         methods: Sequence[str],
-        canary_bounds: int,
+        canary_figures: int,
         prior: float,
         interval_delta: float,
         planned_checks: int | None,
@@ -113,7 +115,7 @@ class CertificationBudget:
         max_batches: int | None,
         traps: Traps,
     ) -> None:
-        self.queries, self.methods, self.canary_bounds = queries, methods, canary_bounds
+        self.queries, self.methods, self.canary_figures = queries, methods, canary_figures
         self.prior, self.interval_delta = prior, interval_delta
         self.planned_checks = planned_checks
         self.user_planned = planned_checks is not None  # never changed by plan()
@@ -130,9 +132,9 @@ class CertificationBudget:
         self._traps = traps
 
     def figures_per_check(self) -> int:
-        """Certified figures per check: one per query and method it applies to, and one per
-        canary bound."""
-        return self.canary_bounds + sum(
+        """Certified figures per check: one per query and method it applies to, and the
+        canaries' (their bounds, their statistical tests)."""
+        return self.canary_figures + sum(
             len(applicable_methods(self.methods, discrete=getattr(q, "discrete", False)))
             for q in self.queries
         )

@@ -6,6 +6,7 @@ torch.distributed every rank's scores gathered once the ranks agreed to exchange
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,10 +17,13 @@ from privmon._process_group import rank_and_world
 from privmon._training_guard import audit_view
 from privmon.callbacks.budget import CertificationBudget
 from privmon.callbacks.collection import collect_scores
-from privmon.callbacks.distributed import agree_on_scores, gather_scores
+from privmon.callbacks.distributed import StepDisagreement, agree_on_scores, gather_scores
 from privmon.callbacks.traps import Traps
+from privmon.estimators.estimates import describe_error
 
 __all__ = ["CheckScores", "Scores"]
+
+logger = logging.getLogger("privmon")
 
 Scores = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -79,6 +83,23 @@ class CheckScores:
         return collected.scores, collected.failed, collected.forward
 
     def gathered(
+        self, step: int, *, settings: str, budget: CertificationBudget, or_none: bool = False
+    ) -> tuple[Scores, dict[str, str], float]:
+        """:meth:`scores`, except that with ``or_none`` (and not ``strict``) a failure — but the
+        ranks being at different steps — is logged and leaves every query out (no scores) on
+        every rank instead of raising: the check goes on without them (the canaries' audit
+        needs no audit set)."""
+        try:
+            return self.scores(step, settings=settings, budget=budget)
+        except StepDisagreement:
+            raise
+        except Exception as err:
+            if not or_none or self.strict:
+                raise
+            logger.exception("privmon: collecting the scores failed at step %s", step)
+            return {}, {q.name: describe_error(err) for q in self.queries}, 0.0
+
+    def scores(
         self, step: int, *, settings: str, budget: CertificationBudget
     ) -> tuple[Scores, dict[str, str], float]:
         """:meth:`collect` on this process; under torch.distributed every rank's scores, in rank

@@ -4,7 +4,8 @@ A run of 100,000 checks of four queries keeps about 100 figures per check; as Py
 reports that is ~18 kB a check, as columns 0.4 kB. The latest report is kept whole (its per-query
 results and per-record arrays); every earlier one is rebuilt on access from the columns: its step,
 scalars (to float32 precision, 7 significant digits, read back as the shortest decimal), ε,
-violation flag, timings, and its messages and failures (kept only for the checks that have them).
+violation flag, timings, and its messages, failures and DP-violation causes (kept only for the
+checks that have them).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class ReportHistory(Sequence[Report]):
         self._scalars: dict[str, array.array[float]] = {}  # tag -> float32 column
         self._tagsets: list[tuple[str, ...]] = []
         self._tagset_index: dict[tuple[str, ...], int] = {}
-        self._notes: dict[int, tuple[tuple[str, ...], dict[str, str]]] = {}
+        # check index -> (messages, failures, DP-violation causes), for the checks with any
+        self._notes: dict[int, tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]] = {}
         self._latest: Report | None = None
         self.run_id = ""  # a history holds one run's checks (its monitor's)
 
@@ -122,14 +124,14 @@ class ReportHistory(Sequence[Report]):
         for col in self._scalars.values():
             if len(col) == n:  # a tag this check did not report
                 col.append(math.nan)
-        if report.messages or report.failures:
-            self._notes[n] = (tuple(report.messages), dict(report.failures))
+        if report.messages or report.failures or report.dp_causes:
+            self._notes[n] = (tuple(report.messages), dict(report.failures), report.dp_causes)
         self._latest = report
         self.run_id = report.run_id
 
     def _rebuild(self, i: int) -> Report:
         f = self._fields
-        messages, failures = self._notes.get(i, ((), {}))
+        messages, failures, causes = self._notes.get(i, ((), {}, ()))
         return Report(
             step=f["steps"][i],
             scalars={tag: _decimal(self._scalars[tag][i]) for tag in self._tagsets[f["tagset"][i]]},
@@ -140,6 +142,7 @@ class ReportHistory(Sequence[Report]):
             seconds=f["seconds"][i],
             query_seconds=f["query_seconds"][i],
             run_id=self.run_id,
+            dp_causes=causes,
         )
 
     # -- persistence ----------------------------------------------------------------------------
@@ -150,8 +153,9 @@ class ReportHistory(Sequence[Report]):
             "fields": {name: _tensor(col) for name, col in self._fields.items()},
             "scalars": {tag: _tensor(col) for tag, col in self._scalars.items()},
             "tagsets": [list(t) for t in self._tagsets],
-            "notes": {
-                i: {"messages": list(m), "failures": fl} for i, (m, fl) in self._notes.items()
+            "notes": {  # "causes" only for a check that found a DP violation
+                i: {"messages": list(m), "failures": fl, **({"causes": list(c)} if c else {})}
+                for i, (m, fl, c) in self._notes.items()
             },
         }
 
@@ -196,12 +200,16 @@ class ReportHistory(Sequence[Report]):
             isinstance(i, int)
             and 0 <= i < (n or 0)
             and isinstance(v, dict)
-            and set(v) == {"messages", "failures"}
+            and set(v) - {"causes"} == {"messages", "failures"}
             for i, v in notes.items()
         ):
             raise ValueError("history notes must map a check's index to messages and failures")
         history._notes = {
-            i: (tuple(map(str, v["messages"])), {str(a): str(b) for a, b in v["failures"].items()})
+            i: (
+                tuple(map(str, v["messages"])),
+                {str(a): str(b) for a, b in v["failures"].items()},
+                tuple(map(str, v.get("causes", ()))),
+            )
             for i, v in notes.items()
         }
         return history

@@ -21,7 +21,7 @@ from privmon._validation import check_int, check_open_unit, check_subset
 from privmon.callbacks import arguments
 from privmon.callbacks import state as saved
 from privmon.callbacks.budget import CertificationBudget
-from privmon.callbacks.canary_audit import CANARY_METHODS, check_canaries
+from privmon.callbacks.canary_audit import CanaryAudits
 from privmon.callbacks.check_analysis import analyse_check
 from privmon.callbacks.check_scores import CheckScores
 from privmon.callbacks.distributed import StepDisagreement, agree, agree_on_schedule, agreed_stage
@@ -41,7 +41,9 @@ logger = logging.getLogger("privmon")
 
 
 class PrivacyViolationWarning(UserWarning):
-    """A certified lower bound on the measured advantage exceeds the DP ceiling.
+    """A DP violation: a DP mechanism check fired, a canary audit's ε lower bound exceeds the
+    accountant's ε, or a certified lower bound on the measured advantage exceeds the DP
+    ceiling; the message names the cause and its evidence (``report.dp_causes``).
 
     Examples:
         >>> from privmon import PrivacyViolationWarning
@@ -69,8 +71,10 @@ class PrivacyMonitor:
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
-        canaries: a one-run DP audit (:class:`~privmon.audit.GradientCanaries`, or any object
-            whose ``scores()`` gives ``(in_scores, out_scores)``): ε lower bounds each check.
+        canaries: one-run DP audits and DP mechanism checks: one object or a list of them
+            (:class:`~privmon.audit.GradientCanaries`, or any object whose ``scores()`` gives
+            ``(in_scores, out_scores)``: ε lower bounds each check; whose ``mechanism()`` gives
+            the mechanism checks' findings: an alarm naming the check that fired).
         interval_delta: the run's confidence budget, in (0, 1): every certified figure of the
             run holds together with probability ≥ 1 − interval_delta (``…/lower_check``: one check).
         planned_checks: the checks the run is expected to have, if known: the budget is then
@@ -146,21 +150,18 @@ class PrivacyMonitor:
             arguments.check_stopping_threshold(early_stopping, self.prior)
         self.sinks: list[Sink] = arguments.as_sinks(sinks, writer)
         self.accountant = accountant
-        self.canaries = None if canaries is None else check_canaries(canaries)
+        self._audits = CanaryAudits(canaries)
+        self.canaries = canaries if self._audits else None
         self.delta = check_open_unit(delta, name="delta")
         if accountant is not None:
             arguments.check_epsilon_readable(accountant, delta=self.delta)
         self.interval_delta = check_open_unit(interval_delta, name="interval_delta")
-        self.early_stopping = early_stopping
-        self.max_batches = max_batches
-        self.strict = strict
-        self.history = ReportHistory()
-        self.records = RecordTracker()
-        self.n_failed = 0
+        self.early_stopping, self.max_batches, self.strict = early_stopping, max_batches, strict
+        self.history, self.records = ReportHistory(), RecordTracker()
+        self.n_failed, self._stop = 0, False
         self._last_step: int | None = None
         # one id per run, on every line and event it writes; a resumed run keeps its id
         self.run_id = uuid.uuid4().hex
-        self._stop = False
         self._traps = Traps()  # silent traps said out loud, once each
         self._schedule_agreed = False  # under torch.distributed: at the first step()
         self._scores = CheckScores(
@@ -175,7 +176,7 @@ class PrivacyMonitor:
         self._budget = CertificationBudget(
             queries=self.queries,
             methods=self.methods,
-            canary_bounds=0 if self.canaries is None else len(CANARY_METHODS),
+            canary_figures=self._audits.figures_per_check,
             prior=self.prior,
             interval_delta=self.interval_delta,
             planned_checks=planned_checks,
@@ -326,19 +327,16 @@ class PrivacyMonitor:
     def _check(self, step: int) -> Report:
         """The report of the check at ``step``: collect, analyse, build; then its records."""
         t0 = time.perf_counter()
-        settings = {  # whatever changes the figures: the ranks' must be the same
-            **self._setup(),
-            "every_n_steps": self.every_n_steps,  # ranks that differ never meet in a check
-            "top_k": self.top_k,
-            "delta": None if self.accountant is None else self.delta,
-            "kinds": [
-                (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
-                for q in self.queries
-            ],
-        }
-        try:
+        settings = saved.settings(  # whatever changes the figures: the ranks' must be the same
+            self._setup(),
+            every_n_steps=self.every_n_steps,
+            top_k=self.top_k,
+            delta=None if self.accountant is None else self.delta,
+            queries=self.queries,
+        )
+        try:  # with canaries, a failure leaves every query out: the canaries need no audit set
             scores, failed, t_query = self._scores.gathered(
-                step, settings=repr(settings), budget=self._budget
+                step, settings=settings, budget=self._budget, or_none=bool(self._audits)
             )
         except StepDisagreement as err:
             # a rank behind must not then enter, alone, the check the others have already left
@@ -356,7 +354,7 @@ class PrivacyMonitor:
             top_k=self.top_k,
             accountant=self.accountant,
             delta=self.delta,
-            canaries=self.canaries,
+            canaries=self._audits,
             strict=self.strict,
         )
         self._budget.spent += 1
@@ -376,6 +374,8 @@ class PrivacyMonitor:
                 seconds=time.perf_counter() - t0,
                 query_seconds=t_query,
             )
+            if not report.queries:
+                self._traps.queries_failed(step, report.failures)
             for message in report.messages:
                 logger.warning(message)
                 warnings.warn(message, PrivacyViolationWarning, stacklevel=3)
@@ -387,9 +387,9 @@ class PrivacyMonitor:
     def _decide(self, report: Report) -> bool:
         """Early stopping's decision on this report (False without early stopping)."""
         stopping = self.early_stopping
-        if stopping is None:
+        if stopping is None or not report.queries:  # the canaries' figures alone: no decision
             return False
-        if len(self.history) == 1:
+        if not self._traps.stopping_checked:
             self._traps.check_stopping_figure(stopping, report.scalars, strict=self.strict)
         args = (report.step, report.scalars)
         return bool(self._call_or_log(stopping.update, *args, what="early stopping", step=args[0]))
@@ -412,7 +412,7 @@ class PrivacyMonitor:
             prior=self.prior,
             interval_delta=self.interval_delta,
             planned_checks=self.planned_checks,
-            canaries=self.canaries is not None,
+            canaries=self._audits.setup,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -443,6 +443,7 @@ class PrivacyMonitor:
         if self.early_stopping is not None and run.early_stopping is not None:  # both, or neither
             self.early_stopping.load_state_dict(run.early_stopping)
         self.history, self.records = run.history, run.records
+        self._traps.stopping_checked = bool(self.history)  # checked at the run's first report
         self._last_step, self._stop = run.last_step, run.stop
         self.n_failed, self._budget.spent = run.n_failed, run.n_certified_checks
         self.run_id = run.run_id

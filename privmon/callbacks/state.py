@@ -22,7 +22,15 @@ from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.records import RecordTracker
 
-__all__ = ["SETUP_FIELDS", "STATE_VERSION", "SavedRun", "read_state", "setup", "state_dict"]
+__all__ = [
+    "SETUP_FIELDS",
+    "STATE_VERSION",
+    "SavedRun",
+    "read_state",
+    "settings",
+    "setup",
+    "state_dict",
+]
 
 logger = logging.getLogger("privmon")
 
@@ -44,10 +52,12 @@ def setup(
     prior: float,
     interval_delta: float,
     planned_checks: int | None,
-    canaries: bool,
+    canaries: bool | list[str],
 ) -> dict[str, Any]:
     """The :data:`SETUP_FIELDS` of a monitor (``canaries``: whether it audits canaries, which
-    take a share of every check's δ)."""
+    take a share of every check's δ; with several canaries objects or mechanism checks, each
+    object's name and certified figures:
+    :attr:`~privmon.callbacks.canary_audit.CanaryAudits.setup`)."""
     return {
         "queries": queries,
         "methods": list(methods),
@@ -56,6 +66,31 @@ def setup(
         "planned_checks": planned_checks,
         "canaries": canaries,
     }
+
+
+def settings(
+    measured_under: dict[str, Any],
+    *,
+    every_n_steps: int,
+    top_k: int,
+    delta: float | None,
+    queries: list[Any],
+) -> str:
+    """Whatever changes a check's figures, which the ranks of a torch.distributed run compare
+    before any scores move: the setup (:func:`setup`), the schedule (ranks that differ never
+    meet in a check), ``top_k``, the DP δ (None without an accountant) and each query's kind."""
+    return repr(
+        {
+            **measured_under,
+            "every_n_steps": every_n_steps,
+            "top_k": top_k,
+            "delta": delta,
+            "kinds": [
+                (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
+                for q in queries
+            ],
+        }
+    )
 
 
 def state_dict(

@@ -66,6 +66,7 @@ class Traps:
         self.last_step_seen: int | None = None
         self.overlap_checked = False
         self.identical: str | None = None  # the error every check raises once sets matched
+        self.stopping_checked = False  # early stopping's figure, at the first report of queries
 
     def warn_once(self, key: str, message: str, *, stacklevel: int) -> None:
         """Warn (``UserWarning``) and log ``message`` unless the trap ``key`` was said;
@@ -165,11 +166,24 @@ class Traps:
                 stacklevel=5,
             )
 
+    def queries_failed(self, step: int, failures: Mapping[str, str]) -> None:
+        """The first check whose every query failed, whose report holds the canaries' figures
+        only (they need no audit set)."""
+        why = "; ".join(f"{k}: {e}" for k, e in failures.items())
+        self.warn_once(
+            "queries failed",
+            f"privmon: every query failed at step {step} ({why}): "
+            "its report holds only the canaries' figures (their DP alarm still holds); the "
+            "tracebacks are in the 'privmon' log",
+            stacklevel=5,
+        )
+
     def check_stopping_figure(self, stopping: Any, scalars: dict[str, float], *, strict: bool):
         """At the first report, say loudly when early stopping (``stopping``) watches a figure
         the report's ``scalars`` lack: a typo in the metric would otherwise switch the privacy
         budget off, check after check. An error with ``strict``, else an error log and a
         warning."""
+        self.stopping_checked = True
         try:
             stopping.figure(scalars)
         except KeyError as err:

@@ -79,8 +79,9 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
         console: ``"headline"`` (default): per query its AUC, and the value and certified lower
             bound of its method with the highest lower bound (``privacy/<query>/adv``,
             ``privacy/<query>/lower``), plus ``privacy/epsilon`` and ``privacy/dp_violation``
-            when an accountant is given; ``"all"``: every scalar; ``"none"``: nothing; or a
-            sequence of ``fnmatch`` patterns over the tags.
+            when an accountant is given, and each DP mechanism check that fired
+            (``privacy/dp_checks/<check>/fired``); ``"all"``: every scalar; ``"none"``: nothing;
+            or a sequence of ``fnmatch`` patterns over the tags.
 
     Examples:
         >>> import torch
@@ -120,6 +121,10 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
     for tag in (tags.EPSILON, tags.DP_VIOLATION):
         if tag in scalars:
             out[tag] = scalars[tag]
+    for tag, value in scalars.items():  # a DP mechanism check that fired names itself
+        parsed = tags.parse_dp_check(tag)
+        if parsed is not None and parsed[1] is None and value >= 0.5:
+            out[tag] = value
     return out
 
 

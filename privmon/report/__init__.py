@@ -6,7 +6,8 @@ one self-contained HTML page from a monitor's log directory.
 :func:`checks_from_reports` takes them from memory. Runs are never merged: a source holding
 several raises :class:`SeveralRunsError` unless ``run=`` picks one; a line cut off by a crash is
 skipped and said, any other damaged line is an error. :func:`verdict` reads the certified lower
-bounds only (*No measurable membership leakage*, *Leakage detected*, *DP violation*), and
+bounds and the DP audit's outcomes only (*No measurable membership leakage*, *Leakage detected*,
+*DP violation*, naming a DP mechanism check that fired and its evidence), and
 :func:`write_report` renders the verdict, the figures over the steps, the ROC and the most
 exposed records (matplotlib: the ``privmon[report]`` extra) and writes the page atomically.
 Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``. Usage: the

@@ -1,13 +1,14 @@
 """Building one check's :class:`~privmon.report.Report` from what the check computed: the queries'
 analyses, ε from the accountant and the DP ceilings it implies, the ε lower bounds of the
-certified advantages, the canaries' figures and the DP-violation flag, each figure named by
-:mod:`~privmon.report.tags`. A pure function: the monitor logs and warns what it returns."""
+certified advantages, the canaries' figures (one-run bounds, DP mechanism checks) and the
+DP-violation flag with its causes, each figure named by :mod:`~privmon.report.tags`. A pure
+function: the monitor logs and warns what it returns."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,12 +27,14 @@ _ROUNDING = 1e-12  # a certified bound above the ceiling by less than this is ro
 
 @dataclass(frozen=True)
 class CanaryFigures:
-    """What the canaries said at one check: ``scalars`` (tag -> value), whether an audited ε
-    exceeded the accountant's (``violation``) and the messages saying so."""
+    """What one canaries object said at one check: ``scalars`` (tag -> value), whether it found
+    a DP violation (an audited ε above the accountant's, a mechanism check that fired), the
+    messages saying so and their ``causes`` (one sentence each, what fired and its evidence)."""
 
     scalars: dict[str, float]
     violation: bool
     messages: tuple[str, ...]
+    causes: tuple[str, ...] = field(default=())
 
 
 def violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
@@ -52,7 +55,7 @@ def build_report(
     results: Mapping[str, QueryResult | str],
     detectable: Mapping[str, float],
     epsilon: float | None,
-    canaries: CanaryFigures | str | None,
+    canaries: Mapping[str, CanaryFigures | str],
     prior: float,
     delta: float,
     certify_delta: float,
@@ -69,7 +72,8 @@ def build_report(
             the runs at its audit sizes.
         epsilon: ε read from the accountant at ``delta`` (None: no accountant); it gives the
             ε-DP and (ε, δ)-DP ceilings on the advantage (none when NaN).
-        canaries: the canaries' figures, why they failed, or None without canaries.
+        canaries: per part of the canaries' audit (its entry among the failures, e.g.
+            :data:`CANARIES`): its figures, or why it failed; empty without canaries.
         prior: P(member).
         delta: the DP δ of ``epsilon``.
         certify_delta: the δ each certified figure of the check holds at.
@@ -77,7 +81,8 @@ def build_report(
         seconds: the whole check's duration; ``query_seconds``: of which in the queries.
 
     Raises:
-        RuntimeError: when every query's analysis failed.
+        RuntimeError: when every query's analysis failed and no part of the canaries' audit
+            gave figures (with figures, the report holds them and the queries' failures).
     """
     scalars: dict[str, float] = {}
     failures: dict[str, str] = {}
@@ -90,6 +95,7 @@ def build_report(
         scalars.update(ceilings)
     scalars[tags.CERTIFY_DELTA] = certify_delta
     messages: list[str] = []
+    causes: list[str] = []
     violation = False
     analysed: dict[str, QueryResult] = {}
     for name, result in results.items():
@@ -113,15 +119,19 @@ def build_report(
                 messages.append(
                     violation_message(step, f"{name}/{method}", est.lower, ceiling, epsilon)
                 )
-    if isinstance(canaries, str):
-        failures[CANARIES] = canaries
-    elif canaries is not None:
-        scalars.update(canaries.scalars)
-        violation = violation or canaries.violation
-        messages.extend(canaries.messages)
-    if not analysed:
+    audited = False
+    for key, figures in canaries.items():
+        if isinstance(figures, str):
+            failures[key] = figures
+            continue
+        audited = True
+        scalars.update(figures.scalars)
+        violation = violation or figures.violation
+        messages.extend(figures.messages)
+        causes.extend(figures.causes)
+    if not analysed and not audited:
         raise RuntimeError(f"every query's analysis failed: {failures}")
-    if epsilon is not None:
+    if epsilon is not None or any(tags.parse_dp_check(t) for t in scalars):
         scalars[tags.DP_VIOLATION] = float(violation)
     return Report(
         step=step,
@@ -134,4 +144,5 @@ def build_report(
         seconds=seconds,
         query_seconds=query_seconds,
         run_id=run_id,
+        dp_causes=tuple(causes),
     )

@@ -19,7 +19,13 @@ class Report:
     Every ``…/lower`` figure (and the ε lower bound derived from it) is certified over the whole
     run: all of them, at every check, hold together with probability ≥ 1 − ``interval_delta``;
     ``…/lower_check`` is the same bound at ``interval_delta`` for this one check alone.
-    ``dp_violation`` is True when a certified lower bound exceeded the (ε, δ) ceiling.
+    ``dp_violation`` is True when the check found a DP violation: a certified lower bound above
+    the (ε, δ) ceiling, or what the DP audit beside the accountant found, whose causes
+    ``dp_causes`` names, one sentence each (what fired, its evidence): a DP mechanism check that
+    fired (``"clipping: a row of norm 100 contributed 100.0, above C = 1.0"``), a canary audit's
+    ε lower bound above the accountant's. ``messages`` holds the warnings raised for them all
+    (a bound above the ceiling may also mean audit sets that are not exchangeable: a message,
+    not a cause).
     ``failures``: what this check could not compute ("query" or "query/method") -> the error;
     every other figure is still reported. ``run_id``: the run the check belongs to (one per
     :class:`~privmon.PrivacyMonitor`, kept across a resume through its ``state_dict``), so that
@@ -43,6 +49,7 @@ class Report:
     seconds: float = 0.0  # the whole check
     query_seconds: float = 0.0  # of which inside the queries (the forward passes)
     run_id: str = ""
+    dp_causes: tuple[str, ...] = ()
 
     def without_arrays(self) -> Report:
         """A copy whose query results hold no per-record arrays
@@ -52,8 +59,9 @@ class Report:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready summary: scalars, flags and the most exposed record indices."""
-        return {
+        """JSON-ready summary: scalars, flags and the most exposed record indices; ``dp_causes``
+        only when the check found a DP violation."""
+        out = {
             "run_id": self.run_id,
             "step": self.step,
             "epsilon": self.epsilon,
@@ -67,3 +75,6 @@ class Report:
             "messages": list(self.messages),
             "failures": self.failures,
         }
+        if self.dp_causes:
+            out["dp_causes"] = list(self.dp_causes)
+        return out

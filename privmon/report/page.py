@@ -149,6 +149,40 @@ def _top_records_html(checks: Checks) -> str:
     return "".join(parts)
 
 
+def _dp_checks_html(checks: Checks) -> str:
+    """The DP mechanism checks over the run: where each fired, its tests' p-values."""
+    fired: dict[str, list[int]] = {}
+    p_values: dict[str, dict[str, float]] = {}  # check -> test -> smallest p-value of the run
+    for r in checks.records:
+        for tag, v in r["scalars"].items():
+            parsed = tags.parse_dp_check(tag)
+            if parsed is None:
+                continue
+            check, test = parsed
+            steps = fired.setdefault(check, [])
+            if test is None and v >= 0.5:
+                steps.append(r["step"])
+            elif test is not None and not math.isnan(v):
+                tests = p_values.setdefault(check, {})
+                tests[test] = min(v, tests.get(test, math.inf))
+    n = len(checks.records)
+    rows = [
+        [
+            check,
+            f"at {len(steps)} of {n} checks (first at step {steps[0]})" if steps else "never",
+            ", ".join(f"{t}: {fmt(p, 3)}" for t, p in p_values.get(check, {}).items()) or "–",
+        ]
+        for check, steps in fired.items()
+    ]
+    return _table(["check", "fired", "smallest p-value of each test"], rows, left=3) + (
+        "<p class='caption'>Each check tests one assumption of the accountant on the optimizer "
+        "itself (clipping, noise, sampling, steps counted, no update but the private steps). A "
+        "deterministic test never fires on a correct run; a statistical test fires when its "
+        "p-value falls below the δ of each certified figure of its check (its share of the "
+        "run's confidence budget), so that false alarms over the whole run stay below it.</p>"
+    )
+
+
 def _checks_table(checks: Checks, limit: int = 60) -> str:
     recs = checks.records
     shown = recs if len(recs) <= limit else recs[: limit // 2] + recs[-limit // 2 :]
@@ -243,6 +277,9 @@ def render_html(checks: Checks, title: str | None = None) -> str:
                 "the audit sets.</p>"
             )
         out.append(f"<p class='caption'>{esc(EXCHANGEABILITY)}</p>")
+    if any(tags.parse_dp_check(t) for r in checks.records for t in r["scalars"]):
+        out.append("<h2>DP mechanism checks</h2>")
+        out.append(_dp_checks_html(checks))
     out.append(f"<h2>ROC at the last check (step {last['step']})</h2>")
     for q in checks.queries():
         img, caption = plot_roc(checks, q)

@@ -107,6 +107,9 @@ def check_record(obj: Any) -> dict[str, Any]:
     messages = _list(obj.get("messages") or [], "messages", "strings")
     if not all(isinstance(m, str) for m in messages):
         raise BadLine(f"messages must be a list of strings, got {_shown(messages)}")
+    causes = _list(obj.get("dp_causes") or [], "dp_causes", "strings")
+    if not all(isinstance(c, str) for c in causes):
+        raise BadLine(f"dp_causes must be a list of strings, got {_shown(causes)}")
     return {
         "run_id": run_id,
         "step": step,
@@ -120,6 +123,7 @@ def check_record(obj: Any) -> dict[str, Any]:
         },
         "messages": messages,
         "seconds": _number_or_null(obj.get("seconds"), "seconds"),
+        **({"dp_causes": causes} if causes else {}),  # a check that found a DP violation
     }
 
 

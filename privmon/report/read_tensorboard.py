@@ -74,6 +74,7 @@ class EventChecks:
         self.runs = RunIndex("checks")  # step -> {tag: value}
         # run -> query -> (step, wall time, counts) of its latest membership PR curve
         self.pr: dict[str, dict[str, tuple[int, float, np.ndarray]]] = {}
+        self.causes: dict[str, dict[int, list[str]]] = {}  # run -> step -> a DP violation's causes
         for path in _event_files(folder):
             current: str | None = None
             # the raw events, as written: a truncated last record ends the file quietly
@@ -85,6 +86,9 @@ class EventChecks:
                         ids = value.tensor.string_val
                         current = ids[0].decode("utf-8", "replace") if ids else ""
                         self.runs.put(current, step, {}, when)  # a check begins
+                    elif tag == tags.DP_CAUSES_EVENT_TAG and current is not None:
+                        text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
+                        self.causes.setdefault(current, {})[step] = text.split("\n")
                     elif value.HasField("simple_value"):
                         if tags.is_privacy_figure(tag):
                             if current is None:
@@ -109,6 +113,7 @@ class EventChecks:
 
     def records(self, run_id: str) -> list[dict[str, Any]]:
         """The run's checks, as the JSON lines' records (no top records: not in event files)."""
+        causes = self.causes.get(run_id, {})
         return [
             {
                 "run_id": run_id,
@@ -121,6 +126,7 @@ class EventChecks:
                 "top_tied": {},
                 "messages": [],
                 "seconds": math.nan,
+                **({"dp_causes": causes[step]} if step in causes else {}),
             }
             for step, s in sorted(self.runs.steps.get(run_id, {}).items())
         ]

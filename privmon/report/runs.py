@@ -86,7 +86,8 @@ class Checks:
 
     source: str  # the file or directory read
     kind: str  # "jsonl", "tensorboard" or "reports" (in memory: checks_from_reports)
-    records: list[dict[str, Any]]  # step, scalars, epsilon, dp_violation, top_records, messages
+    # step, scalars, epsilon, dp_violation, top_records, messages (and dp_causes, if any)
+    records: list[dict[str, Any]]
     # query -> (step, fpr, tpr) of the ROC at the last check, when a PR curve was found
     roc: dict[str, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -5,9 +5,12 @@ Per query and method: ``privacy/<query>/<method>/<field>`` (the estimate's field
 certified lower bound implies); per query: ``privacy/<query>/<figure>`` with the analysis' own
 names for its figures (:meth:`privmon.estimators.analysis.QueryResult.scalars`: ``auc``,
 ``tpr@fpr=…``, ``risk/q50``, ``n_dropped`` …) and ``detectable``; per check: ε, the DP ceilings,
-the δ the check certifies at, ``dp_violation`` and the canaries' figures. The sinks' own names
-(TensorBoard's run-id text, histograms, PR curves and axis series; MLflow's run tag) are here
-too. The method list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
+the δ the check certifies at, ``dp_violation``, the canaries' one-run bounds
+(``privacy/canaries/…``; several canaries objects: :func:`canary_source`) and the DP mechanism
+checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``). The sinks'
+own names (TensorBoard's run-id and DP-causes texts, histograms, PR curves and axis series;
+MLflow's run tag) are here too. The method list is the estimators'
+(:data:`privmon.estimators.methods.METHODS`).
 
 Examples:
     >>> from privmon.report import tags
@@ -32,6 +35,8 @@ __all__ = [
     "CEILING_EPS_DELTA",
     "CEILING_TANH",
     "CERTIFY_DELTA",
+    "DP_CAUSES_EVENT_TAG",
+    "DP_CAUSES_TEXT_TAG",
     "DP_VIOLATION",
     "EPSILON",
     "ESTIMATE_FIGURES",
@@ -41,11 +46,15 @@ __all__ = [
     "RUN_ID_EVENT_TAG",
     "RUN_ID_TEXT_TAG",
     "auc",
+    "canary_count",
     "canary_epsilon",
+    "canary_source",
     "ceilings",
     "console_advantage",
     "console_lower",
     "detectable",
+    "dp_check_fired",
+    "dp_check_p_value",
     "epsilon_lower_bound",
     "estimate",
     "is_advantage_estimate",
@@ -57,6 +66,7 @@ __all__ = [
     "n_dropped",
     "parse_advantage",
     "parse_canary",
+    "parse_dp_check",
     "parse_membership_pr",
     "parse_operating_point",
     "parse_risk",
@@ -76,7 +86,8 @@ EPSILON = "privacy/epsilon"
 CERTIFY_DELTA = "privacy/certify_delta"
 """The δ each certified figure of the check holds at (its share of ``interval_delta``)."""
 DP_VIOLATION = "privacy/dp_violation"
-"""1.0 when a certified figure exceeded what the accountant's ε allows, else 0.0."""
+"""1.0 when the check found a DP violation (a certified figure above what the accountant's ε
+allows, or a DP mechanism check that fired), else 0.0."""
 CEILING_TANH = "privacy/ceiling/tanh"
 """The ε-DP ceiling on the advantage (:func:`privmon.tanh_bound` at δ = 0)."""
 CEILING_EPS_DELTA = "privacy/ceiling/eps_delta"
@@ -85,7 +96,9 @@ CEILINGS = (CEILING_TANH, CEILING_EPS_DELTA)
 """Both ceilings, in the order a check reports them."""
 _CEILING_PREFIX = "privacy/ceiling/"
 CANARY_COUNT = "privacy/canaries/n_canaries"
-"""How many canaries the one-run audit scored."""
+"""How many canaries the one-run audit scored (one canaries object; several:
+:func:`canary_count`)."""
+_DP_CHECKS = "privacy/dp_checks/"
 
 # -- per query and method -----------------------------------------------------------------------
 ESTIMATE_FIGURES = ("value", "lower", "lower_check", "plugin", "plugin_upper")
@@ -105,6 +118,11 @@ RUN_ID_EVENT_TAG = RUN_ID_TEXT_TAG + "/text_summary"
 """What TensorBoard stores :data:`RUN_ID_TEXT_TAG` under in the event files."""
 MLFLOW_RUN_ID_TAG = "privmon.run_id"
 """The MLflow run tag that names the privmon run logging into it."""
+DP_CAUSES_TEXT_TAG = "privacy/dp_causes"
+"""The text summary a :class:`~privmon.sinks.TensorBoardSink` writes at a check that found a DP
+violation: its causes (:attr:`privmon.report.Report.dp_causes`), one per line."""
+DP_CAUSES_EVENT_TAG = DP_CAUSES_TEXT_TAG + "/text_summary"
+"""What TensorBoard stores :data:`DP_CAUSES_TEXT_TAG` under in the event files."""
 LAYOUT_CATEGORY = "privacy"
 """The TensorBoard Custom Scalars category of the advantage and ε charts."""
 AXIS_TAGS = {"privacy/axis/min": 0.0, "privacy/axis/max": 1.0}
@@ -116,6 +134,13 @@ curves' ends."""
 _METHODS = "|".join(re.escape(m) for m in METHODS)
 _ADVANTAGE = re.compile(rf"^privacy/(.+)/({_METHODS})/({'|'.join(ADVANTAGE_FIELDS)})$")
 _CANARY = re.compile(r"^privacy/canaries/(.+)/epsilon_lower_bound$")
+_DP_CHECK = re.compile(r"^privacy/dp_checks/([^/]+)/(?:fired|([^/]+)/p_value)$")
+_SOURCE_KINDS = {  # the name of a canaries object, by its class, when it has no ``name``
+    "GradientCanaries": "gradient",
+    "RecordCanaries": "records",
+    "InputCanaries": "input",
+    "MechanismChecks": "mechanism",
+}
 _RISK = re.compile(r"^privacy/(.+)/risk/(q\d+|max|n_above_[0-9.]+)$")
 _ROC = re.compile(r"^privacy/(.+)/(auc|tpr@fpr=.+|accuracy_at_median)$")
 _PR = re.compile(r"^privacy/(.+)/membership_pr$")
@@ -204,9 +229,52 @@ def console_lower(query: str) -> str:
     return f"privacy/{query}/lower"
 
 
-def canary_epsilon(method: str) -> str:
-    """The one-run canary audit's ε lower bound by ``method``."""
-    return f"privacy/canaries/{method}/epsilon_lower_bound"
+def canary_source(canaries: object) -> str:
+    """The name of a canaries object among several given to one monitor: its ``name``
+    attribute when it is a string, else its kind by class (``GradientCanaries``: ``gradient``,
+    ``RecordCanaries``: ``records``, ``InputCanaries``: ``input``, ``MechanismChecks``:
+    ``mechanism``; another class: its name in lower case). The tags of a monitor with one
+    canaries object carrying ``scores()`` have no such name (``privacy/canaries/fdp/…``); with
+    several, each object's bounds are ``privacy/canaries/<name>/<method>/…`` (the monitor
+    refuses two objects of one name, and a name holding ``/``).
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> class RecordCanaries: ...
+        >>> tags.canary_source(RecordCanaries()), tags.canary_epsilon("fdp", "records")
+        ('records', 'privacy/canaries/records/fdp/epsilon_lower_bound')
+    """
+    name = getattr(canaries, "name", None)
+    if isinstance(name, str):
+        return name
+    kind = type(canaries).__name__
+    return _SOURCE_KINDS.get(kind, kind.lower())
+
+
+def canary_epsilon(method: str, source: str | None = None) -> str:
+    """The one-run canary audit's ε lower bound by ``method`` (of the canaries named ``source``
+    when the monitor has several)."""
+    where = "" if source is None else f"{source}/"
+    return f"privacy/canaries/{where}{method}/epsilon_lower_bound"
+
+
+def canary_count(source: str | None = None) -> str:
+    """How many canaries the one-run audit scored (of the canaries named ``source`` when the
+    monitor has several: :data:`CANARY_COUNT` without)."""
+    return CANARY_COUNT if source is None else f"privacy/canaries/{source}/n_canaries"
+
+
+def dp_check_fired(check: str) -> str:
+    """1.0 when the DP mechanism check ``check`` (e.g. ``clipping``) fired at the check: one
+    of its deterministic tests failed, or a statistical one's p-value fell below the check's
+    per-figure δ; else 0.0."""
+    return f"{_DP_CHECKS}{check}/fired"
+
+
+def dp_check_p_value(check: str, test: str) -> str:
+    """The p-value of the statistical test ``test`` of the DP mechanism check ``check`` (e.g.
+    ``sampling``, ``dispersion``): small when the mechanism is not the one accounted."""
+    return f"{_DP_CHECKS}{check}/{test}/p_value"
 
 
 def watched_tags(metric: str, use: str) -> tuple[str, str]:
@@ -252,6 +320,13 @@ def parse_canary(tag: str) -> str | None:
     """The method of a canary ε lower bound, else None."""
     m = _CANARY.match(tag)
     return None if m is None else m.group(1)
+
+
+def parse_dp_check(tag: str) -> tuple[str, str | None] | None:
+    """(check, None) of a DP mechanism check's fired flag, (check, test) of one of its p-values,
+    else None."""
+    m = _DP_CHECK.match(tag)
+    return None if m is None else (m.group(1), m.group(2))
 
 
 def parse_risk(tag: str) -> tuple[str, str, str] | None:

@@ -1,8 +1,9 @@
 """The verdict of a run: no measurable leakage, leakage certified, or a DP violation, from the
 certified lower bounds alone. A check certifies leakage when its ε lower bound is positive (its
 certified bound exceeds the prior's floor |2p − 1|); the monitor's bounds hold together over the
-run, so one is enough. A DP violation is a certified bound above the (ε, δ) ceiling, or a canary
-ε lower bound above the accountant's ε. Theory, *The report's verdict and its ROC*."""
+run, so one is enough. A DP violation is a DP mechanism check that fired (named with its evidence,
+first), a canary ε lower bound above the accountant's ε, or a certified bound above the (ε, δ)
+ceiling. Theory, *The report's verdict and its ROC*."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from privmon.report import tags
-from privmon.report.formatting import fmt
+from privmon.report.formatting import cause_text, fmt
 from privmon.report.runs import Checks
 
-__all__ = ["EXCHANGEABILITY", "TOL", "Verdict", "certificates", "certified_floor", "verdict"]
+__all__ = [
+    "EXCHANGEABILITY",
+    "TOL",
+    "Verdict",
+    "certificates",
+    "certified_floor",
+    "mechanism_causes",
+    "verdict",
+]
 
 TOL = 1e-9  # an ε lower bound above this certifies leakage (below: floating-point noise)
 
@@ -68,6 +77,53 @@ def certified_floor(hits: Sequence[tuple[int, str, str, float, float]]) -> float
     return None
 
 
+def mechanism_causes(checks: Checks) -> list[tuple[int, str, str]]:
+    """(step, check, cause) for each DP mechanism check that fired at a check: each cause the
+    run wrote for it (the JSON lines' ``dp_causes``, the event files' text), else what its
+    figures say (its tests' p-values)."""
+    out = []
+    for r in checks.records:
+        s, written = r["scalars"], r.get("dp_causes", [])
+        for tag, fired in s.items():
+            parsed = tags.parse_dp_check(tag)
+            if parsed is None or parsed[1] is not None or not fired >= 0.5:
+                continue
+            check = parsed[0]
+            causes = [c for c in written if c.startswith(f"{check}: ")]
+            if not causes:
+                p_values = [
+                    f"{test} test p = {fmt(p, 3)}"
+                    for t, p in s.items()
+                    if (q := tags.parse_dp_check(t)) is not None and q[0] == check
+                    for test in [q[1]]
+                    if test is not None
+                ]
+                causes = [
+                    f"{check}: the check fired" + (f" ({', '.join(p_values)})" * bool(p_values))
+                ]
+            out += [(r["step"], check, c) for c in causes]
+    return out
+
+
+def _mechanism_text(causes: Sequence[tuple[int, str, str]], n: int) -> str:
+    """What the mechanism checks that fired say, per check: how often, first where and why."""
+    parts = []
+    for check in dict.fromkeys(c for _, c, _ in causes):
+        mine = [(step, cause) for step, c, cause in causes if c == check]
+        steps = sorted({step for step, _ in mine})
+        parts.append(
+            f"{check} at {len(steps)} of {n} checks (first at step {steps[0]}: "
+            f"{cause_text(mine[0][1]).split(' — ', 1)[-1]})"
+        )
+    return (
+        "The DP mechanism checks that fired: "
+        + "; ".join(parts)
+        + ". The mechanism that ran is not the one the accountant assumed, so its ε does not "
+        "hold for this run; these checks watch the optimizer itself, so this holds whatever the "
+        "audit sets."
+    )
+
+
 def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
     """(step, tag, lower, ceiling, eps) for each query/method above the (ε, δ) ceiling, and
     (step, "canaries/<method>", audited ε, accountant ε, accountant ε) for each one-run canary
@@ -91,7 +147,12 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
                     if lower > ceiling + 1e-12:
                         out.append((r["step"], f"{q}/{m}", lower, ceiling, eps))
                         found = True
-        if r["dp_violation"] and not found:
+        fired = any(
+            tags.parse_dp_check(t) is not None and v >= 0.5
+            for t, v in s.items()
+            if t.endswith("/fired")
+        )
+        if r["dp_violation"] and not found and not fired:
             out.append((r["step"], "?", math.nan, ceiling, eps))
     return out
 
@@ -136,7 +197,13 @@ def verdict(checks: Checks) -> Verdict:
             "audit sets)."
         )
     violations = _violations(checks)
+    mechanism = mechanism_causes(checks)
     has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has(tags.EPSILON)
+    if mechanism:  # first: a mechanism check names the assumption that failed
+        step, _, cause = min(mechanism, key=lambda m: m[0])
+        headline = f"DP violation at step {step}: {cause_text(cause)}."
+        details.append(_mechanism_text(mechanism, n))
+    only_canaries = True
     if violations:
         # the canaries' figure first: it needs no assumption on the audit sets
         step, tag, lower, ceiling, eps = min(
@@ -154,19 +221,22 @@ def verdict(checks: Checks) -> Verdict:
             )
         else:
             what = "the monitor flagged a certified advantage above the (ε, δ)-DP ceiling"
-        headline = f"DP violation: at step {step} {what}."
+        if not mechanism:
+            headline = f"DP violation: at step {step} {what}."
         steps = sorted({v[0] for v in violations})
         only_canaries = all(v[1].startswith("canaries/") for v in violations)
         details.append(
-            f"Flagged at {len(steps)} of {n} checks (steps {_steps_text(steps)}). Something the DP "
-            "claim rests on is false: either the DP implementation or its accounting is broken "
-            "(e.g. less noise than the accountant was told)"
+            ("Besides, " + what + ": f" if mechanism else "F")
+            + f"lagged at {len(steps)} of {n} checks (steps {_steps_text(steps)}). "
+            "Something the DP claim rests on is false: either the DP implementation or its "
+            "accounting is broken (e.g. less noise than the accountant was told)"
             + (
                 ". The canaries' inclusion is randomised, so this holds whatever the audit sets."
                 if only_canaries
                 else ", or the audit sets are not exchangeable."
             )
         )
+    if mechanism or violations:
         if best is not None:
             details.append("Leakage detected. " + leak_text)
         if not only_canaries:
@@ -221,6 +291,11 @@ def verdict(checks: Checks) -> Verdict:
             f"Consistent with the DP budget: no certified lower bound exceeded the (ε, δ) "
             f"ceiling (at the last check ε = {fmt(eps_last)}, ceiling {fmt(ceil)}). "
             + EXCHANGEABILITY
+        )
+    ran = {c[0] for t in checks.records[-1]["scalars"] if (c := tags.parse_dp_check(t))}
+    if ran:
+        details.append(
+            f"DP mechanism checks ({', '.join(sorted(ran))}): none fired at any of the {n} checks."
         )
     audited = [
         (r["scalars"].get(tags.canary_epsilon(m), math.nan), r["step"], m)

@@ -1,6 +1,7 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
-classifier, the run id of every check, and a *Custom Scalars* layout that puts the advantage, its
-certified lower bound and (with an accountant) the DP ceilings on one chart per query and method.
+classifier, the run id of every check, the causes of a DP violation (a text), and a *Custom
+Scalars* layout that puts the advantage, its certified lower bound and (with an accountant) the
+DP ceilings on one chart per query and method (and the DP mechanism checks on two charts).
 
 The layout format has no colour and no y-range field, and the server matches each chart's regular
 expressions at the start of a tag: the layout anchors every tag (``…/lower`` would match
@@ -111,6 +112,18 @@ class TensorBoardSink:
                 "Multiline",
                 ([_exactly(tags.EPSILON)] if accountant else []) + [_exactly(t) for t in canaries],
             ]
+        fired = [t for t in report.scalars if (parsed := tags.parse_dp_check(t)) and not parsed[1]]
+        if fired:
+            charts["DP mechanism checks: fired (1) or not (0)"] = [
+                "Multiline",
+                [_exactly(t) for t in fired],
+            ]
+        p_values = [t for t in report.scalars if (parsed := tags.parse_dp_check(t)) and parsed[1]]
+        if p_values:
+            charts["DP mechanism checks: p-values (an alarm below the certified δ)"] = [
+                "Multiline",
+                [_exactly(t) for t in [*p_values, tags.CERTIFY_DELTA]],
+            ]
         self.writer.add_custom_scalars({tags.LAYOUT_CATEGORY: charts})
         self._layout_written = True
 
@@ -128,9 +141,11 @@ class TensorBoardSink:
 
     def write(self, report: Report) -> None:
         """Write the report's run id (a text summary, :data:`~privmon.report.tags.RUN_ID_TEXT_TAG`)
-        and scalars at its step, each query's member risks as a histogram and its posteriors as
-        a membership PR curve; the first report also writes the Custom Scalars layout (each
-        advantage with its lower bound, and the DP ceilings when there are, on one chart).
+        and scalars at its step, its DP violation's causes when it found one (a text summary,
+        :data:`~privmon.report.tags.DP_CAUSES_TEXT_TAG`, a cause a line), each query's member
+        risks as a histogram and its posteriors as a membership PR curve; the first report also
+        writes the Custom Scalars layout (each advantage with its lower bound, and the DP
+        ceilings when there are, on one chart; the mechanism checks' flags and p-values).
         Reports a write fault kept back are written first, into a new event file."""
         if self._failed:
             self._reopen()
@@ -149,6 +164,8 @@ class TensorBoardSink:
         w.add_text(tags.RUN_ID_TEXT_TAG, report.run_id, step)
         for tag, value in report.scalars.items():
             w.add_scalar(tag, value, step)
+        if report.dp_causes:  # why the check found a DP violation, one cause a line
+            w.add_text(tags.DP_CAUSES_TEXT_TAG, "\n".join(report.dp_causes), step)
         if any(q.estimates for q in report.queries.values()):
             for tag, value in tags.AXIS_TAGS.items():
                 w.add_scalar(tag, value, step)

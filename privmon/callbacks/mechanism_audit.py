@@ -1,0 +1,227 @@
+"""The DP mechanism checks at a check: each canaries object's findings (``mechanism()``: one
+:class:`~privmon.audit.mechanism.MechanismFinding` per test), every rank's combined under
+torch.distributed, and decided: a deterministic test fires when ``fired``, a statistical one when
+its p-value is below the check's δ per certified figure (each statistical test is one certified
+figure of the check: :class:`~privmon.callbacks.budget.CertificationBudget`). Theory, *Spending
+the run's confidence budget*.
+
+Ranks: every rank's findings are exchanged (one all-gather of small objects) and combined the
+same way on every rank, so all of them report the same outcome: a deterministic test fires when
+it fired on any rank; a statistical test's p-value is the Bonferroni-adjusted minimum
+min(1, k · min_r p_r) over the k ranks that gave one, which is below δ with probability ≤ δ
+under the null whatever the ranks' dependence — so a fault on any rank is seen and the budget
+holds without a share per rank. A rank whose ``mechanism()`` failed is said in the failures; the
+others' findings still count.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from privmon._process_group import every_rank, rank_and_world
+from privmon.audit.mechanism import MechanismFinding
+from privmon.callbacks.canary_audit import CanarySource
+from privmon.estimators.estimates import describe_error
+from privmon.report import tags
+from privmon.report.build import CanaryFigures
+from privmon.report.formatting import cause_text
+
+__all__ = [
+    "ASSUMPTIONS",
+    "DP_CHECKS",
+    "agreed_findings",
+    "decide_findings",
+    "findings_of",
+    "mechanism_figures",
+]
+
+logger = logging.getLogger("privmon")
+
+DP_CHECKS = "dp_checks"
+"""The mechanism checks' entry among a check's failures (``dp_checks/<canaries' name>``)."""
+
+ASSUMPTIONS = {
+    "clipping": "each record's gradient clipped to C",
+    "noise": "fresh N(0, σ²C²) noise at every step",
+    "sampling": "Poisson batches at rate q from N records",
+    "steps": "every noised step counted",
+    "ledger": "no update of the weights but the private steps",
+}
+"""What the accountant assumes that each of privmon's mechanism checks tests."""
+
+Local = dict[str, "tuple[MechanismFinding, ...] | str"]
+
+
+def _finding(found: Any) -> MechanismFinding:
+    """``found`` as a :class:`MechanismFinding`, every field checked (a ValueError says which)."""
+    check, test = getattr(found, "check", None), getattr(found, "test", None)
+    kind, p = getattr(found, "kind", None), getattr(found, "p_value", None)
+    if not (isinstance(check, str) and isinstance(test, str)) or not all(
+        x and "/" not in x for x in (check, test)
+    ):
+        raise ValueError(f"a finding's check and test must be names without '/', got {found!r}")
+    if kind not in ("deterministic", "statistical"):
+        raise ValueError(f"a finding's kind must be deterministic or statistical, got {found!r}")
+    if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))):
+        raise ValueError(f"a finding's p_value must be a number or None, got {found!r}")
+    return MechanismFinding(
+        check=check,
+        test=test,
+        kind=kind,
+        fired=bool(getattr(found, "fired", False)),
+        p_value=None if p is None else float(p),
+        evidence=str(getattr(found, "evidence", "")),
+    )
+
+
+def findings_of(
+    sources: Sequence[CanarySource], *, accountant: Any, step: int, strict: bool, said: set[Any]
+) -> Local:
+    """Per canaries object with ``mechanism()`` (by name): its findings on this rank (given the
+    monitor's ``accountant``, a PrivacyEngine's own accountant), or why they failed (logged;
+    re-raised when strict). A statistical finding its ``statistical_tests`` does not declare had
+    no share of the budget: it is dropped, said once (``said`` remembers)."""
+    out: Local = {}
+    accountant = getattr(accountant, "accountant", accountant)  # a PrivacyEngine's
+    for source in sources:
+        if not source.mechanism:
+            continue
+        try:
+            found = tuple(map(_finding, source.canaries.mechanism(accountant=accountant)))
+        except Exception as err:
+            if strict:
+                raise
+            logger.exception(
+                "privmon: the DP mechanism checks of the canaries %r failed at step %s",
+                source.name,
+                step,
+            )
+            out[source.name] = describe_error(err)
+            continue
+        kept = []
+        for f in found:
+            pair = (f.check, f.test)
+            if f.kind == "statistical" and pair not in source.statistical_tests:
+                if (source.name, pair) not in said:
+                    said.add((source.name, pair))
+                    logger.error(
+                        "privmon: the canaries %r gave a p-value for %s/%s, which their "
+                        "statistical_tests %s do not declare: it has no share of the run's "
+                        "confidence budget and is left out",
+                        source.name,
+                        *pair,
+                        list(source.statistical_tests),
+                    )
+                continue
+            kept.append(f)
+        out[source.name] = tuple(kept)
+    return out
+
+
+def _combined(found: Sequence[tuple[str, MechanismFinding]], *, adjust: bool) -> MechanismFinding:
+    """One test's findings from several places (``(where, finding)``, ``where`` "" or " (rank
+    r)"): fired anywhere; the smallest p-value, times their number when ``adjust``."""
+    first = found[0][1]
+    if first.kind == "deterministic":
+        fired = [(w, f) for w, f in found if f.fired]
+        where, shown = (fired or found)[0]
+        return MechanismFinding(
+            first.check, first.test, first.kind, bool(fired), None, shown.evidence + where
+        )
+    with_p = [
+        (f.p_value, w, f) for w, f in found if f.p_value is not None and not math.isnan(f.p_value)
+    ]
+    if not with_p:
+        return MechanismFinding(first.check, first.test, first.kind, False, None, first.evidence)
+    p, where, shown = min(with_p, key=lambda x: x[0])
+    p = min(1.0, p * len(with_p)) if adjust else p
+    return MechanismFinding(first.check, first.test, first.kind, False, p, shown.evidence + where)
+
+
+def _by_test(found: Iterable[tuple[str, MechanismFinding]]) -> dict[tuple[str, str], list[Any]]:
+    out: dict[tuple[str, str], list[Any]] = {}
+    for where, f in found:
+        out.setdefault((f.check, f.test), []).append((where, f))
+    return out
+
+
+def agreed_findings(local: Local) -> tuple[list[MechanismFinding], dict[str, str]]:
+    """Every rank's findings (``local`` on this one), combined as the module docstring says:
+    the same on every rank; and per canaries object whose ``mechanism()`` failed on some rank,
+    why (``dp_checks/<name>``). One all-gather when there are several ranks: every rank must
+    call it."""
+    _, world = rank_and_world()
+    ranks = every_rank(local, world)
+    per_source: list[MechanismFinding] = []
+    failures: dict[str, str] = {}
+    for name in local:
+        errors, where = [], []
+        for r, found in enumerate(ranks):
+            mine = found[name]
+            if isinstance(mine, str):
+                errors.append((f"failed on rank {r}: " if world > 1 else "") + mine)
+            else:
+                where += [(f" (rank {r})" if world > 1 else "", f) for f in mine]
+        if errors:
+            failures[f"{DP_CHECKS}/{name}"] = "; ".join(errors)
+        per_source += [_combined(fs, adjust=True) for fs in _by_test(where).values()]
+    # several objects: each of their tests had its own share of the budget
+    combined = [
+        _combined(fs, adjust=False) for fs in _by_test(("", f) for f in per_source).values()
+    ]
+    return combined, failures
+
+
+def decide_findings(
+    findings: Sequence[MechanismFinding], *, delta: float, step: int
+) -> CanaryFigures:
+    """The figures of the combined ``findings`` at the check's δ per certified figure
+    (``delta``): per check a 0/1 flag (any of its tests fired) and its tests' p-values; the
+    cause and the message of each test that fired."""
+    fired: dict[str, bool] = {}
+    p_values: dict[str, dict[str, float]] = {}
+    causes: list[tuple[str, str]] = []  # (check, cause)
+    for f in findings:
+        hit = f.fired
+        if f.kind == "statistical":
+            p = math.nan if f.p_value is None else f.p_value
+            p_values.setdefault(f.check, {})[f.test] = p
+            hit = p < delta
+        fired[f.check] = fired.get(f.check, False) or hit
+        if hit:
+            cause = f.evidence or f"the {f.test} test failed"
+            if not cause.startswith(f"{f.check}: "):  # the cause names its check first
+                cause = f"{f.check}: {cause}"
+            if f.kind == "statistical":
+                cause += (
+                    f" ({f.test} test: p = {f.p_value:.3g}, below the δ of each certified "
+                    f"figure, {delta:.3g})"
+                )
+            causes.append((f.check, cause))
+    scalars: dict[str, float] = {}
+    for check, hit in fired.items():
+        scalars[tags.dp_check_fired(check)] = float(hit)
+        for test, p in p_values.get(check, {}).items():
+            scalars[tags.dp_check_p_value(check, test)] = p
+    messages = tuple(
+        f"privmon: DP violation at step {step}: {cause_text(cause)}. The mechanism that ran is "
+        "not the one the accountant assumed"
+        + (f" ({ASSUMPTIONS[check]})" if check in ASSUMPTIONS else "")
+        + ", so its ε does not hold for this run"
+        for check, cause in causes
+    )
+    return CanaryFigures(scalars, bool(causes), messages, tuple(c for _, c in causes))
+
+
+def mechanism_figures(
+    local: Local, *, delta: float, step: int
+) -> tuple[CanaryFigures | None, dict[str, str]]:
+    """:func:`agreed_findings` then :func:`decide_findings`: the mechanism checks' figures
+    (None when no object gave any) and the failures."""
+    findings, failures = agreed_findings(local)
+    if not findings:
+        return None, failures
+    return decide_findings(findings, delta=delta, step=step), failures

@@ -102,8 +102,8 @@ class RecordCanaryDataset(Dataset[tuple[Any, ...]]):
         if index < self.n_records:
             first, *rest = _record(self.records[index], index)
             return ((first, torch.tensor(-1)), *rest)
-        first, rest = self._template
-        return ((first, torch.tensor(index - self.n_records)), *rest)
+        template, others = self._template
+        return ((template, torch.tensor(index - self.n_records)), *others)
 
 
 def _slotted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, torch.Tensor] | None:
@@ -125,8 +125,10 @@ class RecordCanaryModel(nn.Module):
     model nor the block (``torch.where``: the model's per-sample gradient of a slot row is exactly
     0); the block, ``nn.Linear(n_canaries, 1, bias=False)`` applied to the one-hot of the slot,
     receives through a custom autograd function a fixed gradient of :data:`GRADIENT_NORM` on an
-    included canary's row and 0 on a filler's, whatever the loss. Any other call is the model's
-    own (``wrapper(x) is model(x)`` bit for bit), so queries on the wrapper keep working.
+    included canary's row and 0 on a filler's, whatever the loss (a second backward through the
+    same graph, ghost clipping's, scales each row's by how much its loss gradient was scaled).
+    Any other call is the model's own (``wrapper(x)`` equals ``model(x)`` bit for bit), so
+    queries on the wrapper keep working.
 
     Attributes:
         model: the user's model.
@@ -168,35 +170,36 @@ class RecordCanaries:
 
     Each canary is a slot of the training dataset (:meth:`dataset`: the N records, then m slots)
     that the DP data loader samples like a record, so the accountant's N and q count the slots:
-    the dataset has N + m items, and the loader's batch size sets q = batch / (N + m) (to keep the
-    q of N records, take the batch size q · (N + m)). The wrapper of :meth:`model` routes slot j
-    to coordinate j of a dedicated block: an included canary's per-sample gradient is
-    :data:`GRADIENT_NORM` on that coordinate (×B under ``loss_reduction="mean"``) and exactly
-    zero on the model's weights, so the optimizer's own per-sample clipping bounds it to exactly
-    C; the excluded half (seeded fair coins, :attr:`included`, the same bits as
-    :class:`~privmon.audit.GradientCanaries` with the same seed) are fillers, zero everywhere, so
-    N and the sampling do not depend on which canaries are included. The canaries thus pass
-    through the loader's sampling, the clipping, the noise and the update rule a record does, and
-    :meth:`scores` gives each coordinate's total update, θ_0 − θ_T (higher = included), for
-    :func:`privmon.audit.one_run_epsilon` (both methods): an audited ε above the accountant's
-    means the mechanism that ran is not the one accounted — clipping skipped or at a larger bound,
-    a record stacked as several rows, more noise missing, batches drawn at a larger rate.
+    the dataset has N + m items and ``make_private`` sets q = 1 / len(loader) ≈ batch / (N + m).
+    To keep the q of N records take the batch size q · (N + m), and under
+    ``loss_reduction="mean"`` (Opacus divides by the expected batch, now q · (N + m)) the SGD
+    learning rate × (N + m) / N: the model then trains as without canaries, in distribution.
 
-    Use: ``train = canaries.dataset(records)`` in the loader given to ``make_private``;
-    ``model = canaries.model(model)`` before it, and the optimizer over the wrapper's parameters
-    (the block joins them). Batches are then ``((x, slots), y)``: the training loop calls
-    ``model(inputs)`` as usual. On any other input the wrapper is the model itself.
+    The wrapper of :meth:`model` routes slot j to coordinate j of a dedicated block: an included
+    canary's per-sample gradient is :data:`GRADIENT_NORM` on that coordinate (× B under
+    ``"mean"``, as Opacus scales it) and exactly zero on the model's weights, so the optimizer's
+    own clipping bounds it to C; the excluded half (seeded fair coins, :attr:`included`, the same
+    bits as :class:`~privmon.audit.GradientCanaries` with the same seed) are fillers, zero
+    everywhere, so N and the sampling do not depend on which canaries are included. The canaries
+    pass through the loader's sampling, the clipping, the noise and the update rule a record
+    does; :meth:`scores` gives each coordinate's total update θ_0 − θ_T (higher = included) for
+    :func:`privmon.audit.one_run_epsilon`. An audited ε above the accountant's means the
+    mechanism that ran is not the one accounted: noise missing, clipping skipped or at a larger
+    bound, a record stacked as several rows, the DP loader replaced.
 
-    Cost: the block's per-sample gradients are B × m entries per step (B rows in the batch), and
-    its one-hot activations as many (Opacus keeps both until the step): 1e3 canaries at B = 160
-    are 1.3 MB; 1e5 canaries 128 MB. The slot rows also run through the model (their output is
-    discarded). What the record canaries cannot see: they ride the loader, so a sampling fault
-    (wrong rate, fixed batches, the DP loader replaced) shows only through the ε it costs; updates
-    outside the DP optimizer that leave the block alone, lost accountant steps and repeated noise
-    are the mechanism checks' (issue #29). Supported: Opacus ``make_private`` with flat
-    clipping, ``grad_sample_mode="hooks"``, ``loss_reduction`` ``"mean"`` or ``"sum"``, records
-    ``(input, target, ...)`` and a model with one output tensor. A call ``wrapper((x, s))``
-    with ``s`` a 1-d int64 tensor is read as a batch of slots.
+    Cost: the block's per-sample gradients are B × m entries per step (B rows in the batch), its
+    one-hot activations as many: 1e3 canaries at B = 160 are 1.3 MB, 1e5 are 128 MB. What they
+    cannot see: they ride the loader, so a sampling fault (a wrong rate, fixed batches) shows
+    only through the ε it costs; a fault in a model layer's per-sample norm (their gradient lies
+    in the block), updates outside the DP optimizer, lost accountant steps and repeated noise
+    are the mechanism checks'. Supported: Opacus ``make_private`` with flat clipping,
+    ``grad_sample_mode`` ``"hooks"``, ``"functorch"`` or ``"ghost"`` (ghost clipping clips in a
+    second, reweighted backward: a slot row's loss must have a non-zero gradient at its zero
+    output, as cross-entropy always has; a warning says when not), ``loss_reduction`` ``"mean"``
+    or ``"sum"``, records ``(input, target, ...)``, a model with one output tensor. Opacus 1.6
+    fails on an empty *first* Poisson batch of nested records (probability (1 − q)^(N + m));
+    later empty batches are fine. The wrapper reads a call ``wrapper((x, s))`` with ``s`` a 1-d
+    int64 tensor as a batch of slots.
 
     Args:
         n_canaries: number of canary slots m (>= 1).

@@ -149,28 +149,25 @@ class CanaryKind:
 
 @dataclass(frozen=True)
 class RecordCanaryKind(CanaryKind):
-    """HOOK: record canaries (issue #29 §2, DP_FAULTS_DESIGN.md §2), not built yet.
-
-    Once ``privmon.audit.RecordCanaries`` exists, wire them here::
-
-        def wrap(self, run, model):
-            run.extra["record_canaries"] = canaries = RecordCanaries(self.n, seed=run.seed)
-            run.train = canaries.dataset(run.data[0])  # N + m slots, read by the DP loader
-            return canaries.model(model)
-
-        def attach(self, run):
-            return run.extra["record_canaries"]  # scores(), state_dict(), load_state_dict()
-
-    The loop already hands the model whatever the loader yields (a tensor, or a tuple such as
-    ``(x, slot)``), ``four_views`` augments the first element of a tuple and repeats the rest,
-    the replaced loaders read ``run.train``, and the queries, the test accuracy and the head's
-    fine-tuning use plain tensors / the unwrapped ``run.net``."""
+    """Record canaries (issue #29 §2): ``privmon.audit.RecordCanaries(n, seed=run.seed)``, n
+    dataset slots after the N training records that the DP loader samples like records, routed
+    by the wrapped model to a block of their own (fillers for the excluded half). ``run.train``
+    becomes the N + n slots, so the accountant's N and q count them: with the loader's batch
+    size ``BATCH`` unchanged, q = BATCH / (N + n) (for 1,000 canaries 60 / 1,600, not 0.1) and
+    the accountant's ε is that of the smaller q. The monitor reads ``scores()``; the resume fault
+    rebuilds them with the same seed and restores the block (in the model's and the canaries'
+    state). The queries, the test accuracy and the head's fine-tuning run on plain tensors or on
+    ``run.net``, which the wrapper passes through untouched."""
 
     def wrap(self, run: Run, model: nn.Module) -> nn.Module:
-        raise NotImplementedError(
-            "record canaries (privmon.audit.RecordCanaries, issue #29 §2) do not exist yet: "
-            "wire them in benchmarks/dp_faults.py RecordCanaryKind"
-        )
+        from privmon.audit import RecordCanaries
+
+        run.extra["record_canaries"] = canaries = RecordCanaries(self.n, seed=run.seed)
+        run.train = canaries.dataset(run.data[0])  # N + n slots, read by the DP loader
+        return canaries.model(model)
+
+    def attach(self, run: Run) -> Any:
+        return run.extra["record_canaries"]
 
 
 KINDS: dict[str, CanaryKind] = {

@@ -5,6 +5,7 @@ optimizer, input canaries for any model) and the ε lower bound their scores giv
 
 from privmon.audit.canaries import GradientCanaries, InputCanaries
 from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
+from privmon.audit.record_canaries import RecordCanaries
 from privmon.audit.results import AuditResult, SetupComparison, compare
 from privmon.audit.shadow import ShadowAudit, evaluate, shadow_audit
 from privmon.audit.specific import average, default_score, logit_score, specific
@@ -17,6 +18,7 @@ __all__ = [
     "GradientCanaries",
     "InputCanaries",
     "OneRunAudit",
+    "RecordCanaries",
     "SetupComparison",
     "ShadowAudit",
     "average",

@@ -12,7 +12,7 @@ whole pipeline rather than the mechanism).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -22,6 +22,9 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from privmon._training_guard import TrainingGuard
 from privmon._validation import as_scores, check_int, check_unit
+from privmon.audit import opacus_hooks as hooks
+from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
+from privmon.audit.mechanism_checks import MechanismChecks, check_checks
 
 __all__ = ["GradientCanaries", "InputCanaries"]
 
@@ -45,33 +48,8 @@ def _inclusion(n: int, seed: int) -> tuple[np.ndarray, np.random.Generator]:
     return rng.random(n) < 0.5, rng
 
 
-def _hook_sample_rate(optimizer: Any) -> float | None:
-    """The sampling rate Opacus' accountant hook was built with (``make_private`` attaches
-    ``accountant.get_optimizer_hook_fn(sample_rate=...)``: the rate is a free variable of the
-    hook), or None when the optimizer carries no such hook."""
-    hook = getattr(optimizer, "step_hook", None)
-    code, cells = getattr(hook, "__code__", None), getattr(hook, "__closure__", None)
-    if code is None or not cells or "sample_rate" not in code.co_freevars:
-        return None
-    rate = cells[code.co_freevars.index("sample_rate")].cell_contents
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:
-        return None
-    return float(rate)
-
-
-def _check_optimizer(optimizer: Any) -> Any:
-    try:
-        from opacus.optimizers import DPOptimizer
-    except ImportError:  # pragma: no cover - opacus is an optional dependency
-        raise TypeError(
-            "optimizer must be an Opacus DPOptimizer, and opacus is not installed "
-            "(pip install 'privmon[dp]')"
-        ) from None
-    if not isinstance(optimizer, DPOptimizer):
-        raise TypeError(
-            "optimizer must be an Opacus DPOptimizer (the optimizer PrivacyEngine.make_private "
-            f"returns), got {type(optimizer).__name__}"
-        )
+def _check_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
+    hooks.check_dp_optimizer(optimizer, who="GradientCanaries")
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("opacus") and cls.__name__ in _UNSUPPORTED:
             raise ValueError(
@@ -79,15 +57,20 @@ def _check_optimizer(optimizer: Any) -> Any:
                 f"{_UNSUPPORTED[cls.__name__]}. Use flat clipping on one process "
                 "(make_private(clipping='flat'), grad_sample_mode='hooks')."
             )
-    if isinstance(optimizer.__dict__.get("add_noise"), _Hook):
+    if hooks.attached(optimizer, "canaries") is not None:
         raise ValueError(
             "optimizer already carries GradientCanaries: detach() them before attaching others"
+        )
+    if checks and hooks.attached(optimizer, "checks") is not None:
+        raise ValueError(
+            "optimizer already carries mechanism checks (a MechanismChecks): detach() them, or "
+            "pass checks=() to these canaries"
         )
     return optimizer
 
 
 def _check_sample_rate(sample_rate: Any, optimizer: Any) -> float:
-    hooked = _hook_sample_rate(optimizer)
+    hooked = hooks.hook_sample_rate(optimizer)
     if sample_rate is None:
         if hooked is None:
             raise ValueError(
@@ -105,21 +88,6 @@ def _check_sample_rate(sample_rate: Any, optimizer: Any) -> float:
             f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
         )
     return rate
-
-
-class _Hook:
-    """A wrapper that replaces one method of an Opacus optimizer instance (recognisable, so a
-    second set of canaries is refused and :meth:`GradientCanaries.detach` can tell whether
-    someone wrapped the method again since)."""
-
-    def __init__(self, optimizer: Any, name: str, body: Any) -> None:
-        self.name = name
-        self.previous = optimizer.__dict__.get(name)  # an instance-level wrapper, or None
-        self.original = getattr(optimizer, name)
-        self.body = body
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.body(self.original, *args, **kwargs)
 
 
 class GradientCanaries:
@@ -191,8 +159,10 @@ class GradientCanaries:
         *,
         seed: int = 0,
         sample_rate: float | None = None,
+        checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
-        self._optimizer = _check_optimizer(optimizer)
+        enabled = check_checks(checks)
+        self._optimizer = _check_optimizer(optimizer, enabled)
         self._n = check_int(n_canaries, name="n_canaries", minimum=1)
         self._seed = check_int(seed, name="seed", minimum=0)
         self._sample_rate = _check_sample_rate(sample_rate, optimizer)
@@ -216,13 +186,17 @@ class GradientCanaries:
         self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
         group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
         optimizer.original_optimizer.add_param_group({**group, "params": [self._block]})
-        self._hooks = [
-            _Hook(optimizer, "add_noise", self._add_noise),
-            _Hook(optimizer, "pre_step", self._pre_step),
-            _Hook(optimizer, "clip_and_accumulate", self._clip_and_accumulate),
-        ]
-        for hook in self._hooks:
-            setattr(optimizer, hook.name, hook)
+        self._hooks = hooks.install(
+            optimizer,
+            {
+                "add_noise": self._add_noise,
+                "pre_step": self._pre_step,
+                "clip_and_accumulate": self._clip_and_accumulate,
+            },
+        )
+        hooks.claim(optimizer, "canaries", self)
+        # outside the canaries' hooks: the checks see the block's canaries as part of the sum
+        self._checks = MechanismChecks(optimizer, checks=enabled, canary_block=self._block)
 
     # -- the optimizer's step ------------------------------------------------------------
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -312,6 +286,22 @@ class GradientCanaries:
         """True until :meth:`detach`."""
         return self._final is None
 
+    # -- mechanism checks ----------------------------------------------------------------------
+    def mechanism(self, accountant: Any = None) -> tuple[MechanismFinding, ...]:
+        """The mechanism checks' findings over the run so far (:meth:`MechanismChecks.mechanism`;
+        empty with ``checks=()``)."""
+        return self._checks.mechanism(accountant)
+
+    @property
+    def statistical_tests(self) -> tuple[tuple[str, str], ...]:
+        """The (check, test) pairs of the mechanism checks that give p-values."""
+        return self._checks.statistical_tests
+
+    @property
+    def checks(self) -> MechanismChecks:
+        """The mechanism checks these canaries carry."""
+        return self._checks
+
     # -- detaching and checkpoints -----------------------------------------------------------
     def detach(self) -> None:
         """Restore the optimizer as it was: its methods, its param groups and its state without
@@ -324,18 +314,10 @@ class GradientCanaries:
         if not self.attached:
             return
         opt = self._optimizer
-        for hook in self._hooks:
-            if opt.__dict__.get(hook.name) is not hook:
-                raise RuntimeError(
-                    f"optimizer.{hook.name} was replaced after the canaries were attached; "
-                    "restore it before detaching the canaries"
-                )
+        self._checks.detach()
+        hooks.uninstall(opt, self._hooks, "canaries")
+        hooks.release(opt, "canaries")
         self._final = self._values()
-        for hook in reversed(self._hooks):
-            if hook.previous is None:
-                delattr(opt, hook.name)
-            else:
-                setattr(opt, hook.name, hook.previous)
         block = self._block
         groups = opt.original_optimizer.param_groups
         groups[:] = [g for g in groups if not any(p is block for p in g["params"])]
@@ -354,8 +336,9 @@ class GradientCanaries:
         """What resumes the audit after a checkpoint and lets :meth:`load_state_dict` check it
         is loaded into the same canaries: configuration (n, seed, sampling rate, inclusion
         bits), progress (sample counts, steps, the sampling generator's state) and the block's
-        values. Tensors on the CPU (``torch.save``-able)."""
-        return {
+        values; with mechanism checks, theirs under ``"mechanism"``
+        (:meth:`MechanismChecks.state_dict`). Tensors on the CPU (``torch.save``-able)."""
+        state = {
             "n_canaries": self._n,
             "seed": self._seed,
             "sample_rate": self._sample_rate,
@@ -365,18 +348,22 @@ class GradientCanaries:
             "generator_state": self._generator.get_state(),
             "values": self._values(),
         }
+        if self._checks.checks:
+            state["mechanism"] = self._checks.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator and the
         block's values; the optimizer's own state for the block (momentum, Adam moments) comes
-        back with ``optimizer.load_state_dict``.
+        back with ``optimizer.load_state_dict``. The mechanism checks' state is loaded when both
+        ``state`` and these canaries have one.
 
         Raises:
             ValueError: ``state`` lacks a field, or was saved by canaries of another
                 configuration (the message names the first field that differs).
         """
         mine = self.state_dict()
-        missing = sorted(set(mine) - set(state))
+        missing = sorted(set(mine) - set(state) - {"mechanism"})
         if missing:
             raise ValueError(f"state is not a GradientCanaries state_dict: it lacks {missing}")
         for key in ("n_canaries", "seed", "sample_rate"):
@@ -398,6 +385,8 @@ class GradientCanaries:
         self._generator.set_state(state["generator_state"])
         with torch.no_grad():
             self._block.copy_(values)
+        if "mechanism" in mine and state.get("mechanism") is not None:
+            self._checks.load_state_dict(state["mechanism"])
 
 
 def _check_query(query: Any) -> bool:

@@ -1,0 +1,621 @@
+"""Mechanism checks of DP-SGD inside an Opacus optimizer: at every private step, a test of each
+assumption the accountant makes (clipping, noise, sampling, steps, nothing else touching the
+weights) on what the step really did. The findings are
+:class:`~privmon.audit.MechanismFinding` records; the derivations are on the docs' Theory page,
+*Mechanism checks*."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmon.audit import opacus_hooks as hooks
+from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
+from privmon.audit.mechanism_math import (
+    RowCounts,
+    binomial_population,
+    dispersion_p_value,
+    mean_p_value,
+    noise_p_value,
+)
+
+__all__ = ["MechanismChecks", "check_checks"]
+
+logger = logging.getLogger("privmon")
+
+PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
+CLIP_TOLERANCE = 1e-4  # a contribution above C (1 + this) is a clipping fault
+NOISE_VALUES = 100_000  # the model's noise values read per step (the canary block's all)
+DIGEST_VALUES = 64  # noise values per tensor in a step's digest
+DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
+_MISSING = object()
+# (check, test, kind) in the order mechanism() gives them.
+TESTS = (
+    ("clipping", "probe", "deterministic"),
+    ("noise", "variance", "statistical"),
+    ("noise", "repeat", "deterministic"),
+    ("sampling", "mean", "statistical"),
+    ("sampling", "dispersion", "statistical"),
+    ("steps", "count", "deterministic"),
+    ("ledger", "weights", "deterministic"),
+)
+_GHOST = {
+    "clipping": "ghost clipping computes the per-sample norms inside the backward pass and keeps "
+    "no per-sample gradients, so there is no clipping step to replay a row through",
+    "sampling": "ghost clipping keeps no per-sample gradients to count the rows of a step with",
+}
+_ADACLIP = {
+    "clipping": "AdaClip moves max_grad_norm after each step's noise, so the bound read after the "
+    "step is not the one the step clipped to",
+    "noise": "AdaClip splits the noise between the gradient and a noisy count of unclipped rows: "
+    "the gradient's noise is not N(0, σ²C²)",
+}
+_DISTRIBUTED = {
+    check: "distributed Opacus adds the noise on rank 0 and averages over ranks; the checks are "
+    "built for one process"
+    for check in MECHANISM_CHECKS
+}
+# Opacus optimizers on which some checks cannot run: check -> why.
+CANNOT_RUN: dict[str, dict[str, str]] = {
+    "DPOptimizerFastGradientClipping": _GHOST,
+    "DistributedDPOptimizerFastGradientClipping": _DISTRIBUTED,
+    "FSDPOptimizerFastGradientClipping": _DISTRIBUTED,
+    "DistributedDPOptimizer": _DISTRIBUTED,
+    "SimpleDistributedPerLayerOptimizer": _DISTRIBUTED,
+    "AdaClipDPOptimizer": _ADACLIP,
+}
+
+
+def check_checks(checks: Any) -> tuple[str, ...]:
+    """``checks`` as a tuple of :data:`MECHANISM_CHECKS` names without repeats (empty: none)."""
+    items = (checks,) if isinstance(checks, str) else tuple(checks)
+    unknown = [c for c in items if c not in MECHANISM_CHECKS]
+    if unknown:
+        raise ValueError(
+            f"checks must be a subset of {MECHANISM_CHECKS} (empty: none), got {checks!r}"
+        )
+    return tuple(c for c in MECHANISM_CHECKS if c in items)
+
+
+def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:
+    for cls in type(optimizer).__mro__:
+        reasons = CANNOT_RUN.get(cls.__name__) if cls.__module__.startswith("opacus") else None
+        blocked = [c for c in checks if reasons and c in reasons]
+        if blocked:
+            assert reasons is not None
+            rest = tuple(c for c in checks if c not in blocked)
+            why = "; ".join(f"{c}: {reasons[c]}" for c in blocked)
+            raise ValueError(
+                f"optimizer is an Opacus {cls.__name__}, on which the mechanism checks "
+                f"{', '.join(blocked)} cannot run ({why}). Pass checks={rest!r} to run the "
+                "others, or use flat clipping on one process (make_private(clipping='flat'), "
+                "grad_sample_mode='hooks')."
+            )
+
+
+def _num(x: float) -> str:
+    """A figure for a sentence: 5 significant digits, as Python writes a float (100.0, 1.0)."""
+    return repr(float(f"{x:.5g}")) if math.isfinite(x) else str(x)
+
+
+class MechanismChecks:
+    """Tests of the assumptions the accountant makes, inside an Opacus ``DPOptimizer``.
+
+    The accountant's ε holds for one mechanism: each step a batch drawn by Poisson sampling at
+    rate q from N records, each record's gradient clipped to norm C, the clipped sum plus
+    N(0, σ²C²) noise, T such steps, nothing else touching the weights. At every private step
+    (one that reached the optimizer's ``add_noise``) the checks record what the step really did
+    and :meth:`mechanism` turns it into one :class:`~privmon.audit.MechanismFinding` per test:
+
+    - ``clipping`` (deterministic): a synthetic row of norm 100 C, equal on every clipped
+      parameter, replayed through the optimizer's own ``clip_and_accumulate`` on scratch state,
+      must contribute at most C (as the step read it after its noise);
+    - ``noise``: the noise actually added (``p.grad − p.summed_grad`` right after ``add_noise``,
+      up to 1e5 values of the model per step, and the canary block) against N(0, σ²C²) with the
+      σ and C the accountant read (statistical, one-sided); and no step repeating another's
+      noise (deterministic: a digest per step);
+    - ``sampling`` (statistical): rows per step against Binomial(N, q t) (mean and dispersion),
+      for every N that ``expected_batch_size`` allows;
+    - ``steps`` (deterministic): private steps taken = steps the accountant counted (across a
+      resume, through :meth:`state_dict`);
+    - ``ledger`` (deterministic): the weights at a check are those the last private step left
+      (version counters and storage, no copy), and no optimizer step ran without noise.
+
+    The checks use no random numbers and never change the gradients, the optimizer's state or
+    the weights: training is bit-identical with and without them. Each can be switched off by
+    name. Refused where a check cannot run (ghost clipping: clipping, sampling; AdaClip:
+    clipping, noise; distributed Opacus). Use as a context manager (or call :meth:`detach`).
+    :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``): use either.
+
+    Args:
+        optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
+        checks: which of :data:`~privmon.audit.MECHANISM_CHECKS` to run (empty: none).
+        canary_block: a parameter of the optimizer that is no model parameter and sees only
+            noise (GradientCanaries' block): its noise joins the noise test, and the clipping
+            probe and the row count leave it out.
+
+    Examples:
+        >>> import torch
+        >>> from opacus import PrivacyEngine
+        >>> from privmon.audit import MechanismChecks
+        >>> _ = torch.manual_seed(0)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(640, 4), torch.randint(0, 2, (640,)))
+        >>> model = torch.nn.Linear(4, 2)
+        >>> engine = PrivacyEngine()
+        >>> model, optimizer, loader = engine.make_private(
+        ...     module=model,
+        ...     optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        ...     data_loader=torch.utils.data.DataLoader(data, batch_size=64),
+        ...     noise_multiplier=1.0,
+        ...     max_grad_norm=1.0,
+        ... )
+        >>> with MechanismChecks(optimizer) as checks:
+        ...     for x, y in loader:  # one epoch: 10 steps
+        ...         optimizer.zero_grad()
+        ...         torch.nn.functional.cross_entropy(model(x), y).backward()
+        ...         optimizer.step()
+        ...     findings = checks.mechanism()
+        >>> [(f.check, f.test, f.fired) for f in findings if f.kind == "deterministic"]
+        [('clipping', 'probe', False), ('noise', 'repeat', False), ('steps', 'count', False), ('ledger', 'weights', False)]
+        >>> all(f.p_value > 1e-3 for f in findings if f.kind == "statistical")
+        True
+        >>> print(findings[-2].evidence)
+        steps: the accountant counted 10 noised steps, 10 were taken
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        *,
+        checks: Iterable[str] = MECHANISM_CHECKS,
+        canary_block: torch.nn.Parameter | None = None,
+    ) -> None:
+        self._optimizer = hooks.check_dp_optimizer(optimizer, who="MechanismChecks")
+        self._checks = check_checks(checks)
+        _refuse_unsupported(optimizer, self._checks)
+        if hooks.attached(optimizer, "checks") is not None:
+            raise ValueError(
+                "optimizer already carries mechanism checks (a MechanismChecks, or "
+                "GradientCanaries with checks on): detach() them before attaching others"
+            )
+        self._block = canary_block
+        self._sample_rate = hooks.hook_sample_rate(optimizer)
+        accountant = hooks.hook_accountant(optimizer)
+        self._counted_at_attach = hooks.accountant_steps(accountant) if accountant else 0
+        self._steps = 0  # private steps since attach (and before a resume, after loading)
+        self._rows = 0  # rows clipped in the current logical step
+        self._probing = False
+        self._noised: tuple[Any, ...] | None = None  # what add_noise left for the step
+        self._private = False  # a private step's optimizer step is due
+        self._squares = 0.0  # Σ ‖z‖² / (σC)²
+        self._values = 0  # noise values tested
+        self._noise_steps = 0  # steps they come from
+        self._scale_seen = (math.nan, math.nan)  # last (σ, C) of the noise test
+        self._digests = bytearray()  # 8 bytes per step: the noise's digest
+        self._counts = RowCounts()
+        self._worst: tuple[float, float, int] | None = None  # (ratio, bound, step)
+        self._probes = 0
+        self._bound = math.nan  # the last probe's C
+        self._over = 0  # probes above C
+        self._probe_error: str | None = None
+        self._ledger: list[tuple[torch.Tensor, int, int]] | None = None
+        self._ledger_step = 0
+        self._unnoised = 0  # optimizer steps that ran without noise
+        self._first_unnoised = 0  # the private steps before the first of them
+        self._frozen: tuple[bool, None, str] | None = None  # the ledger's finding at detach
+        self._hooks: list[hooks.Hook] = []
+        self._post: Any = None
+        if self._checks:
+            self._hooks = hooks.install(
+                optimizer,
+                {
+                    "add_noise": self._add_noise,
+                    "pre_step": self._pre_step,
+                    "clip_and_accumulate": self._clip_and_accumulate,
+                },
+            )
+            if "ledger" in self._checks:
+                self._post = optimizer.original_optimizer.register_step_post_hook(
+                    self._after_step
+                )
+            hooks.claim(optimizer, "checks", self)
+
+    # -- the optimizer's step ------------------------------------------------------------
+    def _model_params(self) -> list[torch.Tensor]:
+        """The parameters the optimizer clips (the canary block left out)."""
+        block = self._block
+        return [p for p in self._optimizer.params if p is not block]
+
+    def _clip_and_accumulate(self, original: Any) -> None:
+        """Opacus' clipping; then the step's rows are counted (not the probe's)."""
+        original()
+        if self._probing:
+            return
+        for p in self._model_params():
+            samples = getattr(p, "grad_sample", None)
+            if isinstance(samples, torch.Tensor):
+                self._rows += len(samples)
+            elif isinstance(samples, list):
+                self._rows += sum(len(s) for s in samples)
+            else:
+                continue
+            break
+
+    def _add_noise(self, original: Any) -> None:
+        """The optimizer's noise; then the noise it added is read (before ``scale_grad``)."""
+        self._noised = None
+        original()
+        self._noised = self._read_noise() if "noise" in self._checks else ()
+
+    def _read_noise(self) -> tuple[float, int, bytes]:
+        """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
+        added: up to NOISE_VALUES of the model's values and all of the canary block's; the
+        digest hashes the first DIGEST_VALUES of each tensor, rounded to σ C / DIGEST_GRID."""
+        opt, block = self._optimizer, self._block
+        budget, parts, heads = NOISE_VALUES, [], []
+        for p in [*self._model_params(), *([block] if block is not None else [])]:
+            grad, summed = p.grad, getattr(p, "summed_grad", None)
+            if grad is None or summed is None:
+                continue
+            keep = grad.numel() if p is block else min(grad.numel(), budget)
+            n = max(keep, min(grad.numel(), DIGEST_VALUES))
+            z = grad.reshape(-1)[:n] - summed.reshape(-1)[:n]
+            heads.append(z[:DIGEST_VALUES])
+            if keep > 0:
+                parts.append(z[:keep])
+                budget -= 0 if p is block else keep
+        if not parts:
+            return 0.0, 0, b""
+        values = torch.cat(parts) if len(parts) > 1 else parts[0]
+        squares = float(torch.sum(values * values, dtype=torch.float64))
+        scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+        head = torch.cat(heads).to(torch.float64)
+        grid = torch.round(head * (DIGEST_GRID / scale)) if scale > 0 else head
+        digest = hashlib.blake2b(grid.cpu().numpy().tobytes(), digest_size=8).digest()
+        return squares, values.numel(), digest
+
+    def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and
+        checked with the σ and C the accountant read."""
+        self._noised = None
+        result = original(*args, **kwargs)
+        noised, self._noised = self._noised, None
+        if noised is not None:
+            self._count_step(noised)
+        return result
+
+    def _count_step(self, noised: tuple[Any, ...]) -> None:
+        opt = self._optimizer
+        self._steps += 1
+        self._private = True
+        sigma, bound = float(opt.noise_multiplier), float(opt.max_grad_norm)
+        if noised:
+            squares, values, digest = noised
+            self._digests += digest or self._steps.to_bytes(8, "little")
+            if values and sigma * bound > 0:
+                self._squares += squares / (sigma * bound) ** 2
+                self._values += values
+                self._noise_steps += 1
+                self._scale_seen = (sigma, bound)
+        if "sampling" in self._checks:
+            if self._sample_rate is not None:
+                rate = self._sample_rate * opt.accumulated_iterations
+                self._counts.add(self._rows, rate)
+            self._rows = 0
+        if "clipping" in self._checks:
+            self._check_clipping(bound)
+
+    def _check_clipping(self, bound: float) -> None:
+        try:
+            contribution = self._probe(bound)
+        except Exception as e:  # a custom clipping path that cannot take the probe
+            if self._probe_error is None:
+                logger.warning("privmon: the clipping probe could not run: %r", e)
+            self._probe_error = f"{type(e).__name__}: {e}"
+            return
+        self._probes += 1
+        self._bound = bound
+        ratio = contribution / bound if bound > 0 else math.inf
+        if ratio > 1 + CLIP_TOLERANCE:
+            self._over += 1
+        if self._worst is None or ratio > self._worst[0]:
+            self._worst = (ratio, bound, self._steps)
+
+    def _probe(self, bound: float) -> float:
+        """The contribution ‖Σ_p summed_grad_p‖ of one row of norm PROBE_NORM · C, equal on every
+        clipped parameter, through the optimizer's own ``clip_and_accumulate`` on scratch
+        state (every parameter's ``grad_sample`` and ``summed_grad`` put back after)."""
+        opt, block = self._optimizer, self._block
+        params = [p for p in self._model_params() if p.numel() > 0]
+        touched = params + ([block] if block is not None else [])
+        saved = [(p, p.__dict__.get("grad_sample", _MISSING), p.summed_grad) for p in touched]
+        share = PROBE_NORM * bound / math.sqrt(len(params))
+        try:
+            for p in params:
+                value = share / math.sqrt(p.numel())
+                p.grad_sample = torch.full((1, *p.shape), value, dtype=p.dtype, device=p.device)
+            for p in touched:
+                p.summed_grad = None
+            self._probing = True
+            opt.clip_and_accumulate()
+            total = sum(
+                float(torch.sum(p.summed_grad * p.summed_grad, dtype=torch.float64))
+                for p in params
+                if p.summed_grad is not None
+            )
+        finally:
+            self._probing = False
+            for p, samples, summed in saved:
+                if samples is _MISSING:
+                    p.__dict__.pop("grad_sample", None)
+                else:
+                    p.grad_sample = samples
+                p.summed_grad = summed
+        return math.sqrt(total)
+
+    def _after_step(self, *_: Any) -> None:
+        """After every step of the underlying optimizer: a private one updates the ledger, any
+        other is a non-private update."""
+        if not self._private:
+            if self._unnoised == 0:
+                self._first_unnoised = self._steps
+            self._unnoised += 1
+            return
+        self._private = False
+        self._ledger = self._fingerprint()
+        self._ledger_step = self._steps
+
+    def _fingerprint(self) -> list[tuple[torch.Tensor, int, int]]:
+        return [
+            (p, p._version, p.data_ptr())
+            for group in self._optimizer.original_optimizer.param_groups
+            for p in group["params"]
+        ]
+
+    # -- findings --------------------------------------------------------------------------
+    def mechanism(self, accountant: Any = None) -> tuple[MechanismFinding, ...]:
+        """One finding per enabled test, in the order of :data:`TESTS`, over the run so far.
+
+        Args:
+            accountant: the accountant whose ε is reported (an Opacus accountant or a
+                ``PrivacyEngine``); default the one the optimizer's step hook counts with.
+        """
+        findings = {
+            ("clipping", "probe"): self._clipping,
+            ("noise", "variance"): self._noise_variance,
+            ("noise", "repeat"): self._noise_repeat,
+            ("sampling", "mean"): lambda: self._sampling("mean"),
+            ("sampling", "dispersion"): lambda: self._sampling("dispersion"),
+            ("steps", "count"): lambda: self._step_count(accountant),
+            ("ledger", "weights"): self._weights_ledger,
+        }
+        out = []
+        for check, test, kind in TESTS:
+            if check in self._checks:
+                fired, p_value, evidence = findings[check, test]()
+                out.append(MechanismFinding(check, test, kind, fired, p_value, evidence))  # type: ignore[arg-type]
+        return tuple(out)
+
+    def _clipping(self) -> tuple[bool, None, str]:
+        if self._worst is None:
+            why = f"the probe could not run ({self._probe_error})" if self._probe_error else (
+                "no private step yet"
+            )
+            return False, None, f"clipping: not tested: {why}"
+        ratio, bound, step = self._worst
+        if ratio > 1 + CLIP_TOLERANCE:
+            return True, None, (
+                f"clipping: a row of norm {PROBE_NORM * bound:g} contributed {_num(ratio * bound)}, above C = {_num(bound)} "
+                f"(step {step}; {self._over} of {self._probes} steps)"
+            )
+        return False, None, (
+            f"clipping: a row of norm {PROBE_NORM:g} C contributed at most C in {self._probes} "
+            f"steps (the last C = {_num(self._bound)})"
+        )
+
+    def _noise_variance(self) -> tuple[bool, float, str]:
+        if self._values == 0:
+            return False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
+        sigma, bound = self._scale_seen
+        ratio = math.sqrt(self._squares / self._values)
+        return False, noise_p_value(self._squares, self._values), (
+            f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
+            f"assumes (σ·C = {_num(sigma * bound)}; {self._values:,} values over "
+            f"{self._noise_steps} steps)"
+        )
+
+    def _noise_repeat(self) -> tuple[bool, None, str]:
+        digests = np.frombuffer(bytes(self._digests), dtype=np.uint64)
+        if len(digests) == 0:
+            return False, None, "noise: no noised step yet"
+        _, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
+        repeats = np.flatnonzero(first[inverse] != np.arange(len(digests)))
+        if len(repeats) == 0:
+            return False, None, f"noise: no step repeats another's noise ({len(digests)} steps)"
+        i = int(repeats[0])
+        return True, None, (
+            f"noise: step {i + 1} repeats the noise of step {int(first[inverse[i]]) + 1} "
+            f"({len(repeats)} of {len(digests)} steps repeat an earlier step's noise)"
+        )
+
+    def _sampling(self, test: str) -> tuple[bool, float, str]:
+        rate, expected = self._sample_rate, getattr(self._optimizer, "expected_batch_size", None)
+        if rate is None:
+            return False, 1.0, (
+                "sampling: not tested: the optimizer's step hook is no Opacus accountant's, so "
+                "the sampling rate the accountant uses is unknown"
+            )
+        if not isinstance(expected, int | float) or expected <= 0:
+            return False, 1.0, (
+                "sampling: not tested: the optimizer has no expected_batch_size to tell the "
+                "dataset size N from"
+            )
+        counts = self._counts
+        if counts.steps == 0:
+            return False, 1.0, "sampling: not tested: no private step with q < 1 yet"
+        n_low, n_high = binomial_population(float(expected), rate)
+        test_fn = mean_p_value if test == "mean" else dispersion_p_value
+        return False, test_fn(counts, n_low, n_high), _sampling_sentence(counts, n_low)
+
+    def _step_count(self, accountant: Any) -> tuple[bool, None, str]:
+        counted = hooks.accountant_steps(accountant) if accountant is not None else None
+        if counted is None:
+            counted = hooks.accountant_steps(hooks.hook_accountant(self._optimizer))
+        taken = self._counted_at_attach + self._steps
+        if counted is None:
+            return False, None, (
+                "steps: not tested: no Opacus accountant to compare with (the optimizer's step "
+                "hook is not an accountant's; give the monitor accountant=)"
+            )
+        return counted != taken, None, (
+            f"steps: the accountant counted {counted} noised steps, {taken} were taken"
+        )
+
+    def _weights_ledger(self) -> tuple[bool, None, str]:
+        if self._frozen is not None:
+            return self._frozen
+        said = []
+        if self._unnoised:
+            said.append(
+                f"the optimizer stepped {self._unnoised} times without noise (first after "
+                f"private step {self._first_unnoised})"
+            )
+        if self._ledger is not None:
+            changed = [p for p, v, ptr in self._ledger if (p._version, p.data_ptr()) != (v, ptr)]
+            if changed:
+                said.append(
+                    f"{len(changed)} parameters changed after the last private step (step "
+                    f"{self._ledger_step})"
+                )
+        if said:
+            return True, None, f"ledger: {'; '.join(said)}: a non-private update"
+        if self._ledger is None:
+            return False, None, "ledger: no private step yet"
+        return False, None, (
+            f"ledger: the weights are those of the last private step (step {self._ledger_step})"
+        )
+
+    @property
+    def statistical_tests(self) -> tuple[tuple[str, str], ...]:
+        """The (check, test) pairs that give p-values, in order (constant for the object)."""
+        return tuple((c, t) for c, t, kind in TESTS if kind == "statistical" and c in self._checks)
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The enabled checks, in the order of :data:`~privmon.audit.MECHANISM_CHECKS`."""
+        return self._checks
+
+    @property
+    def steps(self) -> int:
+        """Private steps counted (those before a resume included, after loading its state)."""
+        return self._steps
+
+    @property
+    def attached(self) -> bool:
+        """True until :meth:`detach`."""
+        return self._frozen is None
+
+    # -- detaching and checkpoints -----------------------------------------------------------
+    def detach(self) -> None:
+        """Restore the optimizer's methods and hooks; the findings stay readable, the ledger's
+        frozen at this moment. Calling it again does nothing.
+
+        Raises:
+            RuntimeError: a method the checks wrapped was wrapped again by someone else since
+                (detach that first).
+        """
+        if self._frozen is not None:
+            return
+        hooks.uninstall(self._optimizer, self._hooks, "mechanism checks")
+        if self._post is not None:
+            self._post.remove()
+        if self._checks:
+            hooks.release(self._optimizer, "checks")
+        self._frozen = self._weights_ledger()
+
+    def __enter__(self) -> MechanismChecks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resumes the checks after a checkpoint: the enabled checks, the private steps
+        taken and the accountant's count when the checks were first attached (so that a resume
+        whose accountant lost its state is seen), the noise statistics and the steps' digests
+        (8 bytes a step), the row counts, the probe's worst case and the steps taken without
+        noise. The ledger restarts at the next private step."""
+        digests = np.frombuffer(bytes(self._digests), dtype=np.int64).copy()
+        return {
+            "checks": list(self._checks),
+            "steps": self._steps,
+            "accountant_steps_at_attach": self._counted_at_attach,
+            "noise": {
+                "squares": self._squares,
+                "values": self._values,
+                "steps": self._noise_steps,
+                "scale": list(self._scale_seen),
+                "digests": torch.from_numpy(digests),
+            },
+            "sampling": self._counts.state(),
+            "clipping": {
+                "probes": self._probes,
+                "over": self._over,
+                "worst": None if self._worst is None else list(self._worst),
+            },
+            "ledger": {"unnoised": self._unnoised, "first_unnoised": self._first_unnoised},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`.
+
+        Raises:
+            ValueError: ``state`` lacks a field, or was saved by checks of another
+                configuration.
+        """
+        missing = sorted(set(self.state_dict()) - set(state))
+        if missing:
+            raise ValueError(f"state is not a MechanismChecks state_dict: it lacks {missing}")
+        if tuple(state["checks"]) != self._checks:
+            raise ValueError(
+                f"state was saved by checks={tuple(state['checks'])!r}; these have "
+                f"checks={self._checks!r}"
+            )
+        self._steps = int(state["steps"])
+        self._counted_at_attach = int(state["accountant_steps_at_attach"])
+        noise = state["noise"]
+        self._squares, self._values = float(noise["squares"]), int(noise["values"])
+        self._noise_steps = int(noise["steps"])
+        self._scale_seen = (float(noise["scale"][0]), float(noise["scale"][1]))
+        digests = torch.as_tensor(noise["digests"], dtype=torch.int64).numpy()
+        self._digests = bytearray(digests.tobytes())
+        self._counts.load(state["sampling"])
+        clipping = state["clipping"]
+        self._probes, self._over = int(clipping["probes"]), int(clipping["over"])
+        worst = clipping["worst"]
+        self._worst = None if worst is None else (float(worst[0]), float(worst[1]), int(worst[2]))
+        self._unnoised = int(state["ledger"]["unnoised"])
+        self._first_unnoised = int(state["ledger"]["first_unnoised"])
+        self._ledger = None
+
+
+def _sampling_sentence(counts: RowCounts, n_low: float) -> str:
+    """What the rows per step were, and what the accountant assumes."""
+    population = math.ceil(n_low - 1e-9)
+    rate = counts.q_sum / counts.steps
+    assumed = f"the accountant assumes Binomial({population}, {_num(rate)})"
+    if counts.k_min == counts.k_max:
+        return f"sampling: {int(counts.k_min)} rows in each of {counts.steps} steps, {assumed}"
+    mean = counts.rows / counts.steps
+    variance = max(counts.k_sq / counts.steps - mean * mean, 0.0)
+    return (
+        f"sampling: {_num(mean)} rows per step (variance {_num(variance)}) over {counts.steps} "
+        f"steps, {assumed} (mean {_num(population * rate)}, variance "
+        f"{_num(population * rate * (1 - rate))})"
+    )

@@ -30,9 +30,12 @@ __all__ = ["MechanismChecks", "check_checks"]
 logger = logging.getLogger("privmon")
 
 PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
+# The probe runs at the first PROBE_FIRST private steps, every PROBE_EVERY-th, and whenever C,
+# the optimizer's class or its clip_and_accumulate changed since the last probe.
+PROBE_FIRST, PROBE_EVERY = 10, 10
 CLIP_TOLERANCE = 1e-4  # a contribution above C (1 + this) is a clipping fault
-NOISE_VALUES = 100_000  # the model's noise values read per step (the canary block's all)
-DIGEST_VALUES = 64  # noise values per tensor in a step's digest
+NOISE_VALUES = 32_768  # noise values read per step, spread over the tensors
+DIGEST_VALUES, DIGEST_TENSORS = 64, 16  # a step's digest: the first values of the first tensors
 DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 _MISSING = object()
 # (check, test, kind) in the order mechanism() gives them.
@@ -191,6 +194,7 @@ class MechanismChecks:
         self._steps = 0  # private steps since attach (and before a resume, after loading)
         self._rows = 0  # rows clipped in the current logical step
         self._probing = False
+        self._params: list[torch.Tensor] = []  # the model's, read at each pre_step
         self._noised: tuple[Any, ...] | None = None  # what add_noise left for the step
         self._private = False  # a private step's optimizer step is due
         self._squares = 0.0  # Σ ‖z‖² / (σC)²
@@ -202,6 +206,7 @@ class MechanismChecks:
         self._worst: tuple[float, float, int] | None = None  # (ratio, bound, step)
         self._probes = 0
         self._bound = math.nan  # the last probe's C
+        self._key: tuple[Any, ...] = ()  # what the last probe ran with
         self._over = 0  # probes above C
         self._probe_error: str | None = None
         self._ledger: list[tuple[torch.Tensor, int, int]] | None = None
@@ -237,7 +242,7 @@ class MechanismChecks:
         original()
         if self._probing:
             return
-        for p in self._model_params():
+        for p in self._params:
             samples = getattr(p, "grad_sample", None)
             if isinstance(samples, torch.Tensor):
                 self._rows += len(samples)
@@ -255,35 +260,34 @@ class MechanismChecks:
 
     def _read_noise(self) -> tuple[float, int, bytes]:
         """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
-        added: up to NOISE_VALUES of the model's values and all of the canary block's; the
-        digest hashes the first DIGEST_VALUES of each tensor, rounded to σ C / DIGEST_GRID."""
+        added, on the first values of every tensor (the canary block's and the model's; about
+        NOISE_VALUES in all, at least DIGEST_VALUES each); the digest hashes the first
+        DIGEST_VALUES of each, rounded to σ C / DIGEST_GRID."""
         opt, block = self._optimizer, self._block
-        budget, parts, heads = NOISE_VALUES, [], []
-        for p in [*self._model_params(), *([block] if block is not None else [])]:
+        tensors = [*([block] if block is not None else []), *self._params]
+        share = max(NOISE_VALUES // max(len(tensors), 1), DIGEST_VALUES)
+        grads, sums = [], []
+        for p in tensors:
             grad, summed = p.grad, getattr(p, "summed_grad", None)
-            if grad is None or summed is None:
-                continue
-            keep = grad.numel() if p is block else min(grad.numel(), budget)
-            n = max(keep, min(grad.numel(), DIGEST_VALUES))
-            z = grad.reshape(-1)[:n] - summed.reshape(-1)[:n]
-            heads.append(z[:DIGEST_VALUES])
-            if keep > 0:
-                parts.append(z[:keep])
-                budget -= 0 if p is block else keep
-        if not parts:
+            if grad is not None and summed is not None:
+                grads.append(grad.reshape(-1)[:share])
+                sums.append(summed.reshape(-1)[:share])
+        if not grads:
             return 0.0, 0, b""
-        values = torch.cat(parts) if len(parts) > 1 else parts[0]
-        squares = float(torch.sum(values * values, dtype=torch.float64))
+        noise = torch._foreach_sub(grads, sums)
+        squares = sum(float(torch.dot(z, z)) for z in (z.float() for z in noise))
         scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
-        head = torch.cat(heads).to(torch.float64)
-        grid = torch.round(head * (DIGEST_GRID / scale)) if scale > 0 else head
-        digest = hashlib.blake2b(grid.cpu().numpy().tobytes(), digest_size=8).digest()
-        return squares, values.numel(), digest
+        head = torch.cat([z[:DIGEST_VALUES] for z in noise[:DIGEST_TENSORS]])
+        if scale > 0:
+            head = torch.round(head * (DIGEST_GRID / scale)).to(torch.int32)
+        digest = hashlib.blake2b(head.cpu().numpy().tobytes(), digest_size=8).digest()
+        return squares, sum(z.numel() for z in noise), digest
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and
         checked with the σ and C the accountant read."""
         self._noised = None
+        self._params = self._model_params()
         result = original(*args, **kwargs)
         noised, self._noised = self._noised, None
         if noised is not None:
@@ -309,7 +313,10 @@ class MechanismChecks:
                 self._counts.add(self._rows, rate)
             self._rows = 0
         if "clipping" in self._checks:
-            self._check_clipping(bound)
+            key = (bound, type(opt), opt.__dict__.get("clip_and_accumulate"))
+            if self._probes < PROBE_FIRST or self._steps % PROBE_EVERY == 0 or key != self._key:
+                self._key = key
+                self._check_clipping(bound)
 
     def _check_clipping(self, bound: float) -> None:
         try:
@@ -331,24 +338,19 @@ class MechanismChecks:
         """The contribution ‖Σ_p summed_grad_p‖ of one row of norm PROBE_NORM · C, equal on every
         clipped parameter, through the optimizer's own ``clip_and_accumulate`` on scratch
         state (every parameter's ``grad_sample`` and ``summed_grad`` put back after)."""
-        opt, block = self._optimizer, self._block
-        params = [p for p in self._model_params() if p.numel() > 0]
-        touched = params + ([block] if block is not None else [])
-        saved = [(p, p.__dict__.get("grad_sample", _MISSING), p.summed_grad) for p in touched]
-        share = PROBE_NORM * bound / math.sqrt(len(params))
+        params = self._params
+        saved = [(p, p.__dict__.get("grad_sample", _MISSING), p.summed_grad) for p in params]
+        share = PROBE_NORM * bound / math.sqrt(max(sum(p.numel() > 0 for p in params), 1))
         try:
             for p in params:
-                value = share / math.sqrt(p.numel())
+                value = share / math.sqrt(max(p.numel(), 1))
                 p.grad_sample = torch.full((1, *p.shape), value, dtype=p.dtype, device=p.device)
-            for p in touched:
                 p.summed_grad = None
             self._probing = True
-            opt.clip_and_accumulate()
-            total = sum(
-                float(torch.sum(p.summed_grad * p.summed_grad, dtype=torch.float64))
-                for p in params
-                if p.summed_grad is not None
-            )
+            self._optimizer.clip_and_accumulate()
+            sums = [p.summed_grad.float() for p in params if p.summed_grad is not None]
+            norms = torch._foreach_norm(sums) if sums else [torch.zeros(())]
+            total = float(torch.stack(norms).double().square().sum())
         finally:
             self._probing = False
             for p, samples, summed in saved:

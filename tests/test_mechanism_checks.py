@@ -221,7 +221,7 @@ def test_clipping_faults_fire_the_clipping_probe(inject, contributed, canaries):
     assert set(found) == {"clipping/probe"}
     evidence = found["clipping/probe"]
     assert evidence.startswith("clipping: a row of norm 100 contributed ")
-    assert "above C = 1.0 (step 1; 10 of 10 steps)" in evidence
+    assert "above C = 1.0 (step 1; 10 of 10 probes)" in evidence
     if contributed:
         assert f"contributed {contributed}, above C = 1.0" in evidence
 
@@ -343,7 +343,9 @@ def test_max_grad_norm_changed_mid_run_stays_silent(canaries):
     run = Run(canaries=canaries).attach().train(before_step=change)
     assert_silent(run)
     assert run.findings()["clipping/probe"].evidence == (
-        "clipping: a row of norm 100 C contributed at most C in 40 steps (the last C = 0.5)"
+        # probed at steps 1-10, 20, 21 (C changed), 30 and 40
+        "clipping: a row of norm 100 C contributed at most C in 14 probes over 40 steps (the "
+        "last C = 0.5)"
     )
 
 
@@ -352,3 +354,211 @@ def test_per_sample_gradients_scaled_before_clipping_stay_silent(canaries):
     run = Run(canaries=canaries)
     around_clipping(run, scale_then_clip)
     assert_silent(run.attach().train())
+
+
+# -- what the checks leave alone ----------------------------------------------------------------
+def _trained(checks: tuple[str, ...] | None, canaries: int) -> tuple[dict, Any, torch.Tensor]:
+    """Weights, canary scores and the global RNG's next draws after a run with noise."""
+    run = Run()
+    if canaries:
+        options = {} if checks is None else {"checks": checks}
+        audit = GradientCanaries(run.optimizer, canaries, seed=3, **options)
+    elif checks is not None:
+        audit = MechanismChecks(run.optimizer, checks=checks)
+    run.train(25)
+    scores = audit.scores() if canaries else None
+    return copy.deepcopy(run.net.state_dict()), scores, torch.rand(5)
+
+
+@pytest.mark.parametrize("canaries", [0, 1000])
+def test_the_checks_leave_training_bit_identical(canaries):
+    """Weights, the canaries' scores and the RNG streams are those of a run without checks
+    (``checks=()``: the previous GradientCanaries): the checks draw no random numbers and
+    change no gradient, optimizer state or weight."""
+    off = _trained((), canaries) if canaries else _trained(None, 0)
+    on = _trained(None, canaries)
+    for key, value in off[0].items():
+        assert torch.equal(value, on[0][key]), key
+    if canaries:
+        for a, b in zip(off[1], on[1], strict=True):
+            assert a.tobytes() == b.tobytes()
+    assert torch.equal(off[2], on[2])
+
+
+def test_checks_off_give_the_canaries_of_before():
+    run = Run()
+    canaries = GradientCanaries(run.optimizer, 100, checks=())
+    assert canaries.mechanism() == ()
+    assert canaries.statistical_tests == ()
+    assert "mechanism" not in canaries.state_dict()
+    assert "add_noise" in run.optimizer.__dict__  # the canaries' own hooks, and only those
+    canaries.detach()
+    assert not {"add_noise", "pre_step", "clip_and_accumulate"} & set(run.optimizer.__dict__)
+
+
+def test_a_subset_of_checks_gives_only_its_findings():
+    run = Run(checks=("steps", "sampling")).attach()
+    audit = run.audit
+    run.train(10)
+    assert [f"{f.check}/{f.test}" for f in audit.mechanism()] == [
+        "sampling/mean",
+        "sampling/dispersion",
+        "steps/count",
+    ]
+    assert audit.statistical_tests == (("sampling", "mean"), ("sampling", "dispersion"))
+    assert audit.checks == ("sampling", "steps")
+
+
+def test_gradient_canaries_forward_to_their_checks():
+    run = Run(canaries=100).attach().train(10)
+    assert run.audit.statistical_tests == (
+        ("noise", "variance"),
+        ("sampling", "mean"),
+        ("sampling", "dispersion"),
+    )
+    assert run.audit.mechanism() == run.audit.checks.mechanism()
+    assert [f.check for f in run.audit.mechanism()] == [
+        "clipping", "noise", "noise", "sampling", "sampling", "steps", "ledger"
+    ]
+
+
+def test_virtual_steps_count_the_rows_of_the_logical_step():
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    run = Run(canaries=100).attach()
+    with BatchMemoryManager(
+        data_loader=run.loader, max_physical_batch_size=7, optimizer=run.optimizer
+    ) as loader:
+        for _ in range(3):
+            for x, y in loader:
+                run.optimizer.zero_grad()
+                nn.functional.cross_entropy(run.model(x), y).backward()
+                run.optimizer.step()
+    assert_silent(run)
+    logical = len(run.engine.accountant.history) and run.engine.accountant.history[-1][2]
+    assert run.audit.checks.steps == logical
+    assert run.findings()["sampling/mean"].evidence.startswith("sampling: ")
+
+
+# -- checkpoints, detach, refusals ---------------------------------------------------------------
+def test_state_dict_round_trip_and_a_mismatch():
+    run = Run().attach().train(12)
+    state = run.audit.state_dict()
+    fresh = MechanismChecks(Run(torch_seed=9).optimizer)
+    fresh.load_state_dict(copy.deepcopy(state))
+    assert fresh.state_dict().keys() == state.keys()
+    assert fresh.steps == 12
+    for a, b in zip(fresh.mechanism()[:5], run.audit.mechanism()[:5], strict=True):
+        assert (a.test, a.p_value, a.evidence) == (b.test, b.p_value, b.evidence)
+    other = MechanismChecks(Run().optimizer, checks=("steps",))
+    with pytest.raises(ValueError, match=r"saved by checks=\('clipping'"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="lacks"):
+        fresh.load_state_dict({"checks": []})
+
+
+def test_detach_restores_the_optimizer_and_freezes_the_ledger():
+    run = Run().attach().train(5)
+    before = run.audit.mechanism()
+    run.audit.detach()
+    assert not {"add_noise", "pre_step", "clip_and_accumulate"} & set(run.optimizer.__dict__)
+    assert not run.optimizer.original_optimizer._optimizer_step_post_hooks
+    assert not run.audit.attached
+    run.train(3)  # steps after detaching are not the checks' business
+    assert run.audit.mechanism() == before
+    run.audit.detach()  # again: nothing
+    again = MechanismChecks(run.optimizer)  # a new one may attach
+    again.detach()
+
+
+def test_detach_refuses_when_a_wrapped_method_was_wrapped_again():
+    run = Run().attach()
+    run.optimizer.add_noise = lambda: None
+    with pytest.raises(RuntimeError, match="add_noise was replaced"):
+        run.audit.detach()
+
+
+def test_two_sets_of_checks_are_refused():
+    run = Run().attach()
+    with pytest.raises(ValueError, match="already carries mechanism checks"):
+        MechanismChecks(run.optimizer)
+    with pytest.raises(ValueError, match="already carries mechanism checks"):
+        GradientCanaries(run.optimizer, 10)
+    GradientCanaries(run.optimizer, 10, checks=()).detach()  # canaries without checks: fine
+    other = Run()
+    GradientCanaries(other.optimizer, 10, checks=())
+    with pytest.raises(ValueError, match="pass checks= to them"):
+        MechanismChecks(other.optimizer)  # it would not know the canary block
+    MechanismChecks(other.optimizer, checks=())  # nothing to run: fine
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(TypeError, match="MechanismChecks: optimizer must be an Opacus DPOptimizer"):
+        MechanismChecks(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="checks must be a subset of"):
+        MechanismChecks(Run().optimizer, checks=("noise", "clip"))
+
+
+def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    model, optimizer, criterion, loader = PrivacyEngine().make_private(
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=LR),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        criterion=nn.CrossEntropyLoss(),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        grad_sample_mode="ghost",
+    )
+    with pytest.raises(ValueError, match=r"clipping, sampling cannot run .*ghost clipping .*"
+                       r"Pass checks=\('noise', 'steps', 'ledger'\)"):
+        MechanismChecks(optimizer)
+    checks = MechanismChecks(optimizer, checks=("noise", "steps", "ledger"))
+    with_noise_factor(optimizer, 0.5)  # after the checks: outside them, and still seen
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+    found = {f"{f.check}/{f.test}": f for f in checks.mechanism()}
+    assert found["noise/variance"].p_value < FAULT_LEVEL
+    assert not any(f.fired for f in found.values())
+
+
+def test_adaclip_refuses_clipping_and_noise():
+    from opacus.optimizers import AdaClipDPOptimizer
+
+    params = nn.Linear(2, 2).parameters()
+    optimizer = AdaClipDPOptimizer(
+        torch.optim.SGD(params, lr=0.1), noise_multiplier=0.5, target_unclipped_quantile=0.5,
+        clipbound_learning_rate=0.2, max_clipbound=10, min_clipbound=0.1, unclipped_num_std=1.0,
+        max_grad_norm=1.0, expected_batch_size=4,
+    )
+    with pytest.raises(ValueError, match="clipping, noise cannot run .*AdaClip moves"):
+        MechanismChecks(optimizer)
+    MechanismChecks(optimizer, checks=("sampling", "steps", "ledger")).detach()
+
+
+def test_per_layer_clipping_is_checked_and_a_wrong_layer_bound_fires():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    model, optimizer, loader = PrivacyEngine().make_private(
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=LR),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=SIGMA,
+        max_grad_norm=[0.5] * 4,  # C = 1
+        clipping="per_layer",
+    )
+    checks = MechanismChecks(optimizer)
+    for step, (x, y) in enumerate(loader):
+        if step == 5:
+            optimizer.max_grad_norms[0] = 3.0  # one layer's bound raised, C (the noise) not
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    found = {f"{f.check}/{f.test}": f for f in checks.mechanism()}
+    assert found["clipping/probe"].fired
+    assert "above C = 1.0 (step 6; 5 of 10 probes)" in found["clipping/probe"].evidence

@@ -182,10 +182,15 @@ class MechanismChecks:
         self._optimizer = hooks.check_dp_optimizer(optimizer, who="MechanismChecks")
         self._checks = check_checks(checks)
         _refuse_unsupported(optimizer, self._checks)
-        if hooks.attached(optimizer, "checks") is not None:
+        if self._checks and hooks.attached(optimizer, "checks") is not None:
             raise ValueError(
                 "optimizer already carries mechanism checks (a MechanismChecks, or "
                 "GradientCanaries with checks on): detach() them before attaching others"
+            )
+        if self._checks and canary_block is None and hooks.attached(optimizer, "canaries"):
+            raise ValueError(
+                "optimizer carries GradientCanaries: their checks= runs the mechanism checks "
+                "(they know the canary block); detach() them or pass checks= to them"
             )
         self._block = canary_block
         self._sample_rate = hooks.hook_sample_rate(optimizer)
@@ -213,7 +218,7 @@ class MechanismChecks:
         self._ledger_step = 0
         self._unnoised = 0  # optimizer steps that ran without noise
         self._first_unnoised = 0  # the private steps before the first of them
-        self._frozen: tuple[bool, None, str] | None = None  # the ledger's finding at detach
+        self._frozen: tuple[MechanismFinding, ...] | None = None  # the findings at detach
         self._hooks: list[hooks.Hook] = []
         self._post: Any = None
         if self._checks:
@@ -387,7 +392,11 @@ class MechanismChecks:
         Args:
             accountant: the accountant whose ε is reported (an Opacus accountant or a
                 ``PrivacyEngine``); default the one the optimizer's step hook counts with.
+
+        After :meth:`detach`, the findings of the moment it was called.
         """
+        if self._frozen is not None:
+            return self._frozen
         findings = {
             ("clipping", "probe"): self._clipping,
             ("noise", "variance"): self._noise_variance,
@@ -414,11 +423,11 @@ class MechanismChecks:
         if ratio > 1 + CLIP_TOLERANCE:
             return True, None, (
                 f"clipping: a row of norm {PROBE_NORM * bound:g} contributed {_num(ratio * bound)}, above C = {_num(bound)} "
-                f"(step {step}; {self._over} of {self._probes} steps)"
+                f"(step {step}; {self._over} of {self._probes} probes)"
             )
         return False, None, (
             f"clipping: a row of norm {PROBE_NORM:g} C contributed at most C in {self._probes} "
-            f"steps (the last C = {_num(self._bound)})"
+            f"probes over {self._steps} steps (the last C = {_num(self._bound)})"
         )
 
     def _noise_variance(self) -> tuple[bool, float, str]:
@@ -480,8 +489,6 @@ class MechanismChecks:
         )
 
     def _weights_ledger(self) -> tuple[bool, None, str]:
-        if self._frozen is not None:
-            return self._frozen
         said = []
         if self._unnoised:
             said.append(
@@ -525,8 +532,8 @@ class MechanismChecks:
 
     # -- detaching and checkpoints -----------------------------------------------------------
     def detach(self) -> None:
-        """Restore the optimizer's methods and hooks; the findings stay readable, the ledger's
-        frozen at this moment. Calling it again does nothing.
+        """Restore the optimizer's methods and hooks; the findings stay readable, frozen at this
+        moment. Calling it again does nothing.
 
         Raises:
             RuntimeError: a method the checks wrapped was wrapped again by someone else since
@@ -534,12 +541,13 @@ class MechanismChecks:
         """
         if self._frozen is not None:
             return
+        frozen = self.mechanism()
         hooks.uninstall(self._optimizer, self._hooks, "mechanism checks")
         if self._post is not None:
             self._post.remove()
         if self._checks:
             hooks.release(self._optimizer, "checks")
-        self._frozen = self._weights_ledger()
+        self._frozen = frozen
 
     def __enter__(self) -> MechanismChecks:
         return self
@@ -569,6 +577,7 @@ class MechanismChecks:
             "clipping": {
                 "probes": self._probes,
                 "over": self._over,
+                "bound": self._bound,
                 "worst": None if self._worst is None else list(self._worst),
             },
             "ledger": {"unnoised": self._unnoised, "first_unnoised": self._first_unnoised},
@@ -600,6 +609,7 @@ class MechanismChecks:
         self._counts.load(state["sampling"])
         clipping = state["clipping"]
         self._probes, self._over = int(clipping["probes"]), int(clipping["over"])
+        self._bound = float(clipping["bound"])
         worst = clipping["worst"]
         self._worst = None if worst is None else (float(worst[0]), float(worst[1]), int(worst[2]))
         self._unnoised = int(state["ledger"]["unnoised"])

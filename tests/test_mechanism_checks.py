@@ -51,7 +51,9 @@ class Run:
     def __post_init__(self) -> None:
         torch.manual_seed(self.seed if self.torch_seed is None else self.torch_seed)
         g = torch.Generator().manual_seed(self.seed)
-        self.data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
+        self.data = TensorDataset(
+            torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g)
+        )
         self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
         self.engine = PrivacyEngine()
         self.model, self.optimizer, self.loader = self.engine.make_private(
@@ -190,8 +192,13 @@ def test_noise_removed_or_halved_fires_the_noise_test(factor):
     with_noise_factor(run.optimizer, factor)
     found = fired(run.attach().train())
     assert set(found) == ({"noise/variance", "noise/repeat"} if factor == 0 else {"noise/variance"})
-    ratio = float(re.search(r"the noise added has ([0-9.]+) × the standard deviation the "
-                            r"accountant assumes", found["noise/variance"]).group(1))
+    ratio = float(
+        re.search(
+            r"the noise added has ([0-9.]+) × the standard deviation the "
+            r"accountant assumes",
+            found["noise/variance"],
+        ).group(1)
+    )
     assert ratio == pytest.approx(factor, abs=0.03)
     assert "(σ·C = 1.0;" in found["noise/variance"]
 
@@ -230,8 +237,12 @@ def test_clipping_faults_fire_the_clipping_probe(inject, contributed, canaries):
     ("name", "options", "test", "evidence"),
     [
         ("four-views", {"rows": four_views}, "sampling/mean", "rows per step"),
-        ("own-loader", {}, "sampling/mean", "200 rows in each of 40 steps, the accountant "
-         "assumes Binomial(200, 0.1)"),
+        (
+            "own-loader",
+            {},
+            "sampling/mean",
+            "200 rows in each of 40 steps, the accountant assumes Binomial(200, 0.1)",
+        ),
         ("double-rate", {}, "sampling/mean", "the accountant assumes Binomial(200, 0.1)"),
     ],
 )
@@ -418,7 +429,13 @@ def test_gradient_canaries_forward_to_their_checks():
     )
     assert run.audit.mechanism() == run.audit.checks.mechanism()
     assert [f.check for f in run.audit.mechanism()] == [
-        "clipping", "noise", "noise", "sampling", "sampling", "steps", "ledger"
+        "clipping",
+        "noise",
+        "noise",
+        "sampling",
+        "sampling",
+        "steps",
+        "ledger",
     ]
 
 
@@ -512,8 +529,11 @@ def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
         max_grad_norm=CLIP,
         grad_sample_mode="ghost",
     )
-    with pytest.raises(ValueError, match=r"clipping, sampling cannot run .*ghost clipping .*"
-                       r"Pass checks=\('noise', 'steps', 'ledger'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"clipping, sampling cannot run .*ghost clipping .*"
+        r"Pass checks=\('noise', 'steps', 'ledger'\)",
+    ):
         MechanismChecks(optimizer)
     checks = MechanismChecks(optimizer, checks=("noise", "steps", "ledger"))
     with_noise_factor(optimizer, 0.5)  # after the checks: outside them, and still seen
@@ -531,11 +551,17 @@ def test_adaclip_refuses_clipping_and_noise():
 
     params = nn.Linear(2, 2).parameters()
     optimizer = AdaClipDPOptimizer(
-        torch.optim.SGD(params, lr=0.1), noise_multiplier=0.5, target_unclipped_quantile=0.5,
-        clipbound_learning_rate=0.2, max_clipbound=10, min_clipbound=0.1, unclipped_num_std=1.0,
-        max_grad_norm=1.0, expected_batch_size=4,
+        torch.optim.SGD(params, lr=0.1),
+        noise_multiplier=0.5,
+        target_unclipped_quantile=0.5,
+        clipbound_learning_rate=0.2,
+        max_clipbound=10,
+        min_clipbound=0.1,
+        unclipped_num_std=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=4,
     )
-    with pytest.raises(ValueError, match="clipping, noise cannot run .*AdaClip moves"):
+    with pytest.raises(ValueError, match=r"clipping, noise cannot run .*AdaClip moves"):
         MechanismChecks(optimizer)
     MechanismChecks(optimizer, checks=("sampling", "steps", "ledger")).detach()
 

@@ -15,39 +15,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
-from privmon.audit.mechanism_math import (
-    RowCounts,
-    binomial_population,
-    dispersion_p_value,
-    mean_p_value,
-    noise_p_value,
-)
+from privmon.audit.mechanism_evidence import CLIP_TOLERANCE, PROBE_NORM, TESTS
+from privmon.audit.mechanism_math import RowCounts
 
 __all__ = ["MechanismChecks", "check_checks"]
 
 logger = logging.getLogger("privmon")
 
-PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
 # The probe runs at the first PROBE_FIRST private steps, every PROBE_EVERY-th, and whenever C,
 # the optimizer's class or its clip_and_accumulate changed since the last probe.
 PROBE_FIRST, PROBE_EVERY = 10, 10
-CLIP_TOLERANCE = 1e-4  # a contribution above C (1 + this) is a clipping fault
 NOISE_VALUES = 32_768  # noise values read per step, spread over the tensors
 DIGEST_VALUES, DIGEST_TENSORS = 64, 16  # a step's digest: the first values of the first tensors
 DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 _MISSING = object()
-# (check, test, kind) in the order mechanism() gives them.
-TESTS = (
-    ("clipping", "probe", "deterministic"),
-    ("noise", "variance", "statistical"),
-    ("noise", "repeat", "deterministic"),
-    ("sampling", "mean", "statistical"),
-    ("sampling", "dispersion", "statistical"),
-    ("steps", "count", "deterministic"),
-    ("ledger", "weights", "deterministic"),
-)
 _GHOST = {
     "clipping": "ghost clipping computes the per-sample norms inside the backward pass and keeps "
     "no per-sample gradients, so there is no clipping step to replay a row through",
@@ -100,11 +84,6 @@ def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:
                 "others, or use flat clipping on one process (make_private(clipping='flat'), "
                 "grad_sample_mode='hooks')."
             )
-
-
-def _num(x: float) -> str:
-    """A figure for a sentence: 5 significant digits, as Python writes a float (100.0, 1.0)."""
-    return repr(float(f"{x:.5g}")) if math.isfinite(x) else str(x)
 
 
 class MechanismChecks:
@@ -164,10 +143,10 @@ class MechanismChecks:
         ...         torch.nn.functional.cross_entropy(model(x), y).backward()
         ...         optimizer.step()
         ...     findings = checks.mechanism()
-        >>> [(f.check, f.test, f.fired) for f in findings if f.kind == "deterministic"]
-        [('clipping', 'probe', False), ('noise', 'repeat', False), ('steps', 'count', False), ('ledger', 'weights', False)]
-        >>> all(f.p_value > 1e-3 for f in findings if f.kind == "statistical")
-        True
+        >>> [f"{f.check}/{f.test}" for f in findings if f.kind == "statistical"]
+        ['noise/variance', 'sampling/mean', 'sampling/dispersion']
+        >>> any(f.fired for f in findings), all(f.p_value > 1e-3 for f in findings if f.p_value)
+        (False, True)
         >>> print(findings[-2].evidence)
         steps: the accountant counted 10 noised steps, 10 were taken
     """
@@ -231,9 +210,7 @@ class MechanismChecks:
                 },
             )
             if "ledger" in self._checks:
-                self._post = optimizer.original_optimizer.register_step_post_hook(
-                    self._after_step
-                )
+                self._post = optimizer.original_optimizer.register_step_post_hook(self._after_step)
             hooks.claim(optimizer, "checks", self)
 
     # -- the optimizer's step ------------------------------------------------------------
@@ -397,118 +374,40 @@ class MechanismChecks:
         """
         if self._frozen is not None:
             return self._frozen
-        findings = {
-            ("clipping", "probe"): self._clipping,
-            ("noise", "variance"): self._noise_variance,
-            ("noise", "repeat"): self._noise_repeat,
-            ("sampling", "mean"): lambda: self._sampling("mean"),
-            ("sampling", "dispersion"): lambda: self._sampling("dispersion"),
-            ("steps", "count"): lambda: self._step_count(accountant),
-            ("ledger", "weights"): self._weights_ledger,
-        }
-        out = []
-        for check, test, kind in TESTS:
-            if check in self._checks:
-                fired, p_value, evidence = findings[check, test]()
-                out.append(MechanismFinding(check, test, kind, fired, p_value, evidence))  # type: ignore[arg-type]
-        return tuple(out)
-
-    def _clipping(self) -> tuple[bool, None, str]:
-        if self._worst is None:
-            why = f"the probe could not run ({self._probe_error})" if self._probe_error else (
-                "no private step yet"
-            )
-            return False, None, f"clipping: not tested: {why}"
-        ratio, bound, step = self._worst
-        if ratio > 1 + CLIP_TOLERANCE:
-            return True, None, (
-                f"clipping: a row of norm {PROBE_NORM * bound:g} contributed {_num(ratio * bound)}, above C = {_num(bound)} "
-                f"(step {step}; {self._over} of {self._probes} probes)"
-            )
-        return False, None, (
-            f"clipping: a row of norm {PROBE_NORM:g} C contributed at most C in {self._probes} "
-            f"probes over {self._steps} steps (the last C = {_num(self._bound)})"
-        )
-
-    def _noise_variance(self) -> tuple[bool, float, str]:
-        if self._values == 0:
-            return False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
-        sigma, bound = self._scale_seen
-        ratio = math.sqrt(self._squares / self._values)
-        return False, noise_p_value(self._squares, self._values), (
-            f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
-            f"assumes (σ·C = {_num(sigma * bound)}; {self._values:,} values over "
-            f"{self._noise_steps} steps)"
-        )
-
-    def _noise_repeat(self) -> tuple[bool, None, str]:
-        digests = np.frombuffer(bytes(self._digests), dtype=np.uint64)
-        if len(digests) == 0:
-            return False, None, "noise: no noised step yet"
-        _, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
-        repeats = np.flatnonzero(first[inverse] != np.arange(len(digests)))
-        if len(repeats) == 0:
-            return False, None, f"noise: no step repeats another's noise ({len(digests)} steps)"
-        i = int(repeats[0])
-        return True, None, (
-            f"noise: step {i + 1} repeats the noise of step {int(first[inverse[i]]) + 1} "
-            f"({len(repeats)} of {len(digests)} steps repeat an earlier step's noise)"
-        )
-
-    def _sampling(self, test: str) -> tuple[bool, float, str]:
-        rate, expected = self._sample_rate, getattr(self._optimizer, "expected_batch_size", None)
-        if rate is None:
-            return False, 1.0, (
-                "sampling: not tested: the optimizer's step hook is no Opacus accountant's, so "
-                "the sampling rate the accountant uses is unknown"
-            )
-        if not isinstance(expected, int | float) or expected <= 0:
-            return False, 1.0, (
-                "sampling: not tested: the optimizer has no expected_batch_size to tell the "
-                "dataset size N from"
-            )
-        counts = self._counts
-        if counts.steps == 0:
-            return False, 1.0, "sampling: not tested: no private step with q < 1 yet"
-        n_low, n_high = binomial_population(float(expected), rate)
-        test_fn = mean_p_value if test == "mean" else dispersion_p_value
-        return False, test_fn(counts, n_low, n_high), _sampling_sentence(counts, n_low)
-
-    def _step_count(self, accountant: Any) -> tuple[bool, None, str]:
         counted = hooks.accountant_steps(accountant) if accountant is not None else None
         if counted is None:
             counted = hooks.accountant_steps(hooks.hook_accountant(self._optimizer))
-        taken = self._counted_at_attach + self._steps
-        if counted is None:
-            return False, None, (
-                "steps: not tested: no Opacus accountant to compare with (the optimizer's step "
-                "hook is not an accountant's; give the monitor accountant=)"
-            )
-        return counted != taken, None, (
-            f"steps: the accountant counted {counted} noised steps, {taken} were taken"
-        )
-
-    def _weights_ledger(self) -> tuple[bool, None, str]:
-        said = []
-        if self._unnoised:
-            said.append(
-                f"the optimizer stepped {self._unnoised} times without noise (first after "
-                f"private step {self._first_unnoised})"
-            )
+        changed = None
         if self._ledger is not None:
-            changed = [p for p, v, ptr in self._ledger if (p._version, p.data_ptr()) != (v, ptr)]
-            if changed:
-                said.append(
-                    f"{len(changed)} parameters changed after the last private step (step "
-                    f"{self._ledger_step})"
+            changed = sum((p._version, p.data_ptr()) != (v, ptr) for p, v, ptr in self._ledger)
+        expected = getattr(self._optimizer, "expected_batch_size", None)
+        findings = {
+            "clipping": lambda: [
+                evidence.clipping(
+                    self._worst,
+                    self._probes,
+                    self._over,
+                    self._steps,
+                    self._bound,
+                    self._probe_error,
                 )
-        if said:
-            return True, None, f"ledger: {'; '.join(said)}: a non-private update"
-        if self._ledger is None:
-            return False, None, "ledger: no private step yet"
-        return False, None, (
-            f"ledger: the weights are those of the last private step (step {self._ledger_step})"
-        )
+            ],
+            "noise": lambda: [
+                evidence.noise_variance(
+                    self._squares, self._values, self._noise_steps, math.prod(self._scale_seen)
+                ),
+                evidence.noise_repeat(bytes(self._digests)),
+            ],
+            "sampling": lambda: [
+                evidence.sampling(test, self._counts, self._sample_rate, expected)
+                for test in ("mean", "dispersion")
+            ],
+            "steps": lambda: [evidence.step_count(counted, self._counted_at_attach + self._steps)],
+            "ledger": lambda: [
+                evidence.ledger(self._unnoised, self._first_unnoised, changed, self._ledger_step)
+            ],
+        }
+        return tuple(f for check in self._checks for f in findings[check]())
 
     @property
     def statistical_tests(self) -> tuple[tuple[str, str], ...]:
@@ -615,19 +514,3 @@ class MechanismChecks:
         self._unnoised = int(state["ledger"]["unnoised"])
         self._first_unnoised = int(state["ledger"]["first_unnoised"])
         self._ledger = None
-
-
-def _sampling_sentence(counts: RowCounts, n_low: float) -> str:
-    """What the rows per step were, and what the accountant assumes."""
-    population = math.ceil(n_low - 1e-9)
-    rate = counts.q_sum / counts.steps
-    assumed = f"the accountant assumes Binomial({population}, {_num(rate)})"
-    if counts.k_min == counts.k_max:
-        return f"sampling: {int(counts.k_min)} rows in each of {counts.steps} steps, {assumed}"
-    mean = counts.rows / counts.steps
-    variance = max(counts.k_sq / counts.steps - mean * mean, 0.0)
-    return (
-        f"sampling: {_num(mean)} rows per step (variance {_num(variance)}) over {counts.steps} "
-        f"steps, {assumed} (mean {_num(population * rate)}, variance "
-        f"{_num(population * rate * (1 - rate))})"
-    )

@@ -510,7 +510,7 @@ def test_two_sets_of_checks_are_refused():
 
 
 def test_bad_arguments_are_refused():
-    with pytest.raises(TypeError, match="MechanismChecks: optimizer must be an Opacus DPOptimizer"):
+    with pytest.raises(TypeError, match="optimizer must be an Opacus DPOptimizer"):
         MechanismChecks(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
     with pytest.raises(ValueError, match="checks must be a subset of"):
         MechanismChecks(Run().optimizer, checks=("noise", "clip"))

@@ -80,18 +80,19 @@ def release(optimizer: Any, role: str) -> None:
 
 
 def check_dp_optimizer(optimizer: Any, *, who: str) -> Any:
-    """``optimizer`` if it is an Opacus ``DPOptimizer`` (TypeError naming ``who`` otherwise)."""
+    """``optimizer`` if it is an Opacus ``DPOptimizer`` (TypeError otherwise; ``who`` needs
+    it)."""
     try:
         from opacus.optimizers import DPOptimizer
     except ImportError:  # pragma: no cover - opacus is an optional dependency
         raise TypeError(
-            f"{who}: optimizer must be an Opacus DPOptimizer, and opacus is not installed "
+            f"optimizer must be an Opacus DPOptimizer for {who}, and opacus is not installed "
             "(pip install 'privmon[dp]')"
         ) from None
     if not isinstance(optimizer, DPOptimizer):
         raise TypeError(
-            f"{who}: optimizer must be an Opacus DPOptimizer (the optimizer "
-            f"PrivacyEngine.make_private returns), got {type(optimizer).__name__}"
+            "optimizer must be an Opacus DPOptimizer (the optimizer PrivacyEngine.make_private "
+            f"returns), got {type(optimizer).__name__}"
         )
     return optimizer
 

@@ -115,6 +115,12 @@ class GradientCanaries:
     block stays out of the per-sample clipping, and its cost: docs, Theory page, *Gradient
     canaries*.
 
+    The canaries test one assumption of the accountant, the noise. ``checks`` runs the
+    :class:`~privmon.audit.MechanismChecks` of the others too (clipping, sampling, steps, the
+    weights ledger; on by default, ``checks=()`` off): :meth:`mechanism` gives their findings,
+    :attr:`statistical_tests` the ones with p-values, and :meth:`state_dict` carries their state.
+    They change neither the training nor the canaries' scores.
+
     Use as a context manager (or call :meth:`detach`) to restore the optimizer.
 
     Args:
@@ -123,6 +129,8 @@ class GradientCanaries:
         seed: seeds the inclusion bits and the sampling generator (>= 0).
         sample_rate: probability that a record is in a batch. None (default) reads the rate
             Opacus' accountant hook was built with; a value must agree with it when both exist.
+        checks: the mechanism checks to run, a subset of
+            :data:`~privmon.audit.MECHANISM_CHECKS` (all by default; empty: none).
 
     Examples:
         >>> import torch
@@ -147,6 +155,8 @@ class GradientCanaries:
         >>> in_scores, out_scores = canaries.scores()
         >>> canaries.steps, len(in_scores) + len(out_scores)
         (4, 1000)
+        >>> [f.evidence for f in canaries.mechanism() if f.fired]  # no mechanism check fired
+        []
         >>> audit = one_run_epsilon(in_scores, out_scores, delta=1e-5)
         >>> bool(audit.epsilon <= engine.get_epsilon(delta=1e-5))  # the accountant's ε holds
         True

@@ -174,11 +174,11 @@ class MechanismChecks:
         self._block = canary_block
         self._sample_rate = hooks.hook_sample_rate(optimizer)
         accountant = hooks.hook_accountant(optimizer)
-        self._counted_at_attach = hooks.accountant_steps(accountant) if accountant else 0
+        self._counted_at_attach = hooks.accountant_steps(accountant) or 0
         self._steps = 0  # private steps since attach (and before a resume, after loading)
         self._rows = 0  # rows clipped in the current logical step
         self._probing = False
-        self._params: list[torch.Tensor] = []  # the model's, read at each pre_step
+        self._params: list[Any] = []  # the model's parameters, read at each pre_step
         self._noised: tuple[Any, ...] | None = None  # what add_noise left for the step
         self._private = False  # a private step's optimizer step is due
         self._squares = 0.0  # Σ ‖z‖² / (σC)²
@@ -214,7 +214,7 @@ class MechanismChecks:
             hooks.claim(optimizer, "checks", self)
 
     # -- the optimizer's step ------------------------------------------------------------
-    def _model_params(self) -> list[torch.Tensor]:
+    def _model_params(self) -> list[Any]:
         """The parameters the optimizer clips (the canary block left out)."""
         block = self._block
         return [p for p in self._optimizer.params if p is not block]

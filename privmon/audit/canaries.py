@@ -30,8 +30,6 @@ __all__ = ["GradientCanaries", "InputCanaries"]
 
 # Opacus optimizers whose step the canaries cannot join as a record: why, for the error message.
 _UNSUPPORTED = {
-    "DistributedDPOptimizer": "it adds noise on rank 0 only and averages over ranks, so a "
-    "canary added on every rank would count world_size times",
     "DPPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
     "SimpleDistributedPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
     "DPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
@@ -111,7 +109,10 @@ class GradientCanaries:
     noise source (with ``noise_multiplier=0`` the weights are bit-identical). The canaries' own
     random numbers come from a generator seeded with ``seed``. ``optimizer.state_dict()`` holds
     the block's group: a checkpoint loads into an optimizer carrying the same canaries
-    (:meth:`state_dict`). Distributed, per-layer, adaptive and ghost clipping are refused. How the
+    (:meth:`state_dict`). Under distributed Opacus (``DistributedDPOptimizer``, which adds the
+    noise on rank 0 and sums the ranks' gradients) the canaries join on rank 0 only, so they count
+    once: every rank creates them alike, and :attr:`sample_counts` are rank 0's. Per-layer,
+    adaptive and ghost clipping are refused. How the
     block stays out of the per-sample clipping, and its cost: docs, Theory page, *Gradient
     canaries*.
 
@@ -176,6 +177,7 @@ class GradientCanaries:
         self._n = check_int(n_canaries, name="n_canaries", minimum=1)
         self._seed = check_int(seed, name="seed", minimum=0)
         self._sample_rate = _check_sample_rate(sample_rate, optimizer)
+        self._rank, _ = hooks.rank_and_world(optimizer)
         params = list(optimizer.params)
         if not params:
             raise ValueError("optimizer has no trainable parameters to audit")
@@ -239,15 +241,17 @@ class GradientCanaries:
 
     def _add_noise(self, original: Any) -> None:
         """Once per logical step: sample the included canaries, add C · (sampled) to the block's
-        summed clipped gradient, then the optimizer's own noise."""
+        summed clipped gradient, then the optimizer's own noise (distributed: on rank 0, where
+        Opacus adds the noise, before it sums the ranks' gradients)."""
         opt = self._optimizer
-        rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
-        draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
-        sampled = (draws < rate) & self._included
-        self._counts += sampled
         self._steps += 1
-        summed = self._block.summed_grad  # type: ignore[attr-defined]
-        summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
+        if self._rank == 0:
+            rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
+            draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
+            sampled = (draws < rate) & self._included
+            self._counts += sampled
+            summed = self._block.summed_grad  # type: ignore[attr-defined]
+            summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
         original()
 
     # -- results ---------------------------------------------------------------------------

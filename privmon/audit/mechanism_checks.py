@@ -43,18 +43,21 @@ _ADACLIP = {
     "noise": "AdaClip splits the noise between the gradient and a noisy count of unclipped rows: "
     "the gradient's noise is not N(0, σ²C²)",
 }
-_DISTRIBUTED = {
-    check: "distributed Opacus adds the noise on rank 0 and averages over ranks; the checks are "
-    "built for one process"
+_PER_LAYER_DDP = {
+    check: "it clips and noises each layer inside the backward pass, with no clipping or noise "
+    "step of the optimizer to look into"
+    for check in MECHANISM_CHECKS
+}
+_FSDP = {
+    check: "FSDP shards every tensor over the ranks; the checks read whole tensors"
     for check in MECHANISM_CHECKS
 }
 # Opacus optimizers on which some checks cannot run: check -> why.
 CANNOT_RUN: dict[str, dict[str, str]] = {
     "DPOptimizerFastGradientClipping": _GHOST,
-    "DistributedDPOptimizerFastGradientClipping": _DISTRIBUTED,
-    "FSDPOptimizerFastGradientClipping": _DISTRIBUTED,
-    "DistributedDPOptimizer": _DISTRIBUTED,
-    "SimpleDistributedPerLayerOptimizer": _DISTRIBUTED,
+    "DistributedDPOptimizerFastGradientClipping": _GHOST,
+    "FSDPOptimizerFastGradientClipping": _FSDP,
+    "SimpleDistributedPerLayerOptimizer": _PER_LAYER_DDP,
     "AdaClipDPOptimizer": _ADACLIP,
 }
 
@@ -173,6 +176,8 @@ class MechanismChecks:
             )
         self._block = canary_block
         self._sample_rate = hooks.hook_sample_rate(optimizer)
+        # distributed Opacus: noise added on rank 0, each rank samples its shard
+        self._rank, self._world = hooks.rank_and_world(optimizer)
         accountant = hooks.hook_accountant(optimizer)
         self._counted_at_attach = hooks.accountant_steps(accountant) or 0
         self._steps = 0  # private steps since attach (and before a resume, after loading)
@@ -238,7 +243,7 @@ class MechanismChecks:
         """The optimizer's noise; then the noise it added is read (before ``scale_grad``)."""
         self._noised = None
         original()
-        self._noised = self._read_noise() if "noise" in self._checks else ()
+        self._noised = self._read_noise() if "noise" in self._checks and not self._rank else ()
 
     def _read_noise(self) -> tuple[float, int, bytes]:
         """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
@@ -394,12 +399,16 @@ class MechanismChecks:
             ],
             "noise": lambda: [
                 evidence.noise_variance(
-                    self._squares, self._values, self._noise_steps, math.prod(self._scale_seen)
+                    self._squares,
+                    self._values,
+                    self._noise_steps,
+                    math.prod(self._scale_seen),
+                    self._rank,
                 ),
-                evidence.noise_repeat(bytes(self._digests)),
+                evidence.noise_repeat(bytes(self._digests), self._rank),
             ],
             "sampling": lambda: [
-                evidence.sampling(test, self._counts, self._sample_rate, expected)
+                evidence.sampling(test, self._counts, self._sample_rate, expected, self._world)
                 for test in ("mean", "dispersion")
             ],
             "steps": lambda: [evidence.step_count(counted, self._counted_at_attach + self._steps)],

@@ -90,8 +90,17 @@ def clipping(
     )
 
 
-def noise_variance(squares: float, values: int, steps: int, scale: float) -> MechanismFinding:
+_OTHER_RANK = "Opacus adds the noise on rank 0, which tests it"
+
+
+def noise_variance(
+    squares: float, values: int, steps: int, scale: float, rank: int = 0
+) -> MechanismFinding:
     """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last)."""
+    if rank:
+        return _finding(
+            "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
+        )
     if values == 0:
         return _finding(
             "noise/variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
@@ -108,8 +117,12 @@ def noise_variance(squares: float, values: int, steps: int, scale: float) -> Mec
     )
 
 
-def noise_repeat(digests: bytes) -> MechanismFinding:
+def noise_repeat(digests: bytes, rank: int = 0) -> MechanismFinding:
     """Whether a step's noise digest (8 bytes a step, in step order) repeats an earlier one."""
+    if rank:
+        return _finding(
+            "noise/repeat", False, None, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
+        )
     codes = np.frombuffer(digests, dtype=np.uint64)
     if len(codes) == 0:
         return _finding("noise/repeat", False, None, "noise: no noised step yet")
@@ -134,10 +147,13 @@ def noise_repeat(digests: bytes) -> MechanismFinding:
     )
 
 
-def sampling(test: str, counts: RowCounts, rate: float | None, expected: Any) -> MechanismFinding:
+def sampling(
+    test: str, counts: RowCounts, rate: float | None, expected: Any, world: int = 1
+) -> MechanismFinding:
     """The rows per step against Binomial(N, q_t), N from ``expected`` (the optimizer's
     ``expected_batch_size``) and the accountant's ``rate``; ``test``: "mean" or
-    "dispersion"."""
+    "dispersion". On ``world`` > 1 ranks (Opacus' expected batch size is then per rank), N is
+    this rank's shard: the dataset split in ``world`` parts of sizes differing by at most 1."""
     name = f"sampling/{test}"
     if rate is None:
         return _finding(
@@ -161,11 +177,14 @@ def sampling(test: str, counts: RowCounts, rate: float | None, expected: Any) ->
         )
     if counts.steps == 0:
         return _finding(name, False, 1.0, "sampling: not tested: no private step with q < 1 yet")
-    n_low, n_high = binomial_population(float(expected), rate)
+    n_low, n_high = binomial_population(float(round(expected * world)), rate)
+    if world > 1:
+        n_low, n_high = math.floor(n_low / world), math.ceil(n_high / world)
     p_value = (mean_p_value if test == "mean" else dispersion_p_value)(counts, n_low, n_high)
     population = math.ceil(n_low - 1e-9)
     q = counts.q_sum / counts.steps
-    assumed = f"the accountant assumes Binomial({population}, {_num(q)})"
+    shard = " on this rank's shard" if world > 1 else ""
+    assumed = f"the accountant assumes Binomial({population}, {_num(q)}){shard}"
     if counts.k_min == counts.k_max:
         said = f"{int(counts.k_min)} rows in each of {counts.steps} steps, {assumed}"
     else:

@@ -17,6 +17,7 @@ __all__ = [
     "hook_accountant",
     "hook_sample_rate",
     "install",
+    "rank_and_world",
     "release",
     "uninstall",
 ]
@@ -139,3 +140,12 @@ def accountant_steps(accountant: Any) -> int | None:
         return int(sum(int(entry[2]) for entry in history))
     except (TypeError, IndexError, ValueError):
         return None
+
+
+def rank_and_world(optimizer: Any) -> tuple[int, int]:
+    """(rank, world size) of a distributed Opacus optimizer (it adds the noise on rank 0 and
+    sums over the ranks); (0, 1) for one process."""
+    rank, world = getattr(optimizer, "rank", 0), getattr(optimizer, "world_size", 1)
+    if not isinstance(rank, int) or not isinstance(world, int) or world < 1:
+        return 0, 1
+    return rank, world

@@ -208,7 +208,12 @@ class GradientCanaries:
         )
         hooks.claim(optimizer, "canaries", self)
         # outside the canaries' hooks: the checks see the block's canaries as part of the sum
-        self._checks = MechanismChecks(optimizer, checks=enabled, canary_block=self._block)
+        try:
+            self._checks = MechanismChecks(optimizer, checks=enabled, canary_block=self._block)
+        except BaseException:
+            self._checks = MechanismChecks(optimizer, checks=())
+            self.detach()
+            raise
 
     # -- the optimizer's step ------------------------------------------------------------
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:

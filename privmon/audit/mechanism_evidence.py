@@ -177,11 +177,13 @@ def sampling(
         )
     if counts.steps == 0:
         return _finding(name, False, 1.0, "sampling: not tested: no private step with q < 1 yet")
-    n_low, n_high = binomial_population(float(round(expected * world)), rate)
+    total = round(expected * world)  # int(N q): Opacus divides it by the world size
+    n_low, n_high = binomial_population(total, rate)
+    population = math.ceil(total / rate - 1e-6)  # the smallest N, as the sentence shows it
     if world > 1:
         n_low, n_high = math.floor(n_low / world), math.ceil(n_high / world)
+        population = math.floor(total / rate / world + 1e-6)
     p_value = (mean_p_value if test == "mean" else dispersion_p_value)(counts, n_low, n_high)
-    population = math.ceil(n_low - 1e-9)
     q = counts.q_sum / counts.steps
     shard = " on this rank's shard" if world > 1 else ""
     assumed = f"the accountant assumes Binomial({population}, {_num(q)}){shard}"

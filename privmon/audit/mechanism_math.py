@@ -41,14 +41,18 @@ def noise_p_value(scaled_squares: float, values: int) -> float:
 def binomial_population(expected_batch_size: float, sample_rate: float) -> tuple[float, float]:
     """The interval of dataset sizes N that Opacus' ``expected_batch_size`` E allows at
     sampling rate q: ``make_private`` sets E = int(N q), so N q ∈ [E, E + 1), i.e. N ∈
-    [E / q, (E + 1) / q) (the right end open; returned as its supremum).
+    [E / q, (E + 1) / q], widened by 1e-9 relative at both ends for the rounding of N q (with
+    q = 1/N, N q may be computed as 0.99999999 and E as 0).
 
     Examples:
         >>> from privmon.audit.mechanism_math import binomial_population
-        >>> binomial_population(60, 0.1)
-        (600.0, 610.0)
+        >>> [round(n, 6) for n in binomial_population(60, 0.1)]
+        [600.0, 610.0]
     """
-    return expected_batch_size / sample_rate, (expected_batch_size + 1) / sample_rate
+    return (
+        expected_batch_size / sample_rate * (1 - 1e-9),
+        (expected_batch_size + 1) / sample_rate * (1 + 1e-9),
+    )
 
 
 class RowCounts:

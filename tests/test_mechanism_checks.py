@@ -427,7 +427,7 @@ def test_gradient_canaries_forward_to_their_checks():
         ("sampling", "mean"),
         ("sampling", "dispersion"),
     )
-    assert run.audit.mechanism() == run.audit.checks.mechanism()
+    assert run.audit.mechanism() == run.audit.mechanism_checks.mechanism()
     assert [f.check for f in run.audit.mechanism()] == [
         "clipping",
         "noise",
@@ -453,7 +453,7 @@ def test_virtual_steps_count_the_rows_of_the_logical_step():
                 run.optimizer.step()
     assert_silent(run)
     logical = len(run.engine.accountant.history) and run.engine.accountant.history[-1][2]
-    assert run.audit.checks.steps == logical
+    assert run.audit.mechanism_checks.steps == logical
     assert run.findings()["sampling/mean"].evidence.startswith("sampling: ")
 
 

@@ -317,8 +317,8 @@ class GradientCanaries:
         return self._checks.statistical_tests
 
     @property
-    def checks(self) -> MechanismChecks:
-        """The mechanism checks these canaries carry."""
+    def mechanism_checks(self) -> MechanismChecks:
+        """The mechanism checks these canaries carry (``checks=``)."""
         return self._checks
 
     # -- detaching and checkpoints -----------------------------------------------------------

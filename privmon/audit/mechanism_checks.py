@@ -28,8 +28,8 @@ logger = logging.getLogger("privmon")
 # The probe runs at the first PROBE_FIRST private steps, every PROBE_EVERY-th, and whenever C,
 # the optimizer's class or its clip_and_accumulate changed since the last probe.
 PROBE_FIRST, PROBE_EVERY = 10, 10
-NOISE_VALUES = 32_768  # noise values read per step, spread over the tensors
-DIGEST_VALUES, DIGEST_TENSORS = 64, 16  # a step's digest: the first values of the first tensors
+NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
+DIGEST_VALUES = 64  # a step's digest: the first noise values of the first tensor
 DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 _MISSING = object()
 _GHOST = {
@@ -247,28 +247,30 @@ class MechanismChecks:
 
     def _read_noise(self) -> tuple[float, int, bytes]:
         """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
-        added, on the first values of every tensor (the canary block's and the model's; about
-        NOISE_VALUES in all, at least DIGEST_VALUES each); the digest hashes the first
-        DIGEST_VALUES of each, rounded to σ C / DIGEST_GRID."""
-        opt, block = self._optimizer, self._block
-        tensors = [*([block] if block is not None else []), *self._params]
-        share = max(NOISE_VALUES // max(len(tensors), 1), DIGEST_VALUES)
-        grads, sums = [], []
-        for p in tensors:
-            grad, summed = p.grad, getattr(p, "summed_grad", None)
-            if grad is not None and summed is not None:
-                grads.append(grad.reshape(-1)[:share])
-                sums.append(summed.reshape(-1)[:share])
-        if not grads:
+        added, on up to NOISE_VALUES values of two tensors: a fixed one (the canary block, else
+        the model's first), whose first DIGEST_VALUES rounded to σ C / DIGEST_GRID make the
+        digest, and one of the model's in turn (each one every len(params) steps). Few
+        operations: this runs at every step."""
+        opt, block, params = self._optimizer, self._block, self._params
+        if not params:
             return 0.0, 0, b""
+        fixed = block if block is not None else params[0]
+        turn = params[self._steps % len(params)]
+        grads, sums = [], []
+        for p in (fixed,) if turn is fixed else (fixed, turn):
+            grad, summed = p.grad, getattr(p, "summed_grad", None)
+            if grad is None or summed is None:
+                return 0.0, 0, b""
+            grads.append(grad.reshape(-1)[:NOISE_VALUES])
+            sums.append(summed.reshape(-1)[:NOISE_VALUES])
         noise = torch._foreach_sub(grads, sums)
-        squares = sum(float(torch.dot(z, z)) for z in (z.float() for z in noise))
+        squares = sum(float(n) ** 2 for n in torch._foreach_norm(noise))
+        head = noise[0][:DIGEST_VALUES].tolist()
         scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
-        head = torch.cat([z[:DIGEST_VALUES] for z in noise[:DIGEST_TENSORS]])
         if scale > 0:
-            head = torch.round(head * (DIGEST_GRID / scale)).to(torch.int32)
-        digest = hashlib.blake2b(head.cpu().numpy().tobytes(), digest_size=8).digest()
-        return squares, sum(z.numel() for z in noise), digest
+            head = [round(v * DIGEST_GRID / scale) for v in head]
+        digest = hashlib.blake2b(repr(head).encode(), digest_size=8).digest()
+        return squares, sum(len(z) for z in noise), digest
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and

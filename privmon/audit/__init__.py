@@ -4,6 +4,8 @@ reference-model attack, and one-run DP audits: canaries (gradient canaries insid
 optimizer, input canaries for any model) and the ε lower bound their scores give."""
 
 from privmon.audit.canaries import GradientCanaries, InputCanaries
+from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
+from privmon.audit.mechanism_checks import MechanismChecks
 from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
 from privmon.audit.record_canaries import RecordCanaries
 from privmon.audit.results import AuditResult, SetupComparison, compare
@@ -13,10 +15,13 @@ from privmon.audit.train import random_halves, train_ensemble
 from privmon.models import Ensemble
 
 __all__ = [
+    "MECHANISM_CHECKS",
     "AuditResult",
     "Ensemble",
     "GradientCanaries",
     "InputCanaries",
+    "MechanismChecks",
+    "MechanismFinding",
     "OneRunAudit",
     "RecordCanaries",
     "SetupComparison",

@@ -12,7 +12,7 @@ whole pipeline rather than the mechanism).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -22,13 +22,14 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from privmon._training_guard import TrainingGuard
 from privmon._validation import as_scores, check_int, check_unit
+from privmon.audit import opacus_hooks as hooks
+from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
+from privmon.audit.mechanism_checks import MechanismChecks, check_checks
 
 __all__ = ["GradientCanaries", "InputCanaries"]
 
 # Opacus optimizers whose step the canaries cannot join as a record: why, for the error message.
 _UNSUPPORTED = {
-    "DistributedDPOptimizer": "it adds noise on rank 0 only and averages over ranks, so a "
-    "canary added on every rank would count world_size times",
     "DPPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
     "SimpleDistributedPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
     "DPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
@@ -45,33 +46,8 @@ def _inclusion(n: int, seed: int) -> tuple[np.ndarray, np.random.Generator]:
     return rng.random(n) < 0.5, rng
 
 
-def _hook_sample_rate(optimizer: Any) -> float | None:
-    """The sampling rate Opacus' accountant hook was built with (``make_private`` attaches
-    ``accountant.get_optimizer_hook_fn(sample_rate=...)``: the rate is a free variable of the
-    hook), or None when the optimizer carries no such hook."""
-    hook = getattr(optimizer, "step_hook", None)
-    code, cells = getattr(hook, "__code__", None), getattr(hook, "__closure__", None)
-    if code is None or not cells or "sample_rate" not in code.co_freevars:
-        return None
-    rate = cells[code.co_freevars.index("sample_rate")].cell_contents
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:
-        return None
-    return float(rate)
-
-
-def _check_optimizer(optimizer: Any) -> Any:
-    try:
-        from opacus.optimizers import DPOptimizer
-    except ImportError:  # pragma: no cover - opacus is an optional dependency
-        raise TypeError(
-            "optimizer must be an Opacus DPOptimizer, and opacus is not installed "
-            "(pip install 'privmon[dp]')"
-        ) from None
-    if not isinstance(optimizer, DPOptimizer):
-        raise TypeError(
-            "optimizer must be an Opacus DPOptimizer (the optimizer PrivacyEngine.make_private "
-            f"returns), got {type(optimizer).__name__}"
-        )
+def _check_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
+    hooks.check_dp_optimizer(optimizer, who="GradientCanaries")
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("opacus") and cls.__name__ in _UNSUPPORTED:
             raise ValueError(
@@ -79,15 +55,20 @@ def _check_optimizer(optimizer: Any) -> Any:
                 f"{_UNSUPPORTED[cls.__name__]}. Use flat clipping on one process "
                 "(make_private(clipping='flat'), grad_sample_mode='hooks')."
             )
-    if isinstance(optimizer.__dict__.get("add_noise"), _Hook):
+    if hooks.attached(optimizer, "canaries") is not None:
         raise ValueError(
             "optimizer already carries GradientCanaries: detach() them before attaching others"
+        )
+    if checks and hooks.attached(optimizer, "checks") is not None:
+        raise ValueError(
+            "optimizer already carries mechanism checks (a MechanismChecks): detach() them, or "
+            "pass checks=() to these canaries"
         )
     return optimizer
 
 
 def _check_sample_rate(sample_rate: Any, optimizer: Any) -> float:
-    hooked = _hook_sample_rate(optimizer)
+    hooked = hooks.hook_sample_rate(optimizer)
     if sample_rate is None:
         if hooked is None:
             raise ValueError(
@@ -105,21 +86,6 @@ def _check_sample_rate(sample_rate: Any, optimizer: Any) -> float:
             f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
         )
     return rate
-
-
-class _Hook:
-    """A wrapper that replaces one method of an Opacus optimizer instance (recognisable, so a
-    second set of canaries is refused and :meth:`GradientCanaries.detach` can tell whether
-    someone wrapped the method again since)."""
-
-    def __init__(self, optimizer: Any, name: str, body: Any) -> None:
-        self.name = name
-        self.previous = optimizer.__dict__.get(name)  # an instance-level wrapper, or None
-        self.original = getattr(optimizer, name)
-        self.body = body
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.body(self.original, *args, **kwargs)
 
 
 class GradientCanaries:
@@ -143,9 +109,18 @@ class GradientCanaries:
     noise source (with ``noise_multiplier=0`` the weights are bit-identical). The canaries' own
     random numbers come from a generator seeded with ``seed``. ``optimizer.state_dict()`` holds
     the block's group: a checkpoint loads into an optimizer carrying the same canaries
-    (:meth:`state_dict`). Distributed, per-layer, adaptive and ghost clipping are refused. How the
+    (:meth:`state_dict`). Under distributed Opacus (``DistributedDPOptimizer``, which adds the
+    noise on rank 0 and sums the ranks' gradients) the canaries join on rank 0 only, so they count
+    once: every rank creates them alike, and :attr:`sample_counts` are rank 0's. Per-layer,
+    adaptive and ghost clipping are refused. How the
     block stays out of the per-sample clipping, and its cost: docs, Theory page, *Gradient
     canaries*.
+
+    The canaries test one assumption of the accountant, the noise. ``checks`` runs the
+    :class:`~privmon.audit.MechanismChecks` of the others too (clipping, sampling, steps, the
+    weights ledger; on by default, ``checks=()`` off): :meth:`mechanism` gives their findings,
+    :attr:`statistical_tests` the ones with p-values, and :meth:`state_dict` carries their state.
+    They change neither the training nor the canaries' scores.
 
     Use as a context manager (or call :meth:`detach`) to restore the optimizer.
 
@@ -155,6 +130,8 @@ class GradientCanaries:
         seed: seeds the inclusion bits and the sampling generator (>= 0).
         sample_rate: probability that a record is in a batch. None (default) reads the rate
             Opacus' accountant hook was built with; a value must agree with it when both exist.
+        checks: the mechanism checks to run, a subset of
+            :data:`~privmon.audit.MECHANISM_CHECKS` (all by default; empty: none).
 
     Examples:
         >>> import torch
@@ -179,6 +156,8 @@ class GradientCanaries:
         >>> in_scores, out_scores = canaries.scores()
         >>> canaries.steps, len(in_scores) + len(out_scores)
         (4, 1000)
+        >>> [f.evidence for f in canaries.mechanism() if f.fired]  # no mechanism check fired
+        []
         >>> audit = one_run_epsilon(in_scores, out_scores, delta=1e-5)
         >>> bool(audit.epsilon <= engine.get_epsilon(delta=1e-5))  # the accountant's ε holds
         True
@@ -191,11 +170,14 @@ class GradientCanaries:
         *,
         seed: int = 0,
         sample_rate: float | None = None,
+        checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
-        self._optimizer = _check_optimizer(optimizer)
+        enabled = check_checks(checks)
+        self._optimizer = _check_optimizer(optimizer, enabled)
         self._n = check_int(n_canaries, name="n_canaries", minimum=1)
         self._seed = check_int(seed, name="seed", minimum=0)
         self._sample_rate = _check_sample_rate(sample_rate, optimizer)
+        self._rank, _ = hooks.rank_and_world(optimizer)
         params = list(optimizer.params)
         if not params:
             raise ValueError("optimizer has no trainable parameters to audit")
@@ -216,13 +198,22 @@ class GradientCanaries:
         self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
         group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
         optimizer.original_optimizer.add_param_group({**group, "params": [self._block]})
-        self._hooks = [
-            _Hook(optimizer, "add_noise", self._add_noise),
-            _Hook(optimizer, "pre_step", self._pre_step),
-            _Hook(optimizer, "clip_and_accumulate", self._clip_and_accumulate),
-        ]
-        for hook in self._hooks:
-            setattr(optimizer, hook.name, hook)
+        self._hooks = hooks.install(
+            optimizer,
+            {
+                "add_noise": self._add_noise,
+                "pre_step": self._pre_step,
+                "clip_and_accumulate": self._clip_and_accumulate,
+            },
+        )
+        hooks.claim(optimizer, "canaries", self)
+        # outside the canaries' hooks: the checks see the block's canaries as part of the sum
+        try:
+            self._checks = MechanismChecks(optimizer, checks=enabled, canary_block=self._block)
+        except BaseException:
+            self._checks = MechanismChecks(optimizer, checks=())
+            self.detach()
+            raise
 
     # -- the optimizer's step ------------------------------------------------------------
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -255,15 +246,17 @@ class GradientCanaries:
 
     def _add_noise(self, original: Any) -> None:
         """Once per logical step: sample the included canaries, add C · (sampled) to the block's
-        summed clipped gradient, then the optimizer's own noise."""
+        summed clipped gradient, then the optimizer's own noise (distributed: on rank 0, where
+        Opacus adds the noise, before it sums the ranks' gradients)."""
         opt = self._optimizer
-        rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
-        draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
-        sampled = (draws < rate) & self._included
-        self._counts += sampled
         self._steps += 1
-        summed = self._block.summed_grad  # type: ignore[attr-defined]
-        summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
+        if self._rank == 0:
+            rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
+            draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
+            sampled = (draws < rate) & self._included
+            self._counts += sampled
+            summed = self._block.summed_grad  # type: ignore[attr-defined]
+            summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
         original()
 
     # -- results ---------------------------------------------------------------------------
@@ -312,6 +305,22 @@ class GradientCanaries:
         """True until :meth:`detach`."""
         return self._final is None
 
+    # -- mechanism checks ----------------------------------------------------------------------
+    def mechanism(self, accountant: Any = None) -> tuple[MechanismFinding, ...]:
+        """The mechanism checks' findings over the run so far (:meth:`MechanismChecks.mechanism`;
+        empty with ``checks=()``)."""
+        return self._checks.mechanism(accountant)
+
+    @property
+    def statistical_tests(self) -> tuple[tuple[str, str], ...]:
+        """The (check, test) pairs of the mechanism checks that give p-values."""
+        return self._checks.statistical_tests
+
+    @property
+    def mechanism_checks(self) -> MechanismChecks:
+        """The mechanism checks these canaries carry (``checks=``)."""
+        return self._checks
+
     # -- detaching and checkpoints -----------------------------------------------------------
     def detach(self) -> None:
         """Restore the optimizer as it was: its methods, its param groups and its state without
@@ -324,18 +333,10 @@ class GradientCanaries:
         if not self.attached:
             return
         opt = self._optimizer
-        for hook in self._hooks:
-            if opt.__dict__.get(hook.name) is not hook:
-                raise RuntimeError(
-                    f"optimizer.{hook.name} was replaced after the canaries were attached; "
-                    "restore it before detaching the canaries"
-                )
+        self._checks.detach()
+        hooks.uninstall(opt, self._hooks, "canaries")
+        hooks.release(opt, "canaries")
         self._final = self._values()
-        for hook in reversed(self._hooks):
-            if hook.previous is None:
-                delattr(opt, hook.name)
-            else:
-                setattr(opt, hook.name, hook.previous)
         block = self._block
         groups = opt.original_optimizer.param_groups
         groups[:] = [g for g in groups if not any(p is block for p in g["params"])]
@@ -354,8 +355,9 @@ class GradientCanaries:
         """What resumes the audit after a checkpoint and lets :meth:`load_state_dict` check it
         is loaded into the same canaries: configuration (n, seed, sampling rate, inclusion
         bits), progress (sample counts, steps, the sampling generator's state) and the block's
-        values. Tensors on the CPU (``torch.save``-able)."""
-        return {
+        values; with mechanism checks, theirs under ``"mechanism"``
+        (:meth:`MechanismChecks.state_dict`). Tensors on the CPU (``torch.save``-able)."""
+        state = {
             "n_canaries": self._n,
             "seed": self._seed,
             "sample_rate": self._sample_rate,
@@ -365,18 +367,22 @@ class GradientCanaries:
             "generator_state": self._generator.get_state(),
             "values": self._values(),
         }
+        if self._checks.checks:
+            state["mechanism"] = self._checks.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator and the
         block's values; the optimizer's own state for the block (momentum, Adam moments) comes
-        back with ``optimizer.load_state_dict``.
+        back with ``optimizer.load_state_dict``. The mechanism checks' state is loaded when both
+        ``state`` and these canaries have one.
 
         Raises:
             ValueError: ``state`` lacks a field, or was saved by canaries of another
                 configuration (the message names the first field that differs).
         """
         mine = self.state_dict()
-        missing = sorted(set(mine) - set(state))
+        missing = sorted(set(mine) - set(state) - {"mechanism"})
         if missing:
             raise ValueError(f"state is not a GradientCanaries state_dict: it lacks {missing}")
         for key in ("n_canaries", "seed", "sample_rate"):
@@ -398,6 +404,8 @@ class GradientCanaries:
         self._generator.set_state(state["generator_state"])
         with torch.no_grad():
             self._block.copy_(values)
+        if "mechanism" in mine and state.get("mechanism") is not None:
+            self._checks.load_state_dict(state["mechanism"])
 
 
 def _check_query(query: Any) -> bool:

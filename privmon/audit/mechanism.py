@@ -25,7 +25,17 @@ class MechanismFinding:
     outcome and ``p_value`` is None. A ``"statistical"`` test gives the p-value of "the
     mechanism is as accounted" (``fired`` is False: the caller decides at its level).
     ``evidence`` is the sentence to show when it fires, e.g. "clipping: a row of norm 100
-    contributed 100.0, above C = 1.0"."""
+    contributed 100.0, above C = 1.0".
+
+    Examples:
+        >>> from privmon.audit import MechanismFinding
+        >>> finding = MechanismFinding(
+        ...     "steps", "count", "deterministic", True, None,
+        ...     "steps: the accountant counted 200 noised steps, 400 were taken",
+        ... )
+        >>> finding.fired, finding.evidence.split(":")[0]
+        (True, 'steps')
+    """
 
     check: str
     test: str

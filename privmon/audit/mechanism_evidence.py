@@ -1,0 +1,244 @@
+"""The mechanism checks' findings from their statistics: each test's outcome (deterministic) or
+p-value (statistical) and the sentence that says what the run did against what the accountant
+assumes (:class:`~privmon.audit.MechanismChecks` collects the statistics)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from privmon.audit.mechanism import MechanismFinding
+from privmon.audit.mechanism_math import (
+    RowCounts,
+    binomial_population,
+    dispersion_p_value,
+    mean_p_value,
+    noise_p_value,
+)
+
+__all__ = [
+    "CLIP_TOLERANCE",
+    "PROBE_NORM",
+    "TESTS",
+    "clipping",
+    "ledger",
+    "noise_repeat",
+    "noise_variance",
+    "sampling",
+    "step_count",
+]
+
+PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
+CLIP_TOLERANCE = 1e-4  # a contribution above C (1 + this) is a clipping fault
+# (check, test, kind) in the order the findings come.
+TESTS = (
+    ("clipping", "probe", "deterministic"),
+    ("noise", "variance", "statistical"),
+    ("noise", "repeat", "deterministic"),
+    ("sampling", "mean", "statistical"),
+    ("sampling", "dispersion", "statistical"),
+    ("steps", "count", "deterministic"),
+    ("ledger", "weights", "deterministic"),
+)
+_KIND = {(check, test): kind for check, test, kind in TESTS}
+
+
+def _num(x: float) -> str:
+    """A figure for a sentence: 5 significant digits, as Python writes a float (100.0, 1.0)."""
+    return repr(float(f"{x:.5g}")) if math.isfinite(x) else str(x)
+
+
+def _finding(name: str, fired: bool, p_value: float | None, evidence: str) -> MechanismFinding:
+    check, test = name.split("/")
+    return MechanismFinding(check, test, _KIND[check, test], fired, p_value, evidence)  # type: ignore[arg-type]
+
+
+def clipping(
+    worst: tuple[float, float, int] | None,
+    probes: int,
+    over: int,
+    steps: int,
+    bound: float,
+    error: str | None,
+) -> MechanismFinding:
+    """The probe's worst contribution (ratio to C, that C, its step) against C."""
+    if worst is None:
+        why = f"the probe could not run ({error})" if error else "no private step yet"
+        return _finding("clipping/probe", False, None, f"clipping: not tested: {why}")
+    ratio, worst_bound, step = worst
+    if ratio > 1 + CLIP_TOLERANCE:
+        row = f"a row of norm {PROBE_NORM * worst_bound:g}"
+        return _finding(
+            "clipping/probe",
+            True,
+            None,
+            (
+                f"clipping: {row} contributed {_num(ratio * worst_bound)}, above C = "
+                f"{_num(worst_bound)} (step {step}; {over} of {probes} probes)"
+            ),
+        )
+    return _finding(
+        "clipping/probe",
+        False,
+        None,
+        (
+            f"clipping: a row of norm {PROBE_NORM:g} C contributed at most C in {probes} probes "
+            f"over {steps} steps (the last C = {_num(bound)})"
+        ),
+    )
+
+
+_OTHER_RANK = "Opacus adds the noise on rank 0, which tests it"
+
+
+def noise_variance(
+    squares: float, values: int, steps: int, scale: float, rank: int = 0
+) -> MechanismFinding:
+    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last)."""
+    if rank:
+        return _finding(
+            "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
+        )
+    if values == 0:
+        return _finding(
+            "noise/variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
+        )
+    ratio = math.sqrt(squares / values)
+    return _finding(
+        "noise/variance",
+        False,
+        noise_p_value(squares, values),
+        (
+            f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
+            f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps)"
+        ),
+    )
+
+
+def noise_repeat(digests: bytes, rank: int = 0) -> MechanismFinding:
+    """Whether a step's noise digest (8 bytes a step, in step order) repeats an earlier one."""
+    if rank:
+        return _finding(
+            "noise/repeat", False, None, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
+        )
+    codes = np.frombuffer(digests, dtype=np.uint64)
+    if len(codes) == 0:
+        return _finding("noise/repeat", False, None, "noise: no noised step yet")
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    repeats = np.flatnonzero(first[inverse] != np.arange(len(codes)))
+    if len(repeats) == 0:
+        return _finding(
+            "noise/repeat",
+            False,
+            None,
+            f"noise: no step repeats another's noise ({len(codes)} steps)",
+        )
+    i = int(repeats[0])
+    return _finding(
+        "noise/repeat",
+        True,
+        None,
+        (
+            f"noise: step {i + 1} repeats the noise of step {int(first[inverse[i]]) + 1} "
+            f"({len(repeats)} of {len(codes)} steps repeat an earlier step's noise)"
+        ),
+    )
+
+
+def sampling(
+    test: str, counts: RowCounts, rate: float | None, expected: Any, world: int = 1
+) -> MechanismFinding:
+    """The rows per step against Binomial(N, q_t), N from ``expected`` (the optimizer's
+    ``expected_batch_size``) and the accountant's ``rate``; ``test``: "mean" or
+    "dispersion". On ``world`` > 1 ranks (Opacus' expected batch size is then per rank), N is
+    this rank's shard: the dataset split in ``world`` parts of sizes differing by at most 1."""
+    name = f"sampling/{test}"
+    if rate is None:
+        return _finding(
+            name,
+            False,
+            1.0,
+            (
+                "sampling: not tested: the optimizer's step hook is no Opacus accountant's, so the "
+                "sampling rate the accountant uses is unknown"
+            ),
+        )
+    if isinstance(expected, bool) or not isinstance(expected, int | float) or expected <= 0:
+        return _finding(
+            name,
+            False,
+            1.0,
+            (
+                "sampling: not tested: the optimizer has no expected_batch_size to tell the "
+                "dataset size N from"
+            ),
+        )
+    if counts.steps == 0:
+        return _finding(name, False, 1.0, "sampling: not tested: no private step with q < 1 yet")
+    total = round(expected * world)  # int(N q): Opacus divides it by the world size
+    n_low, n_high = binomial_population(total, rate)
+    population = math.ceil(total / rate - 1e-6)  # the smallest N, as the sentence shows it
+    if world > 1:
+        n_low, n_high = math.floor(n_low / world), math.ceil(n_high / world)
+        population = math.floor(total / rate / world + 1e-6)
+    p_value = (mean_p_value if test == "mean" else dispersion_p_value)(counts, n_low, n_high)
+    q = counts.q_sum / counts.steps
+    shard = " on this rank's shard" if world > 1 else ""
+    assumed = f"the accountant assumes Binomial({population}, {_num(q)}){shard}"
+    if counts.k_min == counts.k_max:
+        said = f"{int(counts.k_min)} rows in each of {counts.steps} steps, {assumed}"
+    else:
+        mean = counts.rows / counts.steps
+        variance = max(counts.k_sq / counts.steps - mean * mean, 0.0)
+        said = (
+            f"{_num(mean)} rows per step (variance {_num(variance)}) over {counts.steps} steps, "
+            f"{assumed} (mean {_num(population * q)}, variance {_num(population * q * (1 - q))})"
+        )
+    return _finding(name, False, p_value, f"sampling: {said}")
+
+
+def step_count(counted: int | None, taken: int) -> MechanismFinding:
+    """The accountant's count of noised steps against the steps taken."""
+    if counted is None:
+        return _finding(
+            "steps/count",
+            False,
+            None,
+            (
+                "steps: not tested: no Opacus accountant to compare with (the optimizer's step "
+                "hook is not an accountant's; give the monitor accountant=)"
+            ),
+        )
+    return _finding(
+        "steps/count",
+        counted != taken,
+        None,
+        f"steps: the accountant counted {counted} noised steps, {taken} were taken",
+    )
+
+
+def ledger(unnoised: int, first: int, changed: int | None, last: int) -> MechanismFinding:
+    """``unnoised`` optimizer steps without noise (the first after private step ``first``);
+    ``changed`` parameters since the last private step ``last`` (None: none recorded yet)."""
+    said = []
+    if unnoised:
+        said.append(
+            f"the optimizer stepped {unnoised} times without noise (first after private step "
+            f"{first})"
+        )
+    if changed:
+        said.append(f"{changed} parameters changed after the last private step (step {last})")
+    if said:
+        return _finding(
+            "ledger/weights", True, None, f"ledger: {'; '.join(said)}: a non-private update"
+        )
+    if changed is None:
+        return _finding("ledger/weights", False, None, "ledger: no private step yet")
+    return _finding(
+        "ledger/weights",
+        False,
+        None,
+        f"ledger: the weights are those of the last private step (step {last})",
+    )

@@ -190,8 +190,11 @@ def test_a_correct_dp_sgd_run_stays_under_the_accountant():
         audited = report.scalars[canary_epsilon(method)]
         assert 0.0 < audited < eps
     assert report.scalars["privacy/dp_violation"] == 0.0 and not report.dp_violation
-    # the canaries' two bounds take their share of the check's δ: one query's figure + 2 bounds
-    assert report.scalars["privacy/certify_delta"] == check_delta(2, delta=0.05) / 3
+    assert report.dp_causes == ()
+    # the check's δ is split over one query's figure, the canaries' two bounds and the three
+    # statistical tests of their mechanism checks (noise variance, sampling mean and dispersion)
+    assert len(monitor.canaries.statistical_tests) == 3
+    assert report.scalars["privacy/certify_delta"] == check_delta(2, delta=0.05) / 6
 
 
 @ignore_opacus_warnings

@@ -89,6 +89,16 @@ class CanarySource:
         return CANARIES if self.tag_source is None else f"{CANARIES}/{self.tag_source}"
 
 
+def _runs_mechanism_checks(obj: Any) -> bool:
+    """Whether ``obj.mechanism()`` can report anything: not when the object names its checks
+    (:class:`~privmon.audit.MechanismChecks`' ``checks``, or those of the
+    :class:`~privmon.audit.GradientCanaries`' ``mechanism_checks``) and none is enabled."""
+    if not callable(getattr(obj, "mechanism", None)):
+        return False
+    named = getattr(getattr(obj, "mechanism_checks", obj), "checks", None)
+    return named is None or bool(named)
+
+
 class CanaryAudits:
     """A monitor's canaries: ``canaries`` None, one object, or a list / tuple of them, each with
     ``scores()`` and / or ``mechanism()`` (a ValueError names the one without). Objects with
@@ -122,10 +132,8 @@ class CanaryAudits:
                 name=name,
                 tag_source=name if several else None,
                 scores=scored,
-                mechanism=callable(getattr(obj, "mechanism", None)),
-                statistical_tests=(
-                    _statistical_tests(obj) if callable(getattr(obj, "mechanism", None)) else ()
-                ),
+                mechanism=_runs_mechanism_checks(obj),
+                statistical_tests=_statistical_tests(obj) if _runs_mechanism_checks(obj) else (),
             )
             for obj, name, scored in zip(given, names, with_scores, strict=True)
         )

@@ -198,7 +198,9 @@ def test_tuple_outputs_are_read_as_the_logits_first():
     ids = torch.tensor([[0, 3, 4, 5], [6, 7, 8, 9]])
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])  # left padded: positions are passed
     assert isinstance(wrapped(ids, mask), tuple)
-    torch.testing.assert_close(causal_lm_logits(wrapped, ids, mask), causal_lm_logits(model, ids, mask))
+    torch.testing.assert_close(
+        causal_lm_logits(wrapped, ids, mask), causal_lm_logits(model, ids, mask)
+    )
     batch = {"input_ids": ids, "attention_mask": mask}
     for statistic in ("loss", "min_k", "min_k_plus_plus"):
         got = LanguageModelQuery(wrapped, statistic, k=0.5)(batch)
@@ -209,6 +211,14 @@ def test_tuple_outputs_are_read_as_the_logits_first():
         causal_lm_logits(lambda_module(lambda input_ids: (torch.tensor(1.0), input_ids)), ids)
     with pytest.raises(ValueError, match="model returned an empty tuple"):
         causal_lm_logits(lambda_module(lambda input_ids: ()), ids)
+    # the statistics take such an output as logits too
+    logits = torch.randn(2, 4, VOCAB, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        lm_statistic((logits, None), ids, statistic="min_k_plus_plus", k=0.5),
+        lm_statistic(logits, ids, statistic="min_k_plus_plus", k=0.5),
+    )
+    with pytest.raises(ValueError, match="logits is an empty list"):
+        lm_statistic([], ids, statistic="loss")
 
 
 def lambda_module(fn) -> nn.Module:
@@ -231,7 +241,10 @@ def test_config_return_dict_false_fails_inside_transformers_and_the_error_says_w
         out = model(ids)
     except AttributeError as e:  # transformers 5
         assert "tuple" in str(e)
-        with pytest.raises(ValueError, match=r"model\.config\.return_dict is False.*set model\.config\.return_dict = True"):
+        with pytest.raises(
+            ValueError,
+            match=r"model\.config\.return_dict is False.*set model\.config\.return_dict = True",
+        ):
             causal_lm_logits(model, ids)
         with pytest.raises(ValueError, match=r"model\.config\.return_dict is False"):
             LanguageModelQuery(model, "loss")({"input_ids": ids})

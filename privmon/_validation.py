@@ -117,6 +117,24 @@ def check_module(value: Any, *, name: str) -> Any:
     return value
 
 
+def check_materialized(module: torch.nn.Module, *, name: str) -> torch.nn.Module:
+    """Return ``module`` after checking that its parameters and buffers hold values: none on
+    the meta device (a model built under ``torch.device("meta")`` or accelerate's
+    ``init_empty_weights``), unless an accelerate hook loads the weights at each forward."""
+    for kind, tensors in (
+        ("parameter", module.named_parameters()),
+        ("buffer", module.named_buffers()),
+    ):
+        for key, t in tensors:
+            if t.is_meta and not any(hasattr(m, "_hf_hook") for m in module.modules()):
+                raise ValueError(
+                    f"{name} has its {kind} {key!r} on the meta device, which holds no values, "
+                    f"so no score can be computed: load the weights first (e.g. "
+                    f"{name}.to_empty(device='cpu') then load_state_dict)"
+                )
+    return module
+
+
 def check_transform(transform: Any) -> Any:
     """Return ``transform`` after checking it is None or a callable ``batch -> (x, y)``."""
     if transform is not None and not callable(transform):

@@ -41,6 +41,7 @@ from privmon._validation import (
     check_choice,
     check_fraction,
     check_int,
+    check_materialized,
     check_module,
 )
 
@@ -83,12 +84,14 @@ CHUNK_ELEMENTS = 2**22
 # --- which tokens count -------------------------------------------------------------------------
 
 
-def _integer_matrix(values: Any, *, name: str) -> torch.Tensor:
+def _integer_matrix(values: Any, *, name: str, columns: int = 1) -> torch.Tensor:
+    """``values`` as an int64 (n, L) tensor, n ≥ 1 and L ≥ ``columns`` (0 for the targets of
+    texts of one token, which predict nothing)."""
     what = "an integer array of shape (n, L)"
     t = as_tensor(values, name=name, what=what)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.ndim != 2:
         raise ValueError(f"{name} must be {what}, got {t.dtype} of shape {tuple(t.shape)}")
-    if t.shape[0] == 0 or t.shape[1] == 0:
+    if t.shape[0] == 0 or t.shape[1] < columns:
         raise ValueError(f"{name} is empty: shape {tuple(t.shape)}")
     return t.long()
 
@@ -155,15 +158,24 @@ def predicted_tokens(
 # --- per-token values, in chunks ------------------------------------------------------------------
 
 
-def _logits_of(output: Any) -> torch.Tensor:
-    """The logits tensor of a model output (a tensor, or ``.logits`` / ``["logits"]``)."""
+def _logits_of(output: Any, *, source: str = "logits is") -> torch.Tensor:
+    """The logits tensor of a model output: a tensor, ``.logits`` / ``["logits"]``, or a
+    tuple's first element (a Hugging Face model called with ``return_dict=False`` and no labels
+    gives ``(logits, cache, ...)``)."""
     if isinstance(output, Mapping) and "logits" in output:
         output = output["logits"]
     output = getattr(output, "logits", output)
+    if isinstance(output, tuple | list):
+        if not output:
+            raise ValueError(
+                f"{source} an empty {type(output).__name__}: expected the logits (n, L, V), "
+                "alone, as .logits or first in a tuple"
+            )
+        output = output[0]
     if not isinstance(output, torch.Tensor):
         raise ValueError(
-            f"logits must be a tensor of shape (n, L, V) or a model output with .logits, "
-            f"got {type(output).__name__}"
+            f"logits must be a tensor of shape (n, L, V) or a model output with .logits (or a "
+            f"tuple, the logits first), got {type(output).__name__}"
         )
     return output
 
@@ -219,7 +231,7 @@ def _per_token(
     """``reduce(log_probs, target_ids)`` over blocks of positions: ``log_probs`` the block's
     log-softmax (g, c, V) in the compute dtype, owned by ``reduce`` (it may overwrite it);
     returns (n, L − 1) values, NaN where not counted."""
-    tgt = _integer_matrix(targets, name="targets")
+    tgt = _integer_matrix(targets, name="targets", columns=0)  # (n, 0): texts of one token
     cnt = as_mask(counted, name="counted", shape=tuple(tgt.shape), device=tgt.device)
     z = _checked_logits(logits, tgt, cnt)
     n, length, vocab = z.shape
@@ -423,6 +435,14 @@ def decode_texts(tokenizer: Any, input_ids: Any, attention_mask: Any = None) -> 
 # --- the model ------------------------------------------------------------------------------------
 
 
+_RETURN_DICT = (
+    "model.config.return_dict is False and {name} failed ({error!r}): transformers 5 models "
+    "fail inside their own forward with it (the base model returns a tuple that the head reads "
+    "as an output object); set model.config.return_dict = True (privmon reads tuple outputs "
+    "too)"
+)
+
+
 def _takes_position_ids(model: nn.Module) -> bool:
     try:
         return "position_ids" in inspect.signature(model.forward).parameters
@@ -441,6 +461,12 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
     whose ``forward`` has no ``position_ids`` argument is refused for such a batch (pad on the
     right instead: right padding needs no positions).
 
+    The logits are the output itself, its ``.logits`` / ``["logits"]``, or the first element
+    of a tuple (a Hugging Face model called with ``return_dict=False``: no labels are passed,
+    so no loss comes first). A model whose weights are on the meta device is refused, and so,
+    with the reason, is the failure of a model whose ``config.return_dict`` is False (a
+    transformers 5 model then fails inside its own forward).
+
     Examples:
         >>> import torch
         >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -458,7 +484,8 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
         >>> torch.allclose(logits[0, 2:], alone[0], atol=1e-6)
         True
     """
-    param = next(check_module(model, name="model").parameters(), None)
+    check_materialized(check_module(model, name="model"), name="model")
+    param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     ids = _integer_matrix(input_ids, name="input_ids").to(device)
     inputs: dict[str, torch.Tensor] = {"input_ids": ids}
@@ -473,7 +500,13 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
                     "right (tokenizer.padding_side = 'right')"
                 )
             inputs["position_ids"] = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    logits = _logits_of(model(**inputs))
+    try:
+        output = model(**inputs)
+    except Exception as e:
+        if getattr(getattr(model, "config", None), "return_dict", None) is False:
+            raise ValueError(_RETURN_DICT.format(name=type(model).__name__, error=e)) from e
+        raise
+    logits = _logits_of(output, source="model returned")
     if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
         raise ValueError(
             f"model returned logits of shape {tuple(logits.shape)} for input_ids of shape "

@@ -254,7 +254,8 @@ def sequence_losses(
     The texts are tokenized in batches with ``tokenizer(texts, padding=True,
     return_tensors="pt")`` (a tokenizer without a pad token is refused) and scored by
     :func:`~privmon.attacks.language_model.causal_lm_logits`, so the padding side does not
-    matter. The caller puts the model in eval mode.
+    matter. A text of one token predicts nothing: its Px is NaN (:func:`exposure` gives it NaN).
+    The caller puts the model in eval mode.
 
     Examples:
         >>> import torch
@@ -287,6 +288,9 @@ def sequence_losses(
         targets, counted = predicted_tokens(enc["input_ids"], mask)
         log_probs = token_log_probs(logits, targets, counted, chunk_tokens=chunk_tokens)
         total = -log_probs.nan_to_num(nan=0.0).sum(dim=1)
+        # a text with no predicted token (one token long) has no loss: NaN, not −0.0, which
+        # would rank it as fully memorized
+        total = torch.where(counted.to(total.device).any(dim=1), total, math.nan)
         out.append(to_numpy(total.to(torch.float64)))
     return np.concatenate(out) if out else np.zeros(0)
 

@@ -12,6 +12,7 @@ from privmon._validation import (
     check_choice,
     check_fraction,
     check_int,
+    check_materialized,
     check_module,
     check_subset,
 )
@@ -70,8 +71,11 @@ class LanguageModelQuery(Query):
     ``input_ids`` (and ``attention_mask``) or a tensor of ids. A left-padded batch is scored
     with ``position_ids`` from its mask (:func:`~privmon.attacks.causal_lm_logits`).
 
-    A text with no predicted token, or (Min-K%, Min-K%++) with ⌊k·T⌋ = 0, scores NaN, as in
-    MIMIR; the monitor drops and counts such records.
+    A text with no predicted token (one token long, even in a batch of such texts), or
+    (Min-K%, Min-K%++) with ⌊k·T⌋ = 0, scores NaN, as in MIMIR; the monitor drops and counts
+    such records. A model (or reference) whose weights are on the meta device is refused here;
+    a model returning a tuple is read as logits first
+    (:func:`~privmon.attacks.causal_lm_logits`).
 
     Args:
         model: the causal language model being trained (a Hugging Face ``…ForCausalLM`` or any
@@ -115,7 +119,7 @@ class LanguageModelQuery(Query):
         transform: Transform | None = None,
         chunk_tokens: int | None = None,
     ) -> None:
-        self.model = check_module(model, name="model")
+        self.model = check_materialized(check_module(model, name="model"), name="model")
         self.statistic = check_choice(statistic, STATISTICS, name="statistic")
         self.k = check_fraction(k, name="k")
         if chunk_tokens is not None:
@@ -129,7 +133,7 @@ class LanguageModelQuery(Query):
         if statistic == "reference":
             if reference is None:
                 raise ValueError("statistic 'reference' needs reference= (a reference model)")
-            check_module(reference, name="reference")
+            check_materialized(check_module(reference, name="reference"), name="reference")
         self.tokenizer = tokenizer
         self._logits = _SharedLogits(shared=False)
         self.reference = reference if statistic == "reference" else None

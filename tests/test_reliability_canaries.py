@@ -115,7 +115,7 @@ def test_steps_that_failed_inside_opacus_are_not_counted():
     findings = {f"{f.check}/{f.test}": f for f in canaries.mechanism()}
     assert not findings["steps/count"].fired
     # the failed steps' rows are not the next step's: the batch size is 20 at every step
-    assert not findings["sampling/mean"].fired and not findings["sampling/dispersion"].fired
+    assert findings["sampling/mean"].p_value > 1e-3 < findings["sampling/dispersion"].p_value
 
     model2, opt2, _, _ = private(sigma=0.0)
     clean = GradientCanaries(opt2, 4000, seed=1)

@@ -263,6 +263,22 @@ def test_an_implausible_split_is_refused_and_says_what_the_bound_assumes():
     one_run_epsilon(rng.normal(3, 1, 460), rng.normal(0, 1, 540), delta=1e-5)  # plausible
 
 
+def test_the_split_p_value_is_the_exact_two_sided_binomial_test():
+    from scipy import stats
+
+    from privmon.audit.one_run import SPLIT_LEVEL, check_inclusion
+    from privmon.audit.one_run_math import split_p_value
+
+    for n_in, n_out in ((0, 1), (1, 1), (3, 7), (10, 10_000), (460, 540), (5000, 5000), (0, 40)):
+        want = stats.binomtest(n_in, n_in + n_out, 0.5).pvalue
+        assert split_p_value(n_in, n_out) == pytest.approx(want, rel=1e-9, abs=1e-300)
+    uneven = np.arange(1000) < 300  # 300 of 1000: p ~ 1e-37
+    assert split_p_value(300, 700) < SPLIT_LEVEL
+    with pytest.raises(ValueError, match=r"seed=7 includes 300 of the 1000 canaries"):
+        check_inclusion(uneven, seed=7)
+    assert check_inclusion(np.arange(1000) < 480, seed=7).sum() == 480
+
+
 # -- hazard: a checkpoint saved without the canaries ---------------------------------------------
 def test_loading_an_optimizer_state_saved_without_canaries_names_the_block():
     _, opt, _, _ = private()

@@ -203,7 +203,7 @@ class GradientCanaries:
         except BaseException:
             if self._undo is not None:
                 before, state = self._undo
-                block.summed_grad.copy_(before)  # type: ignore[attr-defined]
+                block.summed_grad.copy_(before)
                 self._generator.set_state(state)
             self._undo = self._noised = None
             raise

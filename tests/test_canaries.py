@@ -4,8 +4,8 @@ Gradient canaries: with no noise a canary's score (the block's gradient summed o
 is the hand computation C · (times sampled) / B, once per logical step (virtual steps included),
 and it goes through the optimizer's own ``add_noise``; with noise the scores are exactly the
 Gaussian mechanism (KS against the analytic normal); inclusion bits, sampling rate, state_dict,
-detach and the refusals. Input canaries: inclusion, the records to train on, the query's direction and a
-check that leaves training untouched.
+detach and the refusals. Input canaries: inclusion, the records to train on, the query's
+direction and a check that leaves training untouched.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Run from the repository root::
 
 The idealised Gaussian mechanism: each of m canaries is included with probability 1/2 and
 scored N(1, σ²) when included, N(0, σ²) when not; it is exactly μ-GDP with μ = 1/σ (theory ε
-4.37 at σ = 1, 1.99 at σ = 2, δ = 1e-5). Parts (``--parts``, default gaussian,null,timing):
+4.37 at σ = 1, 1.99 at σ = 2, δ = 1e-5). Parts (``--parts``, default gaussian,null,timing,cost):
 
 * ``gaussian``: m = 1e5, δ = 1e-5, significance 0.05, seeds 0..4, both methods. privmon's
   default (``selection="split"``, 10 % selection part) beside a 6-point Bonferroni grid
@@ -23,6 +23,12 @@ scored N(1, σ²) when included, N(0, σ²) when not; it is exactly μ-GDP with 
   Power beside it: the same selection on Gaussian canaries at σ = 3 (``--power-sigma``; theory
   ε 1.27 at δ = 1e-5), 50 runs: the fraction with ε > 0 and the mean ε.
 * ``timing``: seconds per call at 1e5 canaries (median of 5, one thread).
+* ``cost``: CPU seconds and peak traced memory of one count-level p-value at the largest counts,
+  ``steinke_p_value(10**7, 10**7, 6*10**6, np.linspace(0, 1, 33), 1e-5)``: its α window runs
+  from 40 standard deviations below the binomial mode (``max(0.0, …)`` in
+  ``one_run_math.steinke_p_value``): 2.2 CPU s and 827 MiB; a window from 0 (``min`` for
+  ``max``, the same value) took 14.0 s and 4669 MiB on the same 2-core box (issue #31). Recorded
+  here rather than in a timed test.
 * ``jax``: google-deepmind jax_privacy 2.0's ``CanaryScoreAuditor.epsilon_one_run`` /
   ``epsilon_one_run_fdp`` on the same scores (its default: positive guesses only, Bonferroni
   over its threshold hull; and its ``Split`` strategy), run in the peer's own environment
@@ -274,9 +280,26 @@ def run_peer(peer_python: str, arrays: dict[str, np.ndarray], counts: Any = None
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def cost_part() -> None:
+    import tracemalloc
+
+    from privmon.audit.one_run_math import steinke_p_value
+
+    print("\n### One p-value at m = r = 1e7, v = 6e6, 33 ε (CPU seconds, peak traced memory)\n")
+    tracemalloc.start()
+    start = time.process_time()
+    p = steinke_p_value(10**7, 10**7, 6 * 10**6, np.linspace(0, 1, 33), DELTA)
+    seconds = time.process_time() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print("| CPU s | peak MiB | p at ε = 0, 1 |")
+    print("|---:|---:|---|")
+    print(f"| {seconds:.2f} | {peak / 2**20:.0f} | {p[0]:.3g}, {p[-1]:.3g} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="gaussian,null,timing")
+    parser.add_argument("--parts", default="gaussian,null,timing,cost")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=200, help="null runs per setting")
     parser.add_argument("--null-sizes", default="1000,100000")
@@ -296,6 +319,8 @@ def main() -> None:
         null_part(args.runs, [int(m) for m in args.null_sizes.split(",")], args.power_sigma)
     if "timing" in parts:
         timing_part()
+    if "cost" in parts:
+        cost_part()
     if "jax" in parts:
         jax_part(args.peer_python, args.seeds)
 

@@ -1,11 +1,11 @@
 """Canaries for one-run DP audits, on real Opacus optimizers and real queries.
 
-Gradient canaries: with no noise the canary block's update is the hand computation
-−lr · C · (times sampled) / B, once per logical step (virtual steps included), and it goes
-through the optimizer's own ``add_noise``; with noise the block is exactly the Gaussian
-mechanism (KS against the analytic normal); inclusion bits, sampling rate, state_dict, detach and
-the refusals. Input canaries: inclusion, the records to train on, the query's direction and a
-check that leaves training untouched.
+Gradient canaries: with no noise a canary's score (the block's gradient summed over the steps)
+is the hand computation C · (times sampled) / B, once per logical step (virtual steps included),
+and it goes through the optimizer's own ``add_noise``; with noise the scores are exactly the
+Gaussian mechanism (KS against the analytic normal); inclusion bits, sampling rate, state_dict,
+detach and the refusals. Input canaries: inclusion, the records to train on, the query's
+direction and a check that leaves training untouched.
 """
 
 from __future__ import annotations
@@ -87,7 +87,10 @@ def test_without_noise_the_block_moves_by_the_hand_computation():
     assert canaries.steps == 30 and canaries.sample_rate == pytest.approx(0.1)
     counts = canaries.sample_counts
     assert counts.sum() > 0
-    np.testing.assert_allclose(all_scores(canaries), LR * CLIP * counts / BATCH, atol=1e-6)
+    np.testing.assert_allclose(all_scores(canaries), CLIP * counts / BATCH, atol=1e-6)
+    # the scores are the gradient the update received: SGD moved the block by lr times them
+    block = opt.param_groups[-1]["params"][0].detach().numpy()
+    np.testing.assert_allclose(-block, LR * CLIP * counts / BATCH, atol=1e-6)
 
 
 def test_the_canaries_pass_through_the_optimizers_own_add_noise():
@@ -107,20 +110,20 @@ def test_the_canaries_pass_through_the_optimizers_own_add_noise():
     assert len(seen) == 12
     np.testing.assert_allclose(sum(seen).numpy(), CLIP * canaries.sample_counts, atol=1e-6)
     np.testing.assert_allclose(
-        all_scores(canaries), LR * CLIP * canaries.sample_counts / BATCH, atol=1e-6
+        all_scores(canaries), CLIP * canaries.sample_counts / BATCH, atol=1e-6
     )
     canaries.detach()
     assert opt.add_noise is add_noise_without_noise  # the bug is back, not Opacus' method
 
 
 def test_with_noise_the_block_is_the_gaussian_mechanism():
-    """Each canary's score minus its canary part is lr/B times a sum of T normals of sd σC."""
+    """Each canary's score minus its canary part is 1/B times a sum of T normals of sd σC."""
     sigma, steps = 1.3, 40
     model, opt, loader = private(sigma=sigma)
     canaries = GradientCanaries(opt, 4000, seed=2)
     train(model, opt, loader, steps)
-    noise = all_scores(canaries) - LR * CLIP * canaries.sample_counts / BATCH
-    sd = LR * sigma * CLIP * np.sqrt(steps) / BATCH
+    noise = all_scores(canaries) - CLIP * canaries.sample_counts / BATCH
+    sd = sigma * CLIP * np.sqrt(steps) / BATCH
     assert stats.kstest(noise / sd, "norm").pvalue > 1e-3
     assert np.std(noise) / sd == pytest.approx(1.0, abs=0.05)
     # Included canaries are sampled at the records' rate: counts ~ Binomial(steps, q).
@@ -141,7 +144,7 @@ def test_virtual_steps_add_the_canaries_once_per_logical_step():
             logical += not opt._is_last_step_skipped
     assert canaries.steps == logical == len(loader)
     np.testing.assert_allclose(
-        all_scores(canaries), LR * CLIP * canaries.sample_counts / BATCH, atol=1e-6
+        all_scores(canaries), CLIP * canaries.sample_counts / BATCH, atol=1e-6
     )
 
 
@@ -284,8 +287,8 @@ def test_a_mismatched_state_is_refused():
 def test_bad_arguments_are_refused_with_the_valid_range():
     with pytest.raises(TypeError, match=r"Opacus DPOptimizer.*got SGD"):
         GradientCanaries(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), 10)
-    for bad in (0, -1, 1.5, True, "3"):
-        with pytest.raises(ValueError, match="n_canaries must be an integer >= 1"):
+    for bad in (0, 1, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="n_canaries must be an integer >= 2"):
             GradientCanaries(private()[1], bad)
     with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         GradientCanaries(private()[1], 5, seed=-1)

@@ -400,7 +400,7 @@ def test_state_dict_resumes_the_block_and_refuses_other_canaries():
 
 
 def test_refusals():
-    with pytest.raises(ValueError, match="n_canaries must be an integer >= 1"):
+    with pytest.raises(ValueError, match="n_canaries must be an integer >= 2"):
         RecordCanaries(0)
     canaries = RecordCanaries(5)
     with pytest.raises(TypeError, match="map-style"):

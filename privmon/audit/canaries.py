@@ -12,6 +12,7 @@ whole pipeline rather than the mechanism).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
@@ -21,71 +22,22 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from privmon._training_guard import TrainingGuard
-from privmon._validation import as_scores, check_int, check_unit
+from privmon._validation import as_scores, check_int
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_checks import MechanismChecks, check_checks
+from privmon.audit.one_run import check_inclusion
 
 __all__ = ["GradientCanaries", "InputCanaries"]
 
-# Opacus optimizers whose step the canaries cannot join as a record: why, for the error message.
-_UNSUPPORTED = {
-    "DPPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
-    "SimpleDistributedPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
-    "DPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
-    "DistributedDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
-    "FSDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
-    "AdaClipDPOptimizer": "adaptive clipping changes the noise multiplier and the bound per step",
-}
+logger = logging.getLogger("privmon")
 
 
 def _inclusion(n: int, seed: int) -> tuple[np.ndarray, np.random.Generator]:
-    """Which of ``n`` canaries are included (independent fair coins), and the generator that
-    drew them, for whatever the caller draws next from the same seed."""
+    """Which of ``n`` canaries are included (independent fair coins; a draw that leaves a side
+    empty is refused), and the generator that drew them, for what the caller draws next."""
     rng = np.random.default_rng(seed)
-    return rng.random(n) < 0.5, rng
-
-
-def _check_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
-    hooks.check_dp_optimizer(optimizer, who="GradientCanaries")
-    for cls in type(optimizer).__mro__:
-        if cls.__module__.startswith("opacus") and cls.__name__ in _UNSUPPORTED:
-            raise ValueError(
-                f"optimizer is an Opacus {cls.__name__}, which GradientCanaries do not support: "
-                f"{_UNSUPPORTED[cls.__name__]}. Use flat clipping on one process "
-                "(make_private(clipping='flat'), grad_sample_mode='hooks')."
-            )
-    if hooks.attached(optimizer, "canaries") is not None:
-        raise ValueError(
-            "optimizer already carries GradientCanaries: detach() them before attaching others"
-        )
-    if checks and hooks.attached(optimizer, "checks") is not None:
-        raise ValueError(
-            "optimizer already carries mechanism checks (a MechanismChecks): detach() them, or "
-            "pass checks=() to these canaries"
-        )
-    return optimizer
-
-
-def _check_sample_rate(sample_rate: Any, optimizer: Any) -> float:
-    hooked = hooks.hook_sample_rate(optimizer)
-    if sample_rate is None:
-        if hooked is None:
-            raise ValueError(
-                "sample_rate: the optimizer carries no Opacus accountant hook to read its "
-                "sampling rate from (it was not made by PrivacyEngine.make_private); pass "
-                "sample_rate=, the probability that a record is in a batch, in (0, 1]"
-            )
-        return hooked
-    rate = check_unit(sample_rate, name="sample_rate")
-    if rate == 0:
-        raise ValueError("sample_rate must be in the interval (0, 1], got 0")
-    if hooked is not None and not np.isclose(rate, hooked, rtol=1e-9, atol=0):
-        raise ValueError(
-            f"sample_rate={rate!r} differs from the rate the optimizer's accountant uses "
-            f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
-        )
-    return rate
+    return check_inclusion(rng.random(n) < 0.5, seed=seed), rng
 
 
 class GradientCanaries:
@@ -97,14 +49,19 @@ class GradientCanaries:
     with probability ½ (seeded, :attr:`included`); at every logical step each included canary is
     sampled like a record (Poisson, at the optimizer's sampling rate) and added to the summed
     clipped gradient before the optimizer's own ``add_noise``. It thus passes through exactly the
-    noise, the scaling and the update rule a record does, and an optimizer that adds less noise
-    than the accountant assumes is caught: the audited ε exceeds the accountant's. :meth:`scores`
-    gives each canary's total update along its coordinate (higher = included), for
-    :func:`privmon.audit.one_run_epsilon`.
+    noise and the scaling a record does, and an optimizer that adds less noise than the
+    accountant assumes is caught: the audited ε exceeds the accountant's. :meth:`scores` gives
+    each canary's coordinate of the block's gradient summed over the steps, as the update rule
+    received it (higher = included), for :func:`privmon.audit.one_run_epsilon`: no learning rate
+    or update rule enters (under SGD with one constant lr, the same order and bounds as the
+    block's update). Only steps whose noise was added count (:attr:`steps`); a step that raised
+    inside the optimizer leaves no trace.
 
     The block (``n_canaries`` zeros on the first parameter's device and dtype) joins the optimizer
     as a param group of its own with the first group's hyperparameters: create the canaries before
-    an LR scheduler (one made earlier is refused). The model's training is unchanged in
+    any LR scheduler (one bound earlier, ``ReduceLROnPlateau`` included, is refused), and load an
+    optimizer state saved without them before attaching them (a ValueError names the block
+    otherwise). The model's training is unchanged in
     distribution, not bit for bit: Opacus draws ``n_canaries`` more normals per step from its
     noise source (with ``noise_multiplier=0`` the weights are bit-identical). The canaries' own
     random numbers come from a generator seeded with ``seed``. ``optimizer.state_dict()`` holds
@@ -126,8 +83,10 @@ class GradientCanaries:
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
-        n_canaries: number of canaries m (>= 1).
-        seed: seeds the inclusion bits and the sampling generator (>= 0).
+        n_canaries: number of canaries m (>= 2).
+        seed: seeds the inclusion bits and the sampling generator (>= 0); a draw that includes
+            all or none of the canaries (probability 2^(1-m)) is refused: take another seed or
+            more canaries.
         sample_rate: probability that a record is in a batch. None (default) reads the rate
             Opacus' accountant hook was built with; a value must agree with it when both exist.
         checks: the mechanism checks to run, a subset of
@@ -173,31 +132,32 @@ class GradientCanaries:
         checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
         enabled = check_checks(checks)
-        self._optimizer = _check_optimizer(optimizer, enabled)
-        self._n = check_int(n_canaries, name="n_canaries", minimum=1)
+        self._optimizer = hooks.check_canary_optimizer(optimizer, enabled)
+        self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)
-        self._sample_rate = _check_sample_rate(sample_rate, optimizer)
+        self._sample_rate = hooks.canary_sample_rate(sample_rate, optimizer)
         self._rank, _ = hooks.rank_and_world(optimizer)
         params = list(optimizer.params)
         if not params:
             raise ValueError("optimizer has no trainable parameters to audit")
-        if "initial_lr" in optimizer.param_groups[0]:
-            raise ValueError(
-                "optimizer already has an LR scheduler (its param groups carry 'initial_lr'): "
-                "create the GradientCanaries before the scheduler, which must know the canary "
-                "block's param group"
-            )
         device, dtype = params[0].device, params[0].dtype
         included, rng = _inclusion(self._n, self._seed)
         self._included = torch.from_numpy(included).to(device)
         self._generator = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
         self._counts = torch.zeros(self._n, dtype=torch.int64, device=device)
         self._steps = 0
-        self._final: torch.Tensor | None = None  # the block's values frozen by detach()
+        # Σ over the steps of the block's noised gradient, as the update rule receives it
+        exact = torch.float32 if device.type == "mps" else torch.float64
+        self._sums = torch.zeros(self._n, dtype=exact, device=device)
+        self._final: torch.Tensor | None = None  # the scores frozen by detach()
+        self._undo: tuple[torch.Tensor, torch.Tensor] | None = None  # a step's canaries, undone
+        self._noised: tuple[torch.Tensor | None] | None = None  # add_noise came back
+        self._due = False  # a noised step's update is due: its gradient joins the sums
         self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
         self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
         group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-        optimizer.original_optimizer.add_param_group({**group, "params": [self._block]})
+        inner = optimizer.original_optimizer
+        inner.add_param_group({**group, "params": [self._block]})
         self._hooks = hooks.install(
             optimizer,
             {
@@ -206,6 +166,10 @@ class GradientCanaries:
                 "clip_and_accumulate": self._clip_and_accumulate,
             },
         )
+        self._handles = [
+            inner.register_step_pre_hook(self._before_update),
+            inner.register_load_state_dict_pre_hook(self._before_load),
+        ]
         hooks.claim(optimizer, "canaries", self)
         # outside the canaries' hooks: the checks see the block's canaries as part of the sum
         try:
@@ -219,7 +183,10 @@ class GradientCanaries:
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Give the block a per-sample gradient that costs no memory (zeros expanded to the
         batch size of a model parameter's, one per accumulated batch), so Opacus' bookkeeping
-        (``grad_samples``, ``accumulated_iterations``) counts it like every parameter."""
+        (``grad_samples``, ``accumulated_iterations``) counts it like every parameter; then
+        Opacus' ``pre_step``. A step counts once its noise was added and ``pre_step`` came back
+        (as the accountant counts it); one that raised leaves no trace: the block's summed
+        gradient and the sampling generator are put back."""
         block = self._block
         reference = next(p for p in self._optimizer.params if p is not block)
         samples = getattr(reference, "grad_sample", None)
@@ -230,7 +197,24 @@ class GradientCanaries:
             block.grad_sample = [zero.expand(len(s), self._n) for s in samples]  # type: ignore[attr-defined]
         else:  # Opacus reports the model parameter's missing per-sample gradient itself
             block.grad_sample = None  # type: ignore[attr-defined]
-        return original(*args, **kwargs)
+        self._undo, self._noised, self._due = None, None, False
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            if self._undo is not None:
+                before, state = self._undo
+                block.summed_grad.copy_(before)
+                self._generator.set_state(state)
+            self._undo = self._noised = None
+            raise
+        noised, self._undo, self._noised = self._noised, None, None
+        if noised is not None:
+            (sampled,) = noised
+            self._steps += 1
+            if sampled is not None:
+                self._counts += sampled
+            self._due = True
+        return result
 
     def _clip_and_accumulate(self, original: Any) -> None:
         """Opacus' clipping without the block (whose per-sample gradients are exactly zero: the
@@ -249,28 +233,54 @@ class GradientCanaries:
         summed clipped gradient, then the optimizer's own noise (distributed: on rank 0, where
         Opacus adds the noise, before it sums the ranks' gradients)."""
         opt = self._optimizer
-        self._steps += 1
+        sampled = None
         if self._rank == 0:
+            summed = self._block.summed_grad  # type: ignore[attr-defined]
+            self._undo = (summed.clone(), self._generator.get_state())
             rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
             draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
             sampled = (draws < rate) & self._included
-            self._counts += sampled
-            summed = self._block.summed_grad  # type: ignore[attr-defined]
             summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
         original()
+        self._noised = (sampled,)
+
+    def _before_update(self, *_: Any) -> None:
+        """Before the underlying optimizer's update of a noised step: the block's gradient (noised,
+        scaled and, distributed, summed over the ranks) joins the scores."""
+        if self._due:
+            self._due = False
+            if self._block.grad is not None:
+                self._sums.add_(self._block.grad)
+
+    def _before_load(self, optimizer: Any, state: dict[str, Any]) -> None:
+        """Name the canary block when a state saved without it is loaded."""
+        saved = len(state.get("param_groups", ()))
+        if saved == len(optimizer.param_groups) - 1:
+            raise ValueError(
+                f"the optimizer state has {saved} param groups; the optimizer has "
+                f"{saved + 1}: the last is the GradientCanaries' block, so the state was saved "
+                "without the canaries. Load it before attaching the GradientCanaries (they add "
+                "their param group after), or save it with them"
+            )
 
     # -- results ---------------------------------------------------------------------------
     def _values(self) -> torch.Tensor:
         """The block now, float64 on the CPU."""
         return self._block.detach().to("cpu", torch.float64).clone()
 
+    def _scores(self) -> torch.Tensor:
+        """The scores now, float64 on the CPU."""
+        return self._sums.to("cpu", torch.float64).clone()
+
     def scores(self) -> tuple[np.ndarray, np.ndarray]:
-        """(in_scores, out_scores): θ_0 − θ_T along each canary's coordinate (higher = included),
-        for the included and the excluded canaries, each in canary order, float64.
+        """(in_scores, out_scores): each canary's coordinate of the block's gradient summed over
+        the noised steps, as the update rule received it (noised, scaled by Opacus; higher =
+        included), for the included and the excluded canaries, each in canary order, float64.
+        Learning rates and the update rule play no part: under SGD with one constant lr the
+        block's update θ_0 − θ_T is lr times the scores.
 
         After :meth:`detach` the scores are those of the moment it was called."""
-        current = self._final if self._final is not None else self._values()
-        score = -current.numpy()  # θ_0 = 0
+        score = (self._final if self._final is not None else self._scores()).numpy()
         included = self.included
         return score[included], score[~included]
 
@@ -282,12 +292,14 @@ class GradientCanaries:
 
     @property
     def sample_counts(self) -> np.ndarray:
-        """How many steps sampled each canary (int64; always 0 for excluded canaries)."""
+        """How many counted steps sampled each canary (int64; always 0 for excluded
+        canaries)."""
         return self._counts.cpu().numpy().copy()
 
     @property
     def steps(self) -> int:
-        """Logical steps the canaries took part in (noised steps, not skipped virtual ones)."""
+        """Logical steps the canaries took part in: those whose noise was added, not skipped
+        virtual ones nor steps that raised inside the optimizer."""
         return self._steps
 
     @property
@@ -336,7 +348,9 @@ class GradientCanaries:
         self._checks.detach()
         hooks.uninstall(opt, self._hooks, "canaries")
         hooks.release(opt, "canaries")
-        self._final = self._values()
+        for handle in self._handles:
+            handle.remove()
+        self._final = self._scores()
         block = self._block
         groups = opt.original_optimizer.param_groups
         groups[:] = [g for g in groups if not any(p is block for p in g["params"])]
@@ -354,8 +368,8 @@ class GradientCanaries:
     def state_dict(self) -> dict[str, Any]:
         """What resumes the audit after a checkpoint and lets :meth:`load_state_dict` check it
         is loaded into the same canaries: configuration (n, seed, sampling rate, inclusion
-        bits), progress (sample counts, steps, the sampling generator's state) and the block's
-        values; with mechanism checks, theirs under ``"mechanism"``
+        bits), progress (sample counts, steps, the sampling generator's state, the scores) and
+        the block's values; with mechanism checks, theirs under ``"mechanism"``
         (:meth:`MechanismChecks.state_dict`). Tensors on the CPU (``torch.save``-able)."""
         state = {
             "n_canaries": self._n,
@@ -365,6 +379,7 @@ class GradientCanaries:
             "sample_counts": self._counts.cpu().clone(),
             "steps": self._steps,
             "generator_state": self._generator.get_state(),
+            "scores": self._scores(),
             "values": self._values(),
         }
         if self._checks.checks:
@@ -372,10 +387,10 @@ class GradientCanaries:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator and the
-        block's values; the optimizer's own state for the block (momentum, Adam moments) comes
-        back with ``optimizer.load_state_dict``. The mechanism checks' state is loaded when both
-        ``state`` and these canaries have one.
+        """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator, the
+        scores and the block's values; the optimizer's own state for the block (momentum, Adam
+        moments) comes back with ``optimizer.load_state_dict``. The mechanism checks' state is
+        loaded when both ``state`` and these canaries have one.
 
         Raises:
             ValueError: ``state`` lacks a field, or was saved by canaries of another
@@ -394,12 +409,14 @@ class GradientCanaries:
         if not torch.equal(torch.as_tensor(state["included"]), mine["included"]):
             raise ValueError("state's included bits differ from these canaries'")
         counts = torch.as_tensor(state["sample_counts"], dtype=torch.int64)
-        values = torch.as_tensor(state["values"])
+        values, sums = torch.as_tensor(state["values"]), torch.as_tensor(state["scores"])
         if counts.shape != (self._n,) or bool((counts[~mine["included"]] != 0).any()):
             raise ValueError("state's sample_counts do not fit these canaries")
-        if values.shape != (self._n,):
-            raise ValueError(f"state's values must have shape ({self._n},)")
+        for key, value in (("values", values), ("scores", sums)):
+            if value.shape != (self._n,):
+                raise ValueError(f"state's {key} must have shape ({self._n},)")
         self._counts.copy_(counts)
+        self._sums.copy_(sums)
         self._steps = check_int(state["steps"], name="state['steps']")
         self._generator.set_state(state["generator_state"])
         with torch.no_grad():
@@ -436,7 +453,8 @@ class InputCanaries:
         query: the query :meth:`scores` runs when called without one (e.g.
             ``privmon.queries.LossQuery(model)``), so that ``PrivacyMonitor(canaries=...)`` can
             call ``scores()`` at every check.
-        seed: seeds the inclusion bits (>= 0).
+        seed: seeds the inclusion bits (>= 0); a draw that includes all or none of the records
+            is refused.
 
     Examples:
         >>> import torch
@@ -475,7 +493,7 @@ class InputCanaries:
             _check_query(query)
         self.query = query
         self._seed = check_int(seed, name="seed", minimum=0)
-        self._included, _ = _inclusion(n, self._seed)
+        self._included, _ = _inclusion(n, self._seed)  # refused when a side would be empty
 
     @property
     def included(self) -> np.ndarray:
@@ -495,7 +513,8 @@ class InputCanaries:
         The query runs as at a monitor check (``prepare(device)``, one call per batch,
         ``release()``) under the monitor's training guard: modes, buffers, gradients, Opacus
         hooks and every RNG are restored afterwards, so training can go on, and a query that
-        writes to the weights is refused (RuntimeError). Non-finite
+        writes to the weights is refused (RuntimeError). A ``release()`` that raises is logged
+        (logger ``"privmon"``) and costs no score, as at a monitor check. Non-finite
         scores are kept (aligned with the records); ``one_run_epsilon`` drops and counts them.
 
         Args:
@@ -528,8 +547,12 @@ class InputCanaries:
                     if refused:
                         raise RuntimeError(f"the canaries' query {refused}")
                     parts.append(out.detach())
-        finally:
-            getattr(query, "release", lambda: None)()
+        finally:  # after training's state is restored; a failing release() costs no figure
+            try:
+                getattr(query, "release", lambda: None)()
+            except Exception:
+                name = getattr(query, "name", type(query).__name__)
+                logger.exception("privmon: release of the canaries' query %r failed", name)
         scores, _ = as_scores(torch.cat(parts), name="query scores", drop=False)
         if scores.shape != (len(self._included), 1):
             raise ValueError(

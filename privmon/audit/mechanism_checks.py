@@ -225,19 +225,25 @@ class MechanismChecks:
         return [p for p in self._optimizer.params if p is not block]
 
     def _clip_and_accumulate(self, original: Any) -> None:
-        """Opacus' clipping; then the step's rows are counted (not the probe's)."""
-        original()
+        """Opacus' clipping; then the step's rows are counted (not the probe's). The count
+        follows the summed gradient: it restarts with it, so rows of a step that raised before
+        its noise and was cleared (``optimizer.zero_grad``) are not the next step's."""
         if self._probing:
+            original()
             return
         for p in self._params:
             samples = getattr(p, "grad_sample", None)
-            if isinstance(samples, torch.Tensor):
-                self._rows += len(samples)
-            elif isinstance(samples, list):
-                self._rows += sum(len(s) for s in samples)
-            else:
-                continue
-            break
+            if isinstance(samples, torch.Tensor | list):
+                if getattr(p, "summed_grad", None) is None:
+                    self._rows = 0
+                original()
+                self._rows += (
+                    len(samples)
+                    if isinstance(samples, torch.Tensor)
+                    else sum(len(s) for s in samples)
+                )
+                return
+        original()
 
     def _add_noise(self, original: Any) -> None:
         """The optimizer's noise; then the noise it added is read (before ``scale_grad``)."""

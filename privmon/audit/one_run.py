@@ -27,12 +27,14 @@ from privmon._validation import (
     check_open_unit,
     to_numpy,
 )
-from privmon.audit.one_run_math import fdp_mu, gdp_epsilon, steinke_epsilon
+from privmon.audit.one_run_math import fdp_mu, gdp_epsilon, split_p_value, steinke_epsilon
 
 __all__ = [
     "BONFERRONI_GRID",
     "METHODS",
+    "SPLIT_LEVEL",
     "OneRunAudit",
+    "check_inclusion",
     "epsilon_from_guesses",
     "one_run_epsilon",
 ]
@@ -43,6 +45,11 @@ METHODS = ("fdp", "steinke")
 BONFERRONI_GRID = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
 """``selection="bonferroni"``: k₊ = k₋ = round(fraction · m) for each fraction (at least 1),
 each pair tested at ``significance / 6`` (fewer when small m makes pairs coincide)."""
+
+SPLIT_LEVEL = 1e-9
+"""An in / out split whose two-sided p-value under independent fair coins is below this is
+refused (:func:`one_run_epsilon`, and the canaries' own draws at construction): the bounds
+assume each canary was included by such a coin."""
 
 _SPLIT_RATIOS = (0.0, 0.5, 1.0)  # k₊ / r among the split's candidates: top only, both, bottom
 _SPLIT_SIZES = 12  # guess counts per ratio, geometric from 1 to the selection part's size
@@ -102,6 +109,44 @@ class OneRunAudit:
 
     def __float__(self) -> float:
         return self.epsilon
+
+
+def check_inclusion(included: np.ndarray, *, seed: int) -> np.ndarray:
+    """``included`` (the canaries' inclusion bits drawn from ``seed``) when the draw can be
+    audited: both sides non-empty and a split fair coins make with p-value >= SPLIT_LEVEL.
+
+    Refusing a draw conditions the audit on an acceptable one, which multiplies its level by at
+    most 1 / (1 - 2^(1-m) - SPLIT_LEVEL) for m canaries (:func:`one_run_epsilon` refuses the
+    same draws), a factor under 1 + 2e-6 from m = 20."""
+    m, n_in = included.size, int(included.sum())
+    side = "all" if n_in == m else "none" if n_in == 0 else None
+    if side is not None:
+        raise ValueError(
+            f"the inclusion draw of seed={seed} includes {side} of the {m} canaries, so one "
+            f"side of the audit would be empty (fair coins do this with probability "
+            f"{2.0 ** (1 - m):.2g}): use more canaries (20 or more make it a one in 500,000 "
+            "event) or another seed"
+        )
+    p = split_p_value(n_in, m - n_in)
+    if p < SPLIT_LEVEL:
+        raise ValueError(
+            f"the inclusion draw of seed={seed} includes {n_in} of the {m} canaries, a split "
+            f"fair coins make with probability {p:.2g}: use another seed"
+        )
+    return included
+
+
+def _check_split(n_in: int, n_out: int) -> None:
+    """Refuse scores whose in / out sizes independent fair coins cannot have made."""
+    p = split_p_value(n_in, n_out)
+    if p < SPLIT_LEVEL:
+        raise ValueError(
+            f"in_scores and out_scores: {n_in} in and {n_out} out is a split independent fair "
+            f"coins make with probability {p:.2g} (two-sided; below SPLIT_LEVEL = "
+            f"{SPLIT_LEVEL:g}): the bounds assume each canary was included in training by an "
+            "independent fair coin (inclusion probability 1/2) drawn before training, so scores "
+            "of other sets (members against a larger set of non-members, say) give no valid bound"
+        )
 
 
 def _check_bound_args(delta: Any, significance: Any, method: Any) -> tuple[float, float]:
@@ -291,6 +336,14 @@ def one_run_epsilon(
     Gaussian (DP-SGD's, to a good approximation). The argument: docs, Theory page, *One-run ε
     lower bounds*.
 
+    What the bound assumes: each canary was included in training by an independent fair coin
+    (probability 1/2), drawn before training and independently of everything but its own
+    inclusion. A split whose sizes such coins make with a two-sided probability below
+    :data:`SPLIT_LEVEL` (10 in against 10,000 out) is refused; sizes cannot reveal every
+    violation (members against as many non-members pass), so use canaries whose inclusion was
+    randomised (:class:`~privmon.audit.GradientCanaries`, :class:`~privmon.audit.InputCanaries`,
+    :class:`~privmon.audit.RecordCanaries`).
+
     Tied scores are ordered by seeded draws independent of inclusion. Non-finite scores are
     counted in ``n_dropped`` and ranked at the median of the finite scores: abstentions unless
     the guesses reach the middle of the ranking.
@@ -308,6 +361,10 @@ def one_run_epsilon(
 
     Returns:
         :class:`OneRunAudit`.
+
+    Raises:
+        ValueError: an argument out of its range, a side empty or without a finite score, or
+            an in / out split fair coins cannot have made (below :data:`SPLIT_LEVEL`).
 
     Examples:
         >>> import numpy as np
@@ -330,6 +387,7 @@ def one_run_epsilon(
     check_not_label_order(in_scores, out_scores, fn="audit.one_run_epsilon")
     y_in = _scores(in_scores, name="in_scores")
     y = np.concatenate((y_in, _scores(out_scores, name="out_scores")))
+    _check_split(y_in.size, y.size - y_in.size)
     included = np.arange(y.size) < y_in.size
     missing = np.isnan(y)
     if missing.all():

@@ -20,6 +20,7 @@ __all__ = [
     "fdp_mu",
     "fdp_rejects",
     "gdp_epsilon",
+    "split_p_value",
     "steinke_epsilon",
     "steinke_p_value",
 ]
@@ -157,3 +158,12 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     while _gdp_delta(hi, mu) > delta:
         hi *= 2.0
     return float(optimize.brentq(lambda e: _gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-12))
+
+
+def split_p_value(n_in: int, n_out: int) -> float:
+    """The two-sided p-value of ``n_in`` canaries in and ``n_out`` out under independent fair
+    coins: 2 · min(P[B <= n_in], P[B >= n_in]) for B ~ Binomial(n_in + n_out, 1/2), at most 1."""
+    m = n_in + n_out
+    low = special.bdtr(n_in, m, 0.5)
+    high = special.bdtrc(n_in - 1, m, 0.5) if n_in > 0 else 1.0
+    return float(min(1.0, 2.0 * min(low, high)))

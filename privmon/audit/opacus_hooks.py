@@ -1,17 +1,26 @@
 """What the gradient canaries and the mechanism checks share to live inside an Opacus
 ``DPOptimizer``: wrappers of the instance's methods, which of privmon's objects an optimizer
-carries, and what Opacus' accountant hook closes over (the accountant and its sampling rate)."""
+carries, what Opacus' accountant hook closes over (the accountant and its sampling rate), and
+the LR schedulers already bound to an optimizer."""
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+
+from privmon._validation import check_unit
 
 __all__ = [
     "Hook",
     "accountant_steps",
     "attached",
+    "bound_schedulers",
+    "canary_sample_rate",
+    "check_canary_optimizer",
     "check_dp_optimizer",
     "claim",
     "hook_accountant",
@@ -21,6 +30,18 @@ __all__ = [
     "release",
     "uninstall",
 ]
+
+# Opacus optimizers whose step the gradient canaries cannot join as a record: why, for the
+# error message.
+_UNSUPPORTED = {
+    "DPPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
+    "SimpleDistributedPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
+    "DPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
+    "DistributedDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
+    "FSDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
+    "AdaClipDPOptimizer": "adaptive clipping changes the noise multiplier and the bound per step",
+}
+
 
 # Which of privmon's objects each optimizer carries: {"canaries": ..., "checks": ...}.
 _CARRIED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -149,3 +170,90 @@ def rank_and_world(optimizer: Any) -> tuple[int, int]:
     if not isinstance(rank, int) or not isinstance(world, int) or world < 1:
         return 0, 1
     return rank, world
+
+
+def _scheduler_kinds() -> tuple[type, ...]:
+    from torch.optim import lr_scheduler
+
+    names = ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")
+    return tuple({getattr(lr_scheduler, n) for n in names if hasattr(lr_scheduler, n)})
+
+
+def bound_schedulers(optimizer: Any) -> list[str]:
+    """The class names of the LR schedulers bound to ``optimizer`` or to the optimizer it wraps
+    (``original_optimizer``): torch's schedulers (``LRScheduler``, ``ReduceLROnPlateau`` and
+    their subclasses: LambdaLR, OneCycleLR, SequentialLR, transformers' schedules, ...) among the
+    live objects, and "a scheduler" for a param group carrying 'initial_lr' (what torch's and
+    timm's schedulers set). A scheduler keeps its optimizer, never the other way round, so the
+    live objects are searched (once, at construction); one already dropped is collected first."""
+    kinds = _scheduler_kinds()
+    targets = {id(optimizer), id(getattr(optimizer, "original_optimizer", optimizer))}
+
+    def live() -> list[str]:
+        return sorted(
+            type(obj).__name__
+            for obj in gc.get_objects()
+            if issubclass(type(obj), kinds) and id(getattr(obj, "optimizer", None)) in targets
+        )
+
+    found = live()
+    if found:  # one dropped but not yet collected (in a reference cycle) is not bound
+        gc.collect()
+        found = live()
+    if not found and any("initial_lr" in group for group in optimizer.param_groups):
+        found = ["a scheduler (its param groups carry 'initial_lr')"]
+    return found
+
+
+def check_canary_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
+    """``optimizer`` if GradientCanaries (with mechanism ``checks``) can join it: an Opacus
+    flat-clipping ``DPOptimizer`` carrying no canaries, no other checks and no LR scheduler."""
+    check_dp_optimizer(optimizer, who="GradientCanaries")
+    for cls in type(optimizer).__mro__:
+        if cls.__module__.startswith("opacus") and cls.__name__ in _UNSUPPORTED:
+            raise ValueError(
+                f"optimizer is an Opacus {cls.__name__}, which GradientCanaries do not support: "
+                f"{_UNSUPPORTED[cls.__name__]}. Use flat clipping on one process "
+                "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+            )
+    if attached(optimizer, "canaries") is not None:
+        raise ValueError(
+            "optimizer already carries GradientCanaries: detach() them before attaching others"
+        )
+    if checks and attached(optimizer, "checks") is not None:
+        raise ValueError(
+            "optimizer already carries mechanism checks (a MechanismChecks): detach() them, or "
+            "pass checks=() to these canaries"
+        )
+    schedulers = bound_schedulers(optimizer)
+    if schedulers:
+        raise ValueError(
+            f"optimizer already has an LR scheduler ({', '.join(schedulers)}): a scheduler made "
+            "before the GradientCanaries does not know the canary block's param group (it "
+            "fails at its first step, or schedules the block wrongly); create the "
+            "GradientCanaries before the scheduler"
+        )
+    return optimizer
+
+
+def canary_sample_rate(sample_rate: Any, optimizer: Any) -> float:
+    """The canaries' sampling rate: ``sample_rate`` in (0, 1], or the accountant hook's (which
+    a given rate must equal)."""
+    hooked = hook_sample_rate(optimizer)
+    if sample_rate is None:
+        if hooked is None:
+            raise ValueError(
+                "sample_rate: the optimizer carries no Opacus accountant hook to read its "
+                "sampling rate from (it was not made by PrivacyEngine.make_private); pass "
+                "sample_rate=, the probability that a record is in a batch, in (0, 1]"
+            )
+        return hooked
+    rate = check_unit(sample_rate, name="sample_rate")
+    if rate == 0:
+        raise ValueError("sample_rate must be in the interval (0, 1], got 0")
+    if hooked is not None and not np.isclose(rate, hooked, rtol=1e-9, atol=0):
+        raise ValueError(
+            f"sample_rate={rate!r} differs from the rate the optimizer's accountant uses "
+            f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
+        )
+    return rate

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from privmon._validation import check_int, check_module
+from privmon.audit.one_run import check_inclusion
 
 __all__ = ["RecordCanaries", "RecordCanaryDataset", "RecordCanaryModel"]
 
@@ -202,8 +203,9 @@ class RecordCanaries:
     int64 tensor as a batch of slots.
 
     Args:
-        n_canaries: number of canary slots m (>= 1).
-        seed: seeds the inclusion bits (>= 0).
+        n_canaries: number of canary slots m (>= 2).
+        seed: seeds the inclusion bits (>= 0); a draw that includes all or none of the
+            canaries (probability 2^(1-m)) is refused: take another seed or more canaries.
 
     Examples:
         >>> import torch
@@ -239,9 +241,10 @@ class RecordCanaries:
     """
 
     def __init__(self, n_canaries: int, *, seed: int = 0) -> None:
-        self._n = check_int(n_canaries, name="n_canaries", minimum=1)
+        self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)
-        self._included = np.random.default_rng(self._seed).random(self._n) < 0.5
+        draw = np.random.default_rng(self._seed).random(self._n) < 0.5
+        self._included = check_inclusion(draw, seed=self._seed)  # no side empty
         self._wrapper: RecordCanaryModel | None = None
         self._pending: torch.Tensor | None = None  # values loaded before model()
 

@@ -351,7 +351,7 @@ def test_a_number_given_as_a_string_is_refused(check):
 
 
 def test_the_monitor_refuses_delta_as_a_string():
-    with pytest.raises(ValueError, match=r"delta must be a number .*got '1e-5'"):
+    with pytest.raises(ValueError, match=r"delta must be a number in the open interval \(0, 1\), got str '1e-5'"):
         _monitor(delta="1e-5")
     with pytest.raises(ValueError, match="interval_delta must be a number"):
         _monitor(interval_delta="0.05")
@@ -363,7 +363,7 @@ def test_early_stopping_on_value_at_the_priors_floor_says_it_stops_on_noise():
     # Hazard: at prior 0.75 every advantage figure is at least |2p − 1| = 0.5; the debiased
     # estimate of a run that leaks nothing is above 0.5 at about every other check.
     floor = PrivacyEarlyStopping("s/histogram", 0.5, use="value")
-    with pytest.warns(UserWarning, match=r"use='value' .* 0\.5 .*noise") as record:
+    with pytest.warns(UserWarning, match=r"use='value'.* 0\.5 at prior 0\.75 stops on noise") as record:
         _monitor(prior=0.75, early_stopping=floor)
     assert record[0].filename == __file__  # said where it is configured
     with warnings.catch_warnings():

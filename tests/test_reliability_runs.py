@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# --- checkpoints -----------------------------------------------------------------------------------
+# --- checkpoints ----------------------------------------------------------------------------------
 def per_record_ce(out, y):
     return F.cross_entropy(out, y, reduction="none")
 
@@ -85,7 +85,8 @@ if __name__ == "__main__":
     assert child.exitcode == 0, child.exitcode
     print("resumed", train(folder).trained_by.tolist())
     for name in ("other_loss", "loss_changed"):
-        loss_changed.__name__ = loss_changed.__qualname__ = "loss" if name == "loss_changed" else name
+        renamed = "loss" if name == "loss_changed" else name
+        loss_changed.__name__ = loss_changed.__qualname__ = renamed
         try:
             train(folder, loss_fn=loss_changed if name == "loss_changed" else other_loss)
         except ValueError as err:
@@ -152,7 +153,7 @@ def test_one_flipped_bit_in_a_checkpoints_parameters_is_refused(tmp_path):
     assert torch.equal(again.params["weight"], full.params["weight"])
 
 
-# --- runs and reports ------------------------------------------------------------------------------
+# --- runs and reports -----------------------------------------------------------------------------
 FIGURES = {
     "privacy/q/histogram/value": 0.1,
     "privacy/q/histogram/lower": 0.0,
@@ -310,7 +311,7 @@ def test_a_run_named_legacy_is_selected_like_any_other(tmp_path, capsys):
     assert "reported run legacy only" in capsys.readouterr().err
 
 
-# --- the monitor's settings ------------------------------------------------------------------------
+# --- the monitor's settings -----------------------------------------------------------------------
 def _sets(shift=0.3, n=200):
     g = torch.Generator().manual_seed(0)
     members, nonmembers = torch.randn(n, generator=g) + shift, torch.randn(n, generator=g)
@@ -351,7 +352,8 @@ def test_a_number_given_as_a_string_is_refused(check):
 
 
 def test_the_monitor_refuses_delta_as_a_string():
-    with pytest.raises(ValueError, match=r"delta must be a number in the open interval \(0, 1\), got str '1e-5'"):
+    expected = r"delta must be a number in the open interval \(0, 1\), got str '1e-5'"
+    with pytest.raises(ValueError, match=expected):
         _monitor(delta="1e-5")
     with pytest.raises(ValueError, match="interval_delta must be a number"):
         _monitor(interval_delta="0.05")
@@ -363,7 +365,8 @@ def test_early_stopping_on_value_at_the_priors_floor_says_it_stops_on_noise():
     # Hazard: at prior 0.75 every advantage figure is at least |2p − 1| = 0.5; the debiased
     # estimate of a run that leaks nothing is above 0.5 at about every other check.
     floor = PrivacyEarlyStopping("s/histogram", 0.5, use="value")
-    with pytest.warns(UserWarning, match=r"use='value'.* 0\.5 at prior 0\.75 stops on noise") as record:
+    expected = r"use='value'.* 0\.5 at prior 0\.75 stops on noise"
+    with pytest.warns(UserWarning, match=expected) as record:
         _monitor(prior=0.75, early_stopping=floor)
     assert record[0].filename == __file__  # said where it is configured
     with warnings.catch_warnings():
@@ -397,7 +400,7 @@ def test_a_run_that_outlives_its_plan_is_told_once():
             unplanned.check(k)
 
 
-# --- the certificate -------------------------------------------------------------------------------
+# --- the certificate ------------------------------------------------------------------------------
 def test_the_pooled_bound_is_zero_at_or_below_one_trial_in_n():
     # Mutant: the floor at 1/trials dropped — Clopper–Pearson alone gives 0.028 here, which the
     # lemma does not cover when the rates differ.

@@ -64,8 +64,9 @@ def code_digest(fn: Any) -> str:
     """SHA-256 (hex) of what a function's code does: its bytecode, constants (nested functions'
     code too), names and argument layout — not its file, line numbers or module, so it is the
     same in every process that runs the same source (under the same Python). A method or a
-    callable object counts by its ``__call__``'s code; a callable without Python code (a
-    builtin, ``functools.partial``) by its qualified name.
+    callable object counts by its ``__call__``'s code, a ``functools.partial`` by its
+    function's and the literals it binds, a callable without Python code (a builtin) by its
+    qualified name.
 
     Examples:
         >>> from privmon.audit.checkpoints import code_digest
@@ -106,7 +107,9 @@ def _literal(value: Any) -> str:
 
 
 def _code_of(fn: Any) -> types.CodeType | None:
-    for target in (fn, getattr(fn, "__func__", None), getattr(type(fn), "__call__", None)):
+    owners = () if isinstance(fn, types.FunctionType) else type(fn).__mro__
+    call = next((c.__dict__["__call__"] for c in owners if "__call__" in c.__dict__), None)
+    for target in (fn, getattr(fn, "__func__", None), call):
         code = getattr(target, "__code__", None)
         if isinstance(code, types.CodeType):
             return code
@@ -220,12 +223,12 @@ class CheckpointFolder:
                 f"checkpoint of model {i} ({FORMAT})"
             )
         if record.get("digest") != _record_digest(record):
+            old = " (it has none: written by an earlier privmon)" if "digest" not in record else ""
             raise ValueError(
                 f"{self.what}: checkpoint_dir file {path} is damaged: what it holds (the "
                 "model's parameters, scores, fingerprint or recipe) no longer matches the digest "
                 "saved with it"
-                + (" (it has none: written by an earlier privmon)" if "digest" not in record else "")
-                + "; remove it and that model is trained again"
+                f"{old}; remove it and that model is trained again"
             )
         saved = record["recipe"]
         differs = [

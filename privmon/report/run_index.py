@@ -15,7 +15,8 @@ __all__ = ["RunIndex", "RunInfo"]
 class RunInfo:
     """One run found in a source: its id (``""``: reports written without one, e.g. made by
     hand), how many lines (JSON lines) or checks (TensorBoard) it wrote — a resumed run's
-    repeats included — and the range of its steps.
+    repeats included — the range of its steps, and ``where`` it is when a directory's runs
+    span several files (its JSON-lines file, or the folders of its event files; else "").
 
     Examples:
         >>> from privmon.report import RunInfo
@@ -78,9 +79,7 @@ class RunIndex:
     def info(self, run_id: str, where: str = "") -> RunInfo:
         """One run that wrote at least one check."""
         by_step = self.steps[run_id]
-        return RunInfo(
-            run_id, self.written[run_id], min(by_step), max(by_step), self.unit, where
-        )
+        return RunInfo(run_id, self.written[run_id], min(by_step), max(by_step), self.unit, where)
 
     def entries(self, run_id: str) -> list[Any]:
         """The run's entries, by step."""

@@ -41,9 +41,32 @@ __all__ = [
 ]
 
 
+_NOT_NUMBERS = (str, bytes, bytearray, bool, np.bool_)  # float() reads them; they are no number
+
+
+def _refuse_text(value: Any, *, name: str, what: str) -> None:
+    """Refuse a string (``delta="1e-5"``) or a bool where ``what`` is expected: ``float()``
+    would read it, hiding a mistake (a value read from a file or the command line unparsed)."""
+    if isinstance(value, _NOT_NUMBERS):
+        raise ValueError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+
+
+def _refuse_text_array(value: Any, *, name: str, what: str) -> None:
+    """:func:`_refuse_text` for a number or an array: also an array or sequence of strings."""
+    _refuse_text(value, name=name, what=what)
+    if isinstance(value, list | tuple | np.ndarray):
+        try:
+            kind = np.asarray(value).dtype.kind
+        except (TypeError, ValueError):  # ragged: the conversion that follows says so
+            return
+        if kind in "USO" and (kind != "O" or any(isinstance(v, str | bytes) for v in value)):
+            raise ValueError(f"{name} must be {what}, got strings: {value!r:.80}")
+
+
 def _number(value: Any, *, name: str, ok: Callable[[float], bool], where: str) -> float:
     """``value`` as a float, checked by ``ok`` (NaN fails every comparison); ``where`` names
-    the valid range in the messages."""
+    the valid range in the messages. Strings and bools are refused."""
+    _refuse_text(value, name=name, what=f"a number {where}")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -192,6 +215,7 @@ def check_fprs(fpr: Any) -> list[float]:
 def check_quantiles(q: Any) -> tuple[np.ndarray, bool]:
     """Return ``q`` (a number or a sequence of them) as a non-empty float64 array of quantiles
     in (0, 1], and whether it was a scalar."""
+    _refuse_text_array(q, name="q", what="a number or a sequence of numbers in (0, 1]")
     try:
         arr = np.asarray(q, dtype=np.float64)
     except (TypeError, ValueError):
@@ -210,7 +234,8 @@ def check_quantiles(q: Any) -> tuple[np.ndarray, bool]:
 
 def check_count(value: Any, *, name: str) -> int:
     """Return ``value`` as an int after checking it is a non-negative whole number (an integer or
-    a float holding one)."""
+    a float holding one; not a string or a bool)."""
+    _refuse_text(value, name=name, what="a non-negative integer count")
     try:
         f = float(value)
     except (TypeError, ValueError):
@@ -221,7 +246,9 @@ def check_count(value: Any, *, name: str) -> int:
 
 
 def as_float_array(value: Any, *, name: str, valid: str) -> np.ndarray:
-    """``value`` as a float64 numpy array; ``valid`` names the valid range in the message."""
+    """``value`` as a float64 numpy array; ``valid`` names the valid range in the message.
+    Strings are refused."""
+    _refuse_text_array(value, name=name, what=f"a number or array of numbers in {valid}")
     try:
         return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):

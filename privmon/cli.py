@@ -257,10 +257,13 @@ def _run_report(args: argparse.Namespace) -> int:
             "mid-write, with a resumed run's line appended to it (that line is read)",
             file=sys.stderr,
         )
-    if checks.other_runs:
+    if checks.other_runs:  # (each names its file or folder when they are not the source)
+        where = "left out, never merged into it:"
+        if not any(r.where for r in checks.other_runs):
+            where = f"{checks.source} also holds"
         print(
-            f"{warn} reported run {checks.run_id or '(no run id)'} only; {checks.source} also "
-            "holds " + "; ".join(str(r) for r in checks.other_runs),
+            f"{warn} reported run {checks.run_id or '(no run id)'} only; {where} "
+            + "; ".join(str(r) for r in checks.other_runs),
             file=sys.stderr,
         )
     print(verdict(checks).headline)

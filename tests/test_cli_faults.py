@@ -142,7 +142,7 @@ def test_complete_last_line_without_newline_is_read(tmp_path):
         ([_line(10), '["step", 20]'], "", ["line 2", "must be a JSON object, got list"]),
         (['{"run_id": "c3", "scalars": {}}'], "", ["line 1", "step is missing"]),
         ([_line(10).replace('"step": 10', '"step": NaN')], "", ["line 1", "step must be"]),
-        ([_line(10).replace('"step": 10', '"step": 1e400')], "", ["line 1", "step", "inf"]),
+        ([_line(10).replace('"step": 10', '"step": 1e400')], "", ["line 1", "step", "got 1e400"]),
         ([_line(2**63)], "", ["line 1", "step must be an integer in [0, 2**63 - 1]"]),
         ([_line(-5)], "", ["line 1", "step must be an integer in [0, 2**63 - 1], got -5"]),
         ([_line("abc")], "", ["line 1", "step must be an integer", "'abc'"]),

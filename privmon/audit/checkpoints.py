@@ -4,8 +4,9 @@ is trained, so that an interrupted audit resumes without retraining what was sav
 File ``{kind}-{i:06d}.pt`` (``torch.save``) holds model i's *fingerprint* (its seed, its mask
 and whatever else makes it model i, under ``identity``), the *recipe* (fingerprints of what
 every model of the audit shares: data, architecture, optimizer, ...; :func:`digest`,
-:func:`qualified_name`) and its contents (parameters, or scores). A later call loads a file
-only when recipe and fingerprint match the call's, and otherwise refuses, naming what differs.
+:func:`qualified_name`, :func:`code_digest`), its contents (parameters, or scores) and a digest
+of all of it. A later call loads a file only when the digest, recipe and fingerprint match the
+call's, and otherwise refuses, naming what differs (a flipped bit: the file is damaged).
 Files are read with ``torch.load(weights_only=True)`` (tensors, numbers, strings and containers
 only: no code runs on loading) and written to a temporary name first, then renamed, so a
 process killed while saving leaves no half-written file under the final name.
@@ -13,9 +14,11 @@ process killed while saving leaves no half-written file under the final name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +27,7 @@ import torch
 
 from privmon._validation import check_writable_dir
 
-__all__ = ["CheckpointFolder", "digest", "portable", "qualified_name"]
+__all__ = ["CheckpointFolder", "code_digest", "digest", "portable", "qualified_name"]
 
 FORMAT = "privmon.audit.checkpoint/1"
 
@@ -44,11 +47,86 @@ def digest(*arrays: Any) -> str:
     return h.hexdigest()
 
 
+_MAIN_ALIASES = ("__mp_main__",)  # the main script, as multiprocessing's spawn imports it
+
+
 def qualified_name(fn: Any) -> str:
     """``module.qualname`` of a function or of a callable object's class: what a fingerprint
-    can say of code (a changed body under the same name goes unnoticed)."""
+    can say of the name. The main script's functions are ``__main__.…`` in every process (a
+    process that ``mp.spawn`` or multiprocessing's spawn starts imports it as
+    ``__mp_main__``)."""
     target = fn if hasattr(fn, "__qualname__") else type(fn)
-    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
+    module = getattr(target, "__module__", None) or "?"
+    return f"{'__main__' if module in _MAIN_ALIASES else module}.{target.__qualname__}"
+
+
+def code_digest(fn: Any) -> str:
+    """SHA-256 (hex) of what a function's code does: its bytecode, constants (nested functions'
+    code too), names and argument layout — not its file, line numbers or module, so it is the
+    same in every process that runs the same source (under the same Python). A method or a
+    callable object counts by its ``__call__``'s code, a ``functools.partial`` by its
+    function's and the literals it binds, a callable without Python code (a builtin) by its
+    qualified name.
+
+    Examples:
+        >>> from privmon.audit.checkpoints import code_digest
+        >>> def double(x):
+        ...     return 2 * x
+        >>> def triple(x):
+        ...     return 3 * x
+        >>> code_digest(double) == code_digest(lambda x: 2 * x)  # the same code, another name
+        True
+        >>> code_digest(double) == code_digest(triple)
+        False
+    """
+    h = hashlib.sha256()
+    _hash_callable(h, fn)
+    return h.hexdigest()
+
+
+def _hash_callable(h: Any, fn: Any) -> None:
+    if isinstance(fn, functools.partial):  # its function's code, and what it binds
+        _hash_callable(h, fn.func)
+        h.update(f"partial{_literal(fn.args)}{_literal(sorted(fn.keywords.items()))};".encode())
+        return
+    code = _code_of(fn)
+    if code is None:
+        h.update(qualified_name(fn).encode())
+    else:
+        _hash_code(h, code)
+
+
+def _literal(value: Any) -> str:
+    """``value``'s repr when it is a plain literal (or a tuple / list of them), else its type's
+    name: a repr may hold a memory address, which differs from process to process."""
+    if value is None or isinstance(value, bool | int | float | complex | str | bytes):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return f"({','.join(map(_literal, value))})"
+    return f"<{type(value).__qualname__}>"
+
+
+def _code_of(fn: Any) -> types.CodeType | None:
+    owners = () if isinstance(fn, types.FunctionType) else type(fn).__mro__
+    call = next((c.__dict__["__call__"] for c in owners if "__call__" in c.__dict__), None)
+    for target in (fn, getattr(fn, "__func__", None), call):
+        code = getattr(target, "__code__", None)
+        if isinstance(code, types.CodeType):
+            return code
+    return None
+
+
+def _hash_code(h: Any, code: types.CodeType) -> None:
+    h.update(code.co_code)
+    layout = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
+    h.update(f"{layout}{code.co_names}{code.co_varnames}{code.co_freevars};".encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _hash_code(h, const)
+        elif isinstance(const, frozenset):  # its order varies with the strings' hash seed
+            h.update(f"frozenset{sorted(map(repr, const))};".encode())
+        else:
+            h.update(f"{type(const).__name__}:{_literal(const)};".encode())
 
 
 def _shown(value: str) -> str:
@@ -103,7 +181,7 @@ class CheckpointFolder:
     def save(self, i: int, fingerprint: Mapping[str, Any], contents: Mapping[str, Any]) -> None:
         """Write model ``i``'s file: its ``fingerprint`` (e.g. seed, mask) and ``contents``
         (tensors are saved from the CPU, each as a copy of its own)."""
-        record = {
+        record: dict[str, Any] = {
             "format": FORMAT,
             "kind": self.kind,
             "index": i,
@@ -111,6 +189,7 @@ class CheckpointFolder:
             "identity": portable(fingerprint),
             "contents": portable(contents),
         }
+        record["digest"] = _record_digest(record)
         final = self.path(i)
         partial = f"{final}.{os.getpid()}.partial"
         torch.save(record, partial)
@@ -143,6 +222,14 @@ class CheckpointFolder:
                 f"{self.what}: checkpoint_dir file {path} is not a privmon {self.kind} "
                 f"checkpoint of model {i} ({FORMAT})"
             )
+        if record.get("digest") != _record_digest(record):
+            old = " (it has none: written by an earlier privmon)" if "digest" not in record else ""
+            raise ValueError(
+                f"{self.what}: checkpoint_dir file {path} is damaged: what it holds (the "
+                "model's parameters, scores, fingerprint or recipe) no longer matches the digest "
+                "saved with it"
+                f"{old}; remove it and that model is trained again"
+            )
         saved = record["recipe"]
         differs = [
             f"{k} ({_shown(saved.get(k, 'nothing'))} in the folder, "
@@ -168,6 +255,33 @@ class CheckpointFolder:
                 f"{'; '.join(mismatch)}. Use another folder, or empty this one to retrain"
             )
         return record["contents"]
+
+
+def _record_digest(record: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of everything a checkpoint file holds but its digest: every key, string
+    and number, and every tensor's dtype, shape and bytes (:func:`digest`)."""
+    h = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            h.update(b"{")
+            for key in sorted(value, key=repr):
+                if key != "digest" or value is not record:
+                    h.update(f"{key!r}:".encode())
+                    walk(value[key])
+            h.update(b"}")
+        elif isinstance(value, torch.Tensor):
+            h.update(f"tensor {digest(value)};".encode())
+        elif isinstance(value, tuple | list):
+            h.update(b"[")
+            for v in value:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(f"{type(value).__name__} {value!r};".encode())
+
+    walk(record)
+    return h.hexdigest()
 
 
 def portable(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,13 @@ import torch
 from torch import nn
 
 from privmon._validation import as_mask, check_callable, check_flag, check_int
-from privmon.audit.checkpoints import CheckpointFolder, digest, portable, qualified_name
+from privmon.audit.checkpoints import (
+    CheckpointFolder,
+    code_digest,
+    digest,
+    portable,
+    qualified_name,
+)
 from privmon.audit.distributed import exchange, plan
 from privmon.audit.loops import (
     LossFn,
@@ -104,8 +110,11 @@ def train_ensemble(
     code: the data (bytes, dtype and shape of ``x`` and ``y``), the architecture (the module's
     repr, parameter and buffer names, shapes, dtypes), each model's initial parameters (bytes),
     seed and mask, the optimizer's class and hyperparameters (from ``optimizer`` called on the
-    first model's parameters), ``loss_fn``'s qualified name (a changed body under the same name
-    goes unnoticed), ``epochs``, the batch size and ``stacked``. Loading uses
+    first model's parameters), ``loss_fn``'s qualified name (the main script's ``__main__``
+    in every process: a folder ``mp.spawn`` ranks wrote resumes in one process) and its code's
+    digest (another body under the same name is refused; a closure's captured values are not
+    read), ``epochs``, the batch size and ``stacked``. Each file also holds a digest of all it
+    holds: a damaged file (a flipped bit) is refused, naming it. Loading uses
     ``torch.load(weights_only=True)``. Under torch.distributed the folder may be shared by the
     ranks or local to each (a model saved in any rank's folder is not trained again).
 
@@ -141,7 +150,8 @@ def train_ensemble(
             without records, ``epochs`` / ``batch_size`` out of range, a ``loss_fn`` that does
             not return one loss per record, with ``stacked`` models that cannot be stacked or
             member counts that give the models different numbers of batches per epoch; a
-            ``checkpoint_dir`` holding models of another recipe, data or mask; ranks called
+            ``checkpoint_dir`` holding models of another recipe, data or mask, or a damaged
+            file; ranks called
             with different arguments. RuntimeError on every rank when training failed on one.
 
     Examples:
@@ -305,6 +315,7 @@ def _recipe_fingerprint(
         "model": f"{template!r} {layout}",
         "optimizer": f"{qualified_name(type(opt))} {groups}",
         "loss_fn": qualified_name(loss_fn),
+        "loss_fn code": code_digest(loss_fn),
         "training": f"epochs={epochs}, batch_size={bs}, stacked={stacked}",
     }
 

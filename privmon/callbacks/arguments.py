@@ -5,6 +5,7 @@ against the prior."""
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.queries import CallableQuery
 from privmon.report import tags
+from privmon.report.runs import LATEST
 from privmon.sinks.base import Sink
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "check_accountant",
     "check_audit_sets",
     "check_epsilon_readable",
+    "check_run_id",
     "check_stopping_threshold",
 ]
 
@@ -134,12 +137,44 @@ def check_stopping_threshold(stopping: PrivacyEarlyStopping, prior: float) -> No
     """Refuse a budget on an advantage figure in [0, |2p − 1|): every figure is at least |2p − 1|
     (the advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop
     training at the first check whatever leaks — a budget set on the scale of prior ½. (A
-    negative one says "stop at the first check" on purpose, at any prior.)"""
+    negative one says "stop at the first check" on purpose, at any prior.) Warn when the
+    debiased estimate (``value``) is watched at the floor itself: it stops on noise."""
     floor = abs(2 * prior - 1)
-    if tags.is_advantage_estimate(stopping.tag) and 0 <= stopping.threshold < floor:
+    if not tags.is_advantage_estimate(stopping.tag):
+        return
+    if 0 <= stopping.threshold < floor:
         raise ValueError(
             f"early_stopping's threshold {stopping.threshold:g} on {stopping.tag} is below "
             f"|2·prior − 1| = {floor:.4g}, the advantage of always guessing the likelier class "
             f"at prior {prior:g}: every advantage figure is at least that, so training would "
             f"stop at the first check whatever leaks; give a threshold in [{floor:.4g}, 1)"
         )
+    if tags.is_debiased_estimate(stopping.tag) and 0 <= stopping.threshold <= floor + 1e-12:
+        message = (
+            f"privmon: early stopping on {stopping.tag} (the debiased estimate, use='value') "
+            f"with threshold {stopping.threshold:g} at prior {prior:g} stops on noise: "
+            f"{floor:.4g} = "
+            "|2·prior − 1| is every advantage figure's floor, and the debiased estimate of a run "
+            "that leaks nothing lies above it at about every other check. Watch the certified "
+            "lower bound (use='lower'), which exceeds the floor only where leakage is proven, "
+            "or set the threshold above the floor by more than the estimate's noise"
+        )
+        logger.warning(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def check_run_id(value: Any) -> str:
+    """``value`` as a monitor's run id: a non-empty string (what ``privmon report`` reads back
+    from every line and event), not ``"latest"`` (``--run latest`` names the run that wrote
+    last, so a run of that name could not be picked by it)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"run_id must be a non-empty string, got {value!r}: every line and event the run "
+            "writes carries it, and privmon report reads it back as a string"
+        )
+    if value == LATEST:
+        raise ValueError(
+            f"run_id must be a non-empty string other than {LATEST!r}, which privmon report "
+            "--run reads as the run that wrote last"
+        )
+    return value

@@ -8,15 +8,17 @@ per statistical test of the DP mechanism checks — so that every figure called 
 every alarm a statistical test raises, holds over the whole run (union bound). What that share
 detects at a query's audit sizes (:func:`~privmon.estimators.certificate.detectable_advantage`)
 is said at construction and at the first check, with a warning when early stopping watches a
-bound that cannot reach its threshold.
+bound that cannot reach its threshold, and once when a run outlives its planned checks.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -28,13 +30,27 @@ from privmon._validation import check_int, check_open_unit
 from privmon.callbacks.traps import Traps, finite_rows
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.methods import applicable_methods
-from privmon.estimators.spending import check_delta
+from privmon.estimators.spending import OVERFLOW_SHARE, check_delta
 from privmon.queries.batches import count_records
 from privmon.report import tags
 
 __all__ = ["CertificationBudget", "detectable", "expected_records"]
 
 logger = logging.getLogger("privmon")
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _stacklevel_to_user() -> int:
+    """The ``stacklevel`` of the first frame outside privmon, counted from this function's
+    caller (1): the user's call, whether it came through ``step()`` or ``check()``."""
+    frame = inspect.currentframe()
+    frame = frame.f_back if frame is not None else None
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @functools.lru_cache(maxsize=256)
@@ -255,8 +271,9 @@ class CertificationBudget:
 
     def say_what_can_be_certified(self, k: int, *, first: bool, stopping: Any) -> None:
         """Log what check ``k`` can certify per query (``first``: at construction and at the
-        first check), and warn once when early stopping (``stopping``, or None) watches a
-        certified lower bound whose threshold no advantage reaches at check ``k``. Unknown sizes
+        first check); warn once when check ``k`` is past the planned checks, and once when early
+        stopping (``stopping``, or None) watches a certified lower bound whose threshold no
+        advantage reaches at check ``k``. Unknown sizes
         say nothing; a failure here is logged, never raised."""
         try:
             watched: tuple[str, str] | None = None  # (query, tag) early stopping reads
@@ -272,6 +289,7 @@ class CertificationBudget:
                     None,
                 )
             delta = self.certify_delta(k)
+            self._warn_if_past_plan(k, delta)
             if first:
                 parts = []
                 for q in self.queries:
@@ -295,6 +313,25 @@ class CertificationBudget:
                 self._warn_if_out_of_reach(k, delta, stopping.threshold, *watched)
         except Exception:
             logger.exception("privmon: computing what check %s can certify failed", k)
+
+    def _warn_if_past_plan(self, k: int, delta: float) -> None:
+        """Warn once when check ``k`` is past the planned checks: from it on, each check
+        certifies at a share of the 10 % of ``interval_delta`` the plan kept for checks beyond
+        it, far less than a planned check's."""
+        planned = self.planned_checks
+        if planned is None or k <= planned:
+            return
+        ratio = self.certify_delta(planned) / delta
+        self._traps.warn_once(
+            "past plan",
+            f"privmon: check {k} is past planned_checks={planned}: the plan spent "
+            f"{1 - OVERFLOW_SHARE:.0%} of interval_delta over {planned} checks, so check {k} "
+            f"certifies each figure at δ = {delta:.3g}, {ratio:.1f}× smaller than a planned "
+            "check's, and every later check at less still: its lower bounds are looser and "
+            "early stopping fires later. Give planned_checks the run's number of checks, or "
+            "call monitor.plan(total_steps=...) before training",
+            stacklevel=_stacklevel_to_user(),
+        )
 
     def _warn_if_out_of_reach(
         self, k: int, delta: float, threshold: float, query: str, tag: str

@@ -67,6 +67,11 @@ class PrivacyEarlyStopping:
         threshold: the budget: stop when the figure is above it.
         use: "lower" (certified over the run: stops only on proven leakage) or "value" (the
             debiased estimate); plug-in figures are refused (biased up, they stop on noise).
+            "value" is an estimate, not a bound: it stops on noise wherever the threshold lies
+            within the estimate's noise of the true advantage. At the prior's floor |2p − 1|
+            (0 at p = ½), which every advantage figure is at least, a run that leaks nothing
+            reads above the threshold at about every other check: the monitor warns there.
+            Give "value" a threshold clear of the floor and some ``patience``, or use "lower".
         patience: checks above the budget tolerated before stopping (0: stop at the first).
         min_checks: never stop before this many checks.
 
@@ -93,6 +98,8 @@ class PrivacyEarlyStopping:
         if not isinstance(metric, str) or not metric:
             raise ValueError(f"metric must be a non-empty string, got {metric!r}")
         try:
+            if isinstance(threshold, str | bytes | bool):  # float() would read them
+                raise TypeError
             threshold = float(threshold)
         except (TypeError, ValueError):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}") from None

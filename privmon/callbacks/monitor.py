@@ -196,6 +196,18 @@ class PrivacyMonitor:
         """The checks that spent a share of ``interval_delta``."""
         return self._budget.spent
 
+    @property
+    def run_id(self) -> str:
+        """The run's id, on every line and event it writes: a fresh one per monitor, kept across
+        a resume through :meth:`state_dict`. It may be set to a name of one's own: a non-empty
+        string other than ``"latest"`` (anything else is refused here, not left for the
+        report to find unreadable)."""
+        return self._run_id
+
+    @run_id.setter
+    def run_id(self, value: str) -> None:
+        self._run_id = arguments.check_run_id(value)
+
     def step(self, global_step: int) -> bool:
         """Run a check when one is due (``global_step`` a multiple of ``every_n_steps``, past the
         last checked step); True when training should stop. Under torch.distributed the ranks

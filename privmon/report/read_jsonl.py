@@ -4,7 +4,9 @@ field, the checks kept per run (see :mod:`privmon.report`).
 Only what a crash leaves is skipped: a last line with no newline that does not parse (the writer
 was interrupted mid-line), and a cut-off line that another line was appended to. Any other bad
 line is an error naming the line and the field, never skipped: the verdict is a statement about
-every check, and a dropped check could be the one that certifies leakage. A line without a run id
+every check, and a dropped check could be the one that certifies leakage. So is a figure out of
+its range (an advantage outside [-1, 1], a negative ε) or written as a number that is not finite
+(``NaN``, ``Infinity``, ``1e400``: the sink writes null there). A line without a run id
 was written by a privmon before run ids, and is refused.
 """
 
@@ -16,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from privmon.report import tags
 from privmon.report.run_index import RunIndex
 
 __all__ = ["BadLine", "JsonlChecks", "check_record", "read_jsonl"]
@@ -34,16 +37,48 @@ def _shown(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+class _NotFinite:
+    """A number the JSON text writes as NaN / Infinity / -Infinity, or beyond the float range
+    (``1e400``): never a check's, since the sink writes a figure that is not finite as null."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _float(text: str) -> float | _NotFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NotFinite(text)
+
+
 def _number_or_null(v: Any, field: str) -> float:
-    """A JSON number (the literals NaN / Infinity too) or null (the sink's NaN / inf) -> float."""
+    """A finite JSON number or null (the sink's NaN / inf) -> float."""
     if v is None:
         return math.nan
+    if isinstance(v, _NotFinite):
+        raise BadLine(
+            f"{field} must be a finite number or null (JsonlSink writes NaN and ±inf as null), "
+            f"got {v.text}"
+        )
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise BadLine(f"{field} must be a number or null, got {_shown(v)}")
     try:
         return float(v)
     except OverflowError:  # an integer literal beyond the float range
         raise BadLine(f"{field} is out of range for a float: {_shown(v)}") from None
+
+
+def _figure(tag: str, v: Any, field: str) -> float:
+    """A figure's value: a number or null, within its range (:func:`~privmon.report.tags.
+    valid_range`) when it is one; a value from memory may be NaN or ±inf."""
+    x = _number_or_null(v, field)
+    bounds = tags.valid_range(tag)
+    if bounds is not None and not math.isnan(x) and not bounds[0] <= x <= bounds[1]:
+        low, high, what = bounds
+        raise BadLine(f"{field} must be in [{low:g}, {high:g}] ({what}), got {_shown(v)}")
+    return x
 
 
 def _count(v: Any, field: str, maximum: int = _MAX_STEP) -> int:
@@ -87,9 +122,7 @@ def check_record(obj: Any) -> dict[str, Any]:
     step = obj["step"]
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _MAX_STEP:
         raise BadLine(f"step must be an integer in [0, 2**63 - 1], got {_shown(step)}")
-    scalars = {
-        k: _number_or_null(v, f"scalars[{k!r}]") for k, v in _mapping(obj, "scalars").items()
-    }
+    scalars = {k: _figure(k, v, f"scalars[{k!r}]") for k, v in _mapping(obj, "scalars").items()}
     eps = obj.get("epsilon")
     dp_violation = obj.get("dp_violation", False)
     if not isinstance(dp_violation, bool):
@@ -114,7 +147,7 @@ def check_record(obj: Any) -> dict[str, Any]:
         "run_id": run_id,
         "step": step,
         "scalars": scalars,
-        "epsilon": None if eps is None else _number_or_null(eps, "epsilon"),
+        "epsilon": None if eps is None else _figure(tags.EPSILON, eps, "epsilon"),
         "dp_violation": dp_violation,
         "top_records": top_records,
         "top_risks": top_risks,
@@ -134,7 +167,7 @@ def _parse_line(raw: bytes) -> Any:
     except UnicodeDecodeError as err:
         raise BadLine(f"not UTF-8 text (byte {err.start + 1})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=_float, parse_constant=_NotFinite)
     except RecursionError:  # nested too deep for the parser
         raise BadLine("not valid JSON (nested too deep)") from None
     except ValueError as err:

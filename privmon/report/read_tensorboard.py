@@ -61,6 +61,19 @@ def _before_run_ids(path: str, tag: str) -> ValueError:
     )
 
 
+def _figure(path: str, step: int, tag: str, value: float) -> float:
+    """``value`` after checking it lies in the figure's range (NaN aside); a ValueError names
+    the file, the step and the figure (the verdict must not read it)."""
+    bounds = tags.valid_range(tag)
+    if bounds is not None and not math.isnan(value) and not bounds[0] <= value <= bounds[1]:
+        low, high, what = bounds
+        raise ValueError(
+            f"{path}, step {step}: the figure {tag!r} must be in [{low:g}, {high:g}] ({what}), "
+            f"got {value!r}"
+        )
+    return value
+
+
 class EventChecks:
     """The privacy figures of the event files in one directory, per run."""
 
@@ -93,8 +106,9 @@ class EventChecks:
                         if tags.is_privacy_figure(tag):
                             if current is None:
                                 raise _before_run_ids(path, tag)
+                            figure = _figure(path, step, tag, float(value.simple_value))
                             by_step = self.runs.steps.setdefault(current, {})
-                            by_step.setdefault(step, {})[tag] = float(value.simple_value)
+                            by_step.setdefault(step, {})[tag] = figure
                             self.runs.seen(current, when)
                     elif (query := tags.parse_membership_pr(tag)) is not None and value.HasField(
                         "tensor"
@@ -140,11 +154,10 @@ class EventChecks:
 
 
 def roc_beside(
-    folders: Sequence[str], run_id: str, notes: list[str]
+    found: Sequence[EventChecks], run_id: str, notes: list[str]
 ) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
-    """The ROC curves of run ``run_id`` from the membership PR curves in ``folders`` (the event
-    files beside the JSON lines); a note when they hold PR curves of other runs only."""
-    found = [events for d in folders for events in [EventChecks(d)]]
+    """The ROC curves of run ``run_id`` from the membership PR curves ``found`` in the event
+    files beside the JSON lines; a note when they hold PR curves of other runs only."""
     mine = [roc for events in found if (roc := events.roc(run_id))]
     if not mine:
         others = sorted({r for events in found for r, by_q in events.pr.items() if by_q})

@@ -15,7 +15,8 @@ __all__ = ["RunIndex", "RunInfo"]
 class RunInfo:
     """One run found in a source: its id (``""``: reports written without one, e.g. made by
     hand), how many lines (JSON lines) or checks (TensorBoard) it wrote — a resumed run's
-    repeats included — and the range of its steps.
+    repeats included — the range of its steps, and ``where`` it is when a directory's runs
+    span several files (its JSON-lines file, or the folders of its event files; else "").
 
     Examples:
         >>> from privmon.report import RunInfo
@@ -28,6 +29,7 @@ class RunInfo:
     first_step: int
     last_step: int
     unit: str  # "lines" or "checks"
+    where: str = ""  # the file or folder it is in, when a report reads several sources
 
     def describe(self, *, latest: bool = False) -> str:
         """``ID (steps A–B, N lines)``, with ``, the latest`` when ``latest``."""
@@ -38,7 +40,8 @@ class RunInfo:
         )
         unit = self.unit if self.n_written != 1 else self.unit.removesuffix("s")
         name = self.run_id or "(no run id)"
-        return f"{name} ({steps}, {self.n_written} {unit}{', the latest' if latest else ''})"
+        where = f" in {self.where}" if self.where else ""
+        return f"{name} ({steps}, {self.n_written} {unit}{where}{', the latest' if latest else ''})"
 
     def __str__(self) -> str:
         return self.describe()
@@ -64,13 +67,19 @@ class RunIndex:
         """``run_id`` wrote something at ``when``."""
         self.last[run_id] = max(self.last.get(run_id, when), when)
 
-    def infos(self) -> list[RunInfo]:
-        """The runs, oldest first (by when each last wrote)."""
+    def infos(self, where: str = "") -> list[RunInfo]:
+        """The runs, oldest first (by when each last wrote); ``where``: the source's name, for
+        a report that reads several."""
         return [
-            RunInfo(run_id, self.written[run_id], min(by_step), max(by_step), self.unit)
+            self.info(run_id, where)
             for run_id, by_step in sorted(self.steps.items(), key=lambda kv: self.last[kv[0]])
             if by_step
         ]
+
+    def info(self, run_id: str, where: str = "") -> RunInfo:
+        """One run that wrote at least one check."""
+        by_step = self.steps[run_id]
+        return RunInfo(run_id, self.written[run_id], min(by_step), max(by_step), self.unit, where)
 
     def entries(self, run_id: str) -> list[Any]:
         """The run's entries, by step."""

@@ -13,7 +13,7 @@ earlier check.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,18 +23,22 @@ from privmon._validation import check_optional_str
 from privmon.estimators.methods import METHODS
 from privmon.report import tags
 from privmon.report.check import Report
-from privmon.report.read_jsonl import BadLine, check_record, read_jsonl
+from privmon.report.read_jsonl import BadLine, JsonlChecks, check_record, read_jsonl
 from privmon.report.read_tensorboard import EventChecks, event_dirs, roc_beside
 from privmon.report.run_index import RunIndex, RunInfo
 
 __all__ = [
     "JSONL_NAME",
+    "LATEST",
     "Checks",
     "RunInfo",
     "SeveralRunsError",
     "checks_from_reports",
     "read_checks",
 ]
+
+LATEST = "latest"
+"""What ``run=`` (``--run``) names the run that wrote last by; no run may take it as its id."""
 
 JSONL_NAME = "checks.jsonl"
 """The JSON-lines file a :class:`~privmon.sinks.JsonlSink` writes in its log directory."""
@@ -157,7 +161,7 @@ def _pick(source: str, runs: Sequence[RunInfo], run: str | None) -> str:
         if len(runs) > 1:
             raise SeveralRunsError(source, runs)
         return runs[0].run_id if runs else ""
-    if run == "latest":
+    if run == LATEST:
         return runs[-1].run_id if runs else ""
     matches = [r for r in runs if r.run_id.startswith(run) and r.run_id]
     exact = [r for r in matches if r.run_id == run]
@@ -183,11 +187,18 @@ def _left_out(source: str, runs: Sequence[RunInfo], chosen: str) -> tuple[list[R
     ]
 
 
-def _from_jsonl(jsonl: str, folders: Sequence[str], run: str | None) -> Checks:
-    """The checks of one run of a JSON-lines file, with the ROC from the event files in
-    ``folders`` beside it."""
+def _from_jsonl(
+    jsonl: str,
+    lines: JsonlChecks,
+    events: Sequence[EventChecks],
+    chosen: str,
+    every: Sequence[RunInfo],
+    source: str,
+) -> Checks:
+    """The checks of run ``chosen`` of a JSON-lines file, with the ROC from the ``events``
+    beside it; ``every``: the runs of ``source`` (the file, or the directory that holds it and
+    event files of other runs)."""
     notes: list[str] = []
-    lines = read_jsonl(jsonl)
     if lines.skipped is not None:
         notes.append(
             f"Line {lines.skipped} of {jsonl}, the last, was cut off mid-write (the run was "
@@ -200,15 +211,13 @@ def _from_jsonl(jsonl: str, folders: Sequence[str], run: str | None) -> Checks:
             "interrupted while writing it, then another line appended to it): "
             "the cut-off part is skipped, the check after it on that line is read."
         )
-    infos = lines.runs.infos()
-    chosen = _pick(jsonl, infos, run)
-    others, left_out = _left_out(jsonl, infos, chosen)
+    others, left_out = _left_out(source, every, chosen)
     notes += left_out
     return Checks(
         source=jsonl,
         kind="jsonl",
         records=lines.runs.entries(chosen),
-        roc=roc_beside(folders, chosen, notes),
+        roc=roc_beside(events, chosen, notes),
         notes=notes,
         skipped_line=lines.skipped,
         torn_lines=lines.torn,
@@ -217,23 +226,50 @@ def _from_jsonl(jsonl: str, folders: Sequence[str], run: str | None) -> Checks:
     )
 
 
-def _from_events(logdir: str, folders: Sequence[str], run: str | None) -> Checks:
-    """The checks of one run of the one folder of ``folders`` that holds privacy scalars."""
-    with_figures = [events for d in folders if (events := EventChecks(d)).has_figures()]
-    if not with_figures:
-        raise FileNotFoundError(
-            f"no {JSONL_NAME} and no TensorBoard privacy scalars under {logdir!r}: point privmon "
-            "report at the directory given to PrivacyMonitor(writer=...) or at a JsonlSink's file"
+def _event_runs(
+    events: Sequence[EventChecks], without: Container[str] = ()
+) -> dict[str, list[EventChecks]]:
+    """Run id -> the folders of ``events`` with privacy scalars whose event files hold it (the
+    runs ``without`` names left out)."""
+    held: dict[str, list[EventChecks]] = {}
+    for found in events:
+        if found.has_figures():
+            for info in found.runs.infos():
+                if info.run_id not in without:
+                    held.setdefault(info.run_id, []).append(found)
+    return held
+
+
+def _event_infos(held: dict[str, list[EventChecks]]) -> list[RunInfo]:
+    """The runs of ``held`` (:func:`_event_runs`), oldest first, each named with its folders."""
+    infos = []
+    for run_id, found in held.items():
+        parts = [e.runs.info(run_id) for e in found]
+        when = max(e.runs.last[run_id] for e in found)
+        info = RunInfo(
+            run_id,
+            sum(p.n_written for p in parts),
+            min(p.first_step for p in parts),
+            max(p.last_step for p in parts),
+            "checks",
+            ", ".join(e.folder for e in found),
         )
-    if len(with_figures) > 1:
+        infos.append((when, info))
+    return [info for _, info in sorted(infos, key=lambda pair: pair[0])]
+
+
+def _from_events(
+    source: str, found: Sequence[EventChecks], chosen: str, every: Sequence[RunInfo]
+) -> Checks:
+    """The checks of run ``chosen`` from the event files that hold it (``found``: one folder);
+    ``every``: the runs of ``source``."""
+    if len(found) > 1:
         raise ValueError(
-            "several TensorBoard runs with privacy scalars under "
-            f"{logdir!r}: {[e.folder for e in with_figures]}; pass one of them"
+            f"run {chosen!r} wrote privacy scalars into the event files of several folders "
+            f"under {source!r}: {[e.folder for e in found]}; pass one of them"
         )
-    events = with_figures[0]
-    infos = events.runs.infos()
-    chosen = _pick(events.folder, infos, run)
-    others, notes = _left_out(events.folder, infos, chosen)
+    events = found[0]
+    others, notes = _left_out(source, every, chosen)
     notes.append(
         "Read from TensorBoard event files: the indices of the most exposed records are not "
         f"recorded there (add privmon.sinks.JsonlSink('{JSONL_NAME}') to the monitor's sinks)."
@@ -253,16 +289,21 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
     """The checks of one run that a monitor wrote under ``logdir`` (the sources are in the
     :mod:`privmon.report` docstring).
 
+    A directory's runs are those of its JSON lines and of the TensorBoard event files in it and
+    in its direct sub-directories (the same run in both counts once): several, and none picked,
+    raise :class:`SeveralRunsError`, whichever files hold them. Beside JSON lines, the runs of
+    event files alone are listed first, so ``"latest"`` is the JSON lines' last run.
+
     Args:
-        logdir: the monitor's log directory, or its JSON-lines file.
+        logdir: the monitor's log directory, or its JSON-lines file (then that file's runs).
         run: which run to read when the source holds several: a run id or a unique prefix of
             one, or ``"latest"`` (the run that wrote last). None reads the only run.
 
     Raises:
         SeveralRunsError (a ValueError): several runs and ``run`` is None; the message names
-            them (ids, steps, lines or checks).
+            them (ids, steps, lines or checks, and where each is when the sources are several).
         ValueError: a line that is not a check (one written by a privmon before run ids
-            included), or ``run`` that names no run.
+            included), a figure out of its range, or ``run`` that names no run.
         FileNotFoundError: no JSON lines and no TensorBoard privacy scalars.
 
     Examples:
@@ -289,10 +330,33 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
         root = logdir
         if os.path.isfile(os.path.join(logdir, JSONL_NAME)):
             jsonl = os.path.join(logdir, JSONL_NAME)
-    folders = event_dirs(root)
-    if jsonl is not None:
-        return _from_jsonl(jsonl, folders, run)
-    return _from_events(logdir, folders, run)
+    events = [EventChecks(d) for d in event_dirs(root)]
+    if jsonl is None:
+        held = _event_runs(events)
+        folders = {e.folder: e for found in held.values() for e in found}
+        if not held:
+            raise FileNotFoundError(
+                f"no {JSONL_NAME} and no TensorBoard privacy scalars under {logdir!r}: point "
+                "privmon report at the directory given to PrivacyMonitor(writer=...) or at a "
+                "JsonlSink's file"
+            )
+        if len(folders) == 1:  # one folder: its runs, as it names them
+            (only,) = folders.values()
+            infos = only.runs.infos()
+            return _from_events(only.folder, [only], _pick(only.folder, infos, run), infos)
+        every = _event_infos(held)
+        chosen = _pick(logdir, every, run)
+        return _from_events(logdir, held[chosen], chosen, every)
+    lines = read_jsonl(jsonl)
+    beside = {} if os.path.isfile(logdir) else _event_runs(events, without=lines.runs.steps)
+    if not beside:
+        infos = lines.runs.infos()
+        return _from_jsonl(jsonl, lines, events, _pick(jsonl, infos, run), infos, jsonl)
+    every = _event_infos(beside) + lines.runs.infos(where=jsonl)
+    chosen = _pick(logdir, every, run)
+    if chosen in beside:
+        return _from_events(logdir, beside[chosen], chosen, every)
+    return _from_jsonl(jsonl, lines, events, chosen, every, logdir)
 
 
 def checks_from_reports(reports: Iterable[Report], *, source: str = "memory") -> Checks:

@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -58,6 +59,7 @@ __all__ = [
     "epsilon_lower_bound",
     "estimate",
     "is_advantage_estimate",
+    "is_debiased_estimate",
     "is_epsilon_lower_bound",
     "is_privacy_figure",
     "lower",
@@ -74,6 +76,7 @@ __all__ = [
     "plugin_upper",
     "query_figure",
     "tpr_at_fpr",
+    "valid_range",
     "value",
     "watched_tags",
 ]
@@ -294,6 +297,36 @@ def is_advantage_estimate(tag: str) -> bool:
     """Whether ``tag`` names an estimate of an advantage (``value``, ``lower``,
     ``lower_check``): a figure never below the trivial floor |2p − 1|."""
     return tag.rsplit("/", 1)[-1] in _ADVANTAGE_ESTIMATES
+
+
+def is_debiased_estimate(tag: str) -> bool:
+    """Whether ``tag`` names a method's debiased advantage estimate (``value``): an estimate,
+    not a bound, that moves with the audit's noise."""
+    return tag.rsplit("/", 1)[-1] == "value"
+
+
+def valid_range(tag: str) -> tuple[float, float, str] | None:
+    """(low, high, what) of the closed range a computed figure lies in (NaN: not computed), or
+    None when privmon does not bound it: an advantage estimate ``[-1, 1]`` (privmon clips them
+    into [|2p − 1|, 1]), a DP ceiling ``[0, 1]``, an ε (the accountant's, or a lower bound)
+    ``[0, inf]``, a DP mechanism check's p-value or fired flag ``[0, 1]``.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.valid_range("privacy/loss/histogram/lower")
+        (-1.0, 1.0, 'an advantage')
+        >>> tags.valid_range("privacy/loss/auc") is None
+        True
+    """
+    if tag in CEILINGS:
+        return 0.0, 1.0, "a DP ceiling on the advantage"
+    if is_advantage_estimate(tag):
+        return -1.0, 1.0, "an advantage"
+    if tag == EPSILON or is_epsilon_lower_bound(tag):
+        return 0.0, math.inf, "an ε"
+    if parse_dp_check(tag) is not None:
+        return 0.0, 1.0, "a p-value or a flag"
+    return None
 
 
 def is_epsilon_lower_bound(tag: str) -> bool:

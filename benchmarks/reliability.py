@@ -3,7 +3,8 @@
 Runs the fault-injection test modules (real faults: a kernel-refused disk, a 2-process gloo group
 with one rank failing, Opacus hooks, persistent DataLoader workers, corrupt JSON lines, /dev/full,
 two runs in one log directory, a cut-off line resumed, two sinks appending at once, score files
-that read two ways, scores of extreme magnitude)
+that read two ways, scores of extreme magnitude, one-token texts, canaries under Opacus steps that
+fail, a checkpoint written by a spawned process or with one bit flipped, out-of-range figures)
 and prints one row per case with its outcome. Every case asserts that no check and no record is
 lost beyond the fault itself (a sink's reports are written late, not dropped; a failed check is
 skipped on every rank and the next one succeeds), so "passed" means the README's "lost: none".
@@ -29,6 +30,9 @@ MODULES = {
     "tests/test_sinks.py": "sinks: runs, cut-off lines, concurrency",
     "tests/test_cli.py": "privmon audit / command line",
     "tests/test_extremes.py": "scores of extreme magnitude",
+    "tests/test_reliability_lm.py": "language-model statistics",
+    "tests/test_reliability_canaries.py": "canaries and one-run ε",
+    "tests/test_reliability_runs.py": "checkpoints, run files and settings",
 }
 
 

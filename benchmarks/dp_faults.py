@@ -331,8 +331,11 @@ def _eps(v: float) -> str:
     return f"{v:.3g}"
 
 
-def faults_table(seeds: int, steps: int, kinds: list[str], faults: list[str]) -> None:
-    """Per canary kind: each fault over ``seeds`` seeds."""
+def faults_table(
+    seeds: int, steps: int, kinds: list[str], faults: list[str], checks: tuple[str, ...] | None
+) -> None:
+    """Per canary kind: each fault over ``seeds`` seeds; ``checks``: the mechanism checks run
+    (None: the default, all; (): none, the canaries alone as before issue #29)."""
     for name in kinds:
         kind = KINDS[name]
         t0 = time.perf_counter()
@@ -341,12 +344,18 @@ def faults_table(seeds: int, steps: int, kinds: list[str], faults: list[str]) ->
             data = digits(seed)
             for key in ["correct", *[k for k in faults if k != "correct"]]:
                 results.setdefault(key, []).append(
-                    run_once(FAULTS[key], kind, seed, steps=steps, data=data)
+                    run_once(FAULTS[key], kind, seed, steps=steps, data=data, checks=checks)
                 )
         minutes = (time.perf_counter() - t0) / 60
+        which = (
+            "all mechanism checks"
+            if checks is None
+            else "mechanism checks: " + (", ".join(checks) or "none")
+        )
         print(
-            f"\n## Faults, canaries {name}: seeds 0-{seeds - 1}, {steps} steps, checks every "
-            f"{max(1, steps // CHECKS)} steps and at the end ({minutes:.1f} min)\n"
+            f"\n## Faults, canaries {name}, {which}: "
+            f"seeds 0-{seeds - 1}, {steps} steps, checks every {max(1, steps // CHECKS)} steps "
+            f"and at the end ({minutes:.1f} min)\n"
         )
         print(
             "| fault | how | true ε | accountant ε | test acc | alarms | fired (runs) | first "
@@ -497,6 +506,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--kinds", default="1e3,1e5,record", help=f"of {', '.join(KINDS)}")
     parser.add_argument("--faults", default=",".join(FAULTS), help="keys, comma-separated")
+    parser.add_argument(
+        "--checks",
+        default="all",
+        help="the mechanism checks the faults part runs: all, none (the canaries alone, as "
+        "before issue #29) or names, comma-separated",
+    )
     parser.add_argument("--null-runs", type=int, default=200)
     parser.add_argument("--null-steps", type=int, default=100)
     parser.add_argument("--null-kinds", default="1e3", help="comma-separated")
@@ -515,11 +530,16 @@ def main() -> None:
     for key in faults:
         if key not in FAULTS:
             parser.error(f"unknown fault {key!r}: one of {', '.join(FAULTS)}")
+    named = {"all": None, "none": ()}
+    checks = named[args.checks] if args.checks in named else tuple(args.checks.split(","))
+    unknown_checks = set(checks or ()) - set(MECHANISM_CHECKS)
+    if unknown_checks:
+        parser.error(f"unknown check(s) {sorted(unknown_checks)}: of {', '.join(MECHANISM_CHECKS)}")
     torch.set_num_threads(1)
     threadpool_limits(1)  # numpy / scipy's BLAS too: CPU time counts every thread
     parts = args.parts.split(",")
     if "faults" in parts:
-        faults_table(args.seeds, args.steps, kinds, faults)
+        faults_table(args.seeds, args.steps, kinds, faults, checks)
     if "null" in parts:
         null_table(args.null_runs, args.null_steps, null_kinds)
     if "timing" in parts:

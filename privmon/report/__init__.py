@@ -17,8 +17,9 @@ verdict and its ROC*. Layout: :mod:`~privmon.report.tags` (every figure's name),
 :mod:`~privmon.report.figures`, :mod:`~privmon.report.page`.
 """
 
+from privmon.report.blocks import REPORT_NAME
 from privmon.report.check import QueryResult, Report
-from privmon.report.page import REPORT_NAME, render_html, write_report
+from privmon.report.page import render_html, write_report
 from privmon.report.runs import (
     JSONL_NAME,
     Checks,
@@ -26,6 +27,9 @@ from privmon.report.runs import (
     SeveralRunsError,
     checks_from_reports,
     read_checks,
+    read_runs,
+    runs_in,
+    version_dir,
 )
 from privmon.report.verdict import Verdict, verdict
 
@@ -40,7 +44,10 @@ __all__ = [
     "Verdict",
     "checks_from_reports",
     "read_checks",
+    "read_runs",
     "render_html",
+    "runs_in",
     "verdict",
+    "version_dir",
     "write_report",
 ]

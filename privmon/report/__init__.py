@@ -10,7 +10,10 @@ bounds and the DP audit's outcomes only (*No measurable membership leakage*, *Le
 *DP violation*, naming a DP mechanism check that fired and its evidence), and
 :func:`write_report` renders the verdict, the figures over the steps, the ROC and the most
 exposed records (matplotlib: the ``privmon[report]`` extra) and writes the page atomically.
-Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``. Usage: the
+Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``;
+``privmon report LOGDIR... --compare`` puts every run side by side
+(:mod:`~privmon.report.compare`, :func:`read_runs`; :func:`version_dir` gives each run a
+fresh folder). Usage: the
 guide's *The HTML report*; the verdict's rules and the in-sample ROC: Theory, *The report's
 verdict and its ROC*. Layout: :mod:`~privmon.report.tags` (every figure's name),
 :mod:`~privmon.report.check`, :mod:`~privmon.report.runs`, :mod:`~privmon.report.verdict`,

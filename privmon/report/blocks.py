@@ -22,6 +22,7 @@ __all__ = [
     "REPORT_NAME",
     "explain",
     "glossary_html",
+    "head",
     "img",
     "save_page",
     "table",
@@ -136,6 +137,16 @@ def glossary_html(used: Iterable[str]) -> str:
         for t in shown
     )
     return f'<h2>Terms used on this page</h2><dl class="glossary">{items}</dl>'
+
+
+def head(title: str) -> str:
+    """A page's beginning, up to its ``<h1>`` title (the style sheet inline)."""
+    esc = html.escape(title)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc}</title><style>{CSS}</style></head><body>\n<h1>{esc}</h1>"
+    )
 
 
 def img(b64: str, alt: str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from privmon.report import tags
-from privmon.report.blocks import CSS, explain, glossary_html, img, save_page, table
+from privmon.report.blocks import explain, glossary_html, head, img, save_page, table
 from privmon.report.figures import comparison_figure, epsilon_comparison_figure, png
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks, read_runs
@@ -100,11 +100,7 @@ def render_comparison(runs: Sequence[Checks], title: str | None = None) -> str:
     esc, used = html.escape, set[str]()
     sources = sorted({c.source for c in runs})
     out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
+        head(title),
         f'<p class="meta">{len(runs)} runs from '
         + ", ".join(f"<code>{esc(s)}</code>" for s in sources)
         + f" · generated {generated} by privmon</p>",
@@ -170,10 +166,9 @@ def write_comparison_page(
     :data:`COMPARISON_NAME` in the folder that holds every log directory), atomically; returns
     the path written."""
     given = [logdirs] if isinstance(logdirs, str | os.PathLike) else list(logdirs)
-    folders = [
-        os.path.dirname(os.path.abspath(p)) if os.path.isfile(p) else os.path.abspath(p)
-        for p in map(os.fspath, given)
-    ]
+    paths = [os.fspath(p) for p in given]
+    folders = [os.path.dirname(os.path.abspath(p)) if os.path.isfile(p) else p for p in paths]
+    folders = [os.path.abspath(p) for p in folders]
     if out is None:
         out = os.path.join(os.path.commonpath(folders), COMPARISON_NAME)
     inputs = [c.source for c in runs if c.kind == "jsonl"]

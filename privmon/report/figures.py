@@ -131,6 +131,16 @@ def plot_advantage(checks: Checks, q: str, floor: float | None) -> tuple[str, st
     return png(advantage_figure(checks, q, floor)), _advantage_title(checks, q)
 
 
+def _epsilon_axes(fig: Any, ax: Any, title: str) -> None:
+    """The ε chart's axes: ε from 0 over the training steps, the legend outside."""
+    ax.set_ylim(bottom=0.0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("ε")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    legend_outside(fig)
+
+
 def plot_epsilon(checks: Checks) -> str:
     """The ε chart (accountant, audited lower bounds) as base64 PNG."""
     fig, (ax,) = _figure()
@@ -143,12 +153,7 @@ def plot_epsilon(checks: Checks) -> str:
     for m in checks.canary_methods():
         s, v = checks.series(tags.canary_epsilon(m))
         ax.plot(s, v, "-s", ms=4, lw=1.5, label=f"ε lower bound (one-run canary audit, {m})")
-    ax.set_ylim(bottom=0.0)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("ε")
-    ax.set_title("ε: accountant vs audited lower bounds")
-    ax.grid(alpha=0.3)
-    legend_outside(fig)
+    _epsilon_axes(fig, ax, "ε: accountant vs audited lower bounds")
     return png(fig)
 
 
@@ -314,10 +319,5 @@ def epsilon_comparison_figure(runs: Sequence[Checks]) -> Any:
         for method in checks.canary_methods():
             steps, values = checks.series(tags.canary_epsilon(method))
             ax.plot(steps, values, ":s", ms=3, color=color, label=f"{label}: canaries, {method}")
-    ax.set_ylim(bottom=0.0)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("ε")
-    ax.set_title("ε over training: the runs side by side")
-    ax.grid(alpha=0.3)
-    legend_outside(fig)
+    _epsilon_axes(fig, ax, "ε over training: the runs side by side")
     return fig

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from privmon.report import tags
-from privmon.report.blocks import CSS, REPORT_NAME, explain, glossary_html, img, save_page, table
+from privmon.report.blocks import REPORT_NAME, explain, glossary_html, head, img, save_page, table
 from privmon.report.figures import plot_advantage, plot_epsilon, plot_risk, plot_roc
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks, read_checks
@@ -175,17 +175,13 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     v = verdict(checks)
     title = title or "Membership privacy report"
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    esc, used = html.escape, set()
+    esc, used = html.escape, set[str]()
 
     def caption(text: str, cls: str = "caption") -> str:
         return f'<p class="{cls}">{explain(text, used)}</p>'
 
     out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
+        head(title),
         f'<p class="meta">Source: <code>{esc(checks.source)}</code> ({esc(checks.kind)}) · '
         + (f"run <code>{esc(checks.run_id)}</code> · " if checks.run_id else "")
         + f"{len(checks.records)} checks"

@@ -8,7 +8,8 @@ no attack can beat the ceiling. Training stops early once the certified leak exc
 
     python examples/dp_classifier.py              # DP-SGD at ε = 1: the leak stays near 0
     python examples/dp_classifier.py --no-dp      # no DP: the leak grows, early stopping fires
-    tensorboard --logdir runs/dp_classifier
+    tensorboard --logdir runs/dp_classifier       # each run in its own runs/dp_classifier/version_N
+    privmon report runs/dp_classifier --compare   # both runs side by side on one page
 
 ε = 1 on 100 training records is strong privacy and costs most of the accuracy; compare
 `--epsilon 8`.
@@ -26,18 +27,23 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import privmon
 from privmon.queries import LogitConfidenceQuery, LossQuery
+from privmon.report import version_dir
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epsilon", type=float, default=1.0, help="target ε of DP-SGD")
 parser.add_argument("--epochs", type=int, default=60)
 parser.add_argument("--budget", type=float, default=0.1, help="stop above this advantage")
 parser.add_argument("--every", type=int, default=25, help="steps between privacy checks")
-parser.add_argument("--logdir", default="runs/dp_classifier", help="TensorBoard log directory")
+parser.add_argument(
+    "--logdir", help="log directory (default: a fresh runs/dp_classifier/version_N per run)"
+)
 parser.add_argument("--no-dp", action="store_true", help="train without Opacus")
 parser.add_argument("--n-train", type=int, default=100, help="training records (the members)")
 parser.add_argument("--n-heldout", type=int, default=1000, help="held-out records (non-members)")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
+# each run in a fresh folder: TensorBoard shows the runs side by side, never mixed in one line
+logdir = args.logdir or version_dir("runs/dp_classifier")
 DELTA = 1e-5
 # Opacus' advisory warnings (secure RNG off, accountant alpha range, backward hooks on a model
 # whose inputs need no gradient) are expected here and would bury the table.
@@ -89,7 +95,7 @@ monitor = privmon.PrivacyMonitor(
     DataLoader(train_set, batch_size=256),
     DataLoader(heldout_set, batch_size=256),
     every_n_steps=args.every,
-    writer=args.logdir,  # TensorBoard event files go here
+    writer=logdir,  # TensorBoard event files go here
     accountant=engine,  # ε at DELTA is read at every check (None without DP)
     delta=DELTA,
     # Stop once the certified lower bound on the loss attack's advantage exceeds the budget.
@@ -170,4 +176,6 @@ else:
     print(f"early stopping did not fire: all {args.epochs} epochs trained ({step} steps)")
 if any(r.dp_violation for r in monitor.history):
     print("DP VIOLATION: a certified lower bound exceeded the (ε, δ) ceiling")
-print(f"open: tensorboard --logdir {args.logdir}")
+print(f"open: tensorboard --logdir {args.logdir or 'runs/dp_classifier'}")
+if not args.logdir:
+    print("compare the runs: privmon report runs/dp_classifier --compare")

@@ -15,7 +15,7 @@ whole curve is visible.
 
     python examples/early_stopping_defense.py
     python examples/early_stopping_defense.py --budget 0.3 --plot tradeoff.png
-    tensorboard --logdir runs/early_stopping_defense
+    tensorboard --logdir runs/early_stopping_defense   # each run in a fresh version_N folder
 """
 
 import argparse
@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import privmon
 from privmon.queries import LogitConfidenceQuery, LossQuery
+from privmon.report import version_dir
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=100)
@@ -42,10 +43,15 @@ parser.add_argument(
 )
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--plot", metavar="PATH", help="save the trade-off curve as a PNG")
-parser.add_argument("--logdir", default="runs/early_stopping_defense", help="TensorBoard logs")
+parser.add_argument(
+    "--logdir",
+    help="log directory (default: a fresh runs/early_stopping_defense/version_N per run)",
+)
 parser.add_argument("--n-train", type=int, default=150, help="training records (the members)")
 parser.add_argument("--n-heldout", type=int, default=800, help="held-out records (non-members)")
 args = parser.parse_args()
+# each run in a fresh folder: TensorBoard shows the runs side by side, never mixed in one line
+logdir = args.logdir or version_dir("runs/early_stopping_defense")
 torch.set_num_threads(1)  # a small MLP: one thread is fastest on a small CPU
 t_start = time.perf_counter()
 
@@ -80,7 +86,7 @@ monitor = privmon.PrivacyMonitor(
     # one check per epoch, known in advance: the run's δ is spent evenly over them, the
     # tightest certificates that still hold over the whole run
     planned_checks=args.epochs + 1,
-    writer=args.logdir,
+    writer=logdir,
     early_stopping=early_stopping,
 )
 logging.getLogger("privmon").setLevel(logging.ERROR)  # we print the stop epoch ourselves
@@ -170,5 +176,5 @@ if args.plot:
     fig.savefig(args.plot, dpi=120)
     plt.close(fig)
     print(f"plot saved to {args.plot}")
-print(f"open: tensorboard --logdir {args.logdir}")
+print(f"open: tensorboard --logdir {args.logdir or 'runs/early_stopping_defense'}")
 print(f"wall time {time.perf_counter() - t_start:.1f} s")

@@ -6,8 +6,8 @@ steps privmon asks three attackers what they can tell apart between the training
 (members) and held-out records (non-members): the discriminator's output, the distance to the
 nearest generated sample, and both together. The figures go to TensorBoard.
 
-    python examples/gan_digits.py --steps 3000 --logdir runs/gan_digits
-    tensorboard --logdir runs/gan_digits
+    python examples/gan_digits.py --steps 3000   # logs in a fresh runs/gan_digits/version_N
+    tensorboard --logdir runs/gan_digits         # every run, each a line of its own
 """
 
 import argparse
@@ -19,15 +19,20 @@ from torch.utils.data import DataLoader, TensorDataset
 import privmon
 from privmon.demo import digits_splits, make_gan
 from privmon.queries import DiscriminatorQuery, HybridQuery, NearestGeneratedQuery
+from privmon.report import version_dir
 
 LATENT = 16  # generator input size (make_gan's default)
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=3000, help="training steps")
-parser.add_argument("--logdir", default="runs/gan_digits", help="TensorBoard log directory")
+parser.add_argument(
+    "--logdir", help="log directory (default: a fresh runs/gan_digits/version_N per run)"
+)
 parser.add_argument("--every", type=int, default=100, help="steps between privacy checks")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
+# each run in a fresh folder: TensorBoard shows the runs side by side, never mixed in one line
+logdir = args.logdir or version_dir("runs/gan_digits")
 
 torch.manual_seed(args.seed)
 # Disjoint splits of one shuffled pool, so members and non-members come from the same
@@ -50,7 +55,7 @@ monitor = privmon.PrivacyMonitor(
     [members[i : i + 256] for i in range(0, len(members), 256)],
     [nonmembers[i : i + 256] for i in range(0, len(nonmembers), 256)],
     every_n_steps=args.every,
-    writer=args.logdir,  # TensorBoard event files go here
+    writer=logdir,  # TensorBoard event files go here
 )
 
 bce = nn.BCEWithLogitsLoss()
@@ -96,4 +101,4 @@ for name, result in report.queries.items():
         auc_text = "" if auc is None else f"{auc:.3f}"
         print(f"{name + '/' + method:<18} {est.value:9.3f} {est.lower:7.3f} {auc_text:>6}")
 print(f"most exposed training records (disc): {list(report.queries['disc'].top_records[:5])}")
-print(f"\nopen: tensorboard --logdir {args.logdir}")
+print(f"\nopen: tensorboard --logdir {args.logdir or 'runs/gan_digits'}")

@@ -211,15 +211,22 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _add_report(sub: Any) -> None:
     from privmon.report import JSONL_NAME, REPORT_NAME
+    from privmon.report.compare import COMPARISON_NAME
 
-    parser = sub.add_parser("report", help="write a self-contained HTML privacy report of a run")
-    parser.add_argument(
-        "logdir",
-        help=f"the monitor's log directory (with {JSONL_NAME} or TensorBoard event files), "
-        "or a JSON-lines file",
+    parser = sub.add_parser(
+        "report", help="write a self-contained HTML privacy report of a run, or compare runs"
     )
     parser.add_argument(
-        "--out", default=None, help=f"HTML file to write (default LOGDIR/{REPORT_NAME})"
+        "logdir",
+        nargs="+",
+        help=f"the monitor's log directory (with {JSONL_NAME} or TensorBoard event files), "
+        "or a JSON-lines file; with --compare, one or several",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"HTML file to write (default LOGDIR/{REPORT_NAME}; with --compare "
+        f"{COMPARISON_NAME} in the folder that holds every LOGDIR)",
     )
     parser.add_argument("--title", default=None, help="page title")
     parser.add_argument(
@@ -231,6 +238,12 @@ def _add_report(sub: Any) -> None:
         "Runs are never merged; logs written without run ids (by a privmon before them) are "
         "not read",
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="one page with every run of the LOGDIRs side by side: a line per run on each "
+        "chart, and each run's verdict, largest certified advantage and ε in one table",
+    )
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -241,8 +254,16 @@ def _run_report(args: argparse.Namespace) -> int:
     from privmon.report import read_checks, verdict
     from privmon.report.page import write_page
 
-    checks = read_checks(args.logdir, run=args.run)
-    path = write_page(checks, args.logdir, args.out, args.title)
+    if args.compare:
+        return _run_compare(args)
+    if len(args.logdir) > 1:
+        raise ValueError(
+            f"{len(args.logdir)} log directories given: pass --compare to put their runs side "
+            "by side, or one LOGDIR"
+        )
+    (logdir,) = args.logdir
+    checks = read_checks(logdir, run=args.run)
+    path = write_page(checks, logdir, args.out, args.title)
     warn = "privmon report: warning:"
     if checks.skipped_line is not None:
         print(
@@ -267,6 +288,21 @@ def _run_report(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(verdict(checks).headline)
+    print(f"report: {path}")
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    """``privmon report LOGDIR... --compare``: prints each run's verdict and the path."""
+    from privmon.report import read_runs
+    from privmon.report.compare import run_summary, write_comparison_page
+
+    if args.run is not None:
+        raise ValueError("--run picks one run to report; --compare reports every run: pass one")
+    runs = read_runs(args.logdir)
+    path = write_comparison_page(runs, args.logdir, args.out, args.title)
+    for checks in runs:
+        print(f"{checks.label}: {run_summary(checks)['headline']}")
     print(f"report: {path}")
     return 0
 

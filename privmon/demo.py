@@ -300,7 +300,14 @@ def _summary(
                 final[key]["auc"] = last.scalars[tags.auc(name)]
             values = np.nan_to_num(monitor.history.column(tags.value(name, method)), nan=-1.0)
             best = int(values.argmax())  # the first check with the largest value
-            peak[key] = {"step": int(monitor.history.steps[best]), "value": float(values[best])}
+            lowers = np.nan_to_num(monitor.history.column(tags.lower(name, method)), nan=-1.0)
+            low = int(lowers.argmax())  # the verdict's figure, when it certifies leakage
+            peak[key] = {
+                "step": int(monitor.history.steps[best]),
+                "value": float(values[best]),
+                "lower_step": int(monitor.history.steps[low]),
+                "lower": float(lowers[low]),
+            }
         final[f"{name}/top_records"] = list(q.top_records)
     es = monitor.early_stopping
     return {
@@ -324,11 +331,12 @@ def _summary(
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """A short console table of the final figures, then the run's one-line verdict (the one
-    ``privmon report`` gives)."""
+    """A short console table of the final figures, each estimate's peak and its certified lower
+    bound's peak over the run (the figure the verdict names), then the run's one-line verdict
+    (the one ``privmon report`` gives)."""
     rows = [
         f"{'query/method':<20} {'value':>7} {'lower':>7} {'plugin':>7} {'AUC':>6} "
-        f"{'peak (step)':>14}"
+        f"{'peak (step)':>14} {'peak lower (step)':>18}"
     ]
     for key, f in summary["final"].items():
         if key.endswith("top_records"):
@@ -338,7 +346,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(
             f"{key:<20} {f['value']:7.3f} {f['lower']:7.3f} {f['plugin']:7.3f} "
             f"{'' if auc is None else format(auc, '.3f'):>6} "
-            f"{pk['value']:7.3f} ({pk['step']})"
+            f"{pk['value']:7.3f} ({pk['step']}) {pk['lower']:11.3f} ({pk['lower_step']})"
         )
     if summary["epsilon"] is not None:
         c = summary["ceilings"]

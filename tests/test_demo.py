@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -67,6 +68,25 @@ def test_summary_json_matches_returned_dict(demo):
     # the verdict from the monitor's history is the one privmon report reads from the files
     assert summary["verdict"] == verdict(read_checks(logdir)).headline
     assert format_summary(summary).splitlines()[-1] == f"verdict: {summary['verdict']}"
+
+
+def test_the_verdicts_figure_is_in_the_console_table(demo):
+    # Issue #32: the console verdict named a certified advantage found nowhere in the table.
+    logdir, summary = demo
+    checks = _read_jsonl(logdir / "checks.jsonl")
+    table = format_summary(summary).splitlines()
+    for key in KEYS:
+        lowers = [c["scalars"][f"privacy/{key}/lower"] for c in checks]
+        peak = summary["peak"][key]
+        assert peak["lower"] == pytest.approx(max(lowers), rel=1e-7)
+        assert peak["lower_step"] == 50 * (lowers.index(max(lowers)) + 1)
+        (row,) = [line for line in table if line.split()[0] == key]
+        assert row.endswith(f"{peak['lower']:.3f} ({peak['lower_step']})")
+    figure = re.search(r"≥ (\d\.\d{3}) at step (\d+)", summary["verdict"])
+    if figure is None:  # nothing certified: every peak lower bound is at the floor
+        assert all(summary["peak"][k]["lower"] <= 1e-9 for k in KEYS), summary["verdict"]
+    else:
+        assert any(line.endswith(f"{figure[1]} ({figure[2]})") for line in table), table
 
 
 def test_final_and_peak_figures(demo):
@@ -203,7 +223,8 @@ def test_console_entry_point(tmp_path):
         summary = json.load(f)
     assert (summary["steps"], summary["checks"]) == (60, 2)
     out = proc.stdout.splitlines()
-    assert out[0].split() == ["query/method", "value", "lower", "plugin", "AUC", "peak", "(step)"]
+    header = ["query/method", "value", "lower", "plugin", "AUC", "peak", "(step)"]
+    assert out[0].split() == [*header, "peak", "lower", "(step)"]
     rows = {line.split()[0]: line.split() for line in out[1 : 1 + len(KEYS)]}
     assert list(rows) == KEYS
     for key, cells in rows.items():

@@ -21,7 +21,7 @@ EXAMPLES = ROOT / "examples"
 NUM = r"-?\d+\.\d+"
 
 
-def run_example(name: str, *args: str) -> str:
+def run_example(name: str, *args: str, cwd: Path = ROOT, stderr: list[str] | None = None) -> str:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -34,10 +34,12 @@ def run_example(name: str, *args: str) -> str:
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         timeout=120,
     )
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
+    if stderr is not None:
+        stderr.append(proc.stderr)
     return proc.stdout
 
 
@@ -117,6 +119,28 @@ def test_gan_digits(tmp_path):
         assert all(0.0 <= v <= 1.0 for v in values), figures
     assert f"tensorboard --logdir {tmp_path}" in out
     assert event_files(tmp_path)
+
+
+def test_each_run_of_an_example_writes_to_a_fresh_folder(tmp_path, capsys):
+    # Issue #32: two runs of an example went into one folder (TensorBoard drew both on one
+    # line; privmon report refused it) without a word. Now each run without --logdir takes a
+    # fresh version_N folder (a monitor pointed at another run's folder warns:
+    # tests/test_runs_compare.py), and privmon report --compare puts them side by side.
+    from privmon.cli import main
+    from privmon.report import runs_in
+
+    args, err = ("--steps", "10", "--every", "10"), []
+    for _ in range(2):
+        out = run_example("gan_digits.py", *args, cwd=tmp_path, stderr=err)
+        assert "tensorboard --logdir runs/gan_digits" in out
+    root = tmp_path / "runs" / "gan_digits"
+    assert sorted(p.name for p in root.iterdir()) == ["version_0", "version_1"]
+    first, second = (runs_in(root / v) for v in ("version_0", "version_1"))
+    assert len(first) == len(second) == 1 and first[0].run_id != second[0].run_id
+    assert not any("already holds another run" in e for e in err)
+    assert main(["report", str(root), "--compare"]) == 0
+    assert (root / "privacy_comparison.html").is_file()
+    capsys.readouterr()
 
 
 def test_early_stopping_defense(tmp_path):

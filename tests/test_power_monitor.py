@@ -304,4 +304,4 @@ def test_the_verdict_and_the_page_say_what_the_run_could_detect():
     assert found.level == "none"
     assert any(f"an advantage of at least {detectable:.3g} (query 's')" in d for d in found.details)
     page = render_html(checks)
-    assert "<th>detectable</th>" in page and f"{detectable:.4g}" in page
+    assert ">detectable</th>" in page and f"{detectable:.4g}" in page

@@ -1,23 +1,25 @@
 """What a :class:`~privmon.PrivacyMonitor` is built from, checked at construction: its queries and
-sinks as the monitor uses them, the audit sets, the accountant, and early stopping's threshold
-against the prior."""
+sinks as the monitor uses them, the audit sets, the accountant, early stopping's threshold
+against the prior, and the folders it writes to (another run there is said)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
 from torch import nn
 
-from privmon._validation import check_audit_set, check_has_methods
+from privmon._validation import check_audit_set, check_has_methods, check_int
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.queries import CallableQuery
 from privmon.report import tags
-from privmon.report.runs import LATEST
+from privmon.report.runs import LATEST, runs_in
 from privmon.sinks.base import Sink
+from privmon.sinks.jsonl import JsonlSink
 
 __all__ = [
     "as_modules",
@@ -25,9 +27,11 @@ __all__ = [
     "as_sinks",
     "check_accountant",
     "check_audit_sets",
+    "check_early_stopping",
     "check_epsilon_readable",
     "check_run_id",
-    "check_stopping_threshold",
+    "optional_count",
+    "warn_of_other_runs",
 ]
 
 logger = logging.getLogger("privmon")
@@ -90,6 +94,11 @@ def as_modules(modules: nn.Module | Sequence[nn.Module] | None) -> tuple[nn.Modu
     return out
 
 
+def optional_count(value: Any, *, name: str) -> int | None:
+    """None, or ``value`` as an integer >= 1 (``max_batches``, ``planned_checks``)."""
+    return None if value is None else check_int(value, name=name, minimum=1)
+
+
 def check_accountant(accountant: Any) -> None:
     """Refuse an accountant that is neither None nor has ``get_epsilon(delta)``."""
     if accountant is not None and not callable(getattr(accountant, "get_epsilon", None)):
@@ -133,12 +142,17 @@ def check_epsilon_readable(accountant: Any, *, delta: float) -> None:
         logger.debug("privmon: the accountant gave no ε before training", exc_info=True)
 
 
-def check_stopping_threshold(stopping: PrivacyEarlyStopping, prior: float) -> None:
-    """Refuse a budget on an advantage figure in [0, |2p − 1|): every figure is at least |2p − 1|
+def check_early_stopping(stopping: Any, prior: float) -> None:
+    """Refuse early stopping that is not a :class:`PrivacyEarlyStopping` (or None), and a budget
+    on an advantage figure in [0, |2p − 1|): every figure is at least |2p − 1|
     (the advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop
     training at the first check whatever leaks — a budget set on the scale of prior ½. (A
     negative one says "stop at the first check" on purpose, at any prior.) Warn when the
     debiased estimate (``value``) is watched at the floor itself: it stops on noise."""
+    if stopping is None:
+        return
+    if not isinstance(stopping, PrivacyEarlyStopping):
+        raise ValueError("early_stopping must be a PrivacyEarlyStopping or None")
     floor = abs(2 * prior - 1)
     if not tags.is_advantage_estimate(stopping.tag):
         return
@@ -178,3 +192,50 @@ def check_run_id(value: Any) -> str:
             "--run reads as the run that wrote last"
         )
     return value
+
+
+def _places(writer: Any, sinks: Sequence[Sink]) -> list[tuple[str, str]]:
+    """(what, path) of each place the monitor writes that a run can be read back from: the
+    writer's folder (a path, or a SummaryWriter's ``get_logdir()``) and each JsonlSink's file."""
+    places = []
+    if isinstance(writer, str | os.PathLike):
+        places.append(("writer", os.fspath(writer)))
+    elif callable(getattr(writer, "get_logdir", None)):
+        places.append(("writer", str(writer.get_logdir())))
+    places += [("JsonlSink", sink.path) for sink in sinks if isinstance(sink, JsonlSink)]
+    return places
+
+
+def warn_of_other_runs(writer: Any, sinks: Sequence[Sink], run_id: str) -> None:
+    """Warn (a UserWarning, and the log) when the writer's folder or a JsonlSink's file already
+    holds a run other than ``run_id``: its checks and this run's would mix (TensorBoard draws
+    both on one line; ``privmon report`` reads one run at a time). A run resumed under its own
+    id (``run_id=``) is not warned about. Reading what is there never fails the monitor."""
+    for what, path in _places(writer, sinks):
+        try:
+            others = [info for info in runs_in(path) if info.run_id != run_id]
+        except ValueError as err:  # files privmon report cannot read back
+            others, unreadable = [], str(err)
+        except Exception:
+            logger.debug("privmon: could not read the runs in %s", path, exc_info=True)
+            continue
+        else:
+            unreadable = ""
+        if not others and not unreadable:
+            continue
+        held = "; ".join(str(info) for info in others) if others else "files it cannot read"
+        last = others[-1].run_id if others else ""
+        message = (
+            f"privmon: the {what} path {path!r} already holds another run: {held}. This run "
+            f"({run_id}) would be mixed with it: TensorBoard draws every run of a folder on one "
+            "line, and privmon report reads one run at a time. Write each run to a fresh folder "
+            "(privmon.report.version_dir(root) gives root/version_N)"
+            + (
+                f", or, if this run resumes run {last}, pass PrivacyMonitor(..., "
+                f"run_id={last!r}) and load its state_dict"
+                if last
+                else f" ({unreadable})"
+            )
+        )
+        logger.warning(message)
+        warnings.warn(message, UserWarning, stacklevel=4)

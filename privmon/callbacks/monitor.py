@@ -85,6 +85,8 @@ class PrivacyMonitor:
             same records every time when the sets' order is fixed).
         top_k: how many most-exposed member indices to report per query.
         strict: re-raise exceptions from a check (on every rank) instead of logging them.
+        run_id: the run's id (:attr:`run_id`); None: a fresh one. A monitor whose writer folder
+            or JsonlSink file holds another run warns, unless it resumes that run under its id.
 
     Examples:
         >>> import torch
@@ -129,6 +131,7 @@ class PrivacyMonitor:
         max_batches: int | None = None,
         top_k: int = 10,
         strict: bool = False,
+        run_id: str | None = None,
     ) -> None:
         self.queries = arguments.as_queries(query)
         arguments.check_audit_sets(members, nonmembers, sharded=rank_and_world()[1] > 1)
@@ -136,19 +139,18 @@ class PrivacyMonitor:
         self.modules = arguments.as_modules(modules)
         self.every_n_steps = check_int(every_n_steps, name="every_n_steps", minimum=1)
         self.methods = check_subset(methods, METHODS, name="methods")
-        if max_batches is not None:
-            max_batches = check_int(max_batches, name="max_batches", minimum=1)
-        if planned_checks is not None:
-            planned_checks = check_int(planned_checks, name="planned_checks", minimum=1)
+        max_batches = arguments.optional_count(max_batches, name="max_batches")
+        planned_checks = arguments.optional_count(planned_checks, name="planned_checks")
         self.top_k = check_int(top_k, name="top_k")
-        if early_stopping is not None and not isinstance(early_stopping, PrivacyEarlyStopping):
-            raise ValueError("early_stopping must be a PrivacyEarlyStopping or None")
         arguments.check_accountant(accountant)
         self.members, self.nonmembers = members, nonmembers
         self.prior = check_open_unit(prior, name="prior")
-        if early_stopping is not None:
-            arguments.check_stopping_threshold(early_stopping, self.prior)
+        arguments.check_early_stopping(early_stopping, self.prior)
+        # one id per run, on every line and event it writes; a resumed run keeps its id
+        self.run_id = uuid.uuid4().hex if run_id is None else run_id
         self.sinks: list[Sink] = arguments.as_sinks(sinks, writer)
+        if rank_and_world()[0] == 0:  # the rank that writes says what its folders hold
+            arguments.warn_of_other_runs(writer, self.sinks, self.run_id)
         self.accountant = accountant
         self._audits = CanaryAudits(canaries)
         self.canaries = canaries if self._audits else None
@@ -160,8 +162,6 @@ class PrivacyMonitor:
         self.history, self.records = ReportHistory(), RecordTracker()
         self.n_failed, self._stop = 0, False
         self._last_step: int | None = None
-        # one id per run, on every line and event it writes; a resumed run keeps its id
-        self.run_id = uuid.uuid4().hex
         self._traps = Traps()  # silent traps said out loud, once each
         self._schedule_agreed = False  # under torch.distributed: at the first step()
         self._scores = CheckScores(
@@ -198,10 +198,8 @@ class PrivacyMonitor:
 
     @property
     def run_id(self) -> str:
-        """The run's id, on every line and event it writes: a fresh one per monitor, kept across
-        a resume through :meth:`state_dict`. It may be set to a name of one's own: a non-empty
-        string other than ``"latest"`` (anything else is refused here, not left for the
-        report to find unreadable)."""
+        """The run's id, on every line and event it writes (fresh per monitor unless given, kept
+        across a resume by :meth:`state_dict`): a non-empty string other than ``"latest"``."""
         return self._run_id
 
     @run_id.setter
@@ -231,11 +229,10 @@ class PrivacyMonitor:
         return self._stop
 
     def plan(self, *, total_steps: int) -> int | None:
-        """Plan the checks from the run's length, ``total_steps`` (>= 1): ``planned_checks``
-        becomes ``total_steps // every_n_steps`` (each check certifies at 0.9 δ / that number).
-        The framework adapters call it before training. A ``planned_checks`` given at
-        construction, or a plan in force once a check ran, is kept (another count is said).
-        Returns the planned checks in force (None: the sequence for unknown lengths)."""
+        """Plan the checks from the run's length, ``total_steps`` (>= 1): ``planned_checks`` =
+        ``total_steps // every_n_steps`` (the adapters call it before training). A count given
+        at construction, or in force once a check ran, is kept (another is said). Returns the
+        planned checks in force (None: the sequence for unknown lengths)."""
         return self._budget.plan(total_steps=total_steps, every_n_steps=self.every_n_steps)
 
     def detectable_advantage(
@@ -246,12 +243,10 @@ class PrivacyMonitor:
         threshold: float | None = None,
         power: float = 0.5,
     ) -> float:
-        """The smallest advantage that check number ``check`` (default the next) certifies for
-        ``query`` (omit it for one query) above ``threshold`` with probability ``power``: the
-        :func:`privmon.detectable_advantage` of the check's share of ``interval_delta`` at the
-        query's audit sizes (finite scores at its last check; before any check, the loaders'
-        lengths: a ValueError without them). Each report carries it as ``detectable``; a
-        smaller leak may go uncertified. ``math.inf`` when none reaches the threshold."""
+        """The smallest advantage check number ``check`` (default the next) certifies for
+        ``query`` (omit it for one) above ``threshold`` with probability ``power``, at the
+        query's audit sizes (:func:`privmon.detectable_advantage`; before any check, the
+        loaders' lengths). Reports carry it as ``detectable``; ``math.inf``: out of reach."""
         return self._budget.detectable_advantage(
             query, check=check, threshold=threshold, power=power
         )
@@ -273,13 +268,7 @@ class PrivacyMonitor:
         global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
         if not begin_check():
             self.n_failed += 1
-            message = (
-                f"privmon: the check at step {global_step} is refused: another check is running "
-                "in this process (check() called from two threads, or from inside a query)"
-            )
-            if self.strict:
-                raise RuntimeError(message)
-            logger.error(message)
+            self._traps.check_refused(global_step, strict=self.strict)
             return None
         try:
             return self._check_and_act(global_step)
@@ -315,9 +304,7 @@ class PrivacyMonitor:
             self.n_failed += 1
             if self.strict:
                 raise
-            logger.exception(
-                "privmon: the privacy check at step %s failed and was skipped", global_step
-            )
+            logger.exception("privmon: the check at step %s failed and was skipped", global_step)
             if not self.history:
                 self._traps.check_failed(global_step, describe_error(err))
             return None

@@ -9,7 +9,8 @@ line in the ``privmon`` log, once per monitor.
 - early stopping watching a figure the reports do not have;
 - a new monitor first called past its first due step (a resumed run that did not load the
   monitor's state restarts the run's confidence budget);
-- steps that come before the last checked one (no check until they pass it).
+- steps that come before the last checked one (no check until they pass it);
+- a check called while another runs (refused).
 """
 
 from __future__ import annotations
@@ -124,6 +125,17 @@ class Traps:
             )
         message = f"privmon: the run closes with no privacy check: {seen}"
         self.warn_once("no check", message, stacklevel=3)
+
+    def check_refused(self, step: int, *, strict: bool) -> None:
+        """A check called while another runs in the process (two threads, or from inside a
+        query): a RuntimeError when ``strict``, else an error in the log."""
+        message = (
+            f"privmon: the check at step {step} is refused: another check is running "
+            "in this process (check() called from two threads, or from inside a query)"
+        )
+        if strict:
+            raise RuntimeError(message)
+        logger.error(message)
 
     def check_failed(self, step: int, error: str) -> None:
         """The first failed check of a run none of whose checks has succeeded yet."""

@@ -10,15 +10,19 @@ bounds and the DP audit's outcomes only (*No measurable membership leakage*, *Le
 *DP violation*, naming a DP mechanism check that fired and its evidence), and
 :func:`write_report` renders the verdict, the figures over the steps, the ROC and the most
 exposed records (matplotlib: the ``privmon[report]`` extra) and writes the page atomically.
-Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``. Usage: the
+Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``;
+``privmon report LOGDIR... --compare`` puts every run side by side
+(:mod:`~privmon.report.compare`, :func:`read_runs`; :func:`version_dir` gives each run a
+fresh folder). Usage: the
 guide's *The HTML report*; the verdict's rules and the in-sample ROC: Theory, *The report's
 verdict and its ROC*. Layout: :mod:`~privmon.report.tags` (every figure's name),
 :mod:`~privmon.report.check`, :mod:`~privmon.report.runs`, :mod:`~privmon.report.verdict`,
 :mod:`~privmon.report.figures`, :mod:`~privmon.report.page`.
 """
 
+from privmon.report.blocks import REPORT_NAME
 from privmon.report.check import QueryResult, Report
-from privmon.report.page import REPORT_NAME, render_html, write_report
+from privmon.report.page import render_html, write_report
 from privmon.report.runs import (
     JSONL_NAME,
     Checks,
@@ -26,6 +30,9 @@ from privmon.report.runs import (
     SeveralRunsError,
     checks_from_reports,
     read_checks,
+    read_runs,
+    runs_in,
+    version_dir,
 )
 from privmon.report.verdict import Verdict, verdict
 
@@ -40,7 +47,10 @@ __all__ = [
     "Verdict",
     "checks_from_reports",
     "read_checks",
+    "read_runs",
     "render_html",
+    "runs_in",
     "verdict",
+    "version_dir",
     "write_report",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,12 +16,25 @@ from privmon.report import tags
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks
 
-__all__ = ["advantage_figure", "plot_advantage", "plot_epsilon", "plot_risk", "plot_roc"]
+__all__ = [
+    "advantage_figure",
+    "comparison_figure",
+    "epsilon_comparison_figure",
+    "legend_outside",
+    "plot_advantage",
+    "plot_epsilon",
+    "plot_risk",
+    "plot_roc",
+    "png",
+    "risk_figure",
+    "roc_figure",
+]
 
 # one colour per line of the advantage chart: estimate and bound of each method (in the order
 # of METHODS), each ceiling
 _VALUE_COLORS = ("#1f77b4", "#d62728")
 _LOWER_COLORS = ("#17becf", "#ff7f0e")
+_RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "0.4")
 _CEILINGS = (
     (tags.CEILING_TANH, ":", "#9467bd", "ε-DP ceiling (tanh)"),
     (tags.CEILING_EPS_DELTA, "-.", "#8c564b", "(ε, δ)-DP ceiling"),
@@ -52,7 +66,28 @@ def _figure(ncols: int = 1, width: float = 7.0, height: float = 3.6) -> tuple[An
     return fig, axes
 
 
-def _png(fig: Any) -> str:
+def legend_outside(fig: Any, *, per_axes: bool = False) -> None:
+    """The figure's legend outside every axes, clear of the data: one legend for the figure's
+    lines below the axes (two columns when the labels are short), or, ``per_axes``, each axes'
+    own legend to its right (panels whose lines differ); the constrained layout makes room."""
+    if per_axes:
+        for ax in fig.axes:
+            if ax.get_legend_handles_labels()[0]:  # a legend without lines warns
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return
+    handles, labels = [], []
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        ncols = 2 if len(handles) > 1 and max(map(len, labels)) <= 30 else 1
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=7)
+
+
+def png(fig: Any) -> str:
+    """A matplotlib Figure as base64 PNG, for an ``<img>`` of the page."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
@@ -87,16 +122,27 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
     ax.set_ylabel("optimal membership advantage")
     ax.set_title(_literal(_advantage_title(checks, q)))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    legend_outside(fig)
     return fig
 
 
 def plot_advantage(checks: Checks, q: str, floor: float | None) -> tuple[str, str]:
     """The advantage chart of ``q`` (:func:`advantage_figure`) as base64 PNG, and its title."""
-    return _png(advantage_figure(checks, q, floor)), _advantage_title(checks, q)
+    return png(advantage_figure(checks, q, floor)), _advantage_title(checks, q)
+
+
+def _epsilon_axes(fig: Any, ax: Any, title: str) -> None:
+    """The ε chart's axes: ε from 0 over the training steps, the legend outside."""
+    ax.set_ylim(bottom=0.0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("ε")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    legend_outside(fig)
 
 
 def plot_epsilon(checks: Checks) -> str:
+    """The ε chart (accountant, audited lower bounds) as base64 PNG."""
     fig, (ax,) = _figure()
     s, v = checks.series(tags.EPSILON)
     ax.plot(s, v, "-", color="k", lw=2, label="ε (accountant)")
@@ -107,13 +153,8 @@ def plot_epsilon(checks: Checks) -> str:
     for m in checks.canary_methods():
         s, v = checks.series(tags.canary_epsilon(m))
         ax.plot(s, v, "-s", ms=4, lw=1.5, label=f"ε lower bound (one-run canary audit, {m})")
-    ax.set_ylim(bottom=0.0)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("ε")
-    ax.set_title("ε: accountant vs audited lower bounds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    return _png(fig)
+    _epsilon_axes(fig, ax, "ε: accountant vs audited lower bounds")
+    return png(fig)
 
 
 def _operating_points(scalars: dict[str, float], q: str) -> list[tuple[float, float]]:
@@ -129,7 +170,14 @@ def _operating_points(scalars: dict[str, float], q: str) -> list[tuple[float, fl
 
 
 def plot_roc(checks: Checks, q: str) -> tuple[str, str]:
-    """The ROC image and a caption."""
+    """The ROC image (:func:`roc_figure`) as base64 PNG, and its caption."""
+    fig, caption = roc_figure(checks, q)
+    return png(fig), caption
+
+
+def roc_figure(checks: Checks, q: str) -> tuple[Any, str]:
+    """The matplotlib Figure of query ``q``'s ROC at the last check (symlog false positive
+    rates, the legend below the axes), and its caption."""
     last = checks.records[-1]
     pts = _operating_points(last["scalars"], q)
     auc = last["scalars"].get(tags.auc(q), math.nan)
@@ -175,8 +223,8 @@ def plot_roc(checks: Checks, q: str) -> tuple[str, str]:
     ax.set_ylabel("true positive rate")
     ax.set_title(_literal(f"{q}: ROC at step {last['step']}"))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    return _png(fig), caption
+    legend_outside(fig)
+    return fig, caption
 
 
 def _risk_tags(
@@ -199,6 +247,14 @@ def _risk_tags(
 
 
 def plot_risk(checks: Checks, q: str) -> str | None:
+    """The per-record risk chart (:func:`risk_figure`) as base64 PNG (None: no risk figures)."""
+    fig = risk_figure(checks, q)
+    return None if fig is None else png(fig)
+
+
+def risk_figure(checks: Checks, q: str) -> Any:
+    """The matplotlib Figure of query ``q``'s per-record risk over the steps: its quantiles
+    and the member records above each level, side by side (None: no risk figures)."""
     quant, counts = _risk_tags(checks, q)
     if not quant and not counts:
         return None
@@ -212,8 +268,6 @@ def plot_risk(checks: Checks, q: str) -> str | None:
     a1.set_ylabel("|f_p| of member records")
     a1.set_title(_literal(f"{q}: per-record risk quantiles"))
     a1.grid(alpha=0.3)
-    if quant:  # a legend without lines warns
-        a1.legend(fontsize=7)
     for tag, _, level in counts:
         s, v = checks.series(tag)
         a2.plot(s, v, "-o", ms=3, label=f"risk > {level}")
@@ -221,6 +275,49 @@ def plot_risk(checks: Checks, q: str) -> str | None:
     a2.set_ylabel("member records")
     a2.set_title(_literal(f"{q}: records above each risk level"))
     a2.grid(alpha=0.3)
-    if counts:
-        a2.legend(fontsize=7)
-    return _png(fig)
+    legend_outside(fig, per_axes=True)
+    return fig
+
+
+def _run_style(runs: Sequence[Checks]) -> list[tuple[str, str]]:
+    """(colour, label) of each run of a comparison: the same on every chart."""
+    return [
+        (_RUN_COLORS[i % len(_RUN_COLORS)], _literal(checks.label)) for i, checks in enumerate(runs)
+    ]
+
+
+def comparison_figure(runs: Sequence[Checks], q: str, m: str) -> Any:
+    """The matplotlib Figure of query ``q``'s advantage by method ``m`` in every run: the
+    estimate (left) and the certified lower bound (right), one line per run in the run's colour
+    on both, the legend below; a run without the figure draws nothing."""
+    fig, (left, right) = _figure(ncols=2, width=9.0, height=4.0)
+    for (color, label), checks in zip(_run_style(runs), runs, strict=True):
+        steps, values = checks.series(tags.value(q, m))
+        if len(steps):
+            left.plot(steps, values, "-o", ms=3, color=color, label=label)
+        steps, values = checks.series(tags.lower(q, m))
+        if len(steps):
+            right.plot(steps, values, "--o", ms=3, color=color, label=label)
+    for ax, what in ((left, "estimate (value)"), (right, "certified lower bound")):
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("optimal membership advantage")
+        ax.set_title(_literal(f"{q} ({m}): {what}"), fontsize=10)
+        ax.grid(alpha=0.3)
+    legend_outside(fig)
+    return fig
+
+
+def epsilon_comparison_figure(runs: Sequence[Checks]) -> Any:
+    """The matplotlib Figure of every run's ε over the steps: the accountant's (solid) and the
+    one-run canary audit's lower bounds (dotted), in the run's colour, the legend below."""
+    fig, (ax,) = _figure(height=4.0)
+    for (color, label), checks in zip(_run_style(runs), runs, strict=True):
+        steps, values = checks.series(tags.EPSILON)
+        if len(steps):
+            ax.plot(steps, values, "-", color=color, lw=2, label=f"{label}: accountant")
+        for method in checks.canary_methods():
+            steps, values = checks.series(tags.canary_epsilon(method))
+            ax.plot(steps, values, ":s", ms=3, color=color, label=f"{label}: canaries, {method}")
+    _epsilon_axes(fig, ax, "ε over training: the runs side by side")
+    return fig

@@ -3,20 +3,17 @@ atomically beside its output path (see :mod:`privmon.report`)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import html
 import math
 import os
-import secrets
-import stat
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from privmon.report import tags
+from privmon.report.blocks import REPORT_NAME, explain, glossary_html, head, img, save_page, table
 from privmon.report.figures import plot_advantage, plot_epsilon, plot_risk, plot_roc
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks, read_checks
@@ -24,59 +21,26 @@ from privmon.report.verdict import EXCHANGEABILITY, certificates, certified_floo
 
 __all__ = ["REPORT_NAME", "render_html", "write_page", "write_report"]
 
-REPORT_NAME = "privacy_report.html"
-"""The report's file name in the log directory when no output path is given."""
 
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1000px;
-margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
-h1{font-size:1.6em;margin-bottom:.2em}
-h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-.meta{color:#666;font-size:.9em}
-.verdict{border-radius:6px;padding:1em 1.2em;margin:1.2em 0;border-left:8px solid}
-.verdict h2{border:none;margin:0 0 .4em 0;font-size:1.3em}
-.v-none{background:#eef8ee;border-color:#2e7d32}
-.v-leakage{background:#fff0e6;border-color:#e65100}.v-violation{background:#fdecea;border-color:#b71c1c}
-.v-empty{background:#f4f4f4;border-color:#888}
-table{border-collapse:collapse;font-size:.88em;margin:.6em 0}
-th,td{border:1px solid #ddd;padding:.25em .55em;text-align:right}
-th{background:#f6f6f6} td.l,th.l{text-align:left}
-img{max-width:100%;height:auto;display:block;margin:.6em 0}
-.caption{color:#555;font-size:.88em}
-.note{background:#f4f6fb;border-left:4px solid #6b7fc4;padding:.5em .8em;font-size:.9em}
-code{background:#f3f3f3;padding:0 .2em}
-"""
-
-
-def _img(b64: str, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
-    def cell(tag: str, i: int, v: Any) -> str:
-        cls = ' class="l"' if i < left else ""
-        text = v if isinstance(v, str) else fmt(v)
-        return f"<{tag}{cls}>{html.escape(text)}</{tag}>"
-
-    head = "".join(cell("th", i, h) for i, h in enumerate(header))
-    body = "".join(
-        "<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _summary_table(checks: Checks) -> str:
+def _summary_table(checks: Checks, used: set[str]) -> str:
+    """The last check's figures per query and method, beside the run's largest certified lower
+    bound (the verdict's figure, to the verdict's 3 decimals) and its step."""
     s = checks.records[-1]["scalars"]
+    best: dict[tuple[str, str], tuple[float, int]] = {}
+    for step, q, m, lower, _ in certificates(checks):
+        if (q, m) not in best or lower > best[q, m][0]:
+            best[q, m] = (lower, step)
     rows = []
     for q in checks.queries():
         for m in checks.methods(q):
+            top = best.get((q, m))
             rows.append(
                 [
                     q,
                     m,
                     s.get(tags.value(q, m)),
                     s.get(tags.lower(q, m)),
+                    f"{top[0]:.3f} (step {top[1]})" if top else "none",
                     s.get(tags.plugin(q, m)),
                     s.get(tags.plugin_upper(q, m)),
                     s.get(tags.epsilon_lower_bound(q, m)),
@@ -86,23 +50,9 @@ def _summary_table(checks: Checks) -> str:
                     s.get(tags.detectable(q)),
                 ]
             )
-    return _table(
-        [
-            "query",
-            "method",
-            "value",
-            "certified lower",
-            "plug-in",
-            "plug-in + McDiarmid",
-            "ε lower bound",
-            "AUC",
-            "TPR@FPR=1%",
-            "dropped",
-            "detectable",
-        ],
-        rows,
-        left=2,
-    )
+    header = ["query", "method", "value", "certified lower", "largest certified lower"]
+    header += ["plug-in", "plug-in + McDiarmid", "ε lower bound", "AUC", "TPR@FPR=1%"]
+    return table([*header, "dropped", "detectable"], rows, left=2, used=used)
 
 
 def _top_records_html(checks: Checks) -> str:
@@ -135,7 +85,7 @@ def _top_records_html(checks: Checks) -> str:
                 "records with equal risks are listed by index, which is not a ranking.</p>"
             )
         parts.append(
-            _table(["rank", "member index", "risk", "in the top list"], rows, left=0)
+            table(["rank", "member index", "risk", "in the top list"], rows, left=0)
             if rows
             else "<p>(none at the last check)</p>"
         )
@@ -174,7 +124,7 @@ def _dp_checks_html(checks: Checks) -> str:
         ]
         for check, steps in fired.items()
     ]
-    return _table(["check", "fired", "smallest p-value of each test"], rows, left=3) + (
+    return table(["check", "fired", "smallest p-value of each test"], rows, left=3) + (
         "<p class='caption'>Each check tests one assumption of the accountant on the optimizer "
         "itself (clipping, noise, sampling, steps counted, no update but the private steps). A "
         "deterministic test never fires on a correct run; a statistical test fires when its "
@@ -209,7 +159,7 @@ def _checks_table(checks: Checks, limit: int = 60) -> str:
         if len(recs) > limit
         else ""
     )
-    return _table(header, rows, left=1) + note
+    return table(header, rows, left=1) + note
 
 
 def render_html(checks: Checks, title: str | None = None) -> str:
@@ -225,78 +175,83 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     v = verdict(checks)
     title = title or "Membership privacy report"
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    esc = html.escape
+    esc, used = html.escape, set[str]()
+
+    def caption(text: str, cls: str = "caption") -> str:
+        return f'<p class="{cls}">{explain(text, used)}</p>'
+
     out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
+        head(title),
         f'<p class="meta">Source: <code>{esc(checks.source)}</code> ({esc(checks.kind)}) · '
         + (f"run <code>{esc(checks.run_id)}</code> · " if checks.run_id else "")
         + f"{len(checks.records)} checks"
         + (f", steps {checks.steps[0]}–{checks.steps[-1]}" if checks.records else "")
         + f" · generated {generated} by privmon</p>",
         f'<div class="verdict v-{v.level}"><h2>{esc(v.headline)}</h2>',
-        *(f"<p>{esc(d)}</p>" for d in v.details),
+        *(f"<p>{explain(d, used)}</p>" for d in v.details),
         "</div>",
     ]
-    for note in checks.notes:
-        out.append(f'<p class="note">{esc(note)}</p>')
+    out += [caption(note, "note") for note in checks.notes]
     if not checks.records:
-        out.append("</body></html>")
+        out += [glossary_html(used), "</body></html>"]
         return "\n".join(out)
     floor = certified_floor(certificates(checks))
     last = checks.records[-1]
     out.append(f"<h2>At the last check (step {last['step']})</h2>")
-    out.append(_summary_table(checks))
-    if last["messages"]:
-        out.extend(f'<p class="note">{esc(m)}</p>' for m in last["messages"])
+    out.append(_summary_table(checks, used))
+    out += [caption(m, "note") for m in last["messages"]]
     out.append(
-        "<p class='caption'><b>value</b>: debiased estimate of the optimal membership advantage "
-        "(2·P(the best attack is right) − 1; 0: nothing leaks, 1: membership certain). "
-        "<b>certified lower</b>: every certified lower bound of the run, at every check, holds "
-        "together with probability ≥ 1 − δ; leakage is certified when one exceeds the trivial "
-        "floor |2p − 1| (0 at prior 0.5), i.e. when its ε lower bound is positive. "
-        "<b>plug-in</b> and <b>plug-in + McDiarmid</b> are the MACE paper's W_N / U_N figures: "
-        "biased up, they bound nothing and are shown only to reproduce the paper. "
-        "<b>detectable</b>: the smallest advantage this check's certificate detects in half the "
-        "runs at its audit sizes and δ; smaller leaks may go uncertified.</p>"
+        caption(
+            "value: debiased estimate of the optimal membership advantage (2·P(the best attack "
+            "is right) − 1; 0: nothing leaks, 1: membership certain). certified lower: every "
+            "certified lower bound of the run, at every check, holds together with probability "
+            "≥ 1 − δ; leakage is certified when one exceeds the trivial floor |2p − 1| (0 at "
+            "prior 0.5), i.e. when its ε lower bound is positive; the largest certified lower "
+            "bound of the run, the verdict's figure, is the column beside it. plug-in and "
+            "plug-in + McDiarmid are the MACE paper's W_N / U_N figures: biased up, they bound "
+            "nothing and are shown only to reproduce the paper. detectable: the smallest "
+            "advantage this check's certificate detects in half the runs at its audit sizes and "
+            "δ; smaller leaks may go uncertified. Hover over a term, or see the terms at the "
+            "end of the page."
+        )
     )
     out.append("<h2>Advantage over training</h2>")
     for q in checks.queries():
-        out.append(_img(*plot_advantage(checks, q, floor)))
+        out.append(img(*plot_advantage(checks, q, floor)))
     if checks.has(tags.EPSILON) or checks.canary_methods():
-        out.append(_img(plot_epsilon(checks), "epsilon: accountant vs audited lower bounds"))
+        out.append(img(plot_epsilon(checks), "epsilon: accountant vs audited lower bounds"))
         if checks.canary_methods():
             out.append(
-                "<p class='caption'>The one-run canary audit's ε lower bounds (Steinke et al.; "
-                "f-DP, Mahloujifar et al.) hold together over the run at the monitor's "
-                "confidence; the canaries' inclusion is randomised, so an audited ε above the "
-                "accountant's proves the DP implementation or its accounting wrong, whatever "
-                "the audit sets.</p>"
+                caption(
+                    "The one-run canary audit's ε lower bounds (Steinke et al.; f-DP, "
+                    "Mahloujifar et al.) hold together over the run at the monitor's "
+                    "confidence; the canaries' inclusion is randomised, so an audited ε above "
+                    "the accountant's proves the DP implementation or its accounting wrong, "
+                    "whatever the audit sets."
+                )
             )
-        out.append(f"<p class='caption'>{esc(EXCHANGEABILITY)}</p>")
+        out.append(caption(EXCHANGEABILITY))
     if any(tags.parse_dp_check(t) for r in checks.records for t in r["scalars"]):
         out.append("<h2>DP mechanism checks</h2>")
         out.append(_dp_checks_html(checks))
     out.append(f"<h2>ROC at the last check (step {last['step']})</h2>")
     for q in checks.queries():
-        img, caption = plot_roc(checks, q)
-        out.append(_img(img, f"{q}: ROC"))
-        out.append(f"<p class='caption'>{esc(caption)}</p>")
+        picture, text = plot_roc(checks, q)
+        out += [img(picture, f"{q}: ROC"), caption(text)]
     out.append("<h2>Per-record risk</h2>")
     out.append(
-        "<p class='caption'>Individual risk |f_p(z)| of each audited member record (MACE eq. 8; "
-        "the posterior P(member | query) = (1 + f_p)/2): quantiles over the member records and "
-        "the number of records above each level, per check.</p>"
+        caption(
+            "Individual risk |f_p| of each audited member record (MACE eq. 8; the posterior "
+            "P(member | query) = (1 + f_p)/2): quantiles over the member records and the "
+            "number of records above each level, per check."
+        )
     )
     any_risk = False
     for q in checks.queries():
         risk_img = plot_risk(checks, q)
         if risk_img is not None:
             any_risk = True
-            out.append(_img(risk_img, f"{q}: per-record risk"))
+            out.append(img(risk_img, f"{q}: per-record risk"))
     if not any_risk:
         out.append("<p>No per-record risk was recorded (queries of more than two dimensions).</p>")
     out.append("<h2>Most exposed records</h2>")
@@ -306,7 +261,7 @@ def render_html(checks: Checks, title: str | None = None) -> str:
     secs = [r["seconds"] for r in checks.records if math.isfinite(r["seconds"])]
     if secs:
         out.append(f"<p class='caption'>Median check time {float(np.median(secs)):.3g} s.</p>")
-    out.append("</body></html>")
+    out += [glossary_html(used), "</body></html>"]
     return "\n".join(out)
 
 
@@ -352,68 +307,5 @@ def write_page(
         base = os.fspath(logdir)
         folder = os.path.dirname(os.path.abspath(base)) if os.path.isfile(base) else base
         out = os.path.join(folder, REPORT_NAME)
-    out = os.fspath(out)
-    if not out or out.endswith(("/", os.sep)):
-        raise ValueError(f"the output path {out!r} is not a file name: pass e.g. {REPORT_NAME}")
-    existing = _output_status(out)  # refused before the plots are drawn
-    if existing is not None and checks.kind == "jsonl" and os.path.samefile(out, checks.source):
-        raise ValueError(f"the output path {out!r} is the input file: pass another --out")
-    try:
-        _write_file(out, render_html(checks, title=title).encode("utf-8"), existing)
-    except OSError as err:
-        if err.filename is not None:
-            raise
-        raise OSError(err.errno, err.strerror, out) from err  # a failed write: name the file
-    return out
-
-
-def _output_status(path: str) -> os.stat_result | None:
-    """``lstat`` of the output path (None when it does not exist); a symbolic link or a
-    directory there is refused."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        raise ValueError(
-            f"the output path {path!r} is a symbolic link: privmon report does not write "
-            "through links (remove it, or pass the file it points to)"
-        )
-    if stat.S_ISDIR(st.st_mode):
-        raise ValueError(
-            f"the output path {path!r} is a directory: pass a file name, e.g. "
-            f"{os.path.join(path, REPORT_NAME)}"
-        )
-    return st
-
-
-def _write_file(path: str, data: bytes, existing: os.stat_result | None) -> None:
-    """Write ``data`` to ``path`` (``existing``: its ``lstat``) without following a link there.
-
-    A regular file (or a new one) is written to a temporary file beside it and renamed over
-    it: readers never see half a page, and a failed write (a full disk) leaves the previous
-    report whole, with its permission bits kept. A device or a pipe (``/dev/null``) is
-    written in place.
-    """
-    if existing is not None and not stat.S_ISREG(existing.st_mode):
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return
-    folder, name = os.path.split(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    temp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
-    # O_EXCL: never an existing file or link; mode 0o666 less the umask, as open() gives
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the rename makes it the report
-        if existing is not None:
-            os.chmod(temp, stat.S_IMODE(existing.st_mode))
-        os.replace(temp, path)  # a link created at ``path`` meanwhile is replaced, not followed
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    inputs = [checks.source] if checks.kind == "jsonl" else []
+    return save_page(out, lambda: render_html(checks, title=title), inputs=inputs)

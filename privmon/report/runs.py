@@ -13,13 +13,13 @@ earlier check.
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from privmon._validation import check_optional_str
+from privmon._validation import check_optional_str, check_writable_dir
 from privmon.estimators.methods import METHODS
 from privmon.report import tags
 from privmon.report.check import Report
@@ -35,6 +35,9 @@ __all__ = [
     "SeveralRunsError",
     "checks_from_reports",
     "read_checks",
+    "read_runs",
+    "runs_in",
+    "version_dir",
 ]
 
 LATEST = "latest"
@@ -99,6 +102,15 @@ class Checks:
     torn_lines: list[int] = field(default_factory=list)  # lines that begin with a cut-off line
     run_id: str = ""  # the run reported ("" when the source holds none)
     other_runs: list[RunInfo] = field(default_factory=list)  # runs in the source left out
+
+    @property
+    def label(self) -> str:
+        """How a comparison names the run: its folder and the first 8 characters of its id."""
+        folder = self.source
+        if self.kind == "jsonl":
+            folder = os.path.dirname(os.path.abspath(folder))
+        name = os.path.basename(os.path.normpath(folder)) or folder
+        return f"{name}: {self.run_id[:8] or '(no run id)'}"
 
     @property
     def steps(self) -> list[int]:
@@ -285,6 +297,50 @@ def _from_events(
     )
 
 
+def _runs_of(logdir: str | os.PathLike[str]) -> tuple[str, list[RunInfo], Callable[[str], Checks]]:
+    """The runs a source holds: the name runs are listed under, its runs (oldest first) and
+    how to read the checks of one of them (see :func:`read_checks`)."""
+    logdir = os.fspath(logdir)
+    if not os.path.exists(logdir):
+        raise FileNotFoundError(f"logdir {logdir!r} does not exist")
+    jsonl = None
+    if os.path.isfile(logdir):
+        jsonl, root = logdir, os.path.dirname(os.path.abspath(logdir))
+    else:
+        root = logdir
+        if os.path.isfile(os.path.join(logdir, JSONL_NAME)):
+            jsonl = os.path.join(logdir, JSONL_NAME)
+    events = [EventChecks(d) for d in event_dirs(root)]
+    if jsonl is None:
+        held = _event_runs(events)
+        folders = {e.folder: e for found in held.values() for e in found}
+        if not held:
+            raise FileNotFoundError(
+                f"no {JSONL_NAME} and no TensorBoard privacy scalars under {logdir!r}: point "
+                "privmon report at the directory given to PrivacyMonitor(writer=...) or at a "
+                "JsonlSink's file"
+            )
+        if len(folders) == 1:  # one folder: its runs, as it names them
+            (only,) = folders.values()
+            infos = only.runs.infos()
+            return only.folder, infos, lambda c: _from_events(only.folder, [only], c, infos)
+        every = _event_infos(held)
+        return logdir, every, lambda c: _from_events(logdir, held[c], c, every)
+    lines = read_jsonl(jsonl)
+    beside = {} if os.path.isfile(logdir) else _event_runs(events, without=lines.runs.steps)
+    if not beside:
+        infos = lines.runs.infos()
+        return jsonl, infos, lambda c: _from_jsonl(jsonl, lines, events, c, infos, jsonl)
+    every = _event_infos(beside) + lines.runs.infos(where=jsonl)
+
+    def read(chosen: str) -> Checks:
+        if chosen in beside:
+            return _from_events(logdir, beside[chosen], chosen, every)
+        return _from_jsonl(jsonl, lines, events, chosen, every, logdir)
+
+    return logdir, every, read
+
+
 def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Checks:
     """The checks of one run that a monitor wrote under ``logdir`` (the sources are in the
     :mod:`privmon.report` docstring).
@@ -320,43 +376,93 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
         ('jsonl', '3f2a9c', [100, 200])
     """
     run = check_optional_str(run, name="run")
-    logdir = os.fspath(logdir)
-    if not os.path.exists(logdir):
-        raise FileNotFoundError(f"logdir {logdir!r} does not exist")
-    jsonl = None
-    if os.path.isfile(logdir):
-        jsonl, root = logdir, os.path.dirname(os.path.abspath(logdir))
-    else:
-        root = logdir
-        if os.path.isfile(os.path.join(logdir, JSONL_NAME)):
-            jsonl = os.path.join(logdir, JSONL_NAME)
-    events = [EventChecks(d) for d in event_dirs(root)]
-    if jsonl is None:
-        held = _event_runs(events)
-        folders = {e.folder: e for found in held.values() for e in found}
-        if not held:
-            raise FileNotFoundError(
-                f"no {JSONL_NAME} and no TensorBoard privacy scalars under {logdir!r}: point "
-                "privmon report at the directory given to PrivacyMonitor(writer=...) or at a "
-                "JsonlSink's file"
-            )
-        if len(folders) == 1:  # one folder: its runs, as it names them
-            (only,) = folders.values()
-            infos = only.runs.infos()
-            return _from_events(only.folder, [only], _pick(only.folder, infos, run), infos)
-        every = _event_infos(held)
-        chosen = _pick(logdir, every, run)
-        return _from_events(logdir, held[chosen], chosen, every)
-    lines = read_jsonl(jsonl)
-    beside = {} if os.path.isfile(logdir) else _event_runs(events, without=lines.runs.steps)
-    if not beside:
-        infos = lines.runs.infos()
-        return _from_jsonl(jsonl, lines, events, _pick(jsonl, infos, run), infos, jsonl)
-    every = _event_infos(beside) + lines.runs.infos(where=jsonl)
-    chosen = _pick(logdir, every, run)
-    if chosen in beside:
-        return _from_events(logdir, beside[chosen], chosen, every)
-    return _from_jsonl(jsonl, lines, events, chosen, every, logdir)
+    source, infos, read = _runs_of(logdir)
+    return read(_pick(source, infos, run))
+
+
+def read_runs(logdirs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Checks]:
+    """The checks of every run under each of ``logdirs`` (each read as :func:`read_checks`
+    reads it), one :class:`Checks` per run, oldest first within each source: the runs that
+    ``privmon report --compare`` puts side by side. A run found twice (two sources naming one
+    file) counts once.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import Report, read_runs
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as logdir:
+        ...     sink = JsonlSink(os.path.join(logdir, "checks.jsonl"))
+        ...     for run in ("dp", "no-dp"):  # two runs written into one file
+        ...         sink.write(Report(step=100, scalars={}, run_id=run))
+        ...     sink.close()
+        ...     [checks.run_id for checks in read_runs(logdir)]
+        ['dp', 'no-dp']
+    """
+    given = [logdirs] if isinstance(logdirs, str | os.PathLike) else list(logdirs)
+    if not given:
+        raise ValueError("logdirs must name at least one log directory or JSON-lines file")
+    out: list[Checks] = []
+    seen: set[str] = set()
+    for logdir in given:
+        _, infos, read = _runs_of(logdir)
+        for info in infos:
+            if info.run_id not in seen:
+                seen.add(info.run_id)
+                out.append(read(info.run_id))
+    return out
+
+
+def runs_in(path: str | os.PathLike[str]) -> list[RunInfo]:
+    """The runs already written where a sink writes: a JSON-lines file's, or those of the
+    TensorBoard event files directly in a folder (not its sub-folders: TensorBoard shows each
+    folder as one run, and draws the checks of every run in it on one line). Nothing there, or
+    no privmon figures, gives ``[]``; oldest first.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import Report, runs_in
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as logdir:
+        ...     path = os.path.join(logdir, "checks.jsonl")
+        ...     print(runs_in(path))
+        ...     sink = JsonlSink(path)
+        ...     sink.write(Report(step=100, scalars={}, run_id="3f2a9c"))
+        ...     sink.close()
+        ...     [str(info) for info in runs_in(path)]
+        []
+        ['3f2a9c (step 100, 1 line)']
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return read_jsonl(path).runs.infos()
+    if os.path.isdir(path):
+        return EventChecks(path).runs.infos()
+    return []
+
+
+def version_dir(root: str | os.PathLike[str]) -> str:
+    """A fresh folder for one run under ``root``: ``root/version_N``, N the first number not
+    taken (Lightning's convention), created; ``tensorboard --logdir root`` then shows each run as
+    a line of its own, and ``privmon report root --compare`` puts them side by side.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import version_dir
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     first, second = version_dir(root), version_dir(root)
+        ...     os.path.relpath(first, root), os.path.relpath(second, root)
+        ('version_0', 'version_1')
+    """
+    root = check_writable_dir(root, name="root")
+    n = 0
+    while True:
+        folder = os.path.join(root, f"version_{n}")
+        try:
+            os.makedirs(folder)
+        except FileExistsError:
+            n += 1
+            continue
+        return folder
 
 
 def checks_from_reports(reports: Iterable[Report], *, source: str = "memory") -> Checks:

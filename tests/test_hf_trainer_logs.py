@@ -85,9 +85,7 @@ def test_the_trainers_own_log_entries_are_kept_at_every_logging_step(
     assert [e["step"] for e in plain] == steps
     assert all({"loss", "grad_norm", "learning_rate", "epoch"} <= set(e) for e in plain)
 
-    history = _train(
-        tmp_path / "privmon", logging_steps=logging_steps, every_n_steps=every_n_steps
-    )
+    history = _train(tmp_path / "privmon", logging_steps=logging_steps, every_n_steps=every_n_steps)
     assert _trainer_entries(history) == plain  # every entry, value for value
     checks = list(range(every_n_steps, MAX_STEPS + 1, every_n_steps))
     assert [e["step"] for e in history if AUC in e] == checks

@@ -5,8 +5,9 @@ steps the monitor at ``state.global_step``, sets ``control.should_training_stop`
 monitor says stop, and passes each report's finite scalars to ``trainer.log``, so they land in
 ``trainer.state.log_history`` and every ``report_to`` integration, while the console shows a
 short line per check (``console``). The Trainer's own entries (loss, learning rate, grad norm)
-are kept at every ``logging_steps``: privmon's entry is added beside them. It plans the checks from ``state.max_steps`` and saves the
-monitor's state in each checkpoint folder (:data:`STATE_FILE`), loaded back on resume.
+are kept at every ``logging_steps``: privmon's entry is added beside them. It plans the checks
+from ``state.max_steps`` and saves the monitor's state in each checkpoint folder
+(:data:`STATE_FILE`), loaded back on resume.
 User guide: *Hugging Face transformers*. ``import privmon`` never imports ``transformers``: only
 importing this module does.
 """

@@ -9,8 +9,8 @@ the δ the check certifies at, ``dp_violation``, the canaries' one-run bounds
 (``privacy/canaries/…``; several canaries objects: :func:`canary_source`) and the DP mechanism
 checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``). The sinks'
 own names (TensorBoard's run-id, DP-causes and most-exposed texts, histograms, PR curves and axis
-series; MLflow's run tag; W&B's step axis, run key, ROC and ε charts) are here too. The method list is the estimators'
-(:data:`privmon.estimators.methods.METHODS`).
+series; MLflow's run tag; W&B's step axis, run key, ROC and ε charts) are here too. The method
+list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
 
 Examples:
     >>> from privmon.report import tags
@@ -47,6 +47,7 @@ __all__ = [
     "PLUGIN_FIELDS",
     "RUN_ID_EVENT_TAG",
     "RUN_ID_TEXT_TAG",
+    "WANDB_FIGURES",
     "WANDB_RUN_ID_KEY",
     "WANDB_STEP",
     "auc",
@@ -135,6 +136,8 @@ DP_CAUSES_EVENT_TAG = DP_CAUSES_TEXT_TAG + "/text_summary"
 WANDB_STEP = "privacy/step"
 """The step axis a :class:`~privmon.sinks.WandbSink` logs beside each check's figures (the
 check's training step), and draws every ``privacy/`` figure against (``define_metric``)."""
+WANDB_FIGURES = "privacy/*"
+"""The W&B ``define_metric`` pattern of every figure drawn against :data:`WANDB_STEP`."""
 WANDB_RUN_ID_KEY = "privmon_run_id"
 """The W&B run's config key that names the privmon run logging into it."""
 EPSILON_CHART = "privacy/epsilon_chart"

@@ -4,6 +4,7 @@ show per check. Only indices and risks, never records; memory is O(member record
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -19,7 +20,8 @@ COLUMNS = ("rank", "member index", "risk", "times among the most exposed")
 class ExposedRow:
     """One of a check's most exposed member records: its rank (1: most exposed), its index in
     the order the member loader yields records, its risk |f_p| and how many of the checks
-    written so far (``checks``) listed it among the most exposed (``times``)."""
+    written so far (``checks``) listed it among the most exposed (``times``). The risk is NaN
+    where the report lists the record without one."""
 
     rank: int
     index: int
@@ -67,9 +69,10 @@ class ExposedRecords:
             times = self._times.setdefault(name, Counter())
             times.update(int(i) for i in q.top_records)
             self._checks[name] += 1
+            risks = [*q.top_risks, *[math.nan] * (len(q.top_records) - len(q.top_risks))]
             out[name] = [
                 ExposedRow(rank, int(i), float(risk), times[int(i)], self._checks[name])
-                for rank, (i, risk) in enumerate(zip(q.top_records, q.top_risks, strict=True), 1)
+                for rank, (i, risk) in enumerate(zip(q.top_records, risks, strict=False), 1)
             ]
         self._last, self._rows = key, out
         return out

@@ -45,7 +45,7 @@ class WandbSink:
     under :data:`~privmon.report.tags.WANDB_STEP`, against which every ``privacy/`` figure is
     drawn (``define_metric``, so the figures line up with the training steps whatever W&B's own
     step counter is); per query the ROC of the membership posterior as a line chart
-    (:func:`~privmon.report.tags.roc`, at most :data:`ROC_POINTS` points) and, with
+    (:func:`~privmon.report.tags.roc`, at most 1,000 points along the curve) and, with
     ``log_records``, the most exposed member records as a table
     (:func:`~privmon.report.tags.most_exposed`: rank, member index, risk, times among the most
     exposed; indices and risks only, never records); and, when the checks have an ε (the

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import sys
 import zlib
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,6 +273,30 @@ def test_a_second_privmon_run_in_one_wandb_run_is_said(offline, caplog):
     written = finished(run)
     assert f"already holds the figures of privmon run {first.run_id}" in caplog.text
     assert written.config[tags.WANDB_RUN_ID_KEY] == second.run_id
+
+
+def test_the_guides_snippet_runs_as_written(offline, tmp_path):
+    # the ```python block of the sinks guide that calls wandb.init(), its `...` (the user's
+    # training loop) one check; names from the page's own loop defined here
+    page = Path(__file__).resolve().parents[1] / "docs" / "guide" / "training-loop.md"
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if "wandb.init(" in b
+    ]
+    assert block.count("\n    ...\n") == 1
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 8), torch.randint(0, 2, (200,))
+    names = {
+        "privmon": privmon,
+        "query": LossQuery(nn.Linear(8, 2)),
+        "members": [(x[:100], y[:100])],
+        "heldout": [(x[100:], y[100:])],
+    }
+    exec(block.replace("\n    ...\n", "\n    monitor.check(1)\n"), names)
+    wandb.teardown()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    row = OfflineRun(run_dir).checks()[1]
+    scalars = finite_scalars(names["monitor"].last_report)
+    assert {t: row[t] for t in scalars} == scalars
 
 
 def test_a_missing_extra_is_named(monkeypatch):

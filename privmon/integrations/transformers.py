@@ -203,10 +203,7 @@ class PrivacyMonitorCallback(TrainerCallback):
             printers = [] if self.console == "all" else self._console_printers()
             with self._without(printers):
                 publish(self.monitor, report, self.trainer.log, what="the Trainer's log")
-            control.should_log = should_log
-            trainer_control = getattr(self.trainer, "control", None)
-            if trainer_control is not None:
-                trainer_control.should_log = should_log
+            control.should_log = should_log  # the Trainer takes the control we return
             figures = console_scalars(report, self.console) if printers else {}
             if figures:
                 logs = {**figures, "epoch": state.epoch} if state.epoch is not None else figures

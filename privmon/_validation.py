@@ -34,6 +34,7 @@ __all__ = [
     "check_pair",
     "check_positive",
     "check_quantiles",
+    "check_str",
     "check_transform",
     "check_unit",
     "check_writable_dir",
@@ -335,6 +336,13 @@ def check_writable_dir(path: str | os.PathLike[str], *, name: str) -> str:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ValueError(f"{name} {path!r} is not writable: no write permission on {ancestor!r}")
     return path
+
+
+def check_str(value: Any, *, name: str) -> str:
+    """Return ``value`` after checking it is a string (empty allowed)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
 
 
 def check_optional_str(value: Any, *, name: str) -> str | None:

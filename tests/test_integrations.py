@@ -126,8 +126,9 @@ def _expected(last):
 
 def test_import_privmon_needs_no_framework():
     code = (
-        "import sys, privmon, privmon.integrations; "
-        "mods = ('lightning', 'pytorch_lightning', 'transformers', 'ignite', 'matplotlib'); "
+        "import sys, privmon, privmon.integrations, privmon.sinks; "
+        "mods = ('lightning', 'pytorch_lightning', 'transformers', 'ignite', 'matplotlib', "
+        "'wandb', 'mlflow'); "
         "print([m for m in mods if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from torch import nn
 import privmon
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
+from privmon.report import tags
 from privmon.report.tags import AXIS_TAGS, RUN_ID_EVENT_TAG
 
 CHECK_STEPS = [2, 4, 6]
@@ -254,7 +256,33 @@ def test_every_check_carries_its_run_id(plain):
     assert [e.step for e in events] == CHECK_STEPS
     ids = {tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in events}
     assert ids == {monitor.run_id} and len(monitor.run_id) == 32
-    assert list(acc.PluginTagToContent("text")) == [RUN_ID_EVENT_TAG]
+    assert sorted(acc.PluginTagToContent("text")) == sorted(
+        [RUN_ID_EVENT_TAG, tags.most_exposed_event("loss")]
+    )
+
+
+def test_most_exposed_records_are_a_text_table_per_check(plain):
+    # index, risk and how many of the checks so far listed the record, read back from the
+    # event file; only indices and risks: no record's content
+    _, reports, acc = plain
+    events = acc.Tensors(tags.most_exposed_event("loss"))
+    assert [e.step for e in events] == CHECK_STEPS
+    seen = Counter()
+    for k, (event, report) in enumerate(zip(events, reports, strict=True), 1):
+        q = report.queries["loss"]
+        assert len(q.top_records) == 10  # the monitor's top_k
+        seen.update(q.top_records)
+        text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
+        lines = text.split("\n")
+        assert lines[0] == "| rank | member index | risk | times among the most exposed |"
+        rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:12]]
+        assert [int(r[0]) for r in rows] == list(range(1, 11))
+        assert [int(r[1]) for r in rows] == list(q.top_records)
+        assert [float(r[2]) for r in rows] == pytest.approx(q.top_risks, rel=1e-5)
+        assert [r[3] for r in rows] == [f"{seen[i]} of {k}" for i in q.top_records]
+        tied = q.top_tied
+        assert (len(lines) > 12) == (tied > 0) and (not tied or f"{tied} more" in lines[-1])
+    assert max(seen.values()) > 1  # some record is listed at more than one check
 
 
 def test_event_files_without_run_ids_are_refused_as_written_before_them(tmp_path):

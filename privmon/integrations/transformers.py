@@ -4,8 +4,10 @@
 steps the monitor at ``state.global_step``, sets ``control.should_training_stop`` when the
 monitor says stop, and passes each report's finite scalars to ``trainer.log``, so they land in
 ``trainer.state.log_history`` and every ``report_to`` integration, while the console shows a
-short line per check (``console``). It plans the checks from ``state.max_steps`` and saves the
-monitor's state in each checkpoint folder (:data:`STATE_FILE`), loaded back on resume.
+short line per check (``console``). The Trainer's own entries (loss, learning rate, grad norm)
+are kept at every ``logging_steps``: privmon's entry is added beside them. It plans the checks
+from ``state.max_steps`` and saves the monitor's state in each checkpoint folder
+(:data:`STATE_FILE`), loaded back on resume.
 User guide: *Hugging Face transformers*. ``import privmon`` never imports ``transformers``: only
 importing this module does.
 """
@@ -194,9 +196,14 @@ class PrivacyMonitorCallback(TrainerCallback):
             # Trainer.log adds "epoch" to the dict it is given and appends a copy with "step"
             # (state.global_step, the check's step) to state.log_history, then calls every
             # callback's on_log: the report_to integrations write the figures there.
+            # CallbackHandler.on_log also sets control.should_log = False, which would drop
+            # the Trainer's own entry (loss, grad_norm, learning_rate) due at this step, so
+            # the flag the Trainer's flow callback set is put back.
+            should_log = control.should_log
             printers = [] if self.console == "all" else self._console_printers()
             with self._without(printers):
                 publish(self.monitor, report, self.trainer.log, what="the Trainer's log")
+            control.should_log = should_log  # the Trainer takes the control we return
             figures = console_scalars(report, self.console) if printers else {}
             if figures:
                 logs = {**figures, "epoch": state.epoch} if state.epoch is not None else figures

@@ -8,9 +8,9 @@ names for its figures (:meth:`privmon.estimators.analysis.QueryResult.scalars`: 
 the δ the check certifies at, ``dp_violation``, the canaries' one-run bounds
 (``privacy/canaries/…``; several canaries objects: :func:`canary_source`) and the DP mechanism
 checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``). The sinks'
-own names (TensorBoard's run-id and DP-causes texts, histograms, PR curves and axis series;
-MLflow's run tag) are here too. The method list is the estimators'
-(:data:`privmon.estimators.methods.METHODS`).
+own names (TensorBoard's run-id, DP-causes and most-exposed texts, histograms, PR curves and axis
+series; MLflow's run tag; W&B's step axis, run key, ROC and ε charts) are here too. The method
+list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
 
 Examples:
     >>> from privmon.report import tags
@@ -40,12 +40,16 @@ __all__ = [
     "DP_CAUSES_TEXT_TAG",
     "DP_VIOLATION",
     "EPSILON",
+    "EPSILON_CHART",
     "ESTIMATE_FIGURES",
     "LAYOUT_CATEGORY",
     "MLFLOW_RUN_ID_TAG",
     "PLUGIN_FIELDS",
     "RUN_ID_EVENT_TAG",
     "RUN_ID_TEXT_TAG",
+    "WANDB_FIGURES",
+    "WANDB_RUN_ID_KEY",
+    "WANDB_STEP",
     "auc",
     "canary_count",
     "canary_epsilon",
@@ -65,6 +69,8 @@ __all__ = [
     "lower",
     "member_risk",
     "membership_pr",
+    "most_exposed",
+    "most_exposed_event",
     "n_dropped",
     "parse_advantage",
     "parse_canary",
@@ -75,6 +81,7 @@ __all__ = [
     "plugin",
     "plugin_upper",
     "query_figure",
+    "roc",
     "tpr_at_fpr",
     "valid_range",
     "value",
@@ -126,6 +133,15 @@ DP_CAUSES_TEXT_TAG = "privacy/dp_causes"
 violation: its causes (:attr:`privmon.report.Report.dp_causes`), one per line."""
 DP_CAUSES_EVENT_TAG = DP_CAUSES_TEXT_TAG + "/text_summary"
 """What TensorBoard stores :data:`DP_CAUSES_TEXT_TAG` under in the event files."""
+WANDB_STEP = "privacy/step"
+"""The step axis a :class:`~privmon.sinks.WandbSink` logs beside each check's figures (the
+check's training step), and draws every ``privacy/`` figure against (``define_metric``)."""
+WANDB_FIGURES = "privacy/*"
+"""The W&B ``define_metric`` pattern of every figure drawn against :data:`WANDB_STEP`."""
+WANDB_RUN_ID_KEY = "privmon_run_id"
+"""The W&B run's config key that names the privmon run logging into it."""
+EPSILON_CHART = "privacy/epsilon_chart"
+"""The W&B line chart of ε over the checks: the accountant's and every ε lower bound."""
 LAYOUT_CATEGORY = "privacy"
 """The TensorBoard Custom Scalars category of the advantage and ε charts."""
 AXIS_TAGS = {"privacy/axis/min": 0.0, "privacy/axis/max": 1.0}
@@ -220,6 +236,22 @@ def member_risk(query: str) -> str:
 def membership_pr(query: str) -> str:
     """TensorBoard PR curve of ``query``'s per-record membership posteriors."""
     return f"privacy/{query}/membership_pr"
+
+
+def most_exposed(query: str) -> str:
+    """The table of ``query``'s most exposed member records at a check (their indices, risks
+    and how often each was among the most exposed): a TensorBoard text summary, a W&B table."""
+    return f"privacy/{query}/most_exposed"
+
+
+def most_exposed_event(query: str) -> str:
+    """What TensorBoard stores :func:`most_exposed` under in the event files."""
+    return most_exposed(query) + "/text_summary"
+
+
+def roc(query: str) -> str:
+    """The W&B line chart of the ROC of ``query``'s membership posterior at a check."""
+    return f"privacy/{query}/roc"
 
 
 def console_advantage(query: str) -> str:

@@ -1,5 +1,6 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
-classifier, the run id of every check, the causes of a DP violation (a text), and a *Custom
+classifier, the most exposed member records (a text table per query: index, risk, times among
+the most exposed), the run id of every check, the causes of a DP violation (a text), and a *Custom
 Scalars* layout that puts the advantage, its certified lower bound and (with an accountant) the
 DP ceilings on one chart per query and method (and the DP mechanism checks on two charts).
 
@@ -21,6 +22,7 @@ import numpy as np
 from privmon._validation import check_writable_dir
 from privmon.report import Report, tags
 from privmon.sinks.base import Backlog
+from privmon.sinks.exposed import COLUMNS, ExposedRecords, ExposedRow
 
 __all__ = ["TensorBoardSink"]
 
@@ -67,6 +69,7 @@ class TensorBoardSink:
         self._layout_written = False
         self._backlog = Backlog()
         self._failed = False
+        self._exposed = ExposedRecords()
 
     @property
     def writer(self) -> Any:
@@ -143,7 +146,9 @@ class TensorBoardSink:
         """Write the report's run id (a text summary, :data:`~privmon.report.tags.RUN_ID_TEXT_TAG`)
         and scalars at its step, its DP violation's causes when it found one (a text summary,
         :data:`~privmon.report.tags.DP_CAUSES_TEXT_TAG`, a cause a line), each query's member
-        risks as a histogram and its posteriors as a membership PR curve; the first report also
+        risks as a histogram and its posteriors as a membership PR curve, its most exposed member
+        records as a text table (:func:`~privmon.report.tags.most_exposed`: rank, member index,
+        risk, and how many of the checks this sink wrote listed that record); the first report also
         writes the Custom Scalars layout (each advantage with its lower bound, and the DP
         ceilings when there are, on one chart; the mechanism checks' flags and p-values).
         Reports a write fault kept back are written first, into a new event file."""
@@ -180,6 +185,9 @@ class TensorBoardSink:
                 )
                 keep = np.isfinite(post)
                 w.add_pr_curve(tags.membership_pr(qname), labels[keep], post[keep], step)
+        for qname, rows in self._exposed.rows(report).items():
+            tied = report.queries[qname].top_tied
+            w.add_text(tags.most_exposed(qname), _markdown(rows, tied), step)
         w.flush()
 
     def close(self) -> None:
@@ -196,3 +204,20 @@ def _exactly(tag: str) -> str:
     """A layout regular expression that matches ``tag`` and nothing else (TensorBoard matches
     a chart's expressions at the start of each tag)."""
     return re.escape(tag) + "$"
+
+
+def _markdown(rows: list[ExposedRow], tied: int) -> str:
+    """The most exposed records as a Markdown table (TensorBoard's text dashboard draws it), and
+    a note when more records share the last one's risk."""
+    lines = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---:|" * len(COLUMNS),
+        *(f"| {r.rank} | {r.index} | {r.risk:.6g} | {r.times} of {r.checks} |" for r in rows),
+    ]
+    if tied:
+        lines += [
+            "",
+            f"{tied} more member(s) share the last listed risk: records with equal risks are "
+            "listed by index, which is not a ranking.",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,318 @@
+"""WandbSink against real offline W&B runs (``WANDB_MODE=offline``, ``WANDB_DIR`` in tmp_path:
+no server, no key), read back from what the run wrote to disk.
+
+wandb 0.31 ships no Python reader of its ``run-<id>.wandb`` file (``wandb.sdk.internal.
+datastore`` is gone; its Go core reads it), so :func:`_records` reads the format, as the old
+datastore did: a 7-byte file header (``:W&B``, magic, version), then 32 KiB blocks of chunks,
+each with a CRC-32 over its type and data (checked here), its length and its type (full, first,
+middle, last), each record a ``wandb_internal_pb2.Record``. Tables are JSON files under the
+run's ``files/`` folder, named by the history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import struct
+import sys
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RecordingSink
+from opacus.accountants import RDPAccountant
+from torch import nn
+
+import privmon
+from privmon.queries import LossQuery
+from privmon.report import tags
+from privmon.sinks import WandbSink, finite_scalars
+from privmon.sinks.wandb import ROC_POINTS
+
+wandb = pytest.importorskip("wandb")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+_HEADER, _BLOCK = 7, 32768
+_FULL, _LAST = 1, 4
+
+
+def _records(path):
+    """Every Record of a ``.wandb`` file, in order (each chunk's CRC checked)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, pending, out = _HEADER, b"", []
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+        if (crc, length, kind) == (0, 0, 0):  # zero padding to the block's end
+            pos += left
+            continue
+        chunk = data[pos + _HEADER : pos + _HEADER + length]
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) == crc
+        pos += _HEADER + length
+        pending += chunk
+        if kind in (_FULL, _LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out
+
+
+def _items(items):
+    """{key: value} of history / config items (nested keys joined by '/')."""
+    out = {}
+    for item in items:
+        key = item.key or "/".join(item.nested_key)
+        out[key] = json.loads(item.value_json)
+    return out
+
+
+class OfflineRun:
+    """What an offline run wrote: its metric definitions, history rows, config and tables."""
+
+    def __init__(self, run_dir):
+        (path,) = run_dir.glob("run-*.wandb")
+        self.files = run_dir / "files"
+        records = _records(path)
+        self.metrics = [r.metric for r in records if r.HasField("metric")]
+        self.rows = [_items(r.history.item) for r in records if r.HasField("history")]
+        self.config = {}
+        for r in records:
+            if r.HasField("config"):
+                self.config.update(_items(r.config.update))
+
+    def checks(self, step_key=tags.WANDB_STEP):
+        """The history rows that hold a check, by privmon step."""
+        return {row[step_key]: row for row in self.rows if step_key in row}
+
+    def table(self, row, key):
+        """The table logged under ``key`` in ``row``: (columns, data)."""
+        stored = json.loads((self.files / row[f"{key}/path"]).read_text())
+        return stored["columns"], stored["data"]
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+    def start():
+        return wandb.init(project="privmon-test", dir=str(tmp_path))
+
+    def finished(run):
+        run.finish()
+        wandb.teardown()  # the service process writes the run's file: wait until it is done
+        # (after finish() alone the last records can still be in flight: seen with wandb 0.31)
+        (run_dir,) = (tmp_path / "wandb").glob(f"offline-run-*-{run.id}")
+        return OfflineRun(run_dir)
+
+    return start, finished
+
+
+def _train(sinks, *, accountant=None, steps=6):
+    """A small classifier, a check every 2 steps; the whole reports kept by a RecordingSink."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 2))
+    x, y = torch.randn(160, 5), torch.randint(0, 2, (160,))
+    members = [(x[:40], y[:40]), (x[40:80], y[40:80])]
+    nonmembers = [(x[80:120], y[80:120]), (x[120:], y[120:])]
+    keep = RecordingSink()
+    monitor = privmon.PrivacyMonitor(
+        LossQuery(model),
+        members,
+        nonmembers,
+        every_n_steps=2,
+        methods=("histogram",),
+        sinks=[*sinks, keep],
+        accountant=accountant,
+        delta=1e-5,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(1, steps + 1):
+        for xb, yb in members:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        if accountant is not None:
+            accountant.step(noise_multiplier=1.0, sample_rate=0.01)
+        monitor.step(step)
+    monitor.close()
+    return monitor, keep.reports
+
+
+def test_every_figure_roc_records_and_epsilon_round_trip_through_an_offline_run(offline):
+    start, finished = offline
+    run = start()
+    accountant = RDPAccountant()
+    accountant.step(noise_multiplier=1.0, sample_rate=0.01)
+    monitor, reports = _train([WandbSink()], accountant=accountant)  # run=None: wandb.run
+    written = finished(run)
+    assert [r.step for r in reports] == [2, 4, 6]
+
+    # the privmon step axis, and every privacy/ figure drawn against it
+    defined = {(m.name, m.glob_name, m.step_metric) for m in written.metrics}
+    assert (tags.WANDB_STEP, "", "") in defined
+    assert ("", tags.WANDB_FIGURES, tags.WANDB_STEP) in defined
+    assert written.config[tags.WANDB_RUN_ID_KEY] == monitor.run_id
+
+    checks = written.checks()
+    assert sorted(checks) == [2, 4, 6]
+    times = Counter()
+    epsilon_tags = set()
+    for report in reports:
+        row = checks[report.step]
+        scalars = finite_scalars(report)
+        assert len(scalars) >= 15 and tags.EPSILON in scalars
+        assert {t: row[t] for t in scalars} == scalars  # float64 through JSON: exact
+        assert not [t for t in report.scalars if t not in scalars and t in row]  # inf left out
+
+        # the ROC of the membership posterior, as privmon.roc_curve draws it
+        q = report.queries["loss"]
+        columns, data = written.table(row, tags.roc("loss") + "_table")
+        assert columns == ["step", "lineKey", "lineVal"]
+        fpr, tpr, _ = privmon.roc_curve(q.member_posterior, q.nonmember_posterior)
+        assert len(fpr) <= ROC_POINTS
+        assert [d[0] for d in data] == pytest.approx(fpr.tolist())
+        assert [d[2] for d in data] == pytest.approx(tpr.tolist())
+
+        # the most exposed records: rank, index, risk, times among the most exposed so far
+        times.update(q.top_records)
+        columns, data = written.table(row, tags.most_exposed("loss"))
+        assert columns == ["rank", "member index", "risk", "times among the most exposed"]
+        assert data == [
+            [rank, i, pytest.approx(r), times[i]]
+            for rank, (i, r) in enumerate(zip(q.top_records, q.top_risks, strict=True), 1)
+        ]
+        assert len(data) == 10
+
+        # the ε chart: every ε figure of every check so far
+        columns, data = written.table(row, tags.EPSILON_CHART + "_table")
+        expected = sorted(
+            (r.step, t, v)
+            for r in reports[: reports.index(report) + 1]
+            for t, v in finite_scalars(r).items()
+            if t == tags.EPSILON or tags.is_epsilon_lower_bound(t)
+        )
+        epsilon_tags |= {t for _, t, _ in expected}
+        assert sorted(map(tuple, data)) == pytest.approx(expected)
+    assert tags.EPSILON in epsilon_tags and len(epsilon_tags) >= 2
+    assert max(times.values()) > 1  # a record listed at several checks counts up
+
+
+def test_prefix_an_explicit_run_and_no_records_table(offline):
+    start, finished = offline
+    run = start()
+    _, reports = _train([WandbSink(run, prefix="audit/", log_records=False)], steps=2)
+    written = finished(run)
+    row = written.checks("audit/" + tags.WANDB_STEP)[2]
+    assert ("", "audit/privacy/*", "audit/" + tags.WANDB_STEP) in {
+        (m.name, m.glob_name, m.step_metric) for m in written.metrics
+    }
+    scalars = finite_scalars(reports[0])
+    assert {t: row["audit/" + t] for t in scalars} == scalars
+    assert not [k for k in row if k.startswith("privacy/")]
+    assert not [k for k in row if "most_exposed" in k]
+
+
+def test_a_long_roc_is_thinned_to_points_of_the_curve(offline):
+    from privmon.estimators.analysis import QueryResult
+    from privmon.report import Report
+
+    start, finished = offline
+    run = start()
+    gen = torch.Generator().manual_seed(0)
+    member, nonmember = torch.rand(1500, generator=gen).numpy(), torch.rand(1500, generator=gen)
+    q = QueryResult(
+        "loss", {}, 1, 0, member_posterior=member, nonmember_posterior=nonmember.numpy()
+    )
+    WandbSink(run).write(Report(step=5, scalars={}, queries={"loss": q}, run_id="r"))
+    written = finished(run)
+    _, data = written.table(written.checks()[5], tags.roc("loss") + "_table")
+    fpr, tpr, _ = privmon.roc_curve(member, nonmember)
+    assert len(fpr) == 3001 and len(data) == ROC_POINTS
+    curve = set(zip(fpr.tolist(), tpr.tolist(), strict=True))
+    assert all((d[0], d[2]) in curve for d in data)  # points of the curve, ends kept
+    assert (data[0][0], data[0][2]) == (0.0, 0.0) and (data[-1][0], data[-1][2]) == (1.0, 1.0)
+
+
+def test_no_run_or_a_finished_run_is_logged_and_training_goes_on(offline, caplog):
+    start, _ = offline
+    assert wandb.run is None
+    with caplog.at_level(logging.ERROR, logger="privmon"):
+        monitor, reports = _train([WandbSink()], steps=2)
+    assert [r.step for r in monitor.history] == [2] and len(reports) == 1  # the others got it
+    assert "start one with wandb.init() or pass WandbSink(run=...)" in caplog.text
+    run = start()
+    run.finish()
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="privmon"):
+        monitor, _ = _train([WandbSink(run)], steps=2)
+    assert [r.step for r in monitor.history] == [2]
+    assert "WandbSink" in caplog.text and "failed at step 2" in caplog.text
+
+
+def test_a_second_privmon_run_in_one_wandb_run_is_said(offline, caplog):
+    start, finished = offline
+    run = start()
+    with caplog.at_level(logging.WARNING, logger="privmon"):
+        first, _ = _train([WandbSink(run)], steps=2)
+        assert "already holds" not in caplog.text
+        second, _ = _train([WandbSink(run)], steps=2)
+    written = finished(run)
+    assert f"already holds the figures of privmon run {first.run_id}" in caplog.text
+    assert written.config[tags.WANDB_RUN_ID_KEY] == second.run_id
+
+
+def test_the_guides_snippet_runs_as_written(offline, tmp_path):
+    # the ```python block of the sinks guide that calls wandb.init(), its `...` (the user's
+    # training loop) one check; names from the page's own loop defined here
+    page = Path(__file__).resolve().parents[1] / "docs" / "guide" / "training-loop.md"
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if "wandb.init(" in b
+    ]
+    assert block.count("\n    ...\n") == 1
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 8), torch.randint(0, 2, (200,))
+    names = {
+        "privmon": privmon,
+        "query": LossQuery(nn.Linear(8, 2)),
+        "members": [(x[:100], y[:100])],
+        "heldout": [(x[100:], y[100:])],
+    }
+    exec(block.replace("\n    ...\n", "\n    monitor.check(1)\n"), names)
+    wandb.teardown()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    row = OfflineRun(run_dir).checks()[1]
+    scalars = finite_scalars(names["monitor"].last_report)
+    assert {t: row[t] for t in scalars} == scalars
+
+
+def test_a_missing_extra_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ImportError, match=r"pip install 'privmon\[wandb\]'"):
+        WandbSink()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"run": object()}, r"run must be a wandb Run"),
+        ({"prefix": 3}, "prefix must be a string"),
+        ({"log_records": "yes"}, "log_records must be True or False"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WandbSink(**kwargs)

@@ -1,9 +1,10 @@
 """Every Python snippet of the user guide (``docs/guide/*.md``) runs, so a snippet that fails
 fails the build.
 
-Each ```` ```python ```` block is one test. It runs in a fresh namespace, in a temporary working
-directory (the snippets write ``runs/...``), after the setup its marker names. The marker is an
-HTML comment on the line before the fence, invisible on the rendered page:
+Each ```` ```python ```` block is one test. It runs in a fresh namespace holding ``privmon`` (every
+page assumes ``import privmon``), in a temporary working directory (the snippets write
+``runs/...``), after the setup its marker names. The marker is an HTML comment on the line
+before the fence, invisible on the rendered page:
 
 * no marker: the snippet runs as it is;
 * ``<!-- snippet: setup NAME -->``: :data:`SETUPS` ``[NAME]`` first defines the names the
@@ -317,7 +318,6 @@ def distributed_loop(ns, mp):
     try:
         ns.update(
             dist=dist,
-            privmon=privmon,
             LossQuery=LossQuery,
             model=mlp(),
             member_batches=[(x[i : i + 50], y[i : i + 50]) for i in range(0, 100, 50)],
@@ -395,7 +395,6 @@ def record_canaries(ns, mp):
     ns.update(
         torch=torch,
         DataLoader=DataLoader,
-        privmon=privmon,
         train=train,
         model=parts["model"],
         query=LossQuery(parts["model"]),
@@ -435,12 +434,12 @@ def softmax_outputs(ns, mp):
 
 @setup
 def reference_models(ns, mp):
-    """reference-models.md: a model, 4 reference models, an Ensemble, reference and
+    """reference-models.md: a model, 4 reference models, an Ensemble of 8, reference and
     population records."""
     import privmon
 
     x, y = digits()
-    masks = privmon.audit.random_halves(200, 4, seed=0)
+    masks = privmon.audit.random_halves(200, 8, seed=0)
     ensemble = privmon.audit.train_ensemble(
         mlp,
         (x[:200], y[:200]),
@@ -481,7 +480,6 @@ def specific_setup(ns, mp):
         return model
 
     ns.update(
-        privmon=privmon,
         train_fn=train_fn,
         x=x[:100],
         y=y[:100],
@@ -502,10 +500,41 @@ def synthetic_set(ns, mp):
     rng = np.random.default_rng(0)
     train = rng.normal(0, 1, (100, 2))
     ns.update(
-        privmon=privmon,
         test=np.concatenate([train, rng.normal(0, 1, (100, 2))]),
         synthetic=train[rng.integers(0, 100, 500)] + rng.normal(0, 0.1, (500, 2)),
         reference=rng.normal(0, 1, (500, 2)),
         is_member=np.arange(200) < 100,
     )
     yield
+
+
+# --- figures the guide states ---------------------------------------------------------------
+
+
+def test_a_plan_loosens_the_first_checks_and_tightens_the_later_ones():
+    """training-loop.md's figures: at the README quickstart's audit sizes (100 + 1,000 records,
+    20 checks), the detectable advantage unplanned vs planned, check by check."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import privmon
+    from privmon.queries import LossQuery
+
+    x, y = torch.zeros(1100, 64), torch.zeros(1100, dtype=torch.long)
+
+    def monitor(**kw: Any) -> privmon.PrivacyMonitor:
+        return privmon.PrivacyMonitor(
+            LossQuery(torch.nn.Linear(64, 10)),
+            DataLoader(TensorDataset(x[:100], y[:100]), batch_size=250),
+            DataLoader(TensorDataset(x[100:], y[100:]), batch_size=250),
+            every_n_steps=100,
+            **kw,
+        )
+
+    unplanned, planned = monitor(), monitor(planned_checks=20)
+    u = [unplanned.detectable_advantage(check=k) for k in range(1, 21)]
+    p = [planned.detectable_advantage(check=k) for k in range(1, 21)]
+    assert all(a < b for a, b in zip(u[:3], p[:3], strict=True))
+    assert all(a > b for a, b in zip(u[3:], p[3:], strict=True))
+    stated = {1: (0.214, 0.267), 3: (0.261, 0.267), 4: (0.271, 0.267), 20: (0.320, 0.267)}
+    for k, (a, b) in stated.items():
+        assert (round(u[k - 1], 3), round(p[k - 1], 3)) == (a, b), k

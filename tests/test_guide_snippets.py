@@ -53,16 +53,19 @@ class Snippet:
         return f"{self.path.stem}:{self.line}"
 
 
-def snippets() -> list[Snippet]:
+def parse(path: Path, text: str) -> list[Snippet]:
+    """The python blocks of one page: each with its fence's line and the marker before it."""
     found = []
-    for path in sorted(GUIDE.glob("*.md")):
-        text = path.read_text(encoding="utf-8")
-        for m in FENCE.finditer(text):
-            before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            mark = MARKER.match(before.strip())
-            line = text.count("\n", 0, m.start()) + 1
-            found.append(Snippet(path, line, m.group(1), mark.groups() if mark else None))
+    for m in FENCE.finditer(text):
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        mark = MARKER.match(before.strip())
+        line = text.count("\n", 0, m.start()) + 1
+        found.append(Snippet(path, line, m.group(1), mark.groups() if mark else None))
     return found
+
+
+def snippets() -> list[Snippet]:
+    return [s for p in sorted(GUIDE.glob("*.md")) for s in parse(p, p.read_text(encoding="utf-8"))]
 
 
 SNIPPETS = snippets()
@@ -85,6 +88,23 @@ def test_a_marker_reaches_its_snippet():
     every snippet unmarked and the setups unused)."""
     used = {s.marker[1] for s in SNIPPETS if s.marker and s.marker[0] == "setup"}
     assert used == set(SETUPS)
+    page = "Text.\n\n```python\nx = 1\n```\n<!-- snippet: compile needs 4 GPUs -->\n```python\n"
+    page += (
+        "y = (\n```\n\n```bash\nls\n```\n<!-- snippet: setup plain_loop -->\n```python\nz\n```\n"
+    )
+    got = [(s.line, s.code, s.marker) for s in parse(Path("page.md"), page)]
+    assert got == [
+        (3, "x = 1\n", None),
+        (7, "y = (\n", ("compile", "needs 4 GPUs")),
+        (14, "z\n", ("setup", "plain_loop")),
+    ]
+
+
+def test_a_failing_snippet_fails(tmp_path, monkeypatch):
+    """What the harness runs is the snippet: an error in it reaches the test."""
+    (broken,) = parse(Path("page.md"), "```python\nraise ValueError('in the snippet')\n```\n")
+    with pytest.raises(ValueError, match="in the snippet"):
+        test_guide_snippet(broken, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
@@ -96,13 +116,22 @@ def test_guide_snippet(snippet, tmp_path, monkeypatch):
     import privmon  # every page assumes it
 
     namespace: dict[str, Any] = {"__name__": "__snippet__", "privmon": privmon}
-    steps = SETUPS[snippet.marker[1]](namespace, monkeypatch) if snippet.marker else iter([None])
+    setup_of = SETUPS[snippet.marker[1]] if snippet.marker else as_is
+    steps = setup_of(namespace, monkeypatch)
     next(steps)
     torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        exec(code, namespace)
-    next(steps, None)  # the setup's checks of what the snippet did
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            exec(code, namespace)
+        next(steps, None)  # the setup's checks of what the snippet did
+    finally:
+        steps.close()  # a setup's clean-up (a process group) runs whatever happened
+
+
+def as_is(ns: dict[str, Any], mp: pytest.MonkeyPatch) -> Iterator[None]:
+    """A snippet with no marker: nothing before it, nothing checked after."""
+    yield
 
 
 # --- shared pieces --------------------------------------------------------------------------
@@ -208,7 +237,11 @@ def lm_trainer(ns, mp):
     yield
     checked(ns["monitor"], checks=1)
     assert set(ns["monitor"].last_report.queries) == {
-        "loss", "zlib", "min_k", "min_k_plus_plus", "reference"
+        "loss",
+        "zlib",
+        "min_k",
+        "min_k_plus_plus",
+        "reference",
     }
 
 
@@ -308,7 +341,6 @@ def distributed_loop(ns, mp):
     """distributed.md: a one-process gloo group, a model, its audit batches."""
     import torch.distributed as dist
 
-    import privmon
     from privmon.queries import LossQuery
 
     x, y = digits()
@@ -385,9 +417,8 @@ def record_canaries(ns, mp):
     """dp-audit.md: training records, a model, its query, audit sets, an engine, q and lr."""
     pytest.importorskip("opacus")
     from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
-    import privmon
     from privmon.queries import LossQuery
 
     parts = dp_model()
@@ -405,7 +436,6 @@ def record_canaries(ns, mp):
         q=0.1,
         lr=0.1,
     )
-    assert isinstance(train, TensorDataset)
     yield
     report = ns["monitor"].check(1)
     assert report is not None and "privacy/canaries/fdp/epsilon_lower_bound" in report.scalars
@@ -466,7 +496,6 @@ def reference_models(ns, mp):
 def specific_setup(ns, mp):
     """reference-models.md: a train_fn (a few steps of softmax regression), a dataset, targets,
     reference records and a pool."""
-    import privmon
 
     x, y = digits()
 
@@ -495,7 +524,6 @@ def specific_setup(ns, mp):
 @setup
 def synthetic_set(ns, mp):
     """synthetic-data.md: a synthetic set, a reference set, test records and their membership."""
-    import privmon
 
     rng = np.random.default_rng(0)
     train = rng.normal(0, 1, (100, 2))

@@ -200,3 +200,20 @@ def test_dp_audit_catches_an_optimizer_that_adds_no_noise():
     assert alarm  # the monitor raised it during training
     assert buggy_accountant == accountant  # the bug is silent: the accountant sees σ = 2.5
     assert buggy["gradient", "steinke"] > accountant and buggy["gradient", "fdp"] > accountant
+
+
+def test_dp_audit_unplanned_steinke_bound_falls_over_the_run():
+    """dp-audit.md: without a plan each check certifies at a smaller share of δ, so on the
+    noiseless run the Steinke bound falls from check to check; planned, it does not."""
+
+    def steinke(*args: str) -> list[float]:
+        out = run_example(
+            "dp_audit.py", "--steps", "150", "--canaries", "20000", "--noise-factor", "0", *args
+        )
+        found = re.findall(rf"^check at step \d+: .* >= ({NUM}) \(Steinke\)", out, re.M)
+        assert len(found) == 3, out
+        return [float(eps) for eps in found]
+
+    unplanned, planned = steinke("--no-plan"), steinke()
+    assert unplanned[0] > unplanned[1] > unplanned[2], unplanned
+    assert planned[2] >= planned[0], planned

@@ -96,7 +96,7 @@ def test_a_marker_reaches_its_snippet():
     assert got == [
         (3, "x = 1\n", None),
         (7, "y = (\n", ("compile", "needs 4 GPUs")),
-        (14, "z\n", ("setup", "plain_loop")),
+        (15, "z\n", ("setup", "plain_loop")),
     ]
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import byte_bpe_tokenizer, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -257,38 +258,11 @@ def lm_canaries(ns, mp):
 
 def tiny_lm() -> tuple[Any, Any, list[str]]:
     """A byte-level BPE tokenizer trained here, a 2-layer GPT-2 of width 16, 600 short texts."""
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     rng = np.random.default_rng(0)
     words = "return the sum of two numbers open file and a stream split string at each".split()
     texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 10)))) for _ in range(600)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        texts,
-        trainer=trainers.BpeTrainer(
-            vocab_size=300,
-            special_tokens=["<pad>", "<eos>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>"
-    )
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=64,
-        n_embd=16,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return tokenizer, transformers.GPT2LMHeadModel(config), texts
+    tokenizer = byte_bpe_tokenizer(texts)
+    return tokenizer, tiny_gpt2(tokenizer), texts
 
 
 @setup

@@ -20,6 +20,7 @@ accountant reports ε ≈ 3.7 at δ = 1e-5. Two kinds of canaries ride along:
 """
 
 import argparse
+import math
 import warnings
 
 import numpy as np
@@ -45,6 +46,9 @@ parser.add_argument(
     help="simulate a bug: the optimizer adds this fraction of the noise it reports",
 )
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument(
+    "--no-plan", action="store_true", help="leave planned_checks unset (δ shares shrink per check)"
+)
 parser.add_argument("--logdir", default=None, help="TensorBoard events and checks.jsonl here")
 args = parser.parse_args()
 DELTA, SIGMA = 1e-5, 2.5
@@ -106,7 +110,7 @@ monitor = PrivacyMonitor(
     methods=("histogram",),
     accountant=engine,
     canaries=canaries,
-    planned_checks=args.steps // 50,
+    planned_checks=None if args.no_plan else args.steps // 50,
     writer=args.logdir,
     sinks=[JsonlSink(f"{args.logdir}/checks.jsonl")] if args.logdir else (),
 )
@@ -123,6 +127,13 @@ while step < args.steps:
             break
 monitor.close()
 canaries.detach()
+for r in monitor.history:  # each check's audited ε (certified over the run) beside the accountant's
+    s = r.scalars
+    print(
+        f"check at step {r.step}: accountant ε {s['privacy/epsilon']:.3f}, audited ε >= "
+        f"{s.get('privacy/canaries/steinke/epsilon_lower_bound', math.nan):.3f} (Steinke), "
+        f"{s.get('privacy/canaries/fdp/epsilon_lower_bound', math.nan):.3f} (f-DP)"
+    )
 
 model.eval()
 with torch.no_grad():

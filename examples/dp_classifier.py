@@ -8,6 +8,8 @@ no attack can beat the ceiling. Training stops early once the certified leak exc
 
     python examples/dp_classifier.py              # DP-SGD at ε = 1: the leak stays near 0
     python examples/dp_classifier.py --no-dp      # no DP: the leak grows, early stopping fires
+                                                  # (at step 150 of 240; over seeds 0-9 it
+                                                  # fires in 9, at steps 50-150)
     tensorboard --logdir runs/dp_classifier       # each run in its own runs/dp_classifier/version_N
     privmon report runs/dp_classifier --compare   # both runs side by side on one page
 
@@ -32,7 +34,9 @@ from privmon.report import version_dir
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epsilon", type=float, default=1.0, help="target ε of DP-SGD")
 parser.add_argument("--epochs", type=int, default=60)
-parser.add_argument("--budget", type=float, default=0.1, help="stop above this advantage")
+parser.add_argument(
+    "--budget", type=float, default=0.05, help="stop above this certified advantage"
+)
 parser.add_argument("--every", type=int, default=25, help="steps between privacy checks")
 parser.add_argument(
     "--logdir", help="log directory (default: a fresh runs/dp_classifier/version_N per run)"
@@ -95,6 +99,10 @@ monitor = privmon.PrivacyMonitor(
     DataLoader(train_set, batch_size=256),
     DataLoader(heldout_set, batch_size=256),
     every_n_steps=args.every,
+    # The run's length is known: its checks, the last step's included, share δ evenly, and
+    # certifying one method per query (the table's) leaves each figure a larger share.
+    planned_checks=-(-args.epochs * len(train_loader) // args.every),
+    methods=("histogram",),
     writer=logdir,  # TensorBoard event files go here
     accountant=engine,  # ε at DELTA is read at every check (None without DP)
     delta=DELTA,

@@ -17,7 +17,7 @@ prints, for the last check, each statistic's AUC and advantage beside the same s
 computed text by text with a plain loop (one unpadded text at a time, the papers' formulas),
 and the canaries' exposure before and after fine-tuning.
 
-    python examples/lm_finetune.py            # 74 s of CPU time (2 cores)
+    python examples/lm_finetune.py            # 73 s on 2 CPU cores
     python examples/lm_finetune.py --quick    # a smoke run, seconds
 """
 

@@ -28,3 +28,41 @@ class RecordingSink:
 
     def close(self):
         pass
+
+
+def byte_bpe_tokenizer(texts, *, vocab_size=300):
+    """A byte-level BPE tokenizer trained here on ``texts`` (``<pad>``, ``<eos>``), offline, as a
+    ``transformers`` fast tokenizer."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>"
+    )
+
+
+def tiny_gpt2(tokenizer):
+    """A 2-layer GPT-2 of width 16 for ``tokenizer``, built from a config (seed 0)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return transformers.GPT2LMHeadModel(config)

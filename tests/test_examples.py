@@ -64,7 +64,7 @@ def test_dp_classifier_stays_under_its_ceiling(tmp_path):
     out = run_example(
         "dp_classifier.py",
         *("--epsilon", str(target), "--epochs", "4", "--every", "5"),
-        *("--budget", "0.1", "--logdir", str(tmp_path)),
+        *("--logdir", str(tmp_path)),  # the default budget: DP-SGD never reaches it
     )
     rows = table_rows(out)
     assert len(rows) >= 2, out
@@ -86,23 +86,22 @@ def test_dp_classifier_stays_under_its_ceiling(tmp_path):
 
 
 def test_dp_classifier_without_dp_stops_early(tmp_path):
-    epochs = 60
-    out = run_example(
-        "dp_classifier.py",
-        *("--no-dp", "--epochs", str(epochs), "--every", "25"),
-        *("--budget", "0.02", "--logdir", str(tmp_path)),
-    )
+    """`--no-dp` on the defaults (60 epochs, budget 0.05), as the README says: early stopping
+    fires (at step 150 of 240, epoch 38)."""
+    budget, epochs = 0.05, 60  # the example's defaults
+    out = run_example("dp_classifier.py", "--no-dp", "--logdir", str(tmp_path))
     rows = table_rows(out)
     assert rows, out
     assert all(r["eps"] is None and r["eps_delta"] is None for r in rows)
     m = re.search(r"early stopping fired at step (\d+), epoch (\d+) of (\d+)", out)
     assert m, out
     step, epoch = int(m.group(1)), int(m.group(2))
-    assert epoch < epochs
+    assert int(m.group(3)) == epochs and epoch < epochs
+    assert f"above the budget {budget:.4f}" in out
     # It stopped at the first check over the budget: the last row, and only that one.
     assert rows[-1]["step"] == step
-    assert rows[-1]["lower"] >= 0.02  # printed to 3 decimals
-    assert all(r["lower"] <= 0.02 for r in rows[:-1])
+    assert rows[-1]["lower"] >= budget  # printed to 3 decimals
+    assert all(r["lower"] <= budget for r in rows[:-1])
     assert event_files(tmp_path)
 
 
@@ -225,3 +224,20 @@ def test_dp_audit_catches_an_optimizer_that_adds_no_noise():
     assert alarm  # the monitor raised it during training
     assert buggy_accountant == accountant  # the bug is silent: the accountant sees σ = 2.5
     assert buggy["gradient", "steinke"] > accountant and buggy["gradient", "fdp"] > accountant
+
+
+def test_dp_audit_unplanned_steinke_bound_falls_over_the_run():
+    """dp-audit.md: without a plan each check certifies at a smaller share of δ, so on the
+    noiseless run the Steinke bound falls from check to check; planned, it does not."""
+
+    def steinke(*args: str) -> list[float]:
+        out = run_example(
+            "dp_audit.py", "--steps", "150", "--canaries", "20000", "--noise-factor", "0", *args
+        )
+        found = re.findall(rf"^check at step \d+: .* >= ({NUM}) \(Steinke\)", out, re.M)
+        assert len(found) == 3, out
+        return [float(eps) for eps in found]
+
+    unplanned, planned = steinke("--no-plan"), steinke()
+    assert unplanned[0] > unplanned[1] > unplanned[2], unplanned
+    assert planned[2] >= planned[0], planned

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.stats as st
 import torch
+from conftest import byte_bpe_tokenizer, tiny_gpt2
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -53,36 +54,12 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS * 3, trainer=trainer)
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>"
-    )
+    return byte_bpe_tokenizer(CORPUS * 3)
 
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=16,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return transformers.GPT2LMHeadModel(config).double().eval()
+    return tiny_gpt2(tokenizer).double().eval()
 
 
 def collate(tokenizer, texts, side):

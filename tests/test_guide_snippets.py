@@ -1,0 +1,542 @@
+"""Every Python snippet of the user guide (``docs/guide/*.md``) runs, so a snippet that fails
+fails the build.
+
+Each ```` ```python ```` block is one test. It runs in a fresh namespace holding ``privmon`` (every
+page assumes ``import privmon``), in a temporary working directory (the snippets write
+``runs/...``), after the setup its marker names. The marker is an HTML comment on the line
+before the fence, invisible on the rendered page:
+
+* no marker: the snippet runs as it is;
+* ``<!-- snippet: setup NAME -->``: :data:`SETUPS` ``[NAME]`` first defines the names the
+  snippet takes from its page (the user's model, data, optimizer: small, so that every snippet
+  runs in a second or two), and after the snippet checks what it did (e.g. that the monitor's
+  checks succeeded);
+* ``<!-- snippet: compile REASON -->``: only compiled, for a snippet that needs what a test
+  cannot have (several GPUs, a launcher); REASON says what.
+
+A marker naming no setup, or a compile marker without a reason, fails.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import byte_bpe_tokenizer, tiny_gpt2
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide"
+FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+MARKER = re.compile(r"<!-- snippet: (setup|compile)\b *(.*?) *-->\s*$")
+
+Setup = Callable[[dict[str, Any], pytest.MonkeyPatch], Iterator[None]]
+SETUPS: dict[str, Setup] = {}
+
+
+def setup(fn: Setup) -> Setup:
+    SETUPS[fn.__name__] = fn
+    return fn
+
+
+class Snippet:
+    def __init__(self, path: Path, line: int, code: str, marker: tuple[str, str] | None):
+        self.path, self.line, self.code, self.marker = path, line, code, marker
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.stem}:{self.line}"
+
+
+def parse(path: Path, text: str) -> list[Snippet]:
+    """The python blocks of one page: each with its fence's line and the marker before it."""
+    found = []
+    for m in FENCE.finditer(text):
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        mark = MARKER.match(before.strip())
+        line = text.count("\n", 0, m.start()) + 1
+        found.append(Snippet(path, line, m.group(1), mark.groups() if mark else None))
+    return found
+
+
+def snippets() -> list[Snippet]:
+    return [s for p in sorted(GUIDE.glob("*.md")) for s in parse(p, p.read_text(encoding="utf-8"))]
+
+
+SNIPPETS = snippets()
+
+
+def test_the_guide_has_snippets_and_each_marker_is_known():
+    assert len(SNIPPETS) >= 18
+    for s in SNIPPETS:
+        if s.marker is None:
+            continue
+        kind, arg = s.marker
+        if kind == "setup":
+            assert arg in SETUPS, f"{s.id}: no setup named {arg!r}"
+        else:
+            assert arg, f"{s.id}: a compile-only snippet says why"
+
+
+def test_a_marker_reaches_its_snippet():
+    """The marker is read from the line just before the fence (a failing parse would leave
+    every snippet unmarked and the setups unused)."""
+    used = {s.marker[1] for s in SNIPPETS if s.marker and s.marker[0] == "setup"}
+    assert used == set(SETUPS)
+    page = "Text.\n\n```python\nx = 1\n```\n<!-- snippet: compile needs 4 GPUs -->\n```python\n"
+    page += (
+        "y = (\n```\n\n```bash\nls\n```\n<!-- snippet: setup plain_loop -->\n```python\nz\n```\n"
+    )
+    got = [(s.line, s.code, s.marker) for s in parse(Path("page.md"), page)]
+    assert got == [
+        (3, "x = 1\n", None),
+        (7, "y = (\n", ("compile", "needs 4 GPUs")),
+        (15, "z\n", ("setup", "plain_loop")),
+    ]
+
+
+def test_a_failing_snippet_fails(tmp_path, monkeypatch):
+    """What the harness runs is the snippet: an error in it reaches the test."""
+    (broken,) = parse(Path("page.md"), "```python\nraise ValueError('in the snippet')\n```\n")
+    with pytest.raises(ValueError, match="in the snippet"):
+        test_guide_snippet(broken, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
+def test_guide_snippet(snippet, tmp_path, monkeypatch):
+    code = compile(snippet.code, f"{snippet.path.name}:{snippet.line}", "exec")
+    if snippet.marker and snippet.marker[0] == "compile":
+        return
+    monkeypatch.chdir(tmp_path)
+    import privmon  # every page assumes it
+
+    namespace: dict[str, Any] = {"__name__": "__snippet__", "privmon": privmon}
+    setup_of = SETUPS[snippet.marker[1]] if snippet.marker else as_is
+    steps = setup_of(namespace, monkeypatch)
+    next(steps)
+    torch.manual_seed(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            exec(code, namespace)
+        next(steps, None)  # the setup's checks of what the snippet did
+    finally:
+        steps.close()  # a setup's clean-up (a process group) runs whatever happened
+
+
+def as_is(ns: dict[str, Any], mp: pytest.MonkeyPatch) -> Iterator[None]:
+    """A snippet with no marker: nothing before it, nothing checked after."""
+    yield
+
+
+# --- shared pieces --------------------------------------------------------------------------
+
+
+def digits(n: int = 400) -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return torch.tensor(x[:n] / 16, dtype=torch.float32), torch.tensor(y[:n])
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def checked(monitor: Any, *, checks: int) -> None:
+    """The snippet's monitor ran ``checks`` checks, none failed."""
+    assert monitor.n_failed == 0, monitor.history
+    assert len(monitor.history) == checks
+
+
+# --- the setups -----------------------------------------------------------------------------
+
+
+@setup
+def plain_loop(ns, mp):
+    """training-loop.md: a model, its audit loaders, 400 training batches."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = digits()
+    model = mlp()
+    batches = [(x[i : i + 32], y[i : i + 32]) for i in torch.randint(0, 68, (400,)).tolist()]
+    ns.update(
+        model=model,
+        member_loader=DataLoader(TensorDataset(x[:100], y[:100]), batch_size=100),
+        heldout_loader=DataLoader(TensorDataset(x[100:], y[100:]), batch_size=300),
+        privacy_engine=None,
+        total_steps=len(batches),
+        train_loader=batches,
+        loss_fn=torch.nn.functional.cross_entropy,
+        opt=torch.optim.Adam(model.parameters(), lr=1e-3),
+    )
+    yield
+    checked(ns["monitor"], checks=2)
+
+
+@setup
+def mlflow_run(ns, mp):
+    """training-loop.md: a query and audit sets; MLflow's store in the working directory."""
+    pytest.importorskip("mlflow")
+    from privmon.queries import LossQuery
+
+    mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    mp.setenv("MLFLOW_TRACKING_URI", Path("mlruns").resolve().as_uri())
+    x, y = digits(200)
+    ns.update(query=LossQuery(mlp()), members=[(x[:100], y[:100])], heldout=[(x[100:], y[100:])])
+    yield
+    monitor = ns["monitor"]
+    assert monitor.check(1) is not None
+    monitor.close()
+    assert Path("runs/exp1/checks.jsonl").read_text(encoding="utf-8").count("\n") == 1
+
+
+@setup
+def hf_trainer(ns, mp):
+    """transformers.md: a tiny causal LM, its audit batches and a training set of 51 steps."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer, model, texts = tiny_lm()
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    encoded = [tokenizer(t, padding="max_length", max_length=16, truncation=True) for t in texts]
+    ns.update(
+        model=model,
+        member_batches=[collator(encoded[i : i + 32]) for i in range(0, 64, 32)],
+        heldout_batches=[collator(encoded[i : i + 32]) for i in range(200, 264, 32)],
+        train_dataset=[{**e, "labels": e["input_ids"]} for e in encoded[:136]],
+    )
+    yield
+    checked(ns["monitor"], checks=1)
+    assert ns["trainer"].state.global_step == 51
+
+
+@setup
+def lm_trainer(ns, mp):
+    """language-models.md: a tiny causal LM and its base model, texts, Trainer arguments."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer, model, texts = tiny_lm()
+    base = type(model)(model.config)
+    base.load_state_dict(model.state_dict())
+    ns.update(
+        transformers=transformers,
+        tokenizer=tokenizer,
+        model=model,
+        base_model=base.eval(),
+        encode=lambda batch: [tokenizer(t) for t in batch],
+        train_texts=texts[:256],
+        heldout_texts=texts[256:512],
+        train_dataset=[tokenizer(t) for t in texts[:256]],
+        args=transformers.TrainingArguments(
+            output_dir="out", max_steps=100, report_to="none", save_strategy="no"
+        ),
+    )
+    yield
+    checked(ns["monitor"], checks=1)
+    assert set(ns["monitor"].last_report.queries) == {
+        "loss",
+        "zlib",
+        "min_k",
+        "min_k_plus_plus",
+        "reference",
+    }
+
+
+@setup
+def lm_canaries(ns, mp):
+    """language-models.md: a tiny causal LM, its tokenizer and training texts."""
+    pytest.importorskip("transformers")
+    tokenizer, model, texts = tiny_lm()
+    ns.update(tokenizer=tokenizer, model=model, train_texts=list(texts[:50]))
+    yield
+    assert len(ns["train_texts"]) == 70
+
+
+def tiny_lm() -> tuple[Any, Any, list[str]]:
+    """A byte-level BPE tokenizer trained here, a 2-layer GPT-2 of width 16, 600 short texts."""
+    rng = np.random.default_rng(0)
+    words = "return the sum of two numbers open file and a stream split string at each".split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 10)))) for _ in range(600)]
+    tokenizer = byte_bpe_tokenizer(texts)
+    return tokenizer, tiny_gpt2(tokenizer), texts
+
+
+@setup
+def lightning_loaders(ns, mp):
+    """lightning.md: audit loaders and a training loader of one batch per epoch."""
+    pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = digits()
+    ns.update(
+        member_loader=DataLoader(TensorDataset(x[:100], y[:100]), batch_size=100),
+        heldout_loader=DataLoader(TensorDataset(x[100:], y[100:]), batch_size=300),
+        train_loader=DataLoader(TensorDataset(x[:100], y[:100]), batch_size=100, shuffle=True),
+    )
+    yield
+    assert ns["monitor"].n_failed == 0 and ns["monitor"].history
+
+
+@setup
+def ignite_trainer(ns, mp):
+    """ignite.md: an Ignite trainer of a model, its audit loaders, 5 batches per epoch."""
+    pytest.importorskip("ignite")
+    from ignite.engine import Engine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = digits()
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def update(engine, batch):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    ns.update(
+        model=model,
+        trainer=Engine(update),
+        member_loader=DataLoader(TensorDataset(x[:100], y[:100]), batch_size=100),
+        heldout_loader=DataLoader(TensorDataset(x[100:], y[100:]), batch_size=300),
+        train_loader=DataLoader(TensorDataset(x[:100], y[:100]), batch_size=20),
+    )
+    yield
+    checked(ns["monitor"], checks=1)
+
+
+@setup
+def distributed_loop(ns, mp):
+    """distributed.md: a one-process gloo group, a model, its audit batches."""
+    import torch.distributed as dist
+
+    from privmon.queries import LossQuery
+
+    x, y = digits()
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(Path("store").resolve()), 1), rank=0, world_size=1
+    )
+    try:
+        ns.update(
+            dist=dist,
+            LossQuery=LossQuery,
+            model=mlp(),
+            member_batches=[(x[i : i + 50], y[i : i + 50]) for i in range(0, 100, 50)],
+            heldout_batches=[(x[i : i + 50], y[i : i + 50]) for i in range(100, 400, 50)],
+            total_steps=200,
+        )
+        yield
+        checked(ns["monitor"], checks=1)
+    finally:
+        dist.destroy_process_group()
+
+
+def dp_model() -> dict[str, Any]:
+    """An Opacus-ready model, optimizer and loader on 240 digits, audit sets of 100 + 100."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = digits()
+    model = mlp()
+    return {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "loader": DataLoader(TensorDataset(x[:240], y[:240]), batch_size=24),
+        "members": [(x[:100], y[:100])],
+        "nonmembers": [(x[240:340], y[240:340])],
+    }
+
+
+@setup
+def dp_sgd(ns, mp):
+    """dp-audit.md: a model, optimizer and loader before make_private; 100 steps' batches."""
+    pytest.importorskip("opacus")
+    ns.update(dp_model())
+    ns["batches"] = [ns["members"][0]] * 50
+    yield
+    checked(ns["monitor"], checks=1)
+    assert "privacy/canaries/steinke/epsilon_lower_bound" in ns["monitor"].last_report.scalars
+
+
+@setup
+def dp_optimizer(ns, mp):
+    """dp-audit.md: the engine and the DP optimizer of the snippet above."""
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+
+    from privmon.audit import GradientCanaries, MechanismChecks
+
+    parts = dp_model()
+    engine = PrivacyEngine()
+    _, optimizer, _ = engine.make_private(
+        module=parts["model"],
+        optimizer=parts["optimizer"],
+        data_loader=parts["loader"],
+        noise_multiplier=2.5,
+        max_grad_norm=1.0,
+    )
+    ns.update(engine=engine, optimizer=optimizer, GradientCanaries=GradientCanaries)
+    yield
+    assert isinstance(ns["canaries"], GradientCanaries)
+    ns["canaries"].detach()
+    MechanismChecks(optimizer).detach()  # the comment's alternative, once the canaries are gone
+
+
+@setup
+def record_canaries(ns, mp):
+    """dp-audit.md: training records, a model, its query, audit sets, an engine, q and lr."""
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader
+
+    from privmon.queries import LossQuery
+
+    parts = dp_model()
+    train = parts["loader"].dataset
+    ns.update(
+        torch=torch,
+        DataLoader=DataLoader,
+        train=train,
+        model=parts["model"],
+        query=LossQuery(parts["model"]),
+        members=parts["members"],
+        nonmembers=parts["nonmembers"],
+        engine=PrivacyEngine(),
+        N=len(train),
+        q=0.1,
+        lr=0.1,
+    )
+    yield
+    report = ns["monitor"].check(1)
+    assert report is not None and "privacy/canaries/fdp/epsilon_lower_bound" in report.scalars
+
+
+@setup
+def scores(ns, mp):
+    """offline-audits.md: members' and non-members' scores, and records to score."""
+    rng = np.random.default_rng(0)
+    member, nonmember = rng.normal(0.5, 1, 300), rng.normal(0, 1, 300)
+    ns.update(member_scores=member, nonmember_scores=nonmember, m=member, n=nonmember)
+    ns["scores"] = rng.normal(0, 1, 10)
+    yield
+
+
+@setup
+def softmax_outputs(ns, mp):
+    """queries.md: softmax outputs of 800 records and their labels."""
+    rng = np.random.default_rng(0)
+    ns["y"] = rng.integers(0, 10, 800)
+    logits = rng.normal(0, 1, (800, 10))
+    logits[np.arange(800), ns["y"]] += 2
+    ns["probs"] = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    yield
+
+
+@setup
+def reference_models(ns, mp):
+    """reference-models.md: a model, 4 reference models, an Ensemble of 8, reference and
+    population records."""
+    import privmon
+
+    x, y = digits()
+    masks = privmon.audit.random_halves(200, 8, seed=0)
+    ensemble = privmon.audit.train_ensemble(
+        mlp,
+        (x[:200], y[:200]),
+        masks,
+        loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none"),
+        optimizer=lambda params: torch.optim.Adam(params, lr=1e-2),
+        epochs=2,
+        batch_size=50,
+        seed=0,
+    )
+    ns.update(
+        model=mlp(),
+        references=[mlp() for _ in range(4)],
+        ensemble=ensemble,
+        x_ref=x[:200],
+        y_ref=y[:200],
+        x_z=x[300:400],
+        y_z=y[300:400],
+    )
+    yield
+
+
+@setup
+def specific_setup(ns, mp):
+    """reference-models.md: a train_fn (a few steps of softmax regression), a dataset, targets,
+    reference records and a pool."""
+
+    x, y = digits()
+
+    def train_fn(xs, ys, seed):
+        model = torch.nn.Linear(64, 10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(10):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xs), ys).backward()
+            opt.step()
+        return model
+
+    ns.update(
+        train_fn=train_fn,
+        x=x[:100],
+        y=y[:100],
+        targets=list(range(10)),
+        xr=x[100:200],
+        yr=y[100:200],
+        pool=(x[:300], y[:300]),
+    )
+    yield
+    assert ns["res"].auc.shape == (10,)
+
+
+@setup
+def synthetic_set(ns, mp):
+    """synthetic-data.md: a synthetic set, a reference set, test records and their membership."""
+
+    rng = np.random.default_rng(0)
+    train = rng.normal(0, 1, (100, 2))
+    ns.update(
+        test=np.concatenate([train, rng.normal(0, 1, (100, 2))]),
+        synthetic=train[rng.integers(0, 100, 500)] + rng.normal(0, 0.1, (500, 2)),
+        reference=rng.normal(0, 1, (500, 2)),
+        is_member=np.arange(200) < 100,
+    )
+    yield
+
+
+# --- figures the guide states ---------------------------------------------------------------
+
+
+def test_a_plan_loosens_the_first_checks_and_tightens_the_later_ones():
+    """training-loop.md's figures: at the README quickstart's audit sizes (100 + 1,000 records,
+    20 checks), the detectable advantage unplanned vs planned, check by check."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import privmon
+    from privmon.queries import LossQuery
+
+    x, y = torch.zeros(1100, 64), torch.zeros(1100, dtype=torch.long)
+
+    def monitor(**kw: Any) -> privmon.PrivacyMonitor:
+        return privmon.PrivacyMonitor(
+            LossQuery(torch.nn.Linear(64, 10)),
+            DataLoader(TensorDataset(x[:100], y[:100]), batch_size=250),
+            DataLoader(TensorDataset(x[100:], y[100:]), batch_size=250),
+            every_n_steps=100,
+            **kw,
+        )
+
+    unplanned, planned = monitor(), monitor(planned_checks=20)
+    u = [unplanned.detectable_advantage(check=k) for k in range(1, 21)]
+    p = [planned.detectable_advantage(check=k) for k in range(1, 21)]
+    assert all(a < b for a, b in zip(u[:3], p[:3], strict=True))
+    assert all(a > b for a, b in zip(u[3:], p[3:], strict=True))
+    stated = {1: (0.214, 0.267), 3: (0.261, 0.267), 4: (0.271, 0.267), 20: (0.320, 0.267)}
+    for k, (a, b) in stated.items():
+        assert (round(u[k - 1], 3), round(p[k - 1], 3)) == (a, b), k

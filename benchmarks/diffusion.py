@@ -3,9 +3,10 @@ the statistics' strength on an over-fit DDPM beside DOMIAS on the same model's s
 
 ``--section time``: one :class:`privmon.queries.DiffusionQuery` call (``prepare`` + one batch of
 n images) against its floor, the bare ``model(x_t, t)`` calls the statistic needs, with the same
-number of rows per call (pre-built inputs, no arithmetic), median of ``--repeats`` after a
-warm-up. Two random-weight diffusers ``UNet2DModel``: the digits model of the example (1×8×8,
-channels 16/32, n = 256) and a CIFAR-sized one (3×32×32, channels 32/64/64, n = 64). Goal: ≤ 1.2×
+number of rows per call (pre-built inputs, no arithmetic), the two timed in turn ``--repeats``
+times after a warm-up: medians of each and of the pairs' ratios. Two random-weight diffusers
+``UNet2DModel``: the digits model of the example (1×8×8, channels 16/32, n = 256) and a
+CIFAR-sized one (3×32×32, channels 32/64/64, n = 64; ``--models digits`` skips it). Goal: ≤ 1.2×
 the floor.
 
 ``--section attacks``: ``examples/diffusion.py``'s DDPM (UNet2DModel 16/32, DDPMScheduler T =
@@ -17,7 +18,8 @@ steps) of the same model. Goals: every statistic's AUC > 0.5 (members more membe
 advantage ≥ the loss's at the same timestep.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/diffusion.py                   # both (~6 minutes)
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/diffusion.py --section time --repeats 9
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/diffusion.py --section time --models digits \
+        --repeats 15
     OMP_WAIT_POLICY=PASSIVE python benchmarks/diffusion.py --section attacks --steps 3000
 """
 
@@ -75,17 +77,24 @@ def call_rows(statistic: str, timesteps, n: int, max_batch: int, interval: int =
     return [min(max_batch, r - s) for r in passes for s in range(0, r, max_batch)]
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def paired_seconds(check, floor, repeats: int) -> tuple[float, float, float]:
+    """Medians of the check's and the floor's times and of their ratio, the two timed in turn
+    (``repeats`` pairs after a warm-up of each), so that a load that comes and goes on a shared
+    machine hits both sides alike."""
+    check(), floor()
+    pairs = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times = []
+        for fn in (check, floor):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        pairs.append(times)
+    q, f = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+    return q, f, statistics.median(a / b for a, b in pairs)
 
 
-def section_time(repeats: int) -> None:
+def section_time(repeats: int, models: str) -> None:
     scheduler = DDPMScheduler(num_train_timesteps=1000)
     print(
         "| model | statistic | timesteps | ε_θ evals / image | model calls | query ms "
@@ -95,7 +104,7 @@ def section_time(repeats: int) -> None:
     for label, channels, shape, n in (
         ("digits 1×8×8 (16/32)", (16, 32), (1, 8, 8), 256),
         ("CIFAR-sized 3×32×32 (32/64/64)", (32, 64, 64), (3, 32, 32), 64),
-    ):
+    )[: 1 if models == "digits" else 2]:
         torch.manual_seed(0)
         model = unet(channels, shape[0], shape[1])
         images = torch.rand(n, *shape) * 2 - 1
@@ -115,12 +124,12 @@ def section_time(repeats: int) -> None:
                     for x, t in inputs:
                         model(x, t)
 
-            q, f = median_seconds(check, repeats), median_seconds(floor, repeats)
+            q, f, ratio = paired_seconds(check, floor, repeats)
             ts = str(timesteps).replace(" ", "")
             evals = model_calls(statistic, timesteps)
             print(
                 f"| {label} | {statistic} | {ts} | {evals} | {len(rows)} | {1e3 * q:.1f} "
-                f"| {1e3 * f:.1f} | {q / f:.2f}× |"
+                f"| {1e3 * f:.1f} | {ratio:.2f}× |"
             )
 
 
@@ -192,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--section", choices=("time", "attacks", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", choices=("digits", "both"), default="both")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
@@ -199,7 +209,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.section in ("time", "all"):
-        section_time(args.repeats)
+        section_time(args.repeats, args.models)
         print()
     if args.section in ("attacks", "all"):
         section_attacks(args.steps, args.samples, args.seed)

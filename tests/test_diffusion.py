@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_unet
 from torch import nn
 
 from privmon.attacks import alphas_cumprod, diffusion_statistic, model_calls, noise_prediction
@@ -47,32 +48,12 @@ class Denoiser(nn.Module):
 
 def _unet():
     torch.manual_seed(0)
-    return diffusers.UNet2DModel(
-        sample_size=8,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-    ).eval()
+    return tiny_unet().eval()
 
 
 def _conditional_unet():
     torch.manual_seed(0)
-    return diffusers.UNet2DConditionModel(
-        sample_size=8,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        cross_attention_dim=6,
-        attention_head_dim=2,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-    ).eval()
+    return tiny_unet(conditional=True).eval()
 
 
 def _linear_abar(steps=200):

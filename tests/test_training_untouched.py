@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_unet
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -656,17 +657,7 @@ def _diffusion_run(monitor_queries):
     from privmon.queries import DiffusionQuery
 
     torch.manual_seed(0)
-    unet = diffusers.UNet2DModel(
-        sample_size=8,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        dropout=0.1,
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-    )
+    unet = tiny_unet(dropout=0.1)
     scheduler = diffusers.DDPMScheduler(num_train_timesteps=100)
     ema = EMAModel(unet.parameters(), decay=0.9)
     images = torch.rand(24, 1, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1

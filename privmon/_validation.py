@@ -16,6 +16,7 @@ __all__ = [
     "as_mask",
     "as_scores",
     "as_tensor",
+    "check_alphas_cumprod",
     "check_audit_set",
     "check_callable",
     "check_choice",
@@ -35,6 +36,7 @@ __all__ = [
     "check_positive",
     "check_quantiles",
     "check_str",
+    "check_timesteps",
     "check_transform",
     "check_unit",
     "check_writable_dir",
@@ -528,3 +530,48 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.device.type == "cpu" and not t.requires_grad:
         return t.numpy()  # (a checked shortcut: checks convert hundreds of small tensors)
     return t.detach().cpu().numpy()
+
+
+def check_timesteps(
+    values: Any, *, name: str, steps: int, interval: int | None = None
+) -> tuple[int, ...]:
+    """Return ``values`` (an integer or a non-empty sequence of integers) as a tuple of
+    diffusion timesteps after checking each lies in [0, ``steps`` − 1]; with ``interval`` (a
+    stride k), each must also be a multiple of k with t + k ≤ ``steps`` − 1."""
+    items = (values,) if isinstance(values, int | np.integer) else values
+    if isinstance(values, torch.Tensor | np.ndarray) and values.ndim == 0:
+        items = (values.item(),)
+    elif isinstance(values, torch.Tensor | np.ndarray):
+        items = values.tolist()
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise ValueError(f"{name} must be an integer or a sequence of integers, got {values!r}")
+    items = tuple(items)
+    last = steps - 1 - (interval or 0)
+    where = f"integers in [0, {last}]" + (
+        f", multiples of interval={interval} (t + interval must be a step of the {steps})"
+        if interval
+        else f" (the scheduler has {steps} steps)"
+    )
+    if not items:
+        raise ValueError(f"{name} is empty: expected {where}")
+    for t in items:
+        if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t <= last:
+            raise ValueError(f"{name} must be {where}, got {t!r}")
+        if interval and t % interval:
+            raise ValueError(f"{name} must be {where}, got {t} (not a multiple of {interval})")
+    return tuple(int(t) for t in items)
+
+
+def check_alphas_cumprod(values: Any, *, name: str) -> torch.Tensor:
+    """Return ``values`` as a float64 CPU tensor ᾱ_0 … ᾱ_{T−1} after checking it is 1-D, not
+    empty, finite, in (0, 1] and non-increasing (a DDPM's cumulative product of 1 − β_t)."""
+    what = "a 1-D tensor of cumulative alphas ᾱ_t in (0, 1], non-increasing"
+    t = as_tensor(values, name=name, what=what)
+    if t.is_complex() or t.dtype == torch.bool or t.ndim != 1 or t.numel() == 0:
+        raise ValueError(f"{name} must be {what}, got {t.dtype} of shape {tuple(t.shape)}")
+    t = t.detach().to("cpu", torch.float64)
+    if not bool(((t > 0) & (t <= 1)).all()) or bool((t[1:] > t[:-1]).any()):
+        raise ValueError(
+            f"{name} must be {what}, got values from {t.min().item():.4g} to {t.max().item():.4g}"
+        )
+    return t

@@ -241,3 +241,39 @@ def test_dp_audit_unplanned_steinke_bound_falls_over_the_run():
     unplanned, planned = steinke("--no-plan"), steinke()
     assert unplanned[0] > unplanned[1] > unplanned[2], unplanned
     assert planned[2] >= planned[0], planned
+
+
+
+def test_diffusion_example(tmp_path):
+    pytest.importorskip("diffusers")
+    out = run_example(
+        "diffusion.py",
+        "--steps",
+        "100",
+        "--every",
+        "50",
+        "--samples",
+        "100",
+        "--sample-steps",
+        "5",
+        "--logdir",
+        str(tmp_path),
+    )
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["50"], ["100"])]
+    assert [r[0] for r in rows] == ["50", "100"]  # one check every 50 steps
+    for r in rows:  # the training loss, four AUCs and PIA's certified lower bound
+        assert len(r) == 7 and all(0.0 <= float(v) <= 1.0 for v in r[2:])
+    assert "trained 100 steps" in out
+    assert event_files(tmp_path)
+
+
+def test_diffusion_example_without_diffusers_names_the_extra():
+    code = (
+        "import sys, runpy; sys.modules['diffusers'] = None; sys.argv = ['diffusion.py']\n"
+        "runpy.run_path('examples/diffusion.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    assert proc.returncode == 1 and "pip install 'privmon[diffusion]'" in proc.stderr

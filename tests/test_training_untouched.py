@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_unet
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -644,3 +645,55 @@ def test_a_lazy_module_not_yet_run_among_a_querys_modules_is_guarded():
     report = mon.check(1)
     assert report.failures == {} and "privacy/q/auc" in report.scalars
     assert isinstance(head.weight, torch.nn.parameter.UninitializedParameter)
+
+
+def _diffusion_run(monitor_queries):
+    """A diffusers training loop (UNet2DModel, DDPMScheduler.add_noise, noise and timesteps from
+    the global RNG, dropout on, an EMA of the weights), checked every step when queries are given:
+    the weights, the EMA weights and the global RNG state at the end."""
+    diffusers = pytest.importorskip("diffusers")
+    from diffusers.training_utils import EMAModel
+
+    from privmon.queries import DiffusionQuery
+
+    torch.manual_seed(0)
+    unet = tiny_unet(dropout=0.1)
+    scheduler = diffusers.DDPMScheduler(num_train_timesteps=100)
+    ema = EMAModel(unet.parameters(), decay=0.9)
+    images = torch.rand(24, 1, 8, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    loader = DataLoader(TensorDataset(images), batch_size=8, shuffle=True)
+    opt = torch.optim.Adam(unet.parameters(), lr=1e-3)
+    mon = None
+    if monitor_queries:
+        queries = [
+            DiffusionQuery(unet, scheduler, s, timesteps=t, interval=5)
+            for s, t in (("loss", [10, 50]), ("pia", 20), ("secmi", 10), ("sima", 30))
+        ]
+        mon = privmon.PrivacyMonitor(
+            queries, [images[:12]], [images[12:]], every_n_steps=1, strict=True
+        )
+    torch.manual_seed(5)
+    step = 0
+    for _ in range(2):
+        for (x0,) in loader:
+            noise = torch.randn_like(x0)
+            t = torch.randint(0, scheduler.config.num_train_timesteps, (len(x0),))
+            loss = F.mse_loss(unet(scheduler.add_noise(x0, noise, t), t).sample, noise)
+            opt.zero_grad()
+            loss.backward()
+            if mon is not None:
+                mon.step(step)
+            opt.step()
+            ema.step(unet.parameters())
+            step += 1
+    if mon is not None:
+        assert len(mon.history) == step and unet.training
+    return _weights(unet), [p.clone() for p in ema.shadow_params], torch.get_rng_state()
+
+
+def test_a_diffusion_training_loop_is_bit_identical_with_diffusion_queries():
+    plain, plain_ema, plain_rng = _diffusion_run(False)
+    checked, checked_ema, checked_rng = _diffusion_run(True)
+    for a, b in zip(plain + plain_ema, checked + checked_ema, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(plain_rng, checked_rng)

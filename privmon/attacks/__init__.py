@@ -2,9 +2,16 @@
 metric attacks with class-dependent thresholds and the privacy risk score; the attacks of a
 generator query (:mod:`privmon.attacks.generator`); subgroup risk; reference-model attacks (LiRA,
 RMIA, difficulty calibration) and their leave-one-model-out evaluation; language-model
-statistics (loss, zlib, Min-K%, Min-K%++, reference) and secret-sharer exposure."""
+statistics (loss, zlib, Min-K%, Min-K%++, reference) and secret-sharer exposure; diffusion-model
+statistics (loss at a timestep, PIA / PIAN, SecMI, SimA)."""
 
 from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
+from privmon.attacks.diffusion import (
+    alphas_cumprod,
+    diffusion_statistic,
+    model_calls,
+    noise_prediction,
+)
 from privmon.attacks.domias import domias_scores
 from privmon.attacks.language_model import (
     causal_lm_logits,
@@ -47,6 +54,7 @@ __all__ = [
     "MetricAttack",
     "PrivacyRiskScore",
     "SecretSharerCanaries",
+    "alphas_cumprod",
     "calibrated_score",
     "calibration",
     "canary_exposure",
@@ -54,6 +62,7 @@ __all__ = [
     "confidence",
     "correctness",
     "decode_texts",
+    "diffusion_statistic",
     "domias_scores",
     "entropy",
     "eq1",
@@ -66,8 +75,10 @@ __all__ = [
     "logan_d1",
     "lowest_k_mean",
     "metric_values",
+    "model_calls",
     "modified_entropy",
     "monte_carlo",
+    "noise_prediction",
     "predicted_tokens",
     "rmia",
     "secret_sharer_canaries",

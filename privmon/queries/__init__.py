@@ -9,7 +9,8 @@ never changes its modules' state. A batch is a tensor, an ``(x, y, ...)`` tuple 
 ``higher_is_member`` says whether members tend to score higher (None: unknown, or a vector).
 Classifiers: :mod:`~privmon.queries.classifier`, :mod:`~privmon.queries.reference`; generative
 models: :mod:`~privmon.queries.generative`, :mod:`~privmon.queries.generator`; causal language
-models: :mod:`~privmon.queries.language_model`. User guide: *Queries and attacks*.
+models: :mod:`~privmon.queries.language_model`; diffusion models:
+:mod:`~privmon.queries.diffusion`. User guide: *Queries and attacks*.
 """
 
 from privmon.queries.base import CallableQuery, Query
@@ -22,6 +23,7 @@ from privmon.queries.classifier import (
     LossQuery,
     ModifiedEntropyQuery,
 )
+from privmon.queries.diffusion import DiffusionQuery
 from privmon.queries.generative import (
     DiscriminatorQuery,
     HybridQuery,
@@ -36,6 +38,7 @@ __all__ = [
     "CallableQuery",
     "ConfidenceQuery",
     "CorrectnessQuery",
+    "DiffusionQuery",
     "DiscriminatorQuery",
     "EntropyQuery",
     "GeneratorQuery",

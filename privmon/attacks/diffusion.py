@@ -1,0 +1,372 @@
+"""Membership statistics of diffusion models, per image, from the noise predictor ε_θ(x_t, t).
+
+A DDPM with T steps noises an image x_0 to x_t = √ᾱ_t · x_0 + √(1 − ᾱ_t) · ε, ᾱ_t the
+scheduler's ``alphas_cumprod[t]``, and its model predicts the noise. :func:`diffusion_statistic`
+computes one of :data:`STATISTICS` per image and timestep t; each is a distance, lower for members
+(:data:`HIGHER_IS_MEMBER`):
+
+- ``loss``: ‖ε − ε_θ(√ᾱ_t x_0 + √(1 − ᾱ_t) ε, t)‖², ε ~ N(0, I) given (Matsumoto et al.,
+  "Membership Inference Attacks against Diffusion Models"; Carlini et al., "Extracting Training
+  Data from Diffusion Models");
+- ``pia``: ε̂ = ε_θ(x_0, 0), then Σ|ε̂ − ε_θ(√ᾱ_t x_0 + √(1 − ᾱ_t) ε̂, t)|^p; ``pian`` first
+  normalises ε̂ ← ε̂ / mean|ε̂| · √(2/π) (Kong et al., "An Efficient Membership Inference Attack
+  for the Diffusion Model by Proximal Initialization");
+- ``secmi``: deterministic DDIM inversion from 0 to t + k in strides of k, one DDIM step back
+  from t + k to t, ‖x̃_t − x̂_t‖² (Duan et al., "Are Diffusion Models Vulnerable to Membership
+  Inference Attacks?");
+- ``sima``: Σ|ε_θ(x_0, t)|⁴ ("SimA", arXiv 2509.25003).
+
+The timesteps of one batch go through the model together, at most ``max_batch`` images per call
+(the memory bound); the ε_θ evaluations per image are :func:`model_calls`. Formulas: docs,
+*Diffusion models*.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from privmon._validation import (
+    check_alphas_cumprod,
+    check_choice,
+    check_int,
+    check_positive,
+    check_timesteps,
+)
+
+__all__ = [
+    "HIGHER_IS_MEMBER",
+    "MAX_BATCH_VALUES",
+    "STATISTICS",
+    "alphas_cumprod",
+    "diffusion_statistic",
+    "model_calls",
+    "noise_prediction",
+]
+
+Statistic = Literal["loss", "pia", "pian", "secmi", "sima"]
+
+STATISTICS: tuple[str, ...] = ("loss", "pia", "pian", "secmi", "sima")
+"""The statistics :func:`diffusion_statistic` computes."""
+
+HIGHER_IS_MEMBER: dict[str, bool] = dict.fromkeys(STATISTICS, False)
+"""Score direction of each statistic: all are distances, lower for members."""
+
+MAX_BATCH_VALUES = 2**20
+"""Default bound on one model call's input: ``max_batch = max(1, ⌊2²⁰ / values per image⌋)``
+images (4 MiB of float32 input; the model's activations are a multiple of it)."""
+
+Model = Callable[..., Any]
+
+
+def alphas_cumprod(scheduler: Any) -> torch.Tensor:
+    """ᾱ_0 … ᾱ_{T−1} of a scheduler, as a float64 CPU tensor (the scheduler is only read).
+
+    Args:
+        scheduler: a diffusers scheduler (``DDPMScheduler``, ``DDIMScheduler``, …: anything with
+            ``alphas_cumprod``), or the 1-D tensor / array of ᾱ_t itself.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import alphas_cumprod
+        >>> betas = torch.linspace(1e-4, 0.02, 1000)
+        >>> abar = alphas_cumprod(torch.cumprod(1 - betas, dim=0))
+        >>> abar.shape, abar.dtype
+        (torch.Size([1000]), torch.float64)
+    """
+    values: Any = scheduler
+    if not isinstance(scheduler, torch.Tensor | np.ndarray | list | tuple):
+        values = getattr(scheduler, "alphas_cumprod", None)
+        if values is None:
+            raise ValueError(
+                "scheduler must be a diffusers scheduler with alphas_cumprod (pip install "
+                "'privmon[diffusion]') or a 1-D tensor of the cumulative alphas ᾱ_t, got "
+                f"{type(scheduler).__name__}"
+            )
+    return check_alphas_cumprod(values, name="scheduler")
+
+
+def model_calls(statistic: Statistic, timesteps: int | Sequence[int], *, interval: int = 10) -> int:
+    """ε_θ evaluations per image for a statistic at the given timesteps (m of them): ``loss``
+    and ``sima`` m, ``pia`` / ``pian`` 1 + m, ``secmi`` max(t)/k + 2 (the inversion is shared by
+    the timesteps). :func:`diffusion_statistic` batches them into as few model calls as
+    ``max_batch`` allows.
+
+    Examples:
+        >>> from privmon.attacks import model_calls
+        >>> model_calls("pia", [20, 40, 60]), model_calls("secmi", 100, interval=10)
+        (4, 12)
+    """
+    check_choice(statistic, STATISTICS, name="statistic")
+    ts = (timesteps,) if isinstance(timesteps, int) else tuple(timesteps)
+    if statistic == "secmi":
+        return max(ts) // check_int(interval, name="interval", minimum=1) + 2
+    return len(ts) + (statistic in ("pia", "pian"))
+
+
+def noise_prediction(
+    model: Model,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    *,
+    conditioning: Mapping[str, Any] | None = None,
+) -> torch.Tensor:
+    """ε_θ(x_t, t): ``model(x_t, t, **conditioning)``, its ``.sample`` (a diffusers UNet), its
+    ``["sample"]``, the first element of a tuple, or the tensor it returned; checked to have
+    ``x_t``'s shape. ``x_t`` is cast to the model's parameter dtype; the result has ``x_t``'s.
+
+    Args:
+        model: a diffusers ``UNet2DModel`` / ``UNet2DConditionModel`` or any module or callable
+            ``(x_t, t, **conditioning) -> ε̂``.
+        x_t: noisy images (n, ...).
+        t: timesteps, a LongTensor of shape (n,).
+        conditioning: keyword arguments for the model (e.g. ``encoder_hidden_states``).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import noise_prediction
+        >>> def model(x, t):  # any callable (x_t, t) -> ε̂
+        ...     return 0.5 * x + t.view(-1, 1, 1, 1)
+        >>> noise_prediction(model, torch.ones(2, 1, 2, 2), torch.tensor([0, 1]))[:, 0, 0, 0]
+        tensor([0.5000, 1.5000])
+    """
+    param = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    x_in = x_t.to(param.dtype) if param is not None and param.is_floating_point() else x_t
+    out = model(x_in, t, **(conditioning or {}))
+    if isinstance(getattr(out, "sample", None), torch.Tensor):
+        out = out.sample
+    elif isinstance(out, Mapping) and isinstance(out.get("sample"), torch.Tensor):
+        out = out["sample"]
+    elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        out = out[0]
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x_t.shape):
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"model returned {got} for x_t of shape {tuple(x_t.shape)}; expected the predicted "
+            "noise ε̂, shaped like x_t (a model that also predicts a variance: pass "
+            "model=lambda x, t: unet(x, t).sample[:, :C])"
+        )
+    return out.to(x_t.dtype)
+
+
+def _check_conditioning(conditioning: Any, n: int, *, where: str) -> None:
+    """Every tensor in ``conditioning`` (nested mappings too) has one row per image."""
+    if not isinstance(conditioning, Mapping):
+        raise ValueError(
+            f"{where} must be a mapping of keyword arguments, got {conditioning!r:.60}"
+        )
+    for key, value in conditioning.items():
+        name = f"{where}[{key!r}]"
+        if isinstance(value, Mapping):
+            _check_conditioning(value, n, where=name)
+        elif isinstance(value, torch.Tensor) and (value.ndim == 0 or value.shape[0] != n):
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)} for {n} images; expected one row per "
+                "image (shape (n, ...))"
+            )
+
+
+def _rows_of(conditioning: Mapping[str, Any], records: torch.Tensor) -> dict[str, Any]:
+    """The conditioning of the given records (tensors indexed along dim 0, recursively)."""
+    out: dict[str, Any] = {}
+    for key, value in conditioning.items():
+        if isinstance(value, Mapping):
+            out[key] = _rows_of(value, records)
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.index_select(0, records.to(value.device))
+        else:
+            out[key] = value
+    return out
+
+
+class _Rows:
+    """ε_θ over rows r = j·n + i (timestep j, image i), at most ``max_batch`` rows per call;
+    ``reduce(rows, eps)`` turns each call's ε̂ into what is kept (per-row scores, or ε̂)."""
+
+    def __init__(self, model: Model, n: int, conditioning: Mapping[str, Any], max_batch: int):
+        self.model, self.n, self.conditioning, self.max_batch = model, n, conditioning, max_batch
+
+    def map(
+        self,
+        count: int,
+        build: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        device: torch.device,
+    ) -> torch.Tensor:
+        out = []
+        for start in range(0, count, self.max_batch):
+            rows = torch.arange(start, min(count, start + self.max_batch), device=device)
+            x_t, t = build(rows)
+            cond = _rows_of(self.conditioning, rows % self.n)
+            out.append(reduce(rows, noise_prediction(self.model, x_t, t, conditioning=cond)))
+        return torch.cat(out)
+
+
+def _at(x: torch.Tensor, s: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The rows of ``x`` (one per image), all at timestep ``s``."""
+    t = torch.full((x.shape[0],), s, dtype=torch.long, device=x.device)
+    return lambda r: (x[r], t[r])
+
+
+def _keep(rows: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    return eps
+
+
+def _power_sum(x: torch.Tensor, p: float) -> torch.Tensor:
+    return (x.abs() ** p).flatten(1).sum(dim=1)
+
+
+def diffusion_statistic(
+    model: Model,
+    images: torch.Tensor,
+    alphas_cumprod: Any,
+    *,
+    statistic: Statistic,
+    timesteps: int | Sequence[int],
+    interval: int = 10,
+    p: float = 4.0,
+    noise: torch.Tensor | None = None,
+    conditioning: Mapping[str, Any] | None = None,
+    max_batch: int | None = None,
+) -> torch.Tensor:
+    """One membership statistic per image and timestep, shape (n, m), lower for members.
+
+    Computed without gradients on ``images``' device, in float32 (float64 images: float64);
+    the model's own mode and state are left as they are (the monitor sets eval mode).
+
+    Args:
+        model: the noise predictor (see :func:`noise_prediction`).
+        images: x_0 as the model was trained on them (or latents), shape (n, ...), n ≥ 1.
+        alphas_cumprod: ᾱ_0 … ᾱ_{T−1} (:func:`alphas_cumprod` reads a scheduler's).
+        statistic: one of :data:`STATISTICS` (formulas in the module docstring).
+        timesteps: t_1 … t_m, each in [0, T − 1] (SecMI: multiples of ``interval`` with
+            t + interval ≤ T − 1); column j is t_j.
+        interval: SecMI's DDIM stride k.
+        p: PIA / PIAN's exponent (SimA's is 4).
+        noise: ``loss`` only (required there): ε of shape (n, m, ...), ``noise[:, j]`` for t_j.
+        conditioning: keyword arguments for the model; each tensor in it has one row per image.
+        max_batch: images per model call (default ⌊:data:`MAX_BATCH_VALUES` / values per
+            image⌋, at least 1).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks import diffusion_statistic
+        >>> abar = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000), dim=0)
+        >>> def model(x, t):  # predicts noise as a fixed linear map of x_t
+        ...     return 0.1 * x
+        >>> x0 = torch.randn(4, 1, 8, 8)
+        >>> diffusion_statistic(model, x0, abar, statistic="pia", timesteps=[10, 50]).shape
+        torch.Size([4, 2])
+    """
+    statistic = check_choice(statistic, STATISTICS, name="statistic")
+    abar = check_alphas_cumprod(alphas_cumprod, name="alphas_cumprod")
+    interval = check_int(interval, name="interval", minimum=1)
+    ts = check_timesteps(
+        timesteps,
+        name="timesteps",
+        steps=len(abar),
+        interval=interval if statistic == "secmi" else None,
+    )
+    p = check_positive(p, name="p")
+    if not isinstance(images, torch.Tensor) or not images.is_floating_point() or images.ndim < 2:
+        got = (
+            f"{images.dtype} of shape {tuple(images.shape)}"
+            if isinstance(images, torch.Tensor)
+            else type(images).__name__
+        )
+        raise ValueError(f"images must be a float tensor of shape (n, ...) with n ≥ 1, got {got}")
+    n, m, shape = images.shape[0], len(ts), tuple(images.shape[1:])
+    if n == 0:
+        raise ValueError("images is empty: shape (0, ...)")
+    cond = {} if conditioning is None else conditioning
+    _check_conditioning(cond, n, where="conditioning")
+    if max_batch is None:
+        max_batch = max(1, MAX_BATCH_VALUES // max(1, math.prod(shape)))
+    rows = _Rows(model, n, cond, check_int(max_batch, name="max_batch", minimum=1))
+    dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
+    device = images.device
+    x0 = images.detach().to(dtype)
+    a = abar.to(device, dtype)
+    t_of = torch.tensor(ts, device=device)
+    view = (-1,) + (1,) * len(shape)
+
+    def noised(rows_: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = t_of[rows_ // n]
+        a_t = a[t].view(view)
+        return a_t.sqrt() * x0[rows_ % n] + (1 - a_t).sqrt() * eps, t
+
+    with torch.no_grad():
+        if statistic == "loss":
+            if noise is None or tuple(noise.shape) != (n, m, *shape):
+                got = "None" if noise is None else f"shape {tuple(getattr(noise, 'shape', ()))}"
+                raise ValueError(
+                    f"statistic 'loss' needs noise= of shape {(n, m, *shape)} (images, "
+                    f"timesteps, ...), got {got}"
+                )
+            eps = noise.detach().to(device, dtype)
+
+            def loss_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return noised(r, eps[r % n, r // n])
+
+            scores = rows.map(
+                n * m, loss_rows, lambda r, out: _power_sum(eps[r % n, r // n] - out, 2), device
+            )
+        elif statistic == "sima":
+            scores = rows.map(
+                n * m,
+                lambda r: (x0[r % n], t_of[r // n]),
+                lambda r, out: _power_sum(out, 4),
+                device,
+            )
+        elif statistic in ("pia", "pian"):
+            hat = rows.map(n, _at(x0, 0), _keep, device)
+            if statistic == "pian":
+                hat = hat / hat.abs().flatten(1).mean(dim=1).view(view) * math.sqrt(2 / math.pi)
+
+            def pia_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return noised(r, hat[r % n])
+
+            scores = rows.map(
+                n * m, pia_rows, lambda r, out: _power_sum(hat[r % n] - out, p), device
+            )
+        else:
+            return _secmi(rows, x0, abar, ts, interval, device)
+    return scores.view(m, n).T
+
+
+def _secmi(
+    rows: _Rows,
+    x0: torch.Tensor,
+    abar: torch.Tensor,
+    ts: tuple[int, ...],
+    k: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """SecMI at every t of ``ts`` along one inversion path: ε_θ(x_s, s) at s = 0, k, …,
+    max(t) + k serves both the inversion step s → s + k and the step back s → s − k, which
+    scores t = s − k against the path's x̃_{s−k}."""
+    n = x0.shape[0]
+
+    def pos(s: int) -> float:
+        return math.sqrt(1 / float(abar[s]) - 1)
+
+    def ddim(x: torch.Tensor, eps: torch.Tensor, s: int, target: int) -> torch.Tensor:
+        # back(ε · (p(target) − p(s)) + y(x, s), target), y(x, s) = x / √ᾱ_s
+        y = x / math.sqrt(float(abar[s]))
+        return (eps * (pos(target) - pos(s)) + y) * math.sqrt(float(abar[target]))
+
+    found: dict[int, torch.Tensor] = {}
+    wanted = set(ts)
+    x, previous = x0, x0
+    for s in range(0, max(ts) + k + 1, k):
+        eps = rows.map(n, _at(x, s), _keep, device)
+        if s - k in wanted:
+            found[s - k] = _power_sum(previous - ddim(x, eps, s, s - k), 2)
+        if s <= max(ts):
+            x, previous = ddim(x, eps, s, s + k), x
+    return torch.stack([found[t] for t in ts], dim=1)

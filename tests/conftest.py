@@ -68,7 +68,6 @@ def tiny_gpt2(tokenizer):
     return transformers.GPT2LMHeadModel(config)
 
 
-
 def tiny_unet(*, conditional: bool = False, **config):
     """A random-weight diffusers UNet on 1×8×8 images, channels 8/16 (built in milliseconds):
     a ``UNet2DModel``, or with ``conditional`` a ``UNet2DConditionModel`` cross-attending to

@@ -243,7 +243,6 @@ def test_dp_audit_unplanned_steinke_bound_falls_over_the_run():
     assert planned[2] >= planned[0], planned
 
 
-
 def test_diffusion_example(tmp_path):
     pytest.importorskip("diffusers")
     out = run_example(

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import byte_bpe_tokenizer, tiny_gpt2
+from conftest import byte_bpe_tokenizer, tiny_gpt2, tiny_unet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -195,6 +195,40 @@ def mlflow_run(ns, mp):
     assert monitor.check(1) is not None
     monitor.close()
     assert Path("runs/exp1/checks.jsonl").read_text(encoding="utf-8").count("\n") == 1
+
+
+@setup
+def wandb_run(ns, mp):
+    """training-loop.md: a query and audit sets; W&B offline in the working directory (no
+    server, no key)."""
+    pytest.importorskip("wandb")
+    from privmon.queries import LossQuery
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(Path.cwd()),
+                        "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():  # fmt: skip
+        mp.setenv(name, value)
+    mp.delenv("WANDB_API_KEY", raising=False)
+    x, y = digits(200)
+    ns.update(query=LossQuery(mlp()), members=[(x[:100], y[:100])], heldout=[(x[100:], y[100:])])
+    yield
+    assert list(Path("wandb").glob("offline-run-*/run-*.wandb"))
+
+
+@setup
+def diffusion_loop(ns, mp):
+    """diffusion.md: a tiny random-weight UNet and its DDPM scheduler, 8×8 member and held-out
+    images, one training batch (step 0 is a check)."""
+    diffusers = pytest.importorskip("diffusers")
+    images = torch.randn(48, 1, 8, 8)
+    ns.update(
+        unet=tiny_unet(),
+        noise_scheduler=diffusers.DDPMScheduler(num_train_timesteps=1000),
+        member_batches=[images[:16]],
+        heldout_batches=[images[16:]],
+        train_dataloader=[images[:16]],
+    )
+    yield
+    checked(ns["monitor"], checks=1)
 
 
 @setup

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -121,34 +122,47 @@ def test_a_monitor_in_another_runs_folder_warns_and_a_resumed_run_does_not(two_r
     assert [r.run_id for r in runs_in(folder / "checks.jsonl")] == [dp.run_id]
     members, nonmembers = _data()
     model = nn.Linear(64, 10)
-    for writer, sinks, where in (
-        (str(folder), [], "writer"),  # TensorBoard event files, from a path
-        (SummaryWriter(str(folder)), [], "writer"),  # from a SummaryWriter
-        (None, [JsonlSink(folder / "checks.jsonl")], "JsonlSink"),
-    ):
-        with pytest.warns(UserWarning, match="already holds another run") as record:
+    cases = (
+        (lambda at: str(at), lambda at: [], "writer"),  # TensorBoard event files, from a path
+        (lambda at: SummaryWriter(str(at)), lambda at: [], "writer"),  # from a SummaryWriter
+        (lambda at: None, lambda at: [JsonlSink(at / "checks.jsonl")], "JsonlSink"),
+    )
+    for i, (writer_at, sinks_at, where) in enumerate(cases):
+        at = shutil.copytree(folder, tmp_path / f"case{i}")  # the run's files, written again
+        writer = writer_at(at)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
             fresh = PrivacyMonitor(
-                LossQuery(model), [members], [nonmembers], writer=writer, sinks=sinks
+                LossQuery(model), [members], [nonmembers], writer=writer, sinks=sinks_at(at)
             )
+        assert _other_run_warnings(record) == []  # said before the first write, not before
+        with pytest.warns(UserWarning, match="already holds another run") as record:
+            fresh.check(1)
         (message,) = _other_run_warnings(record)
         assert message.startswith(f"privmon: the {where} path")
         assert f"{dp.run_id} (steps {EVERY}–{STEPS}, {STEPS // EVERY} " in message
         assert "version_dir" in message and f"run_id={dp.run_id!r}" in message
         assert fresh.run_id in message
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            fresh.check(2)
+        assert _other_run_warnings(record) == []  # once
         fresh.close()
         if writer is not None and not isinstance(writer, str):
             writer.close()
-    # the same run resumed (its id given): no warning, and it loads its state
+    # the same run resumed (its id given): no warning at its checks, and it keeps its id
+    at = shutil.copytree(folder, tmp_path / "resumed")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         resumed = PrivacyMonitor(
             LossQuery(model),
             [members],
             [nonmembers],
-            writer=str(folder),
-            sinks=[JsonlSink(folder / "checks.jsonl")],
+            writer=str(at),
+            sinks=[JsonlSink(at / "checks.jsonl")],
             run_id=dp.run_id,
         )
+        resumed.check(STEPS + EVERY)
     assert _other_run_warnings(record) == []
     assert resumed.run_id == dp.run_id
     resumed.close()
@@ -303,3 +317,36 @@ def test_legends_sit_outside_the_data(two_runs):
                 assert not box.overlaps(ax.get_window_extent()), fig
             # whole, inside the picture
             assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0, fig
+
+
+def test_a_run_resumed_through_load_state_dict_is_not_warned_about(tmp_path):
+    """The documented resume: a fresh monitor in the run's folder loads the run's state before
+    its first check; the folder then holds only this run (its id came with the state)."""
+    members, nonmembers = _data()
+    model = nn.Linear(64, 10)
+
+    def monitor() -> PrivacyMonitor:
+        return PrivacyMonitor(
+            LossQuery(model),
+            [members],
+            [nonmembers],
+            writer=str(tmp_path),
+            sinks=[JsonlSink(tmp_path / "checks.jsonl")],
+        )
+
+    first = monitor()
+    first.check(1)
+    state = first.state_dict()
+    first.close()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        resumed = monitor()
+        resumed.load_state_dict(state)
+        resumed.check(2)
+    assert _other_run_warnings(record) == []
+    assert resumed.run_id == first.run_id
+    resumed.close()
+    with pytest.warns(UserWarning, match="already holds another run"):  # not resumed: said
+        other = monitor()
+        other.check(3)
+    other.close()

@@ -15,6 +15,7 @@ from torch import nn
 from privmon._validation import check_audit_set, check_has_methods, check_int
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.queries import CallableQuery
 from privmon.report import tags
 from privmon.report.runs import LATEST, runs_in
@@ -22,6 +23,7 @@ from privmon.sinks.base import Sink
 from privmon.sinks.jsonl import JsonlSink
 
 __all__ = [
+    "OtherRuns",
     "as_modules",
     "as_queries",
     "as_sinks",
@@ -31,7 +33,6 @@ __all__ = [
     "check_epsilon_readable",
     "check_run_id",
     "optional_count",
-    "warn_of_other_runs",
 ]
 
 logger = logging.getLogger("privmon")
@@ -206,23 +207,35 @@ def _places(writer: Any, sinks: Sequence[Sink]) -> list[tuple[str, str]]:
     return places
 
 
-def warn_of_other_runs(writer: Any, sinks: Sequence[Sink], run_id: str) -> None:
-    """Warn (a UserWarning, and the log) when the writer's folder or a JsonlSink's file already
-    holds a run other than ``run_id``: its checks and this run's would mix (TensorBoard draws
-    both on one line; ``privmon report`` reads one run at a time). A run resumed under its own
-    id (``run_id=``) is not warned about. Reading what is there never fails the monitor."""
-    for what, path in _places(writer, sinks):
+class OtherRuns:
+    """Warns once, before the monitor's first write (a UserWarning, and the log), when the
+    writer's folder or a JsonlSink's file already holds a run other than this one: its checks
+    and this run's would mix (TensorBoard draws both on one line; ``privmon report`` reads one
+    run at a time). Read then, not at construction, so a run resumed under its own id
+    (``run_id=`` or ``load_state_dict``) is not warned about. Reading never fails the monitor."""
+
+    def __init__(self, writer: Any, sinks: Sequence[Sink]) -> None:
+        self._places = _places(writer, sinks)
+
+    def say_once(self, run_id: str) -> None:
+        """Read the places (the first call only) and warn of each other run found there."""
+        places, self._places = self._places, []
+        for what, path in places:
+            self._say(what, path, run_id)
+
+    @staticmethod
+    def _say(what: str, path: str, run_id: str) -> None:
         try:
             others = [info for info in runs_in(path) if info.run_id != run_id]
         except ValueError as err:  # files privmon report cannot read back
             others, unreadable = [], str(err)
         except Exception:
             logger.debug("privmon: could not read the runs in %s", path, exc_info=True)
-            continue
+            return
         else:
             unreadable = ""
         if not others and not unreadable:
-            continue
+            return
         held = "; ".join(str(info) for info in others) if others else "files it cannot read"
         last = others[-1].run_id if others else ""
         message = (
@@ -238,4 +251,4 @@ def warn_of_other_runs(writer: Any, sinks: Sequence[Sink], run_id: str) -> None:
             )
         )
         logger.warning(message)
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel_to_user())

@@ -14,11 +14,9 @@ bound that cannot reach its threshold, and once when a run outlives its planned 
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -28,6 +26,7 @@ from torch.utils.data import DataLoader
 from privmon._process_group import rank_and_world
 from privmon._validation import check_int, check_open_unit
 from privmon.callbacks.traps import Traps, finite_rows
+from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.methods import applicable_methods
 from privmon.estimators.spending import OVERFLOW_SHARE, check_delta
@@ -37,20 +36,6 @@ from privmon.report import tags
 __all__ = ["CertificationBudget", "detectable", "expected_records"]
 
 logger = logging.getLogger("privmon")
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _stacklevel_to_user() -> int:
-    """The ``stacklevel`` of the first frame outside privmon, counted from this function's
-    caller (1): the user's call, whether it came through ``step()`` or ``check()``."""
-    frame = inspect.currentframe()
-    frame = frame.f_back if frame is not None else None
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 @functools.lru_cache(maxsize=256)
@@ -330,7 +315,7 @@ class CertificationBudget:
             "check's, and every later check at less still: its lower bounds are looser and "
             "early stopping fires later. Give planned_checks the run's number of checks, or "
             "call monitor.plan(total_steps=...) before training",
-            stacklevel=_stacklevel_to_user(),
+            stacklevel=stacklevel_to_user(),
         )
 
     def _warn_if_out_of_reach(

@@ -86,7 +86,8 @@ class PrivacyMonitor:
         top_k: how many most-exposed member indices to report per query.
         strict: re-raise exceptions from a check (on every rank) instead of logging them.
         run_id: the run's id (:attr:`run_id`); None: a fresh one. A monitor whose writer folder
-            or JsonlSink file holds another run warns, unless it resumes that run under its id.
+            or JsonlSink file holds another run warns before its first write, unless it resumes
+            that run under its id (``run_id=`` or :meth:`load_state_dict`).
 
     Examples:
         >>> import torch
@@ -149,8 +150,7 @@ class PrivacyMonitor:
         # one id per run, on every line and event it writes; a resumed run keeps its id
         self.run_id = uuid.uuid4().hex if run_id is None else run_id
         self.sinks: list[Sink] = arguments.as_sinks(sinks, writer)
-        if rank_and_world()[0] == 0:  # the rank that writes says what its folders hold
-            arguments.warn_of_other_runs(writer, self.sinks, self.run_id)
+        self._other_runs = arguments.OtherRuns(writer, self.sinks)  # said at the first write
         self.accountant = accountant
         self._audits = CanaryAudits(canaries)
         self.canaries = canaries if self._audits else None
@@ -314,6 +314,7 @@ class PrivacyMonitor:
         )
         with agreed_stage("writing the report or early stopping", flags=[False]) as stop:
             if rank_and_world()[0] == 0:  # every rank holds the same report; one writes it
+                self._other_runs.say_once(self.run_id)
                 for sink in self.sinks:
                     self._call_or_log(sink.write, report, what=f"sink {sink!r}", step=global_step)
             stop[0] = self._decide(report)

@@ -13,6 +13,7 @@ the floor.
 1000, AdamW 1e-3, batches of 64) trained ``--steps`` steps on 200 digit images, then scored on
 the 200 members and 800 held-out images: AUC, TPR at 1 % FPR and the optimal advantage
 (histogram, debiased value and certified lower bound at δ = 0.05) per statistic and timestep;
+the size PIAN normalises away, mean|ε_θ(x_0, 0)| (lower for members), as a statistic of its own;
 DOMIAS (KDE on 10 PCA axes of a 400-image reference set) on ``--samples`` DDIM samples (50
 steps) of the same model. Goals: every statistic's AUC > 0.5 (members more member-like); PIA's
 advantage ≥ the loss's at the same timestep.
@@ -179,6 +180,12 @@ def section_attacks(steps: int, samples: int, seed: int) -> None:
         a, b = query(members), query(nonmembers)
         for j, t in enumerate(timesteps):
             print(attack_row(f"{statistic} @ t = {t}", a[:, j], b[:, j], query.higher_is_member))
+    with torch.no_grad():  # PIAN's normaliser: the size of ε̂ = ε_θ(x_0, 0) that PIAN divides out
+        size_m, size_h = (
+            model(x, torch.zeros(len(x), dtype=torch.long)).sample.abs().flatten(1).mean(1)
+            for x in (members, nonmembers)
+        )
+    print(attack_row("mean\\|ε̂\\| (PIAN's normaliser)", size_m, size_h, False))
 
     sampler = DDIMScheduler.from_config(scheduler.config)
 

@@ -8,8 +8,8 @@ prediction (the loss at t = 100, PIA at t = 100 and SecMI at t = 100, stride 10)
 DOMIAS on images the model generates (DDIM, `--sample-steps` steps). Training stops once the
 certified lower bound on PIA's advantage exceeds `--budget`. Figures go to TensorBoard.
 
-    python examples/diffusion.py --logdir runs/diffusion      # about 2 minutes on a laptop CPU
-    tensorboard --logdir runs/diffusion
+    python examples/diffusion.py                  # about 2 minutes on a laptop CPU
+    tensorboard --logdir runs/diffusion           # each run in its own runs/diffusion/version_N
 """
 
 import argparse
@@ -29,7 +29,7 @@ except ImportError as err:
 import privmon
 from privmon.demo import digits_splits
 from privmon.queries import DiffusionQuery, GeneratorQuery
-from privmon.report import tags
+from privmon.report import tags, version_dir
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=2000, help="training steps (batches of 64)")
@@ -37,7 +37,9 @@ parser.add_argument("--every", type=int, default=250, help="steps between privac
 parser.add_argument("--budget", type=float, default=0.5, help="certified advantage to stop at")
 parser.add_argument("--samples", type=int, default=500, help="generated images per check")
 parser.add_argument("--sample-steps", type=int, default=20, help="DDIM steps per sample")
-parser.add_argument("--logdir", default="runs/diffusion", help="TensorBoard log directory")
+parser.add_argument(
+    "--logdir", help="log directory (default: a fresh runs/diffusion/version_N per run)"
+)
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 torch.set_num_threads(1)  # a small UNet on 8x8 images: one thread is fastest on a small CPU
@@ -91,7 +93,7 @@ monitor = privmon.PrivacyMonitor(
     every_n_steps=args.every,
     methods=("histogram",),
     planned_checks=args.steps // args.every,
-    writer=args.logdir,
+    writer=args.logdir or version_dir("runs/diffusion"),  # TensorBoard event files
     early_stopping=early_stopping,
 )
 logging.getLogger("privmon").setLevel(logging.ERROR)  # the table below says what matters

@@ -164,7 +164,23 @@ def write_comparison_page(
 ) -> str:
     """Write the comparison page of ``runs`` (read from ``logdirs``) to ``out`` (default:
     :data:`COMPARISON_NAME` in the folder that holds every log directory), atomically; returns
-    the path written."""
+    the path written. :func:`write_comparison` reads the runs itself; this serves a caller that
+    holds them already (``privmon report --compare`` prints their verdicts too).
+
+    Examples:
+        >>> import os, tempfile
+        >>> from privmon.report import Report, read_runs
+        >>> from privmon.report.compare import write_comparison_page
+        >>> from privmon.sinks import JsonlSink
+        >>> with tempfile.TemporaryDirectory() as logdir:
+        ...     sink = JsonlSink(os.path.join(logdir, "checks.jsonl"))
+        ...     for run in ("dp", "no-dp"):
+        ...         sink.write(Report(step=100, scalars={}, run_id=run))
+        ...     sink.close()
+        ...     runs = read_runs(logdir)
+        ...     len(runs), os.path.basename(write_comparison_page(runs, logdir, None, None))
+        (2, 'privacy_comparison.html')
+    """
     given = [logdirs] if isinstance(logdirs, str | os.PathLike) else list(logdirs)
     paths = [os.fspath(p) for p in given]
     folders = [os.path.dirname(os.path.abspath(p)) if os.path.isfile(p) else p for p in paths]

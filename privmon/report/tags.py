@@ -240,17 +240,35 @@ def membership_pr(query: str) -> str:
 
 def most_exposed(query: str) -> str:
     """The table of ``query``'s most exposed member records at a check (their indices, risks
-    and how often each was among the most exposed): a TensorBoard text summary, a W&B table."""
+    and how often each was among the most exposed): a TensorBoard text summary, a W&B table.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.most_exposed("loss")
+        'privacy/loss/most_exposed'
+    """
     return f"privacy/{query}/most_exposed"
 
 
 def most_exposed_event(query: str) -> str:
-    """What TensorBoard stores :func:`most_exposed` under in the event files."""
+    """What TensorBoard stores :func:`most_exposed` under in the event files.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.most_exposed_event("loss")
+        'privacy/loss/most_exposed/text_summary'
+    """
     return most_exposed(query) + "/text_summary"
 
 
 def roc(query: str) -> str:
-    """The W&B line chart of the ROC of ``query``'s membership posterior at a check."""
+    """The W&B line chart of the ROC of ``query``'s membership posterior at a check.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.roc("loss")
+        'privacy/loss/roc'
+    """
     return f"privacy/{query}/roc"
 
 
@@ -295,20 +313,38 @@ def canary_epsilon(method: str, source: str | None = None) -> str:
 
 def canary_count(source: str | None = None) -> str:
     """How many canaries the one-run audit scored (of the canaries named ``source`` when the
-    monitor has several: :data:`CANARY_COUNT` without)."""
+    monitor has several: :data:`CANARY_COUNT` without).
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.canary_count("records")
+        'privacy/canaries/records/n_canaries'
+    """
     return CANARY_COUNT if source is None else f"privacy/canaries/{source}/n_canaries"
 
 
 def dp_check_fired(check: str) -> str:
     """1.0 when the DP mechanism check ``check`` (e.g. ``clipping``) fired at the check: one
     of its deterministic tests failed, or a statistical one's p-value fell below the check's
-    per-figure δ; else 0.0."""
+    per-figure δ; else 0.0.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.dp_check_fired("clipping")
+        'privacy/dp_checks/clipping/fired'
+    """
     return f"{_DP_CHECKS}{check}/fired"
 
 
 def dp_check_p_value(check: str, test: str) -> str:
     """The p-value of the statistical test ``test`` of the DP mechanism check ``check`` (e.g.
-    ``sampling``, ``dispersion``): small when the mechanism is not the one accounted."""
+    ``sampling``, ``dispersion``): small when the mechanism is not the one accounted.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.dp_check_p_value("sampling", "dispersion")
+        'privacy/dp_checks/sampling/dispersion/p_value'
+    """
     return f"{_DP_CHECKS}{check}/{test}/p_value"
 
 
@@ -333,7 +369,14 @@ def is_advantage_estimate(tag: str) -> bool:
 
 def is_debiased_estimate(tag: str) -> bool:
     """Whether ``tag`` names a method's debiased advantage estimate (``value``): an estimate,
-    not a bound, that moves with the audit's noise."""
+    not a bound, that moves with the audit's noise.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.is_debiased_estimate(tags.value("loss", "histogram")), tags.is_debiased_estimate(
+        ...     tags.lower("loss", "histogram"))
+        (True, False)
+    """
     return tag.rsplit("/", 1)[-1] == "value"
 
 
@@ -389,7 +432,17 @@ def parse_canary(tag: str) -> str | None:
 
 def parse_dp_check(tag: str) -> tuple[str, str | None] | None:
     """(check, None) of a DP mechanism check's fired flag, (check, test) of one of its p-values,
-    else None."""
+    else None.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.parse_dp_check(tags.dp_check_p_value("noise", "variance"))
+        ('noise', 'variance')
+        >>> tags.parse_dp_check(tags.dp_check_fired("ledger"))
+        ('ledger', None)
+        >>> tags.parse_dp_check(tags.EPSILON) is None
+        True
+    """
     m = _DP_CHECK.match(tag)
     return None if m is None else (m.group(1), m.group(2))
 

@@ -6,7 +6,7 @@ the same weights and canary scores; halved noise fires rank 0's noise test; the 
 every step fires each rank's sampling test.
 
 The ranks run every case in one spawn (starting processes is the slow part); collectives time
-out after 30 s, and the spawn fails the tests when it outlives ``DEADLINE_S``.
+out after 30 s, and test_distributed's spawn fails the tests when the ranks outlive its deadline.
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from __future__ import annotations
 import datetime
 import pickle
 import re
-import socket
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from test_distributed import _spawn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -29,7 +27,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 MEETING_TIMEOUT = datetime.timedelta(seconds=120)
-DEADLINE_S = 240  # generous for 2 loaded cores
 N, BATCH, STEPS = 200, 20, 30  # q = 0.1; each rank's shard holds 100 records
 CASES = ("correct", "noise-half", "full-shard")
 
@@ -102,27 +99,10 @@ def _worker(rank, world, port, tmp):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo-checks")
-    ctx = mp.start_processes(
-        _worker, args=(2, _free_port(), str(tmp)), nprocs=2, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the ranks were still running after {DEADLINE_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    _spawn(_worker, tmp)
     out = []
     for rank in (0, 1):
         with open(tmp / f"rank{rank}.pkl", "rb") as f:

@@ -344,6 +344,17 @@ def test_a_reseeded_noise_generator_fires_the_repeat_test():
     }
 
 
+def test_a_run_accounted_without_noise_repeats_no_noise():
+    """σ = 0, told to the accountant (ε = ∞, which holds): every step's noise is the same zero,
+    which is no repeat of a random draw; the variance test says it did not test."""
+    run = Run()
+    run.optimizer.noise_multiplier = 0.0
+    found = run.attach().train().findings()
+    assert not found["noise/repeat"].fired, found["noise/repeat"].evidence
+    assert found["noise/variance"].evidence == "noise: not tested: no noised step with σ·C > 0 yet"
+    assert fired(run) == {}
+
+
 # -- consistent changes stay silent ------------------------------------------------------------
 @pytest.mark.parametrize("canaries", [0, 1000])
 def test_max_grad_norm_changed_mid_run_stays_silent(canaries):

@@ -24,6 +24,7 @@ from privmon import PrivacyMonitor
 from privmon.cli import main
 from privmon.queries import LossQuery
 from privmon.report import (
+    Report,
     read_checks,
     read_runs,
     render_html,
@@ -350,3 +351,17 @@ def test_a_run_resumed_through_load_state_dict_is_not_warned_about(tmp_path):
         other = monitor()
         other.check(3)
     other.close()
+
+
+def test_one_run_id_in_two_folders_is_two_runs_and_one_file_named_twice_is_one(tmp_path):
+    """A run_id= given to two runs (two folders) leaves two runs to compare; a folder and its
+    own checks.jsonl name one run."""
+    for version, lower in (("version_0", 0.1), ("version_1", 0.2)):
+        sink = JsonlSink(tmp_path / version / "checks.jsonl")
+        sink.write(Report(step=10, scalars={"privacy/loss/histogram/lower": lower}, run_id="dp"))
+        sink.close()
+    runs = read_runs([tmp_path / "version_0", tmp_path / "version_1"])
+    assert [c.run_id for c in runs] == ["dp", "dp"]
+    assert [c.records[0]["scalars"]["privacy/loss/histogram/lower"] for c in runs] == [0.1, 0.2]
+    once = read_runs([tmp_path / "version_0", tmp_path / "version_0" / "checks.jsonl"])
+    assert [c.run_id for c in once] == ["dp"]

@@ -384,7 +384,7 @@ def read_runs(logdirs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     """The checks of every run under each of ``logdirs`` (each read as :func:`read_checks`
     reads it), one :class:`Checks` per run, oldest first within each source: the runs that
     ``privmon report --compare`` puts side by side. A run found twice (two sources naming one
-    file) counts once.
+    file) counts once; one run id written in two places is two runs.
 
     Examples:
         >>> import os, tempfile
@@ -402,12 +402,16 @@ def read_runs(logdirs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     if not given:
         raise ValueError("logdirs must name at least one log directory or JSON-lines file")
     out: list[Checks] = []
-    seen: set[str] = set()
-    for logdir in given:
+    seen: set[tuple[str, str]] = set()  # (where it is written, run id): one id may be in two
+    for logdir in given:  # folders (a run_id= given twice), and both are runs to compare
         _, infos, read = _runs_of(logdir)
+        source = os.fspath(logdir)
+        if os.path.isdir(source) and os.path.isfile(os.path.join(source, JSONL_NAME)):
+            source = os.path.join(source, JSONL_NAME)
         for info in infos:
-            if info.run_id not in seen:
-                seen.add(info.run_id)
+            key = (os.path.realpath(info.where or source), info.run_id)
+            if key not in seen:
+                seen.add(key)
                 out.append(read(info.run_id))
     return out
 

@@ -83,6 +83,7 @@ def legend_outside(fig: Any, *, per_axes: bool = False) -> None:
                 labels.append(label)
     if handles:
         ncols = 2 if len(handles) > 1 and max(map(len, labels)) <= 30 else 1
+        # "outside …" locations (under constrained layout) need matplotlib 3.7: the extras' floor
         fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=7)
 
 

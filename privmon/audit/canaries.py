@@ -26,18 +26,11 @@ from privmon._validation import as_scores, check_int
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_checks import MechanismChecks, check_checks
-from privmon.audit.one_run import check_inclusion
+from privmon.audit.one_run import inclusion_bits
 
 __all__ = ["GradientCanaries", "InputCanaries"]
 
 logger = logging.getLogger("privmon")
-
-
-def _inclusion(n: int, seed: int) -> tuple[np.ndarray, np.random.Generator]:
-    """Which of ``n`` canaries are included (independent fair coins; a draw that leaves a side
-    empty is refused), and the generator that drew them, for what the caller draws next."""
-    rng = np.random.default_rng(seed)
-    return check_inclusion(rng.random(n) < 0.5, seed=seed), rng
 
 
 class GradientCanaries:
@@ -141,7 +134,7 @@ class GradientCanaries:
         if not params:
             raise ValueError("optimizer has no trainable parameters to audit")
         device, dtype = params[0].device, params[0].dtype
-        included, rng = _inclusion(self._n, self._seed)
+        included, rng = inclusion_bits(self._n, seed=self._seed)
         self._included = torch.from_numpy(included).to(device)
         self._generator = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
         self._counts = torch.zeros(self._n, dtype=torch.int64, device=device)
@@ -493,7 +486,7 @@ class InputCanaries:
             _check_query(query)
         self.query = query
         self._seed = check_int(seed, name="seed", minimum=0)
-        self._included, _ = _inclusion(n, self._seed)  # refused when a side would be empty
+        self._included, _ = inclusion_bits(n, seed=self._seed)  # refused when a side would be empty
 
     @property
     def included(self) -> np.ndarray:

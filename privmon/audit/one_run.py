@@ -36,6 +36,7 @@ __all__ = [
     "OneRunAudit",
     "check_inclusion",
     "epsilon_from_guesses",
+    "inclusion_bits",
     "one_run_epsilon",
 ]
 
@@ -109,6 +110,21 @@ class OneRunAudit:
 
     def __float__(self) -> float:
         return self.epsilon
+
+
+def inclusion_bits(n: int, *, seed: int) -> tuple[np.ndarray, np.random.Generator]:
+    """Which of ``n`` canaries are included: independent fair coins drawn from ``seed`` (the
+    same bits for every kind of canary), refused by :func:`check_inclusion` when they cannot be
+    audited; and the generator that drew them, for what the caller draws next.
+
+    Examples:
+        >>> from privmon.audit.one_run import inclusion_bits
+        >>> bits, _ = inclusion_bits(1000, seed=0)
+        >>> bits.shape, 400 < int(bits.sum()) < 600
+        ((1000,), True)
+    """
+    rng = np.random.default_rng(seed)
+    return check_inclusion(rng.random(n) < 0.5, seed=seed), rng
 
 
 def check_inclusion(included: np.ndarray, *, seed: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from privmon._validation import check_int, check_module
-from privmon.audit.one_run import check_inclusion
+from privmon.audit.one_run import inclusion_bits
 
 __all__ = ["RecordCanaries", "RecordCanaryDataset", "RecordCanaryModel"]
 
@@ -243,8 +243,7 @@ class RecordCanaries:
     def __init__(self, n_canaries: int, *, seed: int = 0) -> None:
         self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)
-        draw = np.random.default_rng(self._seed).random(self._n) < 0.5
-        self._included = check_inclusion(draw, seed=self._seed)  # no side empty
+        self._included, _ = inclusion_bits(self._n, seed=self._seed)  # no side empty
         self._wrapper: RecordCanaryModel | None = None
         self._pending: torch.Tensor | None = None  # values loaded before model()
 

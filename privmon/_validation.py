@@ -354,12 +354,15 @@ def check_optional_str(value: Any, *, name: str) -> str | None:
     return value
 
 
-def check_subset(values: Any, valid: tuple[str, ...], *, name: str) -> tuple[str, ...]:
-    """Return ``values`` as a tuple without repeats after checking it is a non-empty subset of
-    ``valid`` (a lone string counts as one value)."""
+def check_subset(
+    values: Any, valid: tuple[str, ...], *, name: str, allow_empty: bool = False
+) -> tuple[str, ...]:
+    """Return ``values`` as a tuple without repeats after checking it is a subset of ``valid``,
+    non-empty unless ``allow_empty`` (a lone string counts as one value)."""
     items = (values,) if isinstance(values, str) else tuple(values)
-    if not items or any(v not in valid for v in items):
-        raise ValueError(f"{name} must be a non-empty subset of {valid}, got {values!r}")
+    if (not items and not allow_empty) or any(v not in valid for v in items):
+        kind = "a subset" if allow_empty else "a non-empty subset"
+        raise ValueError(f"{name} must be {kind} of {valid}, got {values!r}")
     return tuple(dict.fromkeys(items))
 
 

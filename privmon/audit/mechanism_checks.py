@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._validation import check_subset
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
@@ -64,13 +65,8 @@ CANNOT_RUN: dict[str, dict[str, str]] = {
 
 def check_checks(checks: Any) -> tuple[str, ...]:
     """``checks`` as a tuple of :data:`MECHANISM_CHECKS` names without repeats (empty: none)."""
-    items = (checks,) if isinstance(checks, str) else tuple(checks)
-    unknown = [c for c in items if c not in MECHANISM_CHECKS]
-    if unknown:
-        raise ValueError(
-            f"checks must be a subset of {MECHANISM_CHECKS} (empty: none), got {checks!r}"
-        )
-    return tuple(c for c in MECHANISM_CHECKS if c in items)
+    chosen = check_subset(checks, MECHANISM_CHECKS, name="checks", allow_empty=True)
+    return tuple(c for c in MECHANISM_CHECKS if c in chosen)
 
 
 def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:

@@ -123,10 +123,8 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
     for tag in (tags.EPSILON, tags.DP_VIOLATION):
         if tag in scalars:
             out[tag] = scalars[tag]
-    for tag, value in scalars.items():  # a DP mechanism check that fired names itself
-        parsed = tags.parse_dp_check(tag)
-        if parsed is not None and parsed[1] is None and value >= 0.5:
-            out[tag] = value
+    for check in tags.fired_checks(scalars):  # a DP mechanism check that fired names itself
+        out[tags.dp_check_fired(check)] = scalars[tags.dp_check_fired(check)]
     return out
 
 

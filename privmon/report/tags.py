@@ -62,6 +62,7 @@ __all__ = [
     "dp_check_p_value",
     "epsilon_lower_bound",
     "estimate",
+    "fired_checks",
     "is_advantage_estimate",
     "is_debiased_estimate",
     "is_epsilon_lower_bound",
@@ -445,6 +446,24 @@ def parse_dp_check(tag: str) -> tuple[str, str | None] | None:
     """
     m = _DP_CHECK.match(tag)
     return None if m is None else (m.group(1), m.group(2))
+
+
+def fired_checks(scalars: Mapping[str, float]) -> list[str]:
+    """The DP mechanism checks whose fired flag (:func:`dp_check_fired`, 0/1) is set in a
+    check's ``scalars``, in their order.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.fired_checks({tags.dp_check_fired("clipping"): 1.0,
+        ...                    tags.dp_check_fired("noise"): 0.0,
+        ...                    tags.dp_check_p_value("noise", "variance"): 0.3})
+        ['clipping']
+    """
+    return [
+        parsed[0]
+        for tag, value in scalars.items()
+        if (parsed := parse_dp_check(tag)) is not None and parsed[1] is None and value >= 0.5
+    ]
 
 
 def parse_risk(tag: str) -> tuple[str, str, str] | None:

@@ -84,23 +84,16 @@ def mechanism_causes(checks: Checks) -> list[tuple[int, str, str]]:
     out = []
     for r in checks.records:
         s, written = r["scalars"], r.get("dp_causes", [])
-        for tag, fired in s.items():
-            parsed = tags.parse_dp_check(tag)
-            if parsed is None or parsed[1] is not None or not fired >= 0.5:
-                continue
-            check = parsed[0]
+        for check in tags.fired_checks(s):
             causes = [c for c in written if c.startswith(f"{check}: ")]
             if not causes:
                 p_values = [
-                    f"{test} test p = {fmt(p, 3)}"
+                    f"{q[1]} test p = {fmt(p, 3)}"
                     for t, p in s.items()
-                    if (q := tags.parse_dp_check(t)) is not None and q[0] == check
-                    for test in [q[1]]
-                    if test is not None
+                    if (q := tags.parse_dp_check(t)) and q[0] == check and q[1] is not None
                 ]
-                causes = [
-                    f"{check}: the check fired" + (f" ({', '.join(p_values)})" * bool(p_values))
-                ]
+                said = f" ({', '.join(p_values)})" if p_values else ""
+                causes = [f"{check}: the check fired{said}"]
             out += [(r["step"], check, c) for c in causes]
     return out
 
@@ -147,12 +140,7 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
                     if lower > ceiling + 1e-12:
                         out.append((r["step"], f"{q}/{m}", lower, ceiling, eps))
                         found = True
-        fired = any(
-            tags.parse_dp_check(t) is not None and v >= 0.5
-            for t, v in s.items()
-            if t.endswith("/fired")
-        )
-        if r["dp_violation"] and not found and not fired:
+        if r["dp_violation"] and not found and not tags.fired_checks(s):
             out.append((r["step"], "?", math.nan, ceiling, eps))
     return out
 

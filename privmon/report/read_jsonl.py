@@ -74,10 +74,9 @@ def _figure(tag: str, v: Any, field: str) -> float:
     """A figure's value: a number or null, within its range (:func:`~privmon.report.tags.
     valid_range`) when it is one; a value from memory may be NaN or ±inf."""
     x = _number_or_null(v, field)
-    bounds = tags.valid_range(tag)
-    if bounds is not None and not math.isnan(x) and not bounds[0] <= x <= bounds[1]:
-        low, high, what = bounds
-        raise BadLine(f"{field} must be in [{low:g}, {high:g}] ({what}), got {_shown(v)}")
+    wrong = tags.out_of_range(tag, x)
+    if wrong is not None:
+        raise BadLine(f"{field} {wrong}, got {_shown(v)}")
     return x
 
 

@@ -64,13 +64,9 @@ def _before_run_ids(path: str, tag: str) -> ValueError:
 def _figure(path: str, step: int, tag: str, value: float) -> float:
     """``value`` after checking it lies in the figure's range (NaN aside); a ValueError names
     the file, the step and the figure (the verdict must not read it)."""
-    bounds = tags.valid_range(tag)
-    if bounds is not None and not math.isnan(value) and not bounds[0] <= value <= bounds[1]:
-        low, high, what = bounds
-        raise ValueError(
-            f"{path}, step {step}: the figure {tag!r} must be in [{low:g}, {high:g}] ({what}), "
-            f"got {value!r}"
-        )
+    wrong = tags.out_of_range(tag, value)
+    if wrong is not None:
+        raise ValueError(f"{path}, step {step}: the figure {tag!r} {wrong}, got {value!r}")
     return value
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "most_exposed",
     "most_exposed_event",
     "n_dropped",
+    "out_of_range",
     "parse_advantage",
     "parse_canary",
     "parse_dp_check",
@@ -403,6 +404,25 @@ def valid_range(tag: str) -> tuple[float, float, str] | None:
     if parse_dp_check(tag) is not None:
         return 0.0, 1.0, "a p-value or a flag"
     return None
+
+
+def out_of_range(tag: str, value: float) -> str | None:
+    """The range ``value`` should be in, as the figure ``tag`` (:func:`valid_range`), when it is
+    not; None when it is in range, not computed (NaN) or unbounded. The readers add where they
+    read it and the value as written.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.out_of_range("privacy/loss/histogram/lower", 7.0)
+        'must be in [-1, 1] (an advantage)'
+        >>> tags.out_of_range("privacy/loss/histogram/lower", 0.2) is None
+        True
+    """
+    bounds = valid_range(tag)
+    if bounds is None or math.isnan(value) or bounds[0] <= value <= bounds[1]:
+        return None
+    low, high, what = bounds
+    return f"must be in [{low:g}, {high:g}] ({what})"
 
 
 def is_epsilon_lower_bound(tag: str) -> bool:

@@ -26,7 +26,6 @@ from torch.utils.data import DataLoader
 from privmon._process_group import rank_and_world
 from privmon._validation import check_int, check_open_unit
 from privmon.callbacks.traps import Traps, finite_rows
-from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
 from privmon.estimators.methods import applicable_methods
 from privmon.estimators.spending import OVERFLOW_SHARE, check_delta
@@ -190,7 +189,6 @@ class CertificationBudget:
                 "no check due",
                 f"privmon: no check is due in this run: every_n_steps={every_n_steps} is "
                 f"above its {total_steps} steps; lower every_n_steps",
-                stacklevel=3,
             )
             if not self.user_planned and self.spent == 0:
                 self.planned_checks = None  # an earlier plan() no longer describes the run
@@ -205,7 +203,6 @@ class CertificationBudget:
                     else "every check certifies at a smaller share of interval_delta than "
                     "the schedule needs"
                 ),
-                stacklevel=3,
             )
         elif self.spent > 0:
             kept = (
@@ -218,7 +215,6 @@ class CertificationBudget:
                 f"privmon: {schedule}, but {self.spent} check(s) of this run "
                 f"already certified under {kept}, which is kept: spending interval_delta "
                 "another way mid-run would break the run-level guarantee",
-                stacklevel=3,
             )
         else:
             self.planned_checks = planned
@@ -315,7 +311,6 @@ class CertificationBudget:
             "check's, and every later check at less still: its lower bounds are looser and "
             "early stopping fires later. Give planned_checks the run's number of checks, or "
             "call monitor.plan(total_steps=...) before training",
-            stacklevel=stacklevel_to_user(),
         )
 
     def _warn_if_out_of_reach(
@@ -357,5 +352,4 @@ class CertificationBudget:
             f"{n1} members and {n2} non-members and δ = {delta:.3g} per certified figure, not "
             f"even an advantage of 1 gets a certified lower bound above {threshold:g} in half "
             f"the runs. {remedy}",
-            stacklevel=4,
         )

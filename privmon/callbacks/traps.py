@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from privmon.callbacks.user_frame import stacklevel_to_user
+
 __all__ = ["SWAP_Z", "Traps", "audit_overlap", "finite_rows", "swapped_sets_alarm"]
 
 logger = logging.getLogger("privmon")
@@ -69,15 +71,14 @@ class Traps:
         self.identical: str | None = None  # the error every check raises once sets matched
         self.stopping_checked = False  # early stopping's figure, at the first report of queries
 
-    def warn_once(self, key: str, message: str, *, stacklevel: int) -> None:
-        """Warn (``UserWarning``) and log ``message`` unless the trap ``key`` was said;
-        ``stacklevel``: the frames from warn_once's caller up to the user's call (the caller
-        is 1)."""
+    def warn_once(self, key: str, message: str) -> None:
+        """Warn (``UserWarning``, pointing at the user's line) and log ``message`` unless the
+        trap ``key`` was said."""
         if key in self._said:
             return
         self._said.add(key)
         logger.warning(message)
-        warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel_to_user())
 
     def saw_step(self, step: int, *, every_n_steps: int, fresh: bool) -> None:
         """Count a ``step()`` call; the first one of a ``fresh`` monitor (no check run or
@@ -92,7 +93,6 @@ class Traps:
                     "monitor.load_state_dict(saved) before it goes on — a new monitor restarts "
                     "the run's confidence budget (interval_delta), and its certified figures "
                     "then hold for each part of the run, not for the whole run",
-                    stacklevel=3,
                 )
         self.steps_seen += 1
         self.last_step_seen = step
@@ -107,7 +107,6 @@ class Traps:
             f"privmon: step {step} comes before the last checked step {last}: no check until the "
             "steps pass it (was training restarted without monitor.load_state_dict, or the "
             "state loaded from another run?)",
-            stacklevel=3,
         )
 
     def at_close(self, *, checked: bool, every_n_steps: int) -> None:
@@ -124,7 +123,7 @@ class Traps:
                 "or lower every_n_steps"
             )
         message = f"privmon: the run closes with no privacy check: {seen}"
-        self.warn_once("no check", message, stacklevel=3)
+        self.warn_once("no check", message)
 
     def check_refused(self, step: int, *, strict: bool) -> None:
         """A check called while another runs in the process (two threads, or from inside a
@@ -145,7 +144,6 @@ class Traps:
             "Training goes on, but a run whose every check fails measures nothing "
             "(last_report stays None): the traceback is in the 'privmon' log; pass strict=True "
             "to raise the error where it happens",
-            stacklevel=4,
         )
 
     def check_directions(
@@ -175,7 +173,6 @@ class Traps:
                 f"{direction} scores mean member for it. Are members and nonmembers swapped? (A "
                 "held-out set from another distribution, easier than the training records, does "
                 "this too.)",
-                stacklevel=5,
             )
 
     def queries_failed(self, step: int, failures: Mapping[str, str]) -> None:
@@ -187,7 +184,6 @@ class Traps:
             f"privmon: every query failed at step {step} ({why}): "
             "its report holds only the canaries' figures (their DP alarm still holds); the "
             "tracebacks are in the 'privmon' log",
-            stacklevel=5,
         )
 
     def check_stopping_figure(self, stopping: Any, scalars: dict[str, float], *, strict: bool):
@@ -203,7 +199,7 @@ class Traps:
             if strict:
                 raise ValueError(message) from None
             logger.error(message)
-            warnings.warn(message, UserWarning, stacklevel=5)
+            warnings.warn(message, UserWarning, stacklevel=stacklevel_to_user())
 
     def check_overlap(self, digests: tuple[list[bytes], list[bytes]] | None) -> None:
         """At the first check that digested its records: refuse identical sets (every later
@@ -226,5 +222,4 @@ class Traps:
                 f"among the {len(members)} members (matched by content: input and label): the "
                 "audit compares the sets with themselves in part, which biases every figure "
                 "towards no leak. Audit with disjoint sets",
-                stacklevel=7,
             )

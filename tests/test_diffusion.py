@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_unet
@@ -174,6 +175,21 @@ def test_one_timestep_gives_one_score_per_image_and_several_one_column_each(setu
             assert one.shape == (N,)
             torch.testing.assert_close(one, both[:, j], rtol=1e-5, atol=1e-6)
     assert DiffusionQuery(model, scheduler, "sima", timesteps=[20])(images).shape == (N, 1)
+    one = DiffusionQuery(model, scheduler, "sima", timesteps=20)(images)
+    for zero_d in (torch.tensor(20), np.array(20)):  # one timestep, as a 0-d array: (n,)
+        got = DiffusionQuery(model, scheduler, "sima", timesteps=zero_d)(images)
+        torch.testing.assert_close(got, one)
+
+
+def test_a_bound_method_of_a_float64_module_scores_as_the_module_does(setups):
+    """The model given as its forward (a bound method) is fed its own weights' dtype, as the
+    module itself is."""
+    _, abar, images = setups["plain"]
+    plain64 = copy.deepcopy(setups["plain"][0]).double()
+    for statistic in ("loss", "pia"):
+        whole = DiffusionQuery(plain64, abar, statistic, timesteps=50)(images)
+        bound = DiffusionQuery(plain64.forward, abar, statistic, timesteps=50)(images)
+        torch.testing.assert_close(bound, whole, rtol=0, atol=0)
 
 
 def test_the_loss_scores_the_same_draw_at_every_check(setups):

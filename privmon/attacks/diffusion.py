@@ -46,6 +46,7 @@ __all__ = [
     "alphas_cumprod",
     "diffusion_statistic",
     "model_calls",
+    "module_of",
     "noise_prediction",
 ]
 
@@ -109,6 +110,21 @@ def model_calls(statistic: Statistic, timesteps: int | Sequence[int], *, interva
     return len(ts) + (statistic in ("pia", "pian"))
 
 
+def module_of(fn: Any) -> nn.Module | None:
+    """The module a callable runs: itself, or the module a bound method belongs to (None for
+    any other callable).
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks.diffusion import module_of
+        >>> net = torch.nn.Linear(2, 2)
+        >>> module_of(net) is net, module_of(net.forward) is net, module_of(len)
+        (True, True, None)
+    """
+    owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
+    return owner if isinstance(owner, nn.Module) else None
+
+
 def noise_prediction(
     model: Model,
     x_t: torch.Tensor,
@@ -135,7 +151,8 @@ def noise_prediction(
         >>> noise_prediction(model, torch.ones(2, 1, 2, 2), torch.tensor([0, 1]))[:, 0, 0, 0]
         tensor([0.5000, 1.5000])
     """
-    param = next(model.parameters(), None) if isinstance(model, nn.Module) else None
+    owner = module_of(model)  # a module, or a bound method of one: its weights' dtype
+    param = next(owner.parameters(), None) if owner is not None else None
     x_in = x_t.to(param.dtype) if param is not None and param.is_floating_point() else x_t
     out = model(x_in, t, **(conditioning or {}))
     if isinstance(getattr(out, "sample", None), torch.Tensor):

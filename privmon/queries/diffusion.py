@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from privmon._validation import (
     check_callable,
@@ -24,6 +23,7 @@ from privmon.attacks.diffusion import (
     Statistic,
     alphas_cumprod,
     diffusion_statistic,
+    module_of,
 )
 from privmon.queries.base import Query
 from privmon.queries.batches import Batch, Transform, to_device
@@ -32,12 +32,6 @@ __all__ = ["IMAGE_KEYS", "DiffusionQuery"]
 
 IMAGE_KEYS = ("pixel_values", "images")
 """The keys a mapping batch holds its images under (the first present counts)."""
-
-
-def _owner(fn: Any) -> nn.Module | None:
-    """The module a callable runs: itself, or the module a bound method belongs to."""
-    owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
-    return owner if isinstance(owner, nn.Module) else None
 
 
 class DiffusionQuery(Query):
@@ -132,7 +126,10 @@ class DiffusionQuery(Query):
             steps=len(self.alphas_cumprod),
             interval=self.interval if statistic == "secmi" else None,
         )
-        self.columns = not isinstance(timesteps, int | np.integer)
+        # one column per timestep of a sequence; one timestep (an int, a 0-d array) gives (n,)
+        self.columns = not (
+            isinstance(timesteps, int | np.integer) or getattr(timesteps, "ndim", None) == 0
+        )
         self.p = check_positive(p, name="p")
         self.seed = check_int(seed, name="seed")
         self.max_batch = (
@@ -140,9 +137,11 @@ class DiffusionQuery(Query):
         )
         self.higher_is_member = HIGHER_IS_MEMBER[statistic]
         self._generator = torch.Generator().manual_seed(self.seed)
-        modules = [m for m in (_owner(model), _owner(encode)) if m is not None]
-        for m in modules:
-            check_materialized(m, name="model" if m is _owner(model) else "encode")
+        owners = {"model": module_of(model), "encode": module_of(encode)}
+        modules = [m for m in owners.values() if m is not None]
+        for arg, m in owners.items():
+            if m is not None:
+                check_materialized(m, name=arg)
         super().__init__(
             name=statistic if name is None else name, modules=modules, transform=transform
         )

@@ -249,10 +249,24 @@ def test_config_return_dict_false_fails_inside_transformers_and_the_error_says_w
         with pytest.raises(ValueError, match=r"model\.config\.return_dict is False"):
             LanguageModelQuery(model, "loss")({"input_ids": ids})
         model.config.return_dict = True  # the fix the message gives
-        assert LanguageModelQuery(model, "loss")({"input_ids": ids}).shape == (1,)
     else:  # transformers 4: a tuple, read as such
         assert isinstance(out, tuple)
-        assert LanguageModelQuery(model, "loss")({"input_ids": ids}).shape == (1,)
+    expected = LanguageModelQuery(gpt2(0), "loss")({"input_ids": ids})  # the same weights
+    torch.testing.assert_close(LanguageModelQuery(model, "loss")({"input_ids": ids}), expected)
+
+
+def test_another_failure_of_a_return_dict_false_model_is_not_blamed_on_return_dict():
+    """Only transformers' tuple error is explained; any other error of the forward (a bug, out
+    of memory) propagates as it is."""
+
+    class Broken(torch.nn.Module):
+        config = type("Config", (), {"return_dict": False})()
+
+        def forward(self, **inputs):
+            raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        causal_lm_logits(Broken(), torch.tensor([[1, 2, 3]]))
 
 
 # --- the mutants of attacks/language_model.py -----------------------------------------------------

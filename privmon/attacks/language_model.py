@@ -502,7 +502,7 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
             inputs["position_ids"] = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
     try:
         output = model(**inputs)
-    except Exception as e:
+    except AttributeError as e:  # transformers 5 reads an attribute of the tuple it got back
         if getattr(getattr(model, "config", None), "return_dict", None) is False:
             raise ValueError(_RETURN_DICT.format(name=type(model).__name__, error=e)) from e
         raise

@@ -36,7 +36,7 @@ from privmon.report.blocks import GLOSSARY
 from privmon.report.compare import run_summary
 from privmon.report.figures import advantage_figure, risk_figure, roc_figure
 from privmon.report.verdict import certificates
-from privmon.sinks import JsonlSink
+from privmon.sinks import JsonlSink, TensorBoardSink
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEPS, EVERY, DELTA = 100, 25, 1e-5
@@ -127,6 +127,7 @@ def test_a_monitor_in_another_runs_folder_warns_and_a_resumed_run_does_not(two_r
         (lambda at: str(at), lambda at: [], "writer"),  # TensorBoard event files, from a path
         (lambda at: SummaryWriter(str(at)), lambda at: [], "writer"),  # from a SummaryWriter
         (lambda at: None, lambda at: [JsonlSink(at / "checks.jsonl")], "JsonlSink"),
+        (lambda at: None, lambda at: [TensorBoardSink(str(at))], "writer"),  # given as a sink
     )
     for i, (writer_at, sinks_at, where) in enumerate(cases):
         at = shutil.copytree(folder, tmp_path / f"case{i}")  # the run's files, written again

@@ -5,7 +5,6 @@ against the prior, and the folders it writes to (another run there is said)."""
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any, cast
@@ -195,27 +194,29 @@ def check_run_id(value: Any) -> str:
     return value
 
 
-def _places(writer: Any, sinks: Sequence[Sink]) -> list[tuple[str, str]]:
-    """(what, path) of each place the monitor writes that a run can be read back from: the
-    writer's folder (a path, or a SummaryWriter's ``get_logdir()``) and each JsonlSink's file."""
-    places = []
-    if isinstance(writer, str | os.PathLike):
-        places.append(("writer", os.fspath(writer)))
-    elif callable(getattr(writer, "get_logdir", None)):
-        places.append(("writer", str(writer.get_logdir())))
+def _places(sinks: Sequence[Sink]) -> list[tuple[str, str]]:
+    """(what, path) of each place the monitor's sinks write that a run can be read back from:
+    each TensorBoardSink's folder (the monitor's ``writer`` included) and JsonlSink's file."""
+    from privmon.sinks.tensorboard import TensorBoardSink
+
+    places = [
+        ("writer", sink.logdir)
+        for sink in sinks
+        if isinstance(sink, TensorBoardSink) and sink.logdir is not None
+    ]
     places += [("JsonlSink", sink.path) for sink in sinks if isinstance(sink, JsonlSink)]
     return places
 
 
 class OtherRuns:
     """Warns once, before the monitor's first write (a UserWarning, and the log), when the
-    writer's folder or a JsonlSink's file already holds a run other than this one: its checks
+    TensorBoard folder or a JsonlSink's file already holds a run other than this one: its checks
     and this run's would mix (TensorBoard draws both on one line; ``privmon report`` reads one
     run at a time). Read then, not at construction, so a run resumed under its own id
     (``run_id=`` or ``load_state_dict``) is not warned about. Reading never fails the monitor."""
 
-    def __init__(self, writer: Any, sinks: Sequence[Sink]) -> None:
-        self._places = _places(writer, sinks)
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self._places = _places(sinks)
 
     def say_once(self, run_id: str) -> None:
         """Read the places (the first call only) and warn of each other run found there."""

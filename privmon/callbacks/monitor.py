@@ -150,7 +150,7 @@ class PrivacyMonitor:
         # one id per run, on every line and event it writes; a resumed run keeps its id
         self.run_id = uuid.uuid4().hex if run_id is None else run_id
         self.sinks: list[Sink] = arguments.as_sinks(sinks, writer)
-        self._other_runs = arguments.OtherRuns(writer, self.sinks)  # said at the first write
+        self._other_runs = arguments.OtherRuns(self.sinks)  # said at the first write
         self.accountant = accountant
         self._audits = CanaryAudits(canaries)
         self.canaries = canaries if self._audits else None

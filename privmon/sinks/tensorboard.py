@@ -72,6 +72,15 @@ class TensorBoardSink:
         self._exposed = ExposedRecords()
 
     @property
+    def logdir(self) -> str | None:
+        """The folder its event files go to (the path given, or the SummaryWriter's
+        ``get_logdir()``); None for a writer that does not say."""
+        if self._logdir is not None:
+            return self._logdir
+        get_logdir = getattr(self._writer, "get_logdir", None)
+        return str(get_logdir()) if callable(get_logdir) else None
+
+    @property
     def writer(self) -> Any:
         """The SummaryWriter (created on first use when a log directory was given)."""
         if self._writer is None:

@@ -447,7 +447,9 @@ def runs_in(path: str | os.PathLike[str]) -> list[RunInfo]:
 def version_dir(root: str | os.PathLike[str]) -> str:
     """A fresh folder for one run under ``root``: ``root/version_N``, N the first number not
     taken (Lightning's convention), created; ``tensorboard --logdir root`` then shows each run as
-    a line of its own, and ``privmon report root --compare`` puts them side by side.
+    a line of its own, and ``privmon report root --compare`` puts their event files' runs side
+    by side (JSON-lines files in the sub-folders are not searched: name each folder,
+    ``privmon report root/version_0 root/version_1 --compare``).
 
     Examples:
         >>> import os, tempfile

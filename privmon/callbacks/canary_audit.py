@@ -126,16 +126,17 @@ class CanaryAudits:
         self.said: set[object] = set()  # what was said once (mechanism_audit.findings_of)
         with_scores = [callable(getattr(obj, "scores", None)) for obj in given]
         several = sum(with_scores) > 1
+        runs_checks = [_runs_mechanism_checks(obj) for obj in given]
         self.sources = tuple(
             CanarySource(
                 canaries=obj,
                 name=name,
                 tag_source=name if several else None,
                 scores=scored,
-                mechanism=_runs_mechanism_checks(obj),
-                statistical_tests=_statistical_tests(obj) if _runs_mechanism_checks(obj) else (),
+                mechanism=runs,
+                statistical_tests=_statistical_tests(obj) if runs else (),
             )
-            for obj, name, scored in zip(given, names, with_scores, strict=True)
+            for obj, name, scored, runs in zip(given, names, with_scores, runs_checks, strict=True)
         )
 
     def __bool__(self) -> bool:

@@ -104,7 +104,7 @@ _BY_ESCAPED = {html.escape(t): t for t in GLOSSARY}
 
 
 def _slug(term: str) -> str:
-    return "term-" + "-".join(re.findall(r"\w+", term.lower())) or "term"
+    return "term-" + "-".join(re.findall(r"\w+", term.lower()))
 
 
 def explain(text: str, used: set[str] | None = None) -> str:
@@ -129,7 +129,8 @@ def explain(text: str, used: set[str] | None = None) -> str:
 
 def glossary_html(used: Iterable[str]) -> str:
     """The glossary of the terms ``used`` on a page, in the glossary's order ("" for none)."""
-    shown = [t for t in GLOSSARY if t in set(used)]
+    found = set(used)
+    shown = [t for t in GLOSSARY if t in found]
     if not shown:
         return ""
     items = "".join(
@@ -181,11 +182,11 @@ def table(
             cls += f' title="{html.escape(tip, quote=True)}"'
         return f"<{tag}{cls}>{html.escape(text)}</{tag}>"
 
-    head = "".join(cell("th", i, h) for i, h in enumerate(header))
+    header_row = "".join(cell("th", i, h) for i, h in enumerate(header))
     body = "".join(
         "<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows
     )
-    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
+    return f'<div class="scroll"><table><tr>{header_row}</tr>{body}</table></div>'
 
 
 def save_page(

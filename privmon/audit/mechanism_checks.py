@@ -266,14 +266,15 @@ class MechanismChecks:
             grads.append(grad.reshape(-1)[:NOISE_VALUES])
             sums.append(summed.reshape(-1)[:NOISE_VALUES])
         noise = torch._foreach_sub(grads, sums)
-        squares = sum(float(n) ** 2 for n in torch._foreach_norm(noise))
+        squares = torch.stack(torch._foreach_norm(noise)).double().square().sum().view(1)
         values = sum(len(z) for z in noise)
         scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
         if scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to repeat, no digest
-            return squares, values, b""
-        head = [round(v * DIGEST_GRID / scale) for v in noise[0][:DIGEST_VALUES].tolist()]
-        digest = hashlib.blake2b(repr(head).encode(), digest_size=8).digest()
-        return squares, values, digest
+            return float(squares), values, b""
+        head = torch.round(noise[0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
+        host = torch.cat([squares, head]).cpu().numpy()  # one copy from the device a step
+        digest = hashlib.blake2b(host[1:].tobytes(), digest_size=8).digest()
+        return float(host[0]), values, digest
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and

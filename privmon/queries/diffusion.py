@@ -182,7 +182,7 @@ class DiffusionQuery(Query):
                 f"{type(images).__name__}; pass transform=lambda batch: (images, conditioning)"
             )
         device = self.device if self.modules else images.device
-        return to_device(images, device), dict(to_device(dict(cond), device))
+        return to_device(images, device), to_device(cond, device)
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:

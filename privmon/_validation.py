@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
@@ -40,8 +41,15 @@ __all__ = [
     "check_transform",
     "check_unit",
     "check_writable_dir",
+    "is_table",
     "to_numpy",
 ]
+
+
+def is_table(x: Any) -> bool:
+    """True for a pandas DataFrame (pandas is only imported where a caller already has)."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(x, pandas.DataFrame)
 
 
 _NOT_NUMBERS = (str, bytes, bytearray, bool, np.bool_)  # float() reads them; they are no number
@@ -304,6 +312,8 @@ def check_audit_set(data: Any, *, name: str, allow_empty: bool = False) -> Any:
             f"{what}, got a {type(data).__name__}: iterating it yields single rows; "
             "one batch: pass [tensor], or a DataLoader over a TensorDataset"
         )
+    if is_table(data):
+        raise ValueError(f"{what}, got a DataFrame: iterating it yields column names; pass [df]")
     if not isinstance(data, Iterable):
         raise ValueError(f"{what}, got {type(data).__name__}")
     if isinstance(data, Iterator):  # a generator, map, zip, iter(...)

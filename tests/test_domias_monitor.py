@@ -364,7 +364,7 @@ def test_singular_reference_and_wrong_dimensions(data):
         q(mem[:, :5])
     q.release()
     assert q.synthetic is None
-    assert set(ATTACKS) == {"domias", "eq1", "gan_leaks", "gan_leaks_cal", "monte_carlo"}
+    assert set(ATTACKS) == {"domias", "eq1", "gan_leaks", "gan_leaks_cal", "monte_carlo", "dcr"}
 
 
 def test_callable_encoder_is_applied_once_to_the_reference(data):

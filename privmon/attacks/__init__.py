@@ -5,7 +5,7 @@ RMIA, difficulty calibration) and their leave-one-model-out evaluation; language
 statistics (loss, zlib, Min-K%, Min-K%++, reference) and secret-sharer exposure; diffusion-model
 statistics (loss at a timestep, PIA / PIAN, SecMI, SimA)."""
 
-from privmon.attacks.baselines import eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
+from privmon.attacks.baselines import dcr, eq1, gan_leaks, gan_leaks_cal, logan_d1, monte_carlo
 from privmon.attacks.diffusion import (
     alphas_cumprod,
     diffusion_statistic,
@@ -47,6 +47,7 @@ from privmon.attacks.secret_sharer import (
     sequence_losses,
 )
 from privmon.attacks.subgroups import subgroup_risk
+from privmon.attacks.tables import TableEncoder, TableLayout
 
 __all__ = [
     "LOMO_ATTACKS",
@@ -54,6 +55,8 @@ __all__ = [
     "MetricAttack",
     "PrivacyRiskScore",
     "SecretSharerCanaries",
+    "TableEncoder",
+    "TableLayout",
     "alphas_cumprod",
     "calibrated_score",
     "calibration",
@@ -61,6 +64,7 @@ __all__ = [
     "causal_lm_logits",
     "confidence",
     "correctness",
+    "dcr",
     "decode_texts",
     "diffusion_statistic",
     "domias_scores",

@@ -11,8 +11,12 @@ float64 on the test records' device (LOGAN-D1 trains in float32). Scores are flo
 (n_test,), higher = member, finite for finite input; where the published code returns
 ``exp(-distance)``, which underflows and ties far records, the logarithm is returned (the same
 ranking). ``embed`` / ``embed_dim`` work as in :func:`privmon.domias_scores` (``"pca"`` is fitted
-on the reference set when the attack takes one, otherwise on the synthetic set). How the
-distances are computed without an (n_test, n) matrix: docs, Theory page, *DOMIAS*.
+on the reference set when the attack takes one, otherwise on the synthetic set). DataFrames (every
+set then) are read through ``encoder`` (a :class:`~privmon.attacks.TableEncoder`, default fitted
+on the reference set when the attack takes one, otherwise on the synthetic set): the KDE of
+:func:`eq1` is the mixed-type one, the distances are those of
+:meth:`TableLayout.euclidean <privmon.attacks.TableLayout.euclidean>`. How the distances are
+computed without an (n_test, n) matrix: docs, Theory page, *DOMIAS*.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ import torch
 
 from privmon._validation import to_numpy
 from privmon.attacks.distances import SquaredDistances
-from privmon.attacks.record_sets import fit_kde, prepare_sets
+from privmon.attacks.record_sets import fit_density, prepare_sets
+from privmon.attacks.tables import TableEncoder, TableLayout
 
-__all__ = ["eq1", "gan_leaks", "gan_leaks_cal", "logan_d1", "monte_carlo"]
+__all__ = ["dcr", "eq1", "gan_leaks", "gan_leaks_cal", "logan_d1", "monte_carlo"]
 
 Embed = str | Callable[..., Any] | None
 
@@ -39,6 +44,7 @@ def eq1(
     bandwidth: str | float = "scott",
     embed: Embed = None,
     embed_dim: int | None = None,
+    encoder: TableEncoder | None = None,
 ) -> np.ndarray:
     """Eq. 1 ablation ("ablated_eq1"): ``log p_G(x)``, p_G a Gaussian KDE of the synthetic set.
 
@@ -53,13 +59,20 @@ def eq1(
         >>> eq1(torch.tensor([[0.0, 0.0], [3.0, 3.0]]), synthetic).round(1)  # log p_G(x)
         array([ -1.9, -11.9])
     """
-    sets = prepare_sets(test, synthetic, None, embed=embed, embed_dim=embed_dim)
-    kde = fit_kde(sets["synthetic"], name="synthetic", bandwidth=bandwidth)
+    sets, layout = prepare_sets(
+        test, synthetic, None, embed=embed, embed_dim=embed_dim, encoder=encoder
+    )
+    kde = fit_density(sets["synthetic"], name="synthetic", bandwidth=bandwidth, layout=layout)
     return to_numpy(kde.log_density(sets["test"], method="matmul"))
 
 
 def gan_leaks(
-    test: Any, synthetic: Any, *, embed: Embed = None, embed_dim: int | None = None
+    test: Any,
+    synthetic: Any,
+    *,
+    embed: Embed = None,
+    embed_dim: int | None = None,
+    encoder: TableEncoder | None = None,
 ) -> np.ndarray:
     """GAN-Leaks 0 (Chen et al. 2019, full black-box): ``-min_j |x - g_j|^2`` over synthetic g.
 
@@ -72,7 +85,9 @@ def gan_leaks(
         >>> gan_leaks(torch.tensor([[0.0, 0.1], [2.0, 2.0]]), synthetic).round(2)
         array([-0.01, -2.  ])
     """
-    sets = prepare_sets(test, synthetic, None, embed=embed, embed_dim=embed_dim)
+    sets, _ = prepare_sets(
+        test, synthetic, None, embed=embed, embed_dim=embed_dim, encoder=encoder, euclidean=True
+    )
     return to_numpy(-SquaredDistances(sets["test"], sets["synthetic"]).min())
 
 
@@ -83,6 +98,7 @@ def gan_leaks_cal(
     *,
     embed: Embed = None,
     embed_dim: int | None = None,
+    encoder: TableEncoder | None = None,
 ) -> np.ndarray:
     """Calibrated GAN-Leaks: ``-min_j |x - g_j|^2 + min_k |x - r_k|^2``.
 
@@ -99,7 +115,15 @@ def gan_leaks_cal(
         >>> gan_leaks_cal(test, synthetic, reference).round(2)  # record 0: nearer the synthetic
         array([ 0.99, -0.25])
     """
-    sets = prepare_sets(test, synthetic, reference, embed=embed, embed_dim=embed_dim)
+    sets, _ = prepare_sets(
+        test,
+        synthetic,
+        reference,
+        embed=embed,
+        embed_dim=embed_dim,
+        encoder=encoder,
+        euclidean=True,
+    )
     x = sets["test"]
     d_g = SquaredDistances(x, sets["synthetic"]).min()
     d_r = SquaredDistances(x, sets["reference"]).min()
@@ -107,7 +131,12 @@ def gan_leaks_cal(
 
 
 def monte_carlo(
-    test: Any, synthetic: Any, *, embed: Embed = None, embed_dim: int | None = None
+    test: Any,
+    synthetic: Any,
+    *,
+    embed: Embed = None,
+    embed_dim: int | None = None,
+    encoder: TableEncoder | None = None,
 ) -> np.ndarray:
     """MC (Hilprecht et al. 2019): the fraction of synthetic records in an eps-ball around x.
 
@@ -128,9 +157,45 @@ def monte_carlo(
         >>> monte_carlo(torch.tensor([[0.05], [1.0], [4.9], [9.0]]), synthetic)
         array([0.75, 0.  , 0.25, 0.  ])
     """
-    sets = prepare_sets(test, synthetic, None, embed=embed, embed_dim=embed_dim)
+    sets, _ = prepare_sets(
+        test, synthetic, None, embed=embed, embed_dim=embed_dim, encoder=encoder, euclidean=True
+    )
     _, counts = SquaredDistances(sets["test"], sets["synthetic"]).mc_counts()
     return to_numpy(counts.to(torch.float64) / sets["synthetic"].shape[0])
+
+
+def dcr(
+    test: Any,
+    synthetic: Any,
+    reference: Any | None = None,
+    *,
+    encoder: TableEncoder | None = None,
+) -> np.ndarray:
+    """Distance to the closest synthetic record (DCR), the synthetic-data community's check:
+    ``-min_j gower(x, g_j)`` (negated: higher = member, a record the release copies).
+
+    Gower's distance is the mean over columns of ``|a - b| / range`` for numbers and
+    ``[a != b]`` for categories, in [0, 1]: for DataFrames read through ``encoder``
+    (:meth:`TableLayout.gower_min <privmon.attacks.TableLayout.gower_min>`; ranges over the
+    reference set, default encoder fitted on it, else on the synthetic set), for numeric
+    arrays the ranges of ``reference`` (else of ``synthetic``) per feature.
+
+    Examples:
+        >>> import pandas as pd
+        >>> from privmon.attacks import dcr
+        >>> reference = pd.DataFrame({"age": [20.0, 60.0, 40.0], "smoker": ["no", "yes", "no"]})
+        >>> synthetic = pd.DataFrame({"age": [30.0], "smoker": ["yes"]})
+        >>> test = pd.DataFrame({"age": [30.0, 50.0], "smoker": ["yes", "no"]})
+        >>> dcr(test, synthetic, reference).round(3)  # record 1: (20/40 + 1) / 2 away
+        array([-0.  , -0.75])
+    """
+    sets, layout = prepare_sets(test, synthetic, reference, encoder=encoder)
+    if layout is None:
+        base = sets["reference"] if reference is not None else sets["synthetic"]
+        spread = base.amax(dim=0) - base.amin(dim=0)
+        ranges = torch.where(spread > 0, spread, torch.ones_like(spread))
+        layout = TableLayout(n_numeric=base.shape[1], levels=(), ranges=tuple(ranges.tolist()))
+    return to_numpy(-layout.gower_min(sets["test"], sets["synthetic"]))
 
 
 def _init_linear(
@@ -163,6 +228,7 @@ def logan_d1(
     lr: float = 1e-3,
     embed: Embed = None,
     embed_dim: int | None = None,
+    encoder: TableEncoder | None = None,
 ) -> np.ndarray:
     """LOGAN D1 (Hayes et al. 2019, discriminative setting 1): a classifier trained to tell
     synthetic records (label 1) from reference records (label 0); score = its logit on x.
@@ -198,7 +264,15 @@ def logan_d1(
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if not (isinstance(lr, (int, float)) and lr > 0 and np.isfinite(lr)):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    sets = prepare_sets(test, synthetic, reference, embed=embed, embed_dim=embed_dim)
+    sets, _ = prepare_sets(
+        test,
+        synthetic,
+        reference,
+        embed=embed,
+        embed_dim=embed_dim,
+        encoder=encoder,
+        euclidean=True,
+    )
     x, syn, ref = sets["test"], sets["synthetic"], sets["reference"]
     dev = x.device
     num = min(syn.shape[0], ref.shape[0])

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from privmon._validation import to_numpy
-from privmon.attacks.record_sets import fit_kde, prepare_sets
+from privmon.attacks.record_sets import fit_density, prepare_sets
+from privmon.attacks.tables import TableEncoder
 from privmon.estimators.density import bandwidth_factor
 
 __all__ = ["domias_scores"]
@@ -93,6 +94,7 @@ def domias_scores(
     embed_dim: int | None = None,
     prior_features: Sequence[int] | None = None,
     flow_kwargs: Mapping[str, Any] | None = None,
+    encoder: TableEncoder | None = None,
 ) -> np.ndarray:
     """DOMIAS scores ``log p_G(x) - log p_R(x)`` of the test records (Eq. 2); shape (n,).
 
@@ -119,6 +121,13 @@ def domias_scores(
             the first one); default all.
         flow_kwargs: ``"flow"`` only: keyword arguments of ``fit_flow``, e.g.
             ``{"seed": 0, "epochs": 50}``.
+        encoder: for DataFrames (all three sets then are), the
+            :class:`~privmon.attacks.TableEncoder` to read them with; default one fitted on
+            ``reference``. Tables take ``density="kde"``, a mixed-type product kernel
+            (:class:`~privmon.estimators.MixedKDE`: Gaussian on the standardized numbers,
+            Aitchison–Aitken on the categories), and no ``embed``. A category a synthetic
+            sample never produces keeps a positive density; where its numbers collapse, p_G's
+            kernel takes the reference's covariance (a warning says so).
 
     Returns:
         float64 numpy array (n,).
@@ -151,17 +160,24 @@ def domias_scores(
         raise ValueError("flow_kwargs is only used with density='flow'")
     if reference is None:
         raise ValueError("reference must be given: DOMIAS needs reference records (Eq. 2)")
-    sets = prepare_sets(test, synthetic, reference, embed=embed, embed_dim=embed_dim)
+    sets, layout = prepare_sets(
+        test, synthetic, reference, embed=embed, embed_dim=embed_dim, encoder=encoder
+    )
     x, syn, ref = sets["test"], sets["synthetic"], sets["reference"]
+    if layout is not None and density != "kde":
+        raise ValueError(
+            f"density={density!r} reads numeric records; DataFrames take density='kde' (a "
+            "mixed-type kernel density)"
+        )
     if density == "flow":
         for name, t in (("synthetic", syn), ("reference", ref)):
             if t.shape[0] < 2:
                 raise ValueError(f"{name} needs at least 2 records for density='flow'")
         log_g, log_r = _flow_log_densities(syn, ref, x, flow_kwargs)
     else:
-        kde_g = fit_kde(syn, name="synthetic", bandwidth=bandwidth)
+        kde_g = fit_density(syn, name="synthetic", bandwidth=bandwidth, layout=layout, fallback=ref)
         if density == "kde":
-            kde_r = fit_kde(ref, name="reference", bandwidth=bandwidth)
+            kde_r = fit_density(ref, name="reference", bandwidth=bandwidth, layout=layout)
             log_r = kde_r.log_density(x, method="matmul")
         else:
             log_r = _gaussian_prior_log_density(ref, x, prior_features)

@@ -18,6 +18,12 @@ Inference Attacks against Synthetic Data through Overfitting Detection"):
   *reference* records (drawn from the same population as the audit records), of the squared
   distance to the nearest synthetic record: one eps per check, shared by every batch. Scores take
   few distinct values, so the query is ``discrete`` (histogram estimator only).
+- ``"dcr"``: the distance to the closest synthetic record, negated, as :func:`privmon.attacks.dcr`
+  (Gower's distance; on numeric arrays the reference's ranges).
+
+On encoded tables (a :class:`~privmon.attacks.TableLayout`) the KDEs are mixed-type
+(:class:`~privmon.estimators.MixedKDE`) and GAN-Leaks and MC read the records in the space of
+:meth:`TableLayout.euclidean <privmon.attacks.TableLayout.euclidean>` (the caller embeds them).
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from typing import Any, NamedTuple
 import torch
 
 from privmon.attacks.distances import SquaredDistances, median
-from privmon.attacks.record_sets import fit_kde
-from privmon.estimators.density import GaussianKDE, bandwidth_factor
+from privmon.attacks.record_sets import fit_density
+from privmon.attacks.tables import TableLayout
+from privmon.estimators.density import GaussianKDE, MixedKDE, bandwidth_factor
 
 __all__ = [
     "ATTACKS",
+    "DISTANCE_ATTACKS",
     "KDE_ATTACKS",
     "REFERENCE_VALUE_ATTACKS",
     "ReferenceFit",
@@ -43,8 +51,9 @@ __all__ = [
     "reference_values",
 ]
 
-ATTACKS = ("domias", "eq1", "gan_leaks", "gan_leaks_cal", "monte_carlo")
+ATTACKS = ("domias", "eq1", "gan_leaks", "gan_leaks_cal", "monte_carlo", "dcr")
 KDE_ATTACKS = ("domias", "eq1")
+DISTANCE_ATTACKS = ("gan_leaks", "gan_leaks_cal", "monte_carlo")  # Euclidean, on tables too
 REFERENCE_VALUE_ATTACKS = ("domias", "gan_leaks_cal")  # attacks with a per-record reference value
 # elements of the (rows, n_synthetic, k) difference block of the Monte Carlo count (8 MiB)
 _MC_BLOCK = 1 << 20
@@ -57,38 +66,54 @@ def check_bandwidth(bandwidth: Any) -> None:
 
 
 class ReferenceFit(NamedTuple):
-    """The reference side of an attack: the (embedded) reference records and, for
-    ``"domias"``, p_R, their Gaussian KDE."""
+    """The reference side of an attack: the (embedded) reference records, for ``"domias"``
+    p_R, their KDE, and the layout of encoded tables (None for numeric records); for
+    ``"dcr"`` on numeric records, a layout holding the reference's ranges."""
 
     records: torch.Tensor
-    kde: GaussianKDE | None
+    kde: GaussianKDE | MixedKDE | None
+    layout: TableLayout | None
 
 
 class SyntheticFit(NamedTuple):
-    """One (embedded) synthetic set and what the attack reads of it: p_G, its Gaussian KDE
+    """One (embedded) synthetic set and what the attack reads of it: p_G, its KDE
     (``"domias"``, ``"eq1"``), or MC's eps (``"monte_carlo"``)."""
 
     records: torch.Tensor
-    kde: GaussianKDE | None
+    kde: GaussianKDE | MixedKDE | None
     mc_eps: torch.Tensor | None
 
 
-def fit_reference(attack: str, reference: torch.Tensor, *, bandwidth: Any) -> ReferenceFit:
+def fit_reference(
+    attack: str, reference: torch.Tensor, *, bandwidth: Any, layout: TableLayout | None = None
+) -> ReferenceFit:
     """The reference side of ``attack`` for the records ``reference`` (n_ref, k)."""
-    kde = fit_kde(reference, name="reference", bandwidth=bandwidth) if attack == "domias" else None
-    return ReferenceFit(reference, kde)
+    kde = None
+    if attack == "domias":
+        kde = fit_density(reference, name="reference", bandwidth=bandwidth, layout=layout)
+    if attack == "dcr" and layout is None:
+        spread = reference.amax(dim=0) - reference.amin(dim=0)
+        ranges = torch.where(spread > 0, spread, torch.ones_like(spread))
+        layout = TableLayout(reference.shape[1], levels=(), ranges=tuple(ranges.tolist()))
+    return ReferenceFit(reference, kde, layout)
 
 
 def fit_synthetic(
-    attack: str, synthetic: torch.Tensor, reference: torch.Tensor, *, bandwidth: Any
+    attack: str, synthetic: torch.Tensor, reference: ReferenceFit, *, bandwidth: Any
 ) -> SyntheticFit:
     """What ``attack`` reads of the synthetic records (n_syn, k). MC's eps is the median, over
-    the ``reference`` records, of the squared distance to the nearest synthetic record."""
+    the reference records, of the squared distance to the nearest synthetic record."""
     kde = mc_eps = None
     if attack in KDE_ATTACKS:
-        kde = fit_kde(synthetic, name="synthetic", bandwidth=bandwidth)
+        kde = fit_density(
+            synthetic,
+            name="synthetic",
+            bandwidth=bandwidth,
+            layout=reference.layout,
+            fallback=reference.records,
+        )
     elif attack == "monte_carlo":
-        mc_eps = median(SquaredDistances(reference, synthetic).min())
+        mc_eps = median(SquaredDistances(reference.records, synthetic).min())
     return SyntheticFit(synthetic, kde, mc_eps)
 
 
@@ -115,10 +140,17 @@ def reference_values(attack: str, x: torch.Tensor, reference: ReferenceFit) -> t
 
 
 def attack_scores(
-    attack: str, x: torch.Tensor, reference_value: torch.Tensor | None, synthetic: SyntheticFit
+    attack: str,
+    x: torch.Tensor,
+    reference_value: torch.Tensor | None,
+    synthetic: SyntheticFit,
+    reference: ReferenceFit,
 ) -> torch.Tensor:
     """The ``attack``'s scores of the (embedded, finite) records ``x`` against the synthetic
     set (higher = member), given their :func:`reference_values`."""
+    if attack == "dcr":
+        assert reference.layout is not None  # fit_reference gives "dcr" one
+        return -reference.layout.gower_min(x, synthetic.records)
     if attack in KDE_ATTACKS:
         assert synthetic.kde is not None
         log_g = synthetic.kde.log_density(x, method="matmul")

@@ -1,7 +1,8 @@
 """The record sets DOMIAS-style attacks take (test, synthetic, reference): validated as float64
-(n, d) tensors on the test records' device, embedded (PCA or an encoder), and a Gaussian KDE fitted
-with a message naming the set. Shared by :mod:`~privmon.attacks.domias`, its baselines and
-:class:`~privmon.queries.GeneratorQuery`."""
+(n, d) tensors on the test records' device, embedded (PCA or an encoder) or, for DataFrames,
+encoded (:class:`~privmon.attacks.TableEncoder`), and a density fitted with a message naming the
+set (a Gaussian KDE, or for tables the mixed-type :class:`~privmon.estimators.MixedKDE`). Shared
+by :mod:`~privmon.attacks.domias`, its baselines and :class:`~privmon.queries.GeneratorQuery`."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import as_scores
-from privmon.estimators.density import GaussianKDE
+from privmon._validation import as_scores, is_table
+from privmon.attacks.tables import TableEncoder, TableLayout
+from privmon.estimators.density import GaussianKDE, MixedKDE
 
 __all__ = [
     "apply_encoder",
     "check_same_dim",
     "embed_sets",
+    "encode_sets",
     "finite_records",
+    "fit_density",
     "fit_kde",
     "pca_axes",
     "prepare_sets",
@@ -133,6 +137,30 @@ def embed_sets(
     return out
 
 
+def encode_sets(
+    test: Any, synthetic: Any, reference: Any | None, *, encoder: TableEncoder | None
+) -> tuple[Any, Any, Any | None, TableLayout | None]:
+    """The sets as given, or, where any is a DataFrame, all of them encoded by ``encoder``
+    (default: one fitted on ``reference``, else on ``synthetic``) with its layout."""
+    given = {"test": test, "synthetic": synthetic, "reference": reference}
+    tables = [name for name, t in given.items() if t is not None and is_table(t)]
+    if not tables:
+        if encoder is not None:
+            raise ValueError("encoder is only used with DataFrames (test, synthetic, reference)")
+        return test, synthetic, reference, None
+    arrays = [name for name, t in given.items() if t is not None and name not in tables]
+    if arrays:
+        raise ValueError(
+            f"{tables} are DataFrames but {arrays} are not: pass every set as a DataFrame"
+        )
+    if encoder is None:
+        encoder = TableEncoder(reference if reference is not None else synthetic)
+    elif not isinstance(encoder, TableEncoder):
+        raise TypeError(f"encoder must be a privmon TableEncoder, got {type(encoder).__name__}")
+    coded = {n: None if t is None else encoder.encode(t, name=n) for n, t in given.items()}
+    return coded["test"], coded["synthetic"], coded["reference"], encoder.layout
+
+
 def prepare_sets(
     test: Any,
     synthetic: Any,
@@ -140,8 +168,19 @@ def prepare_sets(
     *,
     embed: str | Callable[..., Any] | None = None,
     embed_dim: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """Validate and move every set to the test records' device; apply the embedding."""
+    encoder: TableEncoder | None = None,
+    euclidean: bool = False,
+) -> tuple[dict[str, torch.Tensor], TableLayout | None]:
+    """Validate and move every set to the test records' device; apply the embedding. DataFrames
+    are encoded (:func:`encode_sets`) and returned with their layout; ``euclidean``: in the
+    space of :meth:`TableLayout.euclidean <privmon.attacks.TableLayout.euclidean>` (for the
+    distance attacks). Tables take no ``embed``."""
+    test, synthetic, reference, layout = encode_sets(test, synthetic, reference, encoder=encoder)
+    if layout is not None and (embed is not None or embed_dim is not None):
+        raise ValueError(
+            "embed and embed_dim are not used with DataFrames: the attacks read the encoded "
+            "columns (numbers and categories) themselves"
+        )
     sets = {"test": test_records(test)}
     dev = sets["test"].device
     d = sets["test"].shape[1]
@@ -151,7 +190,9 @@ def prepare_sets(
         sets["reference"] = finite_records(reference, name="reference", device=dev)
         check_same_dim(sets["reference"], d, name="reference")
     fit_on = "reference" if reference is not None else "synthetic"
-    return embed_sets(sets, embed, embed_dim, fit_on=fit_on)
+    if layout is not None and euclidean:
+        sets = {name: layout.euclidean(t) for name, t in sets.items()}
+    return embed_sets(sets, embed, embed_dim, fit_on=fit_on), layout
 
 
 def fit_kde(data: torch.Tensor, *, name: str, bandwidth: str | float) -> GaussianKDE:
@@ -174,3 +215,37 @@ def fit_kde(data: torch.Tensor, *, name: str, bandwidth: str | float) -> Gaussia
             else ""
         )
         raise ValueError(f"{name}: {err}{hint}") from None
+
+
+def fit_density(
+    data: torch.Tensor,
+    *,
+    name: str,
+    bandwidth: str | float,
+    layout: TableLayout | None,
+    fallback: torch.Tensor | None = None,
+) -> GaussianKDE | MixedKDE:
+    """A Gaussian KDE of ``data`` (:func:`fit_kde`), or for encoded tables (``layout``) the
+    mixed-type :class:`~privmon.estimators.MixedKDE`. Where a table's numeric columns are
+    degenerate in ``data`` (a synthetic sample whose numbers collapsed), the kernel takes the
+    covariance of the ``fallback`` records' numbers (the reference's), said in a warning."""
+    if layout is None:
+        return fit_kde(data, name=name, bandwidth=bandwidth)
+    q = layout.n_numeric
+    try:
+        return MixedKDE(data, levels=layout.levels, bandwidth=bandwidth)
+    except ValueError as err:
+        if "singular" not in str(err) and "n >= 2" not in str(err):
+            raise
+        if fallback is None or fallback.shape[0] < 2:
+            raise ValueError(
+                f"{name}: {err}: its numeric columns are constant or collinear"
+            ) from None
+    warnings.warn(
+        f"{name}: its numeric columns are constant or collinear ({data.shape[0]} records); the "
+        "kernel takes the reference's covariance instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    cov = torch.cov(fallback[:, :q].T).reshape(q, q)
+    return MixedKDE(data, levels=layout.levels, bandwidth=bandwidth, covariance=cov)

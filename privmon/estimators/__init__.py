@@ -11,7 +11,7 @@ from privmon.estimators.advantage import (
 from privmon.estimators.analysis import QueryResult, analyse
 from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.certificate import audit_records_needed, detectable_advantage
-from privmon.estimators.density import GaussianKDE
+from privmon.estimators.density import GaussianKDE, MixedKDE
 from privmon.estimators.estimates import AdvantageEstimate
 from privmon.estimators.generalized import GeneralizedEstimate, generalized_advantage
 from privmon.estimators.generalized_metric import GeneralizedMetric
@@ -32,6 +32,7 @@ __all__ = [
     "GeneralizedEstimate",
     "GeneralizedMetric",
     "IndividualRisk",
+    "MixedKDE",
     "QueryResult",
     "StreamingAdvantage",
     "accuracy_at_median",

@@ -6,12 +6,15 @@ and the content digests that key the queries' caches. Shared by the queries and
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from privmon._validation import is_table
 
 __all__ = [
     "INPUT_KEYS",
@@ -112,12 +115,15 @@ def split_batch(
     return x, y
 
 
-def _rows(x: Any) -> torch.Tensor | np.ndarray | list[str] | None:
-    """What holds one row per record in an input: the input itself (a tensor or an array), a
-    list of strings (texts), or the first tensor or array among keyword inputs (the first input
-    key present, else the first value) or positional ones; None when there is none."""
+def _rows(x: Any) -> Any:
+    """What holds one row per record in an input: the input itself (a tensor, an array or a
+    DataFrame), a list of strings (texts), or the first tensor or array among keyword inputs
+    (the first input key present, else the first value) or positional ones; None when there
+    is none."""
     if isinstance(x, (torch.Tensor, np.ndarray)):
         return x if x.ndim else None
+    if is_table(x):
+        return x
     if isinstance(x, Mapping):
         keys = [k for k in INPUT_KEYS if k in x] + list(x)
         return next((r for r in map(_rows, (x[k] for k in keys)) if r is not None), None)
@@ -160,6 +166,9 @@ def batch_digests(batch: Batch, transform: Transform | None = None) -> list[byte
         return None
     if isinstance(rows, list):
         return [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in rows]
+    if is_table(rows):  # pandas' per-row hash of the values, one 64-bit digest per record
+        hashes = sys.modules["pandas"].util.hash_pandas_object(rows, index=False).to_numpy()
+        return [h.tobytes() for h in hashes]
     try:
         x_rows = torch.as_tensor(rows)
         labels = torch.as_tensor(y) if isinstance(y, (torch.Tensor, np.ndarray)) else None

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import as_scores
+from privmon._validation import as_scores, is_table
 from privmon.attacks.generator import (
     ATTACKS,
+    DISTANCE_ATTACKS,
     KDE_ATTACKS,
     REFERENCE_VALUE_ATTACKS,
     ReferenceFit,
@@ -31,8 +32,16 @@ from privmon.attacks.generator import (
     reference_values,
 )
 from privmon.attacks.record_sets import apply_encoder, finite_records, pca_axes
+from privmon.attacks.tables import TableEncoder
 from privmon.queries.base import Query
-from privmon.queries.batches import Batch, Transform, flat_records, tensor_digest
+from privmon.queries.batches import (
+    Batch,
+    Transform,
+    first_tensor,
+    flat_records,
+    module_device,
+    tensor_digest,
+)
 from privmon.queries.generative import NearestGeneratedQuery
 
 __all__ = ["GeneratorQuery"]
@@ -97,7 +106,7 @@ class GeneratorQuery(Query):
         attack: str = "domias",
         n_samples: int = 1000,
         latent_dim: int | Sequence[int] | None = None,
-        sample_fn: Callable[[int, torch.device], torch.Tensor] | None = None,
+        sample_fn: Callable[[int, torch.device], Any] | None = None,
         embed: str | Callable[..., Any] | None = None,
         embed_dim: int | None = None,
         bandwidth: str | float = "scott",
@@ -105,6 +114,7 @@ class GeneratorQuery(Query):
         cache: bool = True,
         name: str | None = None,
         transform: Transform | None = None,
+        categorical: Sequence[str] | None = None,
     ) -> None:
         if attack not in ATTACKS:
             raise ValueError(f"attack must be one of {ATTACKS}, got {attack!r}")
@@ -126,12 +136,23 @@ class GeneratorQuery(Query):
         self.bandwidth = bandwidth
         self.cache = cache
         self.discrete = attack == "monte_carlo"
-        self.reference = self._reference_records(reference)
+        self.encoder = self._table_encoder(reference, categorical, sample_fn, embed, embed_dim)
+        if self.encoder is not None:
+            self.reference = self.encoder.encode(reference, name="reference")
+        else:
+            self.reference = self._reference_records(reference)
         d = self.reference.shape[1]
         self.dim = d
         self.embed = embed
         self._pca: tuple[torch.Tensor, torch.Tensor] | None = None
-        if embed is None:
+        if self.encoder is not None:
+            layout = self.encoder.layout
+            k: int | None = (
+                d
+                if attack not in DISTANCE_ATTACKS
+                else layout.euclidean(self.reference[:1]).shape[1]
+            )
+        elif embed is None:
             if embed_dim is not None:
                 raise ValueError("embed_dim is only used with embed='pca'")
             k: int | None = d
@@ -152,7 +173,7 @@ class GeneratorQuery(Query):
         else:
             raise ValueError(f"embed must be None, 'pca' or a callable, got {type(embed).__name__}")
         self.embed_dim = k
-        if attack in KDE_ATTACKS and k is not None and self.n_samples < k + 1:
+        if attack in KDE_ATTACKS and k is not None and self.n_samples < k + 1 and not self.encoder:
             raise ValueError(
                 f"n_samples must be >= {k + 1} (embedded dimension + 1) for a KDE of the "
                 f"synthetic set, got {self.n_samples}"
@@ -180,6 +201,24 @@ class GeneratorQuery(Query):
 
     # -- reference side (built once) --------------------------------------------------------------
     @staticmethod
+    def _table_encoder(
+        reference: Any, categorical: Any, sample_fn: Any, embed: Any, embed_dim: Any
+    ) -> TableEncoder | None:
+        """The encoder of a DataFrame ``reference`` (None for numeric records)."""
+        if not is_table(reference):
+            if categorical is not None:
+                raise ValueError("categorical is only used when reference is a DataFrame")
+            return None
+        if sample_fn is None:
+            raise ValueError(
+                "reference is a DataFrame: pass sample_fn(n, device) returning the synthetic "
+                "records as a DataFrame of the same columns"
+            )
+        if embed is not None or embed_dim is not None:
+            raise ValueError("embed and embed_dim are not used when reference is a DataFrame")
+        return TableEncoder(reference, categorical=categorical)
+
+    @staticmethod
     def _reference_records(reference: Any) -> torch.Tensor:
         if reference is None:
             raise ValueError("reference must be given: reference records from the population")
@@ -198,6 +237,8 @@ class GeneratorQuery(Query):
         return finite_records(t, name="reference")
 
     def _embed(self, x: torch.Tensor, *, name: str) -> torch.Tensor:
+        if self.encoder is not None:  # the distance attacks read tables in a Euclidean space
+            return self.encoder.layout.euclidean(x) if self.attack in DISTANCE_ATTACKS else x
         if self.embed is None:
             return x
         if self._pca is not None:
@@ -223,7 +264,10 @@ class GeneratorQuery(Query):
             self.embed_dim = k
         elif k != self.embed_dim:
             raise ValueError(f"embed returned {k} dimensions, {self.embed_dim} before")
-        self._ref = fit_reference(self.attack, ref, bandwidth=self.bandwidth)
+        layout = None
+        if self.encoder is not None and self.attack not in DISTANCE_ATTACKS:
+            layout = self.encoder.layout
+        self._ref = fit_reference(self.attack, ref, bandwidth=self.bandwidth, layout=layout)
         self._ref_device = dev
         return ref
 
@@ -240,22 +284,54 @@ class GeneratorQuery(Query):
         scoring and :meth:`release` after."""
         if self._open:  # the previous check was not released: close it first
             self.release()
-        self._sampler.prepare(device)
-        try:
-            g = self._sampler.samples
-        finally:
-            self._sampler.release()
-        assert g is not None
+        g = self._draw(device)
         dev = g.device
         if g.shape[1] != self.dim:
             raise ValueError(
                 f"{self.name}: the generator's samples have {g.shape[1]} values per record but "
                 f"reference has {self.dim}; pass the reference in the generator's representation"
             )
-        ref = self._reference_state(dev)
+        self._reference_state(dev)
+        assert self._ref is not None  # built by _reference_state
         syn = self._embed(finite_records(g, name="synthetic"), name="synthetic")
-        self._fit = fit_synthetic(self.attack, syn, ref, bandwidth=self.bandwidth)
+        self._fit = fit_synthetic(self.attack, syn, self._ref, bandwidth=self.bandwidth)
         self._open = True
+
+    def _draw(self, device: Any) -> torch.Tensor:
+        """This check's synthetic records as (n, d) rows: the sampler's, or for tables
+        ``sample_fn``'s DataFrame, encoded."""
+        if self.encoder is None:
+            self._sampler.prepare(device)
+            try:
+                g = self._sampler.samples
+            finally:
+                self._sampler.release()
+            assert g is not None
+            return g
+        assert self._sampler.sample_fn is not None  # required with a DataFrame reference
+        dev = module_device(self.modules, fallback=device)
+        table = self._sampler.sample_fn(self.n_samples, dev)
+        if not is_table(table):
+            first_tensor(table, "sample_fn")  # a tensor is no table either: say what came
+            raise ValueError(
+                f"{self.name}: sample_fn returned a {type(table).__name__}; with a DataFrame "
+                "reference it must return a DataFrame of the reference's columns"
+            )
+        if len(table) == 0:
+            raise ValueError(f"{self.name}: sample_fn returned an empty table")
+        return self.encoder.encode(table, name="synthetic").to(dev)
+
+    def _records(self, batch: Batch, dev: torch.device) -> torch.Tensor:
+        """An audit batch as (n, d) rows on ``dev``: flattened, or for tables encoded."""
+        if self.encoder is None:
+            return flat_records(batch, dev, self.transform, self.dim, self.name, "reference has")
+        table = batch if self.transform is None else self.transform(batch)[0]
+        if not is_table(table):
+            raise ValueError(
+                f"{self.name}: reference is a DataFrame, so every audit batch must be one "
+                f"(of the same columns), got a {type(table).__name__}"
+            )
+        return self.encoder.encode(table, name="batch").to(dev)
 
     def _reference_values(self, e: torch.Tensor) -> torch.Tensor | None:
         if self.attack not in REFERENCE_VALUE_ATTACKS:
@@ -314,7 +390,7 @@ class GeneratorQuery(Query):
                 f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
             )
         dev = fit.records.device
-        x = flat_records(batch, dev, self.transform, self.dim, self.name, "reference has")
+        x = self._records(batch, dev)
         if x.shape[0] == 0:
             return torch.empty(0, dtype=torch.float64, device=dev)
         e, r = self._lookup(x)
@@ -325,7 +401,8 @@ class GeneratorQuery(Query):
             e = e[rows]
             r = None if r is None else r[rows]
         if e.shape[0]:
-            s = attack_scores(self.attack, e, r, fit)
+            assert self._ref is not None  # built in prepare
+            s = attack_scores(self.attack, e, r, fit, self._ref)
             if all_rows:
                 out = s
             else:

@@ -10,7 +10,8 @@ never changes its modules' state. A batch is a tensor, an ``(x, y, ...)`` tuple 
 Classifiers: :mod:`~privmon.queries.classifier`, :mod:`~privmon.queries.reference`; generative
 models: :mod:`~privmon.queries.generative`, :mod:`~privmon.queries.generator`; causal language
 models: :mod:`~privmon.queries.language_model`; diffusion models:
-:mod:`~privmon.queries.diffusion`. User guide: *Queries and attacks*.
+:mod:`~privmon.queries.diffusion`; table synthesizers (CTGAN, TVAE, SDV):
+:mod:`~privmon.queries.synthesizers`. User guide: *Queries and attacks*.
 """
 
 from privmon.queries.base import CallableQuery, Query
@@ -33,6 +34,7 @@ from privmon.queries.generative import (
 from privmon.queries.generator import GeneratorQuery
 from privmon.queries.language_model import LanguageModelQuery, language_model_queries
 from privmon.queries.reference import ReferenceModelQuery
+from privmon.queries.synthesizers import SynthesizerQuery
 
 __all__ = [
     "CallableQuery",
@@ -52,5 +54,6 @@ __all__ = [
     "NearestGeneratedQuery",
     "Query",
     "ReferenceModelQuery",
+    "SynthesizerQuery",
     "language_model_queries",
 ]

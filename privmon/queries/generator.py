@@ -145,17 +145,13 @@ class GeneratorQuery(Query):
         self.dim = d
         self.embed = embed
         self._pca: tuple[torch.Tensor, torch.Tensor] | None = None
+        k: int | None = d
         if self.encoder is not None:
-            layout = self.encoder.layout
-            k: int | None = (
-                d
-                if attack not in DISTANCE_ATTACKS
-                else layout.euclidean(self.reference[:1]).shape[1]
-            )
+            if attack in DISTANCE_ATTACKS:  # the Euclidean space of the encoded table
+                k = self.encoder.layout.euclidean(self.reference[:1]).shape[1]
         elif embed is None:
             if embed_dim is not None:
                 raise ValueError("embed_dim is only used with embed='pca'")
-            k: int | None = d
         elif isinstance(embed, str):
             if embed != "pca":
                 raise ValueError(f"embed must be None, 'pca' or a callable, got {embed!r}")

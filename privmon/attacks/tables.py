@@ -180,6 +180,7 @@ class TableEncoder:
         else:
             self._mean = self._sd = np.zeros(0)
             ranges = np.zeros(0)
+        self._integer = {c: pd.api.types.is_integer_dtype(frame[c]) for c in self.numeric}
         self._categories = {}
         for c in self.categorical:
             seen = pd.unique(frame[c].astype(object).where(frame[c].notna(), _MISSING))
@@ -251,6 +252,42 @@ class TableEncoder:
                 codes = np.where(unseen, len(self._categories[c]), codes)
             out[:, j] = codes
         return torch.from_numpy(out)
+
+    def decode(self, x: Any) -> Any:
+        """Encoded records (numbers, then codes; a tensor or an array) back to a DataFrame of the
+        reference's columns and order: numbers unstandardized (rounded where the reference's
+        column holds integers), codes to their categories; the "other" level and the missing
+        category become missing values.
+
+        Examples:
+            >>> import pandas as pd
+            >>> from privmon.attacks import TableEncoder
+            >>> reference = pd.DataFrame({"age": [20, 40, 60], "smoker": ["no", "yes", "no"]})
+            >>> encoder = TableEncoder(reference)
+            >>> encoder.decode(encoder.encode(reference.iloc[:2]))
+               age smoker
+            0   20     no
+            1   40    yes
+        """
+        pd = _pandas()
+        values = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        if values.ndim != 2 or values.shape[1] != self.layout.width:
+            raise ValueError(
+                f"x must have shape (n, {self.layout.width}) (the encoded width), got "
+                f"{tuple(values.shape)}"
+            )
+        columns: dict[str, Any] = {}
+        for j, c in enumerate(self.numeric):
+            column = values[:, j] * self._sd[j] + self._mean[j]
+            whole = self._integer[c] and np.isfinite(column).all()
+            columns[c] = np.rint(column).astype(np.int64) if whole else column
+        for j, c in enumerate(self.categorical, start=len(self.numeric)):
+            labels = np.append(self._categories[c].to_numpy(dtype=object), None)
+            codes = np.clip(np.rint(values[:, j]).astype(np.int64), 0, len(labels) - 1)
+            column = labels[codes]
+            column[np.array([v is _MISSING for v in column], dtype=bool)] = None
+            columns[c] = column
+        return pd.DataFrame({c: columns[c] for c in self.columns})
 
     def _unseen(self, column: str, count: int, *, name: str) -> None:
         if self.unknown == "error":

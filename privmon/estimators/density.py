@@ -286,7 +286,16 @@ class MixedKDE:
             if covariance is None:
                 if self.n < 2:
                     raise ValueError("data needs n >= 2 records for a KDE of its numeric columns")
-                cov = torch.cov(data[:, :q].T).reshape(q, q)
+                numbers = data[:, :q]
+                # A constant column's computed variance is rounding (~1e-33 where its mean
+                # does not round back to the constant), which the check below would pass.
+                flat = numbers.amax(dim=0) == numbers.amin(dim=0)
+                if bool(flat.any()):
+                    cols = torch.nonzero(flat).flatten().tolist()
+                    raise ValueError(
+                        f"the data covariance is singular: numeric columns {cols} are constant"
+                    )
+                cov = torch.cov(numbers.T).reshape(q, q)
             else:
                 cov = covariance.to(device=dev, dtype=dtype).reshape(q, q)
             self.covariance = _kernel_covariance(cov, self.factor)

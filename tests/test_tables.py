@@ -469,6 +469,29 @@ def test_a_reference_the_encoder_cannot_fit_is_refused(cps, change, message):
         privmon.domias_scores(rows(cps, 50, 60), rows(cps, 60, 120), ref)
 
 
+@pytest.mark.parametrize("attack", [eq1, gan_leaks, monte_carlo, dcr])
+def test_without_a_reference_a_collapsed_synthetic_set_is_named_in_the_error(cps, attack):
+    """The attacks that take no reference fit their encoder on the synthetic set: a column it
+    collapsed is refused in its name (it was called "reference", a set never passed), with
+    the way out, an encoder fitted on population records."""
+    ref, syn, test = rows(cps, 0, 300), rows(cps, 300, 600), rows(cps, 600, 650)
+    for collapsed, message in (
+        (syn.assign(region="west"), "synthetic categorical column 'region' holds a single"),
+        (syn.assign(wage=400.0), r"synthetic numeric columns \['wage'\] are constant"),
+    ):
+        with pytest.raises(ValueError, match=message) as err:
+            attack(test, collapsed)
+        assert "pass encoder=TableEncoder(df) fitted on population records" in str(err.value)
+        assert "reference" not in str(err.value)
+        if attack is eq1 and "wage" in message:  # no reference records to borrow a covariance
+            with pytest.raises(ValueError, match=r"synthetic: .*numeric columns \[0\] are const"):
+                attack(test, collapsed, encoder=TableEncoder(ref))
+        else:
+            assert np.isfinite(attack(test, collapsed, encoder=TableEncoder(ref))).all()
+    with pytest.raises(ValueError, match=r"synthetic is empty \(0 rows"):
+        gan_leaks(test, syn.iloc[:0])
+
+
 def test_bad_combinations_of_tables_and_arguments(cps):
     ref, syn, test = rows(cps, 0, 100), rows(cps, 100, 200), rows(cps, 200, 220)
     arr = syn[NUMERIC].to_numpy(float)

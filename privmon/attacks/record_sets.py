@@ -154,7 +154,15 @@ def encode_sets(
             f"{tables} are DataFrames but {arrays} are not: pass every set as a DataFrame"
         )
     if encoder is None:
-        encoder = TableEncoder(reference if reference is not None else synthetic)
+        fit_on = "reference" if reference is not None else "synthetic"
+        try:
+            encoder = TableEncoder(given[fit_on], name=fit_on)
+        except ValueError as err:
+            if fit_on == "reference":
+                raise
+            raise ValueError(
+                f"{err}; or pass encoder=TableEncoder(df) fitted on population records"
+            ) from None
     elif not isinstance(encoder, TableEncoder):
         raise TypeError(f"encoder must be a privmon TableEncoder, got {type(encoder).__name__}")
     coded = {n: None if t is None else encoder.encode(t, name=n) for n, t in given.items()}

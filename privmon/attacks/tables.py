@@ -107,9 +107,12 @@ class TableEncoder:
             not numeric (object, string, category, bool). Every other column must be numeric.
         unknown: ``"other"`` (default) or ``"error"``: what a category the reference lacks
             becomes.
+        name: what messages call the table the encoder is fitted on (default ``"reference"``;
+            the attacks that fit one on their synthetic set say ``"synthetic"``).
 
     Attributes:
         columns, numeric, categorical: the reference's column names, in the encoded order.
+        name: what messages call the table the encoder was fitted on.
         layout: the :class:`TableLayout` of the encoded records.
 
     Examples:
@@ -127,31 +130,37 @@ class TableEncoder:
     """
 
     def __init__(
-        self, reference: Any, *, categorical: Sequence[str] | None = None, unknown: str = "other"
+        self,
+        reference: Any,
+        *,
+        categorical: Sequence[str] | None = None,
+        unknown: str = "other",
+        name: str = "reference",
     ) -> None:
         pd = _pandas()
+        self.name = fit = name
         if not is_table(reference):
-            raise TypeError(f"reference must be a pandas DataFrame, got {type(reference).__name__}")
+            raise TypeError(f"{fit} must be a pandas DataFrame, got {type(reference).__name__}")
         if len(reference) == 0 or reference.shape[1] == 0:
             raise ValueError(
-                f"reference is empty ({reference.shape[0]} rows, {reference.shape[1]} columns): "
-                "the encoder is fitted on reference records"
+                f"{fit} is empty ({reference.shape[0]} rows, {reference.shape[1]} columns): "
+                f"the encoder is fitted on {fit} records"
             )
         if unknown not in UNKNOWN:
             raise ValueError(f"unknown must be one of {UNKNOWN}, got {unknown!r}")
         self.unknown = unknown
         names = [str(c) for c in reference.columns]
         if len(set(names)) != len(names):
-            raise ValueError("reference has duplicate column names")
+            raise ValueError(f"{fit} has duplicate column names")
         self.columns = names
-        chosen = self._categorical_columns(reference, categorical)
+        chosen = self._categorical_columns(reference, categorical, name=fit)
         self.categorical = [c for c in names if c in chosen]
         self.numeric = [c for c in names if c not in chosen]
         frame = reference.set_axis(names, axis=1)
         for c in self.numeric:
             if not pd.api.types.is_numeric_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c]):
                 raise ValueError(
-                    f"reference column {c!r} is neither numeric nor listed in categorical "
+                    f"{fit} column {c!r} is neither numeric nor listed in categorical "
                     f"(dtype {frame[c].dtype}): list it in categorical=, or convert it to numbers"
                 )
         values = frame[self.numeric].to_numpy(dtype=np.float64) if self.numeric else None
@@ -162,8 +171,8 @@ class TableEncoder:
                 if not ok
             ]
             raise ValueError(
-                f"reference numeric columns {bad} hold missing or infinite values: drop or "
-                "impute those records (the encoder standardizes by the reference's mean and "
+                f"{fit} numeric columns {bad} hold missing or infinite values: drop or "
+                f"impute those records (the encoder standardizes by the {fit}'s mean and "
                 "standard deviation)"
             )
         if values is not None:
@@ -172,7 +181,7 @@ class TableEncoder:
             constant = [c for c, s in zip(self.numeric, sd, strict=True) if not s > 0]
             if constant:
                 raise ValueError(
-                    f"reference numeric columns {constant} are constant: they tell no record "
+                    f"{fit} numeric columns {constant} are constant: they tell no record "
                     "from another; drop them"
                 )
             self._sd = sd
@@ -186,7 +195,7 @@ class TableEncoder:
             seen = pd.unique(frame[c].astype(object).where(frame[c].notna(), _MISSING))
             if len(seen) < 2:
                 raise ValueError(
-                    f"reference categorical column {c!r} holds a single category: it tells no "
+                    f"{fit} categorical column {c!r} holds a single category: it tells no "
                     "record from another; drop it"
                 )
             self._categories[c] = pd.Index(seen)
@@ -198,7 +207,9 @@ class TableEncoder:
         self._said: set[str] = set()
 
     @staticmethod
-    def _categorical_columns(reference: Any, categorical: Sequence[str] | None) -> set[str]:
+    def _categorical_columns(
+        reference: Any, categorical: Sequence[str] | None, *, name: str
+    ) -> set[str]:
         pd = _pandas()
         names = [str(c) for c in reference.columns]
         if categorical is None:
@@ -213,7 +224,7 @@ class TableEncoder:
         listed = [str(c) for c in categorical]
         missing = [c for c in listed if c not in names]
         if missing:
-            raise ValueError(f"categorical names columns {missing} that reference does not have")
+            raise ValueError(f"categorical names columns {missing} that {name} does not have")
         return set(listed)
 
     def encode(self, table: Any, *, name: str = "table") -> torch.Tensor:
@@ -229,8 +240,8 @@ class TableEncoder:
         if missing or extra or len(set(names)) != len(names):
             twice = ", duplicated names" if len(set(names)) != len(names) else ""
             raise ValueError(
-                f"{name}'s columns differ from the reference's: missing {missing}, not in the "
-                f"reference {extra}{twice}"
+                f"{name}'s columns differ from the {self.name}'s: missing {missing}, not in the "
+                f"{self.name} {extra}{twice}"
             )
         frame = table.set_axis(names, axis=1)
         out = np.empty((len(frame), self.layout.width), dtype=np.float64)
@@ -239,7 +250,7 @@ class TableEncoder:
                 col = pd.to_numeric(frame[c], errors="raise").to_numpy(dtype=np.float64)
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"{name}'s column {c!r} is numeric in the reference but holds values that "
+                    f"{name}'s column {c!r} is numeric in the {self.name} but holds values that "
                     "are not numbers"
                 ) from None
             out[:, j] = (col - self._mean[j]) / self._sd[j]
@@ -293,13 +304,13 @@ class TableEncoder:
         if self.unknown == "error":
             raise ValueError(
                 f"{name}'s column {column!r} holds {count} value(s) that are not among the "
-                "reference's categories (unknown='error'; unknown='other' encodes them as one "
+                f"{self.name}'s categories (unknown='error'; unknown='other' encodes them as one "
                 "extra category)"
             )
         if column not in self._said:
             self._said.add(column)
             warnings.warn(
-                f"column {column!r}: {count} value(s) of {name} are not among the reference's "
+                f"column {column!r}: {count} value(s) of {name} are not among the {self.name}'s "
                 "categories; they are encoded as one extra category, 'other' (said once per "
                 "column)",
                 UserWarning,

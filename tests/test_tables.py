@@ -218,6 +218,27 @@ def test_mixed_kde_default_category_bandwidth(cps):
     assert MixedKDE(codes[:, 1:2], levels=(2,)).category_bandwidth == (0.5,)  # the cap
 
 
+def test_mixed_kde_takes_numpy_and_torch_numbers_for_its_bandwidths(cps):
+    """λ and the covariance as numpy / torch values give the Python-float result (a float32
+    λ was refused as not iterable, or as out of range while in it; an array covariance failed
+    on ``.to``)."""
+    encoder = TableEncoder(rows(cps, 0, 200))
+    data = encoder.encode(rows(cps, 0, 200))
+    points = encoder.encode(rows(cps, 200, 220))
+    levels = encoder.layout.levels
+    cov = torch.cov(data[:, :3].T)
+    want = MixedKDE(data, levels=levels, category_bandwidth=0.25, covariance=cov)
+    for lam in (np.float32(0.25), torch.tensor(0.25), np.full(4, 0.25, dtype=np.float32)):
+        got = MixedKDE(data, levels=levels, category_bandwidth=lam, covariance=cov.numpy())
+        assert got.category_bandwidth == (0.25,) * 4
+        np.testing.assert_array_equal(got.log_density(points), want.log_density(points))
+    for bad in (True, "0.25", [0.25, 0.25, 0.25, 0.9], np.float32("nan")):
+        with pytest.raises(ValueError, match=r"category_bandwidth must be in \(0, \(c - 1\)/c\]"):
+            MixedKDE(data, levels=levels, category_bandwidth=bad)
+    with pytest.raises(ValueError, match="category_bandwidth must be one number or 4"):
+        MixedKDE(data, levels=levels, category_bandwidth=[0.1, 0.2])
+
+
 # --- 2. DOMIAS on tables -------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ on the numeric columns times an Aitchison–Aitken kernel on each categorical co
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -231,7 +232,8 @@ class MixedKDE:
         category_bandwidth: λ, one number or one per categorical column, each in
             (0, (c − 1)/c] ((c − 1)/c: the uniform kernel); default ``min(factor**2, (c − 1)/c)``
             (the rates of Li & Racine: h ~ n^(-1/(q+4)), λ ~ n^(-2/(q+4))).
-        covariance: (q, q) matrix that stands in for the numeric columns' covariance.
+        covariance: (q, q) matrix (tensor or array) that stands in for the numeric columns'
+            covariance.
 
     Examples:
         >>> import torch
@@ -297,7 +299,7 @@ class MixedKDE:
                     )
                 cov = torch.cov(numbers.T).reshape(q, q)
             else:
-                cov = covariance.to(device=dev, dtype=dtype).reshape(q, q)
+                cov = torch.as_tensor(covariance, dtype=dtype, device=dev).reshape(q, q)
             self.covariance = _kernel_covariance(cov, self.factor)
             self._chol = torch.linalg.cholesky(self.covariance)
             log_norm -= 0.5 * q * math.log(2 * math.pi)
@@ -320,14 +322,16 @@ class MixedKDE:
         most = [(c - 1) / c for c in self.levels]
         if given is None:
             return tuple(min(self.factor**2, m) for m in most)
-        values = [given] * len(most) if isinstance(given, int | float) else list(given)
+        # a numpy or torch number or array: Python floats
+        raw: Any = given.tolist() if hasattr(given, "tolist") else given
+        values: list[Any] = [raw] * len(most) if isinstance(raw, numbers.Real | str) else list(raw)
         if len(values) != len(most):
             raise ValueError(
                 f"category_bandwidth must be one number or {len(most)} (one per categorical "
                 f"column), got {len(values)}"
             )
         for v, m in zip(values, most, strict=True):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= m:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < float(v) <= m:
                 raise ValueError(
                     f"category_bandwidth must be in (0, (c - 1)/c] for a column of c levels "
                     f"(here <= {m:.4g}), got {v!r}"

@@ -577,14 +577,9 @@ def test_generator_query_on_tables_equals_the_functional_attack(cps, attack):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="GeneratorQuery's cache keeps no embedding when embed is None, but on tables the "
-    "distance attacks embed (layout.euclidean): at the second check gan_leaks_cal reads the "
-    "encoded codes against Euclidean synthetic records (queries/generator.py, _lookup)",
-)
 def test_generator_query_gan_leaks_cal_on_tables_scores_every_check(cps):
+    # the cache keeps a table's Euclidean embedding (it once kept none: at the second check
+    # the encoded codes met Euclidean synthetic records)
     ref, audit, syn = rows(cps, 0, 300), rows(cps, 300, 350), rows(cps, 400, 700)
     q = GeneratorQuery(
         None, ref, sample_fn=lambda n, dev: syn, n_samples=300, attack="gan_leaks_cal"
@@ -601,6 +596,8 @@ def test_generator_query_on_tables_refuses_what_it_cannot_read(cps):
     ref = rows(cps, 0, 200)
     with pytest.raises(ValueError, match="reference is a DataFrame: pass sample_fn"):
         GeneratorQuery(torch.nn.Linear(2, 7), ref, latent_dim=2)
+    with pytest.raises(ValueError, match="reference is a DataFrame: pass sample_fn"):
+        GeneratorQuery(None, ref)  # not the sampler's "generator may be None only when ..."
     with pytest.raises(ValueError, match="embed and embed_dim are not used when reference is a"):
         GeneratorQuery(None, ref, sample_fn=lambda n, dev: ref, embed="pca")
     q = GeneratorQuery(None, ref, sample_fn=lambda n, dev: torch.zeros(n, 7), n_samples=50)
@@ -682,3 +679,19 @@ def test_monitor_certifies_a_memorizing_sampler_and_not_an_independent_one(cps):
     ):
         with pytest.raises(ValueError, match=f"{name} must be .*got a DataFrame.*pass \\[df\\]"):
             privmon.PrivacyMonitor(q, members_arg, heldout_arg, every_n_steps=1)
+
+
+def test_dates_are_refused_unless_listed_as_categories():
+    import pandas as pd
+
+    ref = pd.DataFrame({"when": pd.date_range("2020-01-01", periods=4), "x": [1.0, 2.0, 3.0, 5.0]})
+    with pytest.raises(ValueError, match=r"columns \['when'\] hold dates or durations"):
+        TableEncoder(ref)
+    assert TableEncoder(ref, categorical=["when"]).categorical == ["when"]
+
+
+def test_duplicate_records_are_found_whatever_the_column_order(cps):
+    from privmon.queries.batches import batch_digests
+
+    table = rows(cps, 0, 20)
+    assert batch_digests(table) == batch_digests(table[list(reversed(table.columns))])

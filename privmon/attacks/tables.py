@@ -212,6 +212,17 @@ class TableEncoder:
     ) -> set[str]:
         pd = _pandas()
         names = [str(c) for c in reference.columns]
+        timed = [
+            n
+            for n, c in zip(names, reference.columns, strict=True)
+            if pd.api.types.is_datetime64_any_dtype(reference[c])
+            or pd.api.types.is_timedelta64_dtype(reference[c])
+        ]
+        if timed and (categorical is None or not set(timed) <= {str(c) for c in categorical}):
+            raise ValueError(
+                f"reference columns {timed} hold dates or durations: convert them to numbers "
+                "(e.g. days since an origin), or list them in categorical="
+            )
         if categorical is None:
             return {
                 n

@@ -166,8 +166,9 @@ def batch_digests(batch: Batch, transform: Transform | None = None) -> list[byte
         return None
     if isinstance(rows, list):
         return [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in rows]
-    if is_table(rows):  # pandas' per-row hash of the values, one 64-bit digest per record
-        hashes = sys.modules["pandas"].util.hash_pandas_object(rows, index=False).to_numpy()
+    if is_table(rows):  # pandas' per-row hash of the values, one 64-bit digest per record,
+        ordered = rows[sorted(rows.columns, key=str)]  # whatever the order of the columns
+        hashes = sys.modules["pandas"].util.hash_pandas_object(ordered, index=False).to_numpy()
         return [h.tobytes() for h in hashes]
     try:
         x_rows = torch.as_tensor(rows)

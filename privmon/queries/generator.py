@@ -121,6 +121,7 @@ class GeneratorQuery(Query):
         check_bandwidth(bandwidth)
         if not isinstance(cache, bool):
             raise ValueError(f"cache must be True or False, got {cache!r}")
+        table = self._table_encoder(reference, categorical, sample_fn, embed, embed_dim)
         # The sampler validates generator / latent_dim / sample_fn / n_samples / chunk.
         self._sampler = NearestGeneratedQuery(
             generator,
@@ -136,7 +137,7 @@ class GeneratorQuery(Query):
         self.bandwidth = bandwidth
         self.cache = cache
         self.discrete = attack == "monte_carlo"
-        self.encoder = self._table_encoder(reference, categorical, sample_fn, embed, embed_dim)
+        self.encoder = table
         if self.encoder is not None:
             self.reference = self.encoder.encode(reference, name="reference")
         else:
@@ -359,9 +360,17 @@ class GeneratorQuery(Query):
             r = torch.full((x64.shape[0],), math.nan, dtype=torch.float64, device=x64.device)
         return e, r
 
+    @property
+    def _embeds(self) -> bool:
+        """Whether records are scored in another space than their own: an embedding, or a
+        table's Euclidean space (the distance attacks)."""
+        return self.embed is not None or (
+            self.encoder is not None and self.attack in DISTANCE_ATTACKS
+        )
+
     def _lookup(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         # nothing to cache without an embedding and without a per-record reference value
-        if not self.cache or (self.embed is None and self.attack not in REFERENCE_VALUE_ATTACKS):
+        if not self.cache or (not self._embeds and self.attack not in REFERENCE_VALUE_ATTACKS):
             return self._embedded(x)
         key = tensor_digest(x)
         self._used.add(key)
@@ -369,13 +378,13 @@ class GeneratorQuery(Query):
         if hit is not None:
             self.cache_hits += 1
             e, r = hit
-            if e is None:  # embed is None: the embedding is the record itself
+            if e is None:  # no embedding: the record itself
                 e = as_scores(x, name="batch", drop=False)[0]
             dev = x.device
             return e.to(dev), None if r is None else r.to(dev)
         self.cache_misses += 1
         e, r = self._embedded(x)
-        self._cache[key] = (None if self.embed is None else e, r)
+        self._cache[key] = (e if self._embeds else None, r)
         return e, r
 
     @torch.no_grad()

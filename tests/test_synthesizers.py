@@ -256,3 +256,33 @@ def test_an_escaped_stop_names_itself():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "epoch 3" in str(SynthesizerStopped("privmon stopped the fit at epoch 3"))
+
+
+def test_after_a_stop_sample_equals_a_copy_saved_at_the_restored_check(census):
+    import copy
+
+    members, heldout, reference = census
+    _seed()
+    tvae = _ctgan(TVAE, 10)
+    saved = []  # a copy of the synthesizer at every check, as a user could save it
+
+    def save(batch):
+        if not saved or saved[-1][1] is not batch:
+            saved.append((copy.deepcopy(tvae), batch))
+        return torch.zeros(len(batch))
+
+    queries = [
+        SynthesizerQuery(tvae, reference, n_samples=500),
+        privmon.queries.CallableQuery(save, name="copy"),
+    ]
+    monitor = privmon.PrivacyMonitor(queries, [members], [heldout], every_n_steps=2)
+    monitor.early_stopping = stopping = privmon.PrivacyEarlyStopping("domias/histogram", 0.5)
+    stopping.update = lambda step, scalars: step >= 6  # stop at the third check
+    with attach(tvae, monitor) as run:
+        tvae.fit(members, DISCRETE)
+    assert run.stopped_at == 6 and run.restored_epoch == 4
+    copies = [c for c, batch in saved if batch is members]  # one per check: epochs 2, 4, 6
+    at_restored = copies[1]
+    tvae.set_random_state(5)
+    at_restored.set_random_state(5)
+    assert tvae.sample(100).equals(at_restored.sample(100))

@@ -229,6 +229,8 @@ def test_the_hook_is_gone_after_the_block_and_a_checks_own_optimizers_are_ignore
     with attach(tvae, logan) as run:
         tvae.fit(members, DISCRETE)
     assert logan.history.steps.tolist() == [1, 2] and run.epochs == 2
+    with pytest.raises(RuntimeError, match="a SynthesizerRun watches one fit"), run:
+        pass
     steps = len(logan.history.steps)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     opt.step()  # outside the block: no hook left

@@ -61,8 +61,11 @@ class SynthesizerRun:
         self._hook: Any = None
 
     def __enter__(self) -> SynthesizerRun:
-        if self._hook is not None:
-            raise RuntimeError("this SynthesizerRun is already watching a fit")
+        if self._hook is not None or self.epochs:
+            raise RuntimeError(
+                "a SynthesizerRun watches one fit: for another, call attach() again with a "
+                "fresh monitor (a monitor's steps, the epochs, only move forward)"
+            )
         plan_checks(self.monitor, self.model.planned_epochs(), source=f"{self.model.name} epochs")
         self._hook = register_module_forward_pre_hook(self._before_forward)
         return self

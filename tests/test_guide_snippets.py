@@ -40,7 +40,9 @@ Setup = Callable[[dict[str, Any], pytest.MonkeyPatch], Iterator[None]]
 SETUPS: dict[str, Setup] = {}
 
 
-def setup(fn: Setup) -> Setup:
+def snippet_setup(fn: Setup) -> Setup:
+    # not named `setup`: pytest 7 would call a module-level setup() as the module's nose-style
+    # fixture, with the module, and register the module as a setup
     SETUPS[fn.__name__] = fn
     return fn
 
@@ -158,7 +160,7 @@ def checked(monitor: Any, *, checks: int) -> None:
 # --- the setups -----------------------------------------------------------------------------
 
 
-@setup
+@snippet_setup
 def plain_loop(ns, mp):
     """training-loop.md: a model, its audit loaders, 400 training batches."""
     from torch.utils.data import DataLoader, TensorDataset
@@ -180,7 +182,7 @@ def plain_loop(ns, mp):
     checked(ns["monitor"], checks=2)
 
 
-@setup
+@snippet_setup
 def mlflow_run(ns, mp):
     """training-loop.md: a query and audit sets; MLflow's store in the working directory."""
     pytest.importorskip("mlflow")
@@ -197,7 +199,7 @@ def mlflow_run(ns, mp):
     assert Path("runs/exp1/checks.jsonl").read_text(encoding="utf-8").count("\n") == 1
 
 
-@setup
+@snippet_setup
 def wandb_run(ns, mp):
     """training-loop.md: a query and audit sets; W&B offline in the working directory (no
     server, no key)."""
@@ -214,7 +216,7 @@ def wandb_run(ns, mp):
     assert list(Path("wandb").glob("offline-run-*/run-*.wandb"))
 
 
-@setup
+@snippet_setup
 def diffusion_loop(ns, mp):
     """diffusion.md: a tiny random-weight UNet and its DDPM scheduler, 8×8 member and held-out
     images, one training batch (step 0 is a check)."""
@@ -231,7 +233,7 @@ def diffusion_loop(ns, mp):
     checked(ns["monitor"], checks=1)
 
 
-@setup
+@snippet_setup
 def hf_trainer(ns, mp):
     """transformers.md: a tiny causal LM, its audit batches and a training set of 51 steps."""
     transformers = pytest.importorskip("transformers")
@@ -249,7 +251,7 @@ def hf_trainer(ns, mp):
     assert ns["trainer"].state.global_step == 51
 
 
-@setup
+@snippet_setup
 def lm_trainer(ns, mp):
     """language-models.md: a tiny causal LM and its base model, texts, Trainer arguments."""
     transformers = pytest.importorskip("transformers")
@@ -280,7 +282,7 @@ def lm_trainer(ns, mp):
     }
 
 
-@setup
+@snippet_setup
 def lm_canaries(ns, mp):
     """language-models.md: a tiny causal LM, its tokenizer and training texts."""
     pytest.importorskip("transformers")
@@ -299,7 +301,7 @@ def tiny_lm() -> tuple[Any, Any, list[str]]:
     return tokenizer, tiny_gpt2(tokenizer), texts
 
 
-@setup
+@snippet_setup
 def lightning_loaders(ns, mp):
     """lightning.md: audit loaders and a training loader of one batch per epoch."""
     pytest.importorskip("lightning")
@@ -315,7 +317,7 @@ def lightning_loaders(ns, mp):
     assert ns["monitor"].n_failed == 0 and ns["monitor"].history
 
 
-@setup
+@snippet_setup
 def ignite_trainer(ns, mp):
     """ignite.md: an Ignite trainer of a model, its audit loaders, 5 batches per epoch."""
     pytest.importorskip("ignite")
@@ -344,7 +346,7 @@ def ignite_trainer(ns, mp):
     checked(ns["monitor"], checks=1)
 
 
-@setup
+@snippet_setup
 def distributed_loop(ns, mp):
     """distributed.md: a one-process gloo group, a model, its audit batches."""
     import torch.distributed as dist
@@ -385,7 +387,7 @@ def dp_model() -> dict[str, Any]:
     }
 
 
-@setup
+@snippet_setup
 def dp_sgd(ns, mp):
     """dp-audit.md: a model, optimizer and loader before make_private; 100 steps' batches."""
     pytest.importorskip("opacus")
@@ -396,7 +398,7 @@ def dp_sgd(ns, mp):
     assert "privacy/canaries/steinke/epsilon_lower_bound" in ns["monitor"].last_report.scalars
 
 
-@setup
+@snippet_setup
 def dp_optimizer(ns, mp):
     """dp-audit.md: the engine and the DP optimizer of the snippet above."""
     pytest.importorskip("opacus")
@@ -420,7 +422,7 @@ def dp_optimizer(ns, mp):
     MechanismChecks(optimizer).detach()  # the comment's alternative, once the canaries are gone
 
 
-@setup
+@snippet_setup
 def record_canaries(ns, mp):
     """dp-audit.md: training records, a model, its query, audit sets, an engine, q and lr."""
     pytest.importorskip("opacus")
@@ -449,7 +451,7 @@ def record_canaries(ns, mp):
     assert report is not None and "privacy/canaries/fdp/epsilon_lower_bound" in report.scalars
 
 
-@setup
+@snippet_setup
 def scores(ns, mp):
     """offline-audits.md: members' and non-members' scores, and records to score."""
     rng = np.random.default_rng(0)
@@ -459,7 +461,7 @@ def scores(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def softmax_outputs(ns, mp):
     """queries.md: softmax outputs of 800 records and their labels."""
     rng = np.random.default_rng(0)
@@ -470,7 +472,7 @@ def softmax_outputs(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def reference_models(ns, mp):
     """reference-models.md: a model, 4 reference models, an Ensemble of 8, reference and
     population records."""
@@ -500,7 +502,7 @@ def reference_models(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def specific_setup(ns, mp):
     """reference-models.md: a train_fn (a few steps of softmax regression), a dataset, targets,
     reference records and a pool."""
@@ -529,7 +531,7 @@ def specific_setup(ns, mp):
     assert ns["res"].auc.shape == (10,)
 
 
-@setup
+@snippet_setup
 def synthetic_set(ns, mp):
     """synthetic-data.md: a synthetic set, a reference set, test records and their membership."""
 

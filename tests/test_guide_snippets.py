@@ -203,8 +203,12 @@ def mlflow_run(ns, mp):
 def wandb_run(ns, mp):
     """training-loop.md: a query and audit sets; W&B offline in the working directory (no
     server, no key)."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from privmon.queries import LossQuery
+
+    # W&B as a new process has it: an earlier test's run (the WandbSink doctest's) can leave its
+    # settings behind, WANDB_DIR included, and this run's file would go there (wandb 0.19)
+    wandb.teardown()
 
     for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(Path.cwd()),
                         "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():  # fmt: skip

@@ -25,7 +25,7 @@ GitHub too):
 
 * no marker: the snippet runs as it is;
 * ``<!-- snippet: setup NAME -->``: the setup ``NAME`` (a generator registered with
-  :func:`setup`) first defines the names the snippet takes from its page (the user's model, data,
+  :func:`snippet_setup`) first defines the names the snippet takes from its page (the user's model, data,
   optimizer: small, so that every snippet runs in a second or two), and after the snippet checks
   what it did (e.g. that the monitor's checks succeeded). An output block under a setup may show
   only what the setup does not shrink (the steps a monitor checked, not a figure of its smaller
@@ -72,7 +72,9 @@ Setup = Callable[[dict[str, Any], pytest.MonkeyPatch], Iterator[None]]
 SETUPS: dict[str, Setup] = {}
 
 
-def setup(fn: Setup) -> Setup:
+def snippet_setup(fn: Setup) -> Setup:
+    # not named `setup`: pytest 7 would call a module-level setup() as the module's nose-style
+    # fixture, with the module, and register the module as a setup
     """Registers ``fn`` as the setup named by its function name."""
     SETUPS[fn.__name__] = fn
     return fn

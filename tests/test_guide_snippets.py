@@ -32,7 +32,7 @@ from snippets import (
     parse,
     problems,
     run,
-    setup,
+    snippet_setup,
     tiny_lm,
 )
 
@@ -152,7 +152,7 @@ def test_guide_snippet(group, tmp_path, monkeypatch):
 # --- the setups -----------------------------------------------------------------------------
 
 
-@setup
+@snippet_setup
 def plain_loop(ns, mp):
     """training-loop.md: a model, its audit loaders, 400 training batches."""
     from torch.utils.data import DataLoader, TensorDataset
@@ -174,7 +174,7 @@ def plain_loop(ns, mp):
     checked(ns["monitor"], checks=2)
 
 
-@setup
+@snippet_setup
 def mlflow_run(ns, mp):
     """training-loop.md: a query and audit sets; MLflow's store in the working directory."""
     pytest.importorskip("mlflow")
@@ -191,11 +191,14 @@ def mlflow_run(ns, mp):
     assert Path("runs/exp1/checks.jsonl").read_text(encoding="utf-8").count("\n") == 1
 
 
-@setup
+@snippet_setup
 def wandb_run(ns, mp):
     """training-loop.md: a query and audit sets; W&B offline in the working directory (no
     server, no key)."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    # W&B as a new process has it: an earlier test's run (the WandbSink doctest's) can leave its
+    # settings behind, WANDB_DIR included, and this run's file would go there (wandb 0.19)
+    wandb.teardown()
     from privmon.queries import LossQuery
 
     for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(Path.cwd()),
@@ -208,7 +211,7 @@ def wandb_run(ns, mp):
     assert list(Path("wandb").glob("offline-run-*/run-*.wandb"))
 
 
-@setup
+@snippet_setup
 def diffusion_loop(ns, mp):
     """diffusion.md: a tiny random-weight UNet and its DDPM scheduler, 8×8 member and held-out
     images, one training batch (step 0 is a check)."""
@@ -225,7 +228,7 @@ def diffusion_loop(ns, mp):
     checked(ns["monitor"], checks=1)
 
 
-@setup
+@snippet_setup
 def hf_trainer(ns, mp):
     """transformers.md: a tiny causal LM, its audit batches and a training set of 51 steps."""
     transformers = pytest.importorskip("transformers")
@@ -243,7 +246,7 @@ def hf_trainer(ns, mp):
     assert ns["trainer"].state.global_step == 51
 
 
-@setup
+@snippet_setup
 def lm_trainer(ns, mp):
     """language-models.md: a tiny causal LM and its base model, texts, Trainer arguments."""
     transformers = pytest.importorskip("transformers")
@@ -274,7 +277,7 @@ def lm_trainer(ns, mp):
     }
 
 
-@setup
+@snippet_setup
 def lm_canaries(ns, mp):
     """language-models.md: a tiny causal LM, its tokenizer and training texts."""
     pytest.importorskip("transformers")
@@ -284,7 +287,7 @@ def lm_canaries(ns, mp):
     assert len(ns["train_texts"]) == 70
 
 
-@setup
+@snippet_setup
 def lightning_loaders(ns, mp):
     """lightning.md: audit loaders and a training loader of one batch per epoch."""
     pytest.importorskip("lightning")
@@ -300,7 +303,7 @@ def lightning_loaders(ns, mp):
     assert ns["monitor"].n_failed == 0 and ns["monitor"].history
 
 
-@setup
+@snippet_setup
 def ignite_trainer(ns, mp):
     """ignite.md: an Ignite trainer of a model, its audit loaders, 5 batches per epoch."""
     pytest.importorskip("ignite")
@@ -329,7 +332,7 @@ def ignite_trainer(ns, mp):
     checked(ns["monitor"], checks=1)
 
 
-@setup
+@snippet_setup
 def distributed_loop(ns, mp):
     """distributed.md: a one-process gloo group, a model, its audit batches."""
     import torch.distributed as dist
@@ -355,7 +358,7 @@ def distributed_loop(ns, mp):
         dist.destroy_process_group()
 
 
-@setup
+@snippet_setup
 def dp_sgd(ns, mp):
     """dp-audit.md: a model, optimizer and loader before make_private; 100 steps' batches."""
     pytest.importorskip("opacus")
@@ -366,7 +369,7 @@ def dp_sgd(ns, mp):
     assert "privacy/canaries/steinke/epsilon_lower_bound" in ns["monitor"].last_report.scalars
 
 
-@setup
+@snippet_setup
 def dp_optimizer(ns, mp):
     """dp-audit.md: the engine and the DP optimizer of the snippet above."""
     pytest.importorskip("opacus")
@@ -390,7 +393,7 @@ def dp_optimizer(ns, mp):
     MechanismChecks(optimizer).detach()  # the comment's alternative, once the canaries are gone
 
 
-@setup
+@snippet_setup
 def record_canaries(ns, mp):
     """dp-audit.md: training records, a model, its query, audit sets, an engine, q and lr."""
     pytest.importorskip("opacus")
@@ -419,7 +422,7 @@ def record_canaries(ns, mp):
     assert report is not None and "privacy/canaries/fdp/epsilon_lower_bound" in report.scalars
 
 
-@setup
+@snippet_setup
 def scores(ns, mp):
     """offline-audits.md: members' and non-members' scores, and records to score."""
     rng = np.random.default_rng(0)
@@ -429,7 +432,7 @@ def scores(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def softmax_outputs(ns, mp):
     """queries.md: softmax outputs of 800 records and their labels."""
     rng = np.random.default_rng(0)
@@ -440,7 +443,7 @@ def softmax_outputs(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def reference_models(ns, mp):
     """reference-models.md: a model, 4 reference models, an Ensemble of 8, reference and
     population records."""
@@ -470,7 +473,7 @@ def reference_models(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def specific_setup(ns, mp):
     """reference-models.md: a train_fn (a few steps of softmax regression), a dataset, targets,
     reference records and a pool."""
@@ -499,7 +502,7 @@ def specific_setup(ns, mp):
     assert ns["res"].auc.shape == (10,)
 
 
-@setup
+@snippet_setup
 def synthetic_set(ns, mp):
     """synthetic-data.md: a synthetic set, a reference set, test records and their membership."""
 
@@ -514,7 +517,7 @@ def synthetic_set(ns, mp):
     yield
 
 
-@setup
+@snippet_setup
 def census(ns, mp):
     """synthetic-tables.md: the census splits, SynthesizerQuery, attach and a TVAE whose fits
     are cut to 200 epochs (the page's 2,000 would take a minute)."""
@@ -534,7 +537,7 @@ def census(ns, mp):
     assert len(ns["monitor"].history.steps) >= 1  # the fit was watched
 
 
-@setup
+@snippet_setup
 def synthetic_table(ns, mp):
     """synthetic-tables.md: a released table that copies its members with noise on wage."""
     census_splits(ns)

@@ -21,7 +21,7 @@ from snippets import (
     mismatches,
     pages,
     problems,
-    setup,
+    snippet_setup,
     tiny_lm,
 )
 
@@ -63,7 +63,7 @@ def test_readme_snippet(group, tmp_path, monkeypatch):
 # --- the setups -----------------------------------------------------------------------------
 
 
-@setup
+@snippet_setup
 def readme_tvae(ns, mp):
     """README, synthetic tables: a TVAE of 100 epochs (a check at its end), the census splits."""
     import ctgan
@@ -74,7 +74,7 @@ def readme_tvae(ns, mp):
     checked(ns["monitor"], checks=1)
 
 
-@setup
+@snippet_setup
 def readme_lm(ns, mp):
     """README, language models: a tiny causal LM, its base model, audit batches and a Trainer of
     100 steps, trained after the snippet (one check, at step 100)."""
@@ -103,7 +103,7 @@ def readme_lm(ns, mp):
     assert {"privacy/loss/auc", "privacy/min_k_plus_plus/auc"} <= logged
 
 
-@setup
+@snippet_setup
 def readme_canaries(ns, mp):
     """README, one-run DP audit: the engine and DP optimizer after make_private, a loss query of
     the private model and audit sets; one check after the snippet."""

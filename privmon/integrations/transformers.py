@@ -25,8 +25,7 @@ from typing import Any, Literal
 import torch
 
 try:
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 except ImportError as err:
     raise ImportError(
         "privmon.integrations.transformers needs Hugging Face transformers: "

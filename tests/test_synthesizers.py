@@ -185,6 +185,7 @@ def test_sdv_synthesizers_are_watched_and_a_stopped_one_can_sample(census):
             synthesizer.fit({"census": members})
         assert monitor.history.steps.tolist() == [2, 4], cls
         assert run.stopped_at == 4 and run.restored_epoch == 2, cls
+        assert synthesizer.get_info()["is_fit"] and synthesizer.get_info()["fitted_sdv_version"]
         out = synthesizer.sample(20)
         table = out["census"] if isinstance(out, dict) else out
         assert list(table.columns) == list(members.columns) and len(table) == 20

@@ -8,7 +8,7 @@ the library's random states); which modules that release reads; how many epochs 
 planned; and copies and restores those modules' weights. The libraries keep the parts a monitor
 needs in private attributes (ctgan: ``CTGAN._generator``, ``CTGAN._epochs``; SDV: the wrapped
 ``_model``, ``_sample``, ``_data_processor`` and the ``_fitted`` flags): they are read here
-alone, checked against ctgan 0.12.1 and SDV 1.17 and 2.0.
+alone, checked against ctgan 0.12.0 and 0.12.1 and SDV 2.0.
 """
 
 from __future__ import annotations
@@ -161,18 +161,16 @@ class SdvModel(SynthesizerModel):
             raw = synthesizer._sample(n)
             table = synthesizer._data_processor.reverse_transform(raw)
             table = synthesizer.reverse_transform_constraints(table)
-        return _single_table(table)
+        return table
 
     def end_stopped_fit(self) -> None:
         """SDV's ``fit_processed_data`` marks the synthesizer fitted after its model's fit
         returns; a stopped fit never returns, so the marks are set here."""
         s = self.synthesizer
-        version = sys.modules.get("sdv.version") or sys.modules.get("sdv")
+        version = sys.modules.get("sdv.version")  # imported by SDV's synthesizers
         s._fitted = True
         s._fitted_date = datetime.datetime.today().strftime("%Y-%m-%d")
-        s._fitted_sdv_version = getattr(version, "community", None) or getattr(
-            version, "public", None
-        )
+        s._fitted_sdv_version = getattr(version, "community", None)
         s._fitted_sdv_enterprise_version = getattr(version, "enterprise", None)
 
 
@@ -182,13 +180,6 @@ def _generator(model: Any) -> nn.Module | None:
     if module is None:
         module = getattr(model, "_generator", None)  # CTGAN
     return module if isinstance(module, nn.Module) else None
-
-
-def _single_table(table: Any) -> Any:
-    """SDV 2 returns ``{table name: DataFrame}`` where SDV 1 returned the DataFrame."""
-    if isinstance(table, dict) and len(table) == 1:
-        return next(iter(table.values()))
-    return table
 
 
 def synthesizer_model(synthesizer: Any) -> SynthesizerModel:

@@ -25,8 +25,9 @@ GitHub too):
 
 * no marker: the snippet runs as it is;
 * ``<!-- snippet: setup NAME -->``: the setup ``NAME`` (a generator registered with
-  :func:`snippet_setup`) first defines the names the snippet takes from its page (the user's model, data,
-  optimizer: small, so that every snippet runs in a second or two), and after the snippet checks
+  :func:`snippet_setup`) first defines the names the snippet takes from its page (the user's
+  model, data, optimizer: small, so that every snippet runs in a second or two), and after the
+  snippet checks
   what it did (e.g. that the monitor's checks succeeded). An output block under a setup may show
   only what the setup does not shrink (the steps a monitor checked, not a figure of its smaller
   data);

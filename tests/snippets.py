@@ -27,10 +27,9 @@ GitHub too):
 * ``<!-- snippet: setup NAME -->``: the setup ``NAME`` (a generator registered with
   :func:`snippet_setup`) first defines the names the snippet takes from its page (the user's
   model, data, optimizer: small, so that every snippet runs in a second or two), and after the
-  snippet checks
-  what it did (e.g. that the monitor's checks succeeded). An output block under a setup may show
-  only what the setup does not shrink (the steps a monitor checked, not a figure of its smaller
-  data);
+  snippet checks what it did (e.g. that the monitor's checks succeeded). An output block under a
+  setup may show only what the setup does not shrink (the steps a monitor checked, not a figure
+  of its smaller data);
 * ``<!-- snippet: continue -->``: the snippet goes on from the page's previous one, in its
   namespace, after it (the two are one test; the setup's checks run after the last);
 * ``<!-- snippet: compile REASON -->``: only compiled, for a snippet that needs what a test cannot

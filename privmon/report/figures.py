@@ -118,6 +118,7 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
             ax.plot(s, v, style, color=color, label=label)
     if floor is not None and floor > 1e-6:
         ax.axhline(floor, color="0.6", lw=1, label="trivial floor |2p − 1|")
+    _stopping_marks(ax, checks, q)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("training step")
     ax.set_ylabel("optimal membership advantage")
@@ -125,6 +126,20 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
     ax.grid(alpha=0.3)
     legend_outside(fig)
     return fig
+
+
+def _stopping_marks(ax: Any, checks: Checks, q: str) -> None:
+    """On the chart of the query early stopping watches: its threshold, and the stop's step."""
+    records = [r for r in checks.records if tags.STOPPING_THRESHOLD in r["scalars"]]
+    said: dict[str, Any] = next((r["stopping"] for r in reversed(records) if r.get("stopping")), {})
+    parsed = tags.parse_advantage(said.get("tag", ""))
+    if not records or parsed is None or parsed[0] != q:
+        return
+    threshold = records[-1]["scalars"][tags.STOPPING_THRESHOLD]
+    ax.axhline(threshold, color="#e377c2", lw=1.5, label=f"stopping threshold {threshold:g}")
+    stops = [r["step"] for r in records if r["scalars"].get(tags.STOPPING_STOP, 0.0) >= 0.5]
+    if stops:
+        ax.axvline(stops[0], color="#e377c2", ls=":", lw=1.5, label=f"early stop, step {stops[0]}")
 
 
 def plot_advantage(checks: Checks, q: str, floor: float | None) -> tuple[str, str]:

@@ -565,3 +565,23 @@ def test_real_tensorboard_server_draws_each_named_series_from_its_own_run(server
     low, high = _y_extent_ignoring_outliers(values)
     padded = high + 0.1 * (high - low)  # the chart pads its extent by 10 % a side
     assert padded >= max(chart[f"dp/{tags.SERIES_ACCOUNTANT}", tags.GLANCE_EPSILON])
+
+
+def _tensorboard_order(tag):
+    """TensorBoard's order of cards (Time Series, Scalars): a digit or '/' before any other
+    character (its natural sort; digits compare as numbers, which one digit here does too)."""
+    return [(0 if c == "/" or c.isdigit() else 1, c) for c in tag]
+
+
+def test_the_first_cards_are_the_named_series_charts_no_helper_among_them(dp, root):
+    # The Time Series and Scalars tabs sort a run's cards by tag: the first ones are each
+    # query's advantage chart, then ε, every series named by its run; the band edges, which the
+    # Custom Scalars tab draws, are in a group of their own after every privacy/ card.
+    acc = dp[2]
+    cards = set(acc.Tags()["scalars"])
+    for acc_series in _series_runs(root / "dp").values():
+        cards |= set(acc_series.Tags()["scalars"])
+    first = sorted(cards, key=_tensorboard_order)[:2]
+    assert first == [GLANCE_TAG, tags.GLANCE_EPSILON]
+    assert sorted(sorted(cards, key=_tensorboard_order)[-2:]) == sorted(BAND)  # then the bands
+    assert not any(t.startswith("privacy/axis") for t in cards)

@@ -87,12 +87,14 @@ _ADVANTAGE_ESTIMATES = ("value", "lower", "lower_check")  # estimates of the adv
 # -- the sinks' own names ---------------------------------------------------------------------
 RUN_ID_TEXT_TAG = "privacy/run_id"
 """TensorBoard's text (``add_text``) of the run's id, before each check's figures."""
-RUN_ID_EVENT_TAG = RUN_ID_TEXT_TAG + "/text_summary"  # as the event files store it
+RUN_ID_EVENT_TAG = RUN_ID_TEXT_TAG + "/text_summary"
+"""What TensorBoard stores :data:`RUN_ID_TEXT_TAG` under in the event files."""
 MLFLOW_RUN_ID_TAG = "privmon.run_id"
 """The MLflow run tag that names the privmon run logging into it."""
 DP_CAUSES_TEXT_TAG = "privacy/dp_causes"
 """TensorBoard's text of a DP violation's causes (:attr:`~privmon.report.Report.dp_causes`)."""
-DP_CAUSES_EVENT_TAG = DP_CAUSES_TEXT_TAG + "/text_summary"  # as the event files store it
+DP_CAUSES_EVENT_TAG = DP_CAUSES_TEXT_TAG + "/text_summary"
+"""What TensorBoard stores :data:`DP_CAUSES_TEXT_TAG` under in the event files."""
 WANDB_STEP = "privacy/step"
 """The step axis a :class:`~privmon.sinks.WandbSink` logs beside each check's figures (the
 check's training step), and draws every ``privacy/`` figure against (``define_metric``)."""
@@ -102,39 +104,58 @@ WANDB_RUN_ID_KEY = "privmon_run_id"
 """The W&B run's config key that names the privmon run logging into it."""
 EPSILON_CHART = "privacy/epsilon_chart"
 """The W&B line chart of ε over the checks: the accountant's and every ε lower bound."""
-LAYOUT_CATEGORY = "privacy"  # TensorBoard's Custom Scalars category of the first charts
-DP_CHECKS_CATEGORY = "privacy: DP mechanism checks"  # then of the DP mechanism checks
-DETAIL_CATEGORY = "privacy: every figure, by query and method"  # and of the rest
+LAYOUT_CATEGORY = "privacy"
+"""The Custom Scalars category of the first charts (each query's advantage, ε)."""
+DP_CHECKS_CATEGORY = "privacy: DP mechanism checks"
+"""The Custom Scalars category of the DP mechanism checks (second)."""
+DETAIL_CATEGORY = "privacy: every figure, by query and method"
+"""The Custom Scalars category of every figure by query and method (last)."""
 
 # -- early stopping -------------------------------------------------------------------------------
-# each decision: the budget's threshold, the figure watched (its tag: the decision's ``tag``), 1.0
-# from the check that stopped training on (else 0.0), the consecutive checks above the budget
 STOPPING_THRESHOLD = "privacy/stopping/threshold"
+"""The budget: early stopping's threshold, at each check it decides."""
 STOPPING_FIGURE = "privacy/stopping/figure"
+"""The figure early stopping watches, at this check (its tag: the decision's)."""
 STOPPING_STOP = "privacy/stopping/stop"
+"""1.0 from the check that stopped training on, else 0.0."""
 STOPPING_WAIT = "privacy/stopping/wait"
-# the run's outcome, logged once at its end: stopped (0/1), the stop's step, the highest value of
-# the watched figure and its step, the step whose weights an adapter restored (NaN: none)
+"""Consecutive checks above the budget so far (a stop once it exceeds the patience)."""
 STOPPING_STOPPED = "privacy/stopping/stopped"
+"""The run's outcome, logged once at its end: 1.0 when the budget stopped it, else 0.0."""
 STOPPING_STOPPED_STEP = "privacy/stopping/stopped_step"
+"""The run's outcome: the step of the check that stopped it (NaN: none did)."""
 STOPPING_HIGHEST = "privacy/stopping/highest"
+"""The run's outcome: the highest value the watched figure reached."""
 STOPPING_HIGHEST_STEP = "privacy/stopping/highest_step"
+"""The run's outcome: the step of that highest value."""
 STOPPING_RESTORED_STEP = "privacy/stopping/restored_step"
+"""The run's outcome: the step whose weights an adapter restored (NaN: none)."""
 STOPPING_TEXT_TAG = "privacy/stopping"
 """TensorBoard's text of each decision (and why) and, at the run's end, of its outcome."""
-STOPPING_EVENT_TAG = STOPPING_TEXT_TAG + "/text_summary"  # as the event files store it
-STOPPING_OUTCOME_KEY = "stopping_outcome"  # a JSON line of the run's outcome (not a check)
-MLFLOW_STOPPING_TAG = "privmon.stopping"  # MLflow run tags: .budget, .decision, .outcome
-WANDB_STOPPING_KEY = "privmon_stopping"  # W&B config key of the budget; summary's prefix
+STOPPING_EVENT_TAG = STOPPING_TEXT_TAG + "/text_summary"
+"""What TensorBoard stores :data:`STOPPING_TEXT_TAG` under in the event files."""
+STOPPING_OUTCOME_KEY = "stopping_outcome"
+"""The key of a JSON line holding the run's early-stopping outcome (not a check)."""
+MLFLOW_STOPPING_TAG = "privmon.stopping"
+"""MLflow run tags' prefix: ``.budget``, ``.decision`` (the last check's), ``.outcome``."""
+WANDB_STOPPING_KEY = "privmon_stopping"
+"""The W&B config key of the budget, and the summary keys' prefix (decision, outcome)."""
 
 # -- TensorBoard's first charts: one named series a run folder, on one tag ------------------------
 SERIES_ESTIMATE = "advantage estimate"
+"""The named series of a query's debiased advantage estimate (``…/value``)."""
 SERIES_LOWER = "certified lower bound"
+"""The named series of its lower bound certified over the run (``…/lower``)."""
 SERIES_CEILING = "(ε, δ)-DP ceiling"
+"""The named series of the (ε, δ)-DP ceiling on the advantage."""
 SERIES_THRESHOLD = "stopping threshold"
+"""The named series of early stopping's threshold, on the chart of its figure."""
 SERIES_ACCOUNTANT = "ε (accountant)"
+"""The named series of ε read from the accountant."""
 SERIES_CANARIES = "ε lower bound (one-run canary audit)"
+"""The named series of the largest one-run canary audit's ε lower bound."""
 SERIES_BLACK_BOX = "ε lower bound (black-box attacks)"
+"""The named series of the largest black-box ε lower bound (over queries, methods)."""
 SERIES = (SERIES_ESTIMATE, SERIES_LOWER, SERIES_CEILING, SERIES_THRESHOLD, SERIES_ACCOUNTANT,
           SERIES_CANARIES, SERIES_BLACK_BOX)  # fmt: skip
 """The named series of TensorBoard's first charts, each a run of its own (a folder of its name in

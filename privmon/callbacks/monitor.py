@@ -334,12 +334,11 @@ class PrivacyMonitor:
             if not self.history:
                 self._traps.check_failed(global_step, describe_error(err))
             return None
-        report, stops = decided(report, self.early_stopping, self._traps, strict=self.strict)
-        self.history.append(report)
+        report, stops = decided(report, self.early_stopping, self._traps, self.history, self.strict)
         self._budget.say_what_can_be_certified(
             self.n_certified_checks, first=len(self.history) == 1, stopping=self.early_stopping
         )
-        with agreed_stage("writing the report or early stopping", flags=[False]) as stop:
+        with agreed_stage("writing the report", flags=[False]) as stop:
             publish(report, self.sinks, other_runs=self._other_runs, strict=self.strict)
             stop[0] = stops
         self._stop = stopped(stop[0], self._stop, self.early_stopping, report.step)

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from privmon._process_group import rank_and_world
+from privmon.callbacks.distributed import agreed_stage
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.traps import Traps
 from privmon.report import Report
 from privmon.report.stopping import StoppingOutcome
@@ -44,22 +46,43 @@ def call_or_log(
 
 
 def decided(
-    report: Report, stopping: PrivacyEarlyStopping | None, traps: Traps, *, strict: bool
+    report: Report,
+    stopping: PrivacyEarlyStopping | None,
+    traps: Traps,
+    history: ReportHistory,
+    strict: bool,
 ) -> tuple[Report, bool]:
-    """(``report`` with early stopping's decision on it, whether training stops): the decision
-    on ``report.stopping``, its numbers among the scalars (``stopping.update``, then its
-    ``decision``); the report as it is without early stopping, when the check has the
-    canaries' figures alone, or when deciding failed (logged: no stop).
+    """(``report`` with early stopping's decision on it, whether training stops), the report
+    kept in ``history``: the decision on ``report.stopping``, its numbers among the scalars
+    (``stopping.update``, then its ``decision``). Without early stopping, when the check has the
+    canaries' figures alone, or when deciding failed on any rank (logged; ``strict``: raised on
+    every rank), the report stays as it is on every rank (one report on every rank); training
+    stops when any rank says stop.
 
     Examples:
-        >>> from privmon import PrivacyEarlyStopping
+        >>> from privmon.callbacks.history import ReportHistory
         >>> from privmon.callbacks.publishing import decided
         >>> from privmon.callbacks.traps import Traps
         >>> from privmon.report import Report
         >>> report = Report(step=100, scalars={"privacy/loss/histogram/lower": 0.3}, run_id="a")
-        >>> decided(report, None, Traps(), strict=False) == (report, False)  # no early stopping
+        >>> decided(report, None, Traps(), ReportHistory(), False) == (report, False)
         True
     """
+    out = report
+    try:
+        with agreed_stage("early stopping", flags=[False, False]) as flags:
+            out, flags[0] = _decided(report, stopping, traps, strict=strict)
+            flags[1] = stopping is not None and bool(report.queries) and out.stopping is None
+        if flags[1]:  # a decision one rank could not take is taken on none
+            out = report
+        return out, flags[0]
+    finally:  # the check itself succeeded, even when deciding failed
+        history.append(out)
+
+
+def _decided(
+    report: Report, stopping: PrivacyEarlyStopping | None, traps: Traps, *, strict: bool
+) -> tuple[Report, bool]:
     if stopping is None or not report.queries:  # the canaries' figures alone: no decision
         return report, False
     if not traps.stopping_checked:

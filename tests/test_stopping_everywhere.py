@@ -302,7 +302,9 @@ def test_the_html_report_marks_the_budget_on_the_chart_and_says_it_in_the_verdic
         )
     page = html.unescape(re.sub(r"<[^>]+>", "", render_html(checks)))  # the text a reader sees
     assert said in page
-    lines = {line.get_label(): line for line in advantage_figure(checks, "s", None).axes[0].lines}
+    ax = advantage_figure(checks, "s", None).axes[0]
+    assert ax.get_title() == "s: advantage estimate, certified lower bound and stopping threshold"
+    lines = {line.get_label(): line for line in ax.lines}
     mark = lines[f"stopping threshold {_threshold(budget):g}"]
     assert set(mark.get_ydata()) == {_threshold(budget)}
     assert ("early stop, step 20" in lines) == (budget == "stop")

@@ -362,6 +362,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     print(format_summary(summary))
     print(f"\nsummary: {args.logdir}/summary.json\nopen:    tensorboard --logdir {args.logdir}")
+    print("         (first its Custom Scalars tab: each query's advantage, bound and budget)")
     return 0
 
 

@@ -284,6 +284,10 @@ def _finite(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def _finite_dict(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _finite(v) for k, v in d.items()}
+
+
 def _summary(
     monitor: PrivacyMonitor, config: DemoConfig, steps: int, stopped_at: int | None, seconds: float
 ) -> dict[str, Any]:
@@ -309,11 +313,13 @@ def _summary(
                 "lower": float(lowers[low]),
             }
         final[f"{name}/top_records"] = list(q.top_records)
-    es = monitor.early_stopping
+    es, outcome = monitor.early_stopping, monitor.stopping_outcome
     return {
         "steps": steps,
         "stopped_at": stopped_at,
         "stop_reason": es.reason if es is not None else None,
+        # the budget and what it did: the stop, or none and the highest certified figure
+        "stopping": None if outcome is None else _finite_dict(outcome.to_json()),
         "wall_seconds": round(seconds, 2),
         "checks": len(monitor.history),
         "failed_checks": monitor.n_failed,
@@ -323,7 +329,7 @@ def _summary(
         "ceilings": tags.ceilings(last.scalars),
         "dp_violation": any(r.dp_violation for r in monitor.history),
         # the verdict privmon report gives these checks, from the same rules
-        "verdict": verdict(checks_from_reports(monitor.history)).headline,
+        "verdict": verdict(checks_from_reports(monitor.history, outcome=outcome)).headline,
         "config": {
             k: v for k, v in config.__dict__.items() if k not in ("progress", "num_threads")
         },
@@ -355,8 +361,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f" ceiling tanh {c.get('tanh', float('nan')):.3f}, "
             f"(eps, delta) {c.get('eps_delta', float('nan')):.3f}"
         )
-    if summary["stopped_at"] is not None:
-        rows.append(f"early stopping: {summary['stop_reason']}")
+    if summary.get("stopping") is not None:  # a budget: what it did, stop or not
+        rows.append(summary["stopping"]["sentence"])
     rows.append(
         f"{summary['steps']} steps, {summary['checks']} checks in {summary['wall_seconds']:.1f} s"
     )

@@ -106,6 +106,10 @@ def test_the_page_and_tensorboard_draw_accountant_and_audited_epsilon(tmp_path):
     layout = layout_pb2.Layout()
     layout.ParseFromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    # first, the ε chart of named series (#38): the accountant's, the canaries' largest bound
+    first = {c.title for c in layout.category[0].chart}
+    named = ["ε (accountant)", "ε lower bound (one-run canary audit)"]
+    assert f"ε: {named[0]}, {named[1]} and ε lower bound (black-box attacks)" in first
     expected = ["privacy/epsilon", *(canary_epsilon(m) for m in CANARY_METHODS)]
     assert charts["epsilon: accountant vs one-run canary audit"] == [
         re.escape(t) + "$" for t in expected

@@ -355,8 +355,10 @@ def test_two_gloo_ranks_equal_one_process(ranks, expected):
     assert r0["equal"]["top"] == list(report.queries["loss"].top_records) == r1["equal"]["top"]
     assert r0["equal"]["stop"] is True and r1["equal"]["stop"] is True  # they stop together
     assert report.scalars["privacy/loss/histogram/value"] > 0.1  # there is a leak to agree on
-    lines = (tmp / "ddp" / "checks.jsonl").read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["step"] == 100  # rank 0 alone writes
+    lines = [json.loads(line) for line in (tmp / "ddp" / "checks.jsonl").read_text().splitlines()]
+    # rank 0 alone writes: the check, then (at close) the budget's outcome, once (#38)
+    assert [line.get("step") for line in lines] == [100, None]
+    assert lines[1]["stopping_outcome"]["stopped_step"] == 100
     assert len(list((tmp / "ddp").glob("events.out.tfevents.*"))) == 1
 
 

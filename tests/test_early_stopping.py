@@ -191,6 +191,11 @@ def test_state_dict_roundtrip_through_torch_save_weights_only():
         "checks_seen": 2,
         "stopped_step": None,
         "reason": None,
+        # what the run's outcome says (issue #38): no check within the budget, the highest figure
+        "last_within": None,
+        "highest_value": 0.5,
+        "highest_step": 10,
+        "stopped_value": None,
     }
     resumed = PrivacyEarlyStopping("loss/histogram", 0.1, use="value", patience=2, min_checks=2)
     resumed.load_state_dict(state)

@@ -1,9 +1,13 @@
-"""The HTML report as a reader sees it (issue #32, point 5): a real monitor run with many queries
-rendered by ``privmon report`` and opened in headless Chromium at 1280×900. The page does not
-scroll sideways although its "All checks" table is wider than the column (that table scrolls
-inside its ``.scroll`` block instead, and without the block the same page overflows), every plot
-loads, every term a reader can hover carries its explanation and leads to its glossary entry,
-and a full-page screenshot is a picture of the page.
+"""The HTML report and TensorBoard as a reader sees them (issues #32 and #38, point 5): a real
+monitor run with many queries rendered by ``privmon report`` and opened in headless Chromium at
+1280×900. The page does not scroll sideways although its "All checks" table is wider than the
+column (that table scrolls inside its ``.scroll`` block instead, and without the block the same
+page overflows), the 12-column table of the last check shows every column without scrolling,
+every plot loads, every term a reader can hover carries its explanation and leads to its
+glossary entry, and a full-page screenshot is a picture of the page. A small run with a budget
+served by a real ``tensorboard`` on localhost (bounded in time, stopped by its pid): its Custom
+Scalars page loads, and its first chart draws the named series, each from a run of its own in a
+colour of its own.
 
 Needs Playwright (the ``test`` extra) and a Chromium binary: the Debian
 ``chromium-headless-shell`` or ``chromium`` package (CI installs the first), or a browser of
@@ -11,18 +15,25 @@ Playwright's own; skipped, with the reason, when either is missing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privmon import PrivacyMonitor
+from privmon import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.cli import main
-from privmon.queries import LossQuery
-from privmon.report import REPORT_NAME
+from privmon.queries import CallableQuery, LossQuery
+from privmon.report import REPORT_NAME, tags
 from privmon.report.blocks import GLOSSARY
 from privmon.sinks import JsonlSink
 
@@ -64,7 +75,7 @@ def browser():
 def report(tmp_path_factory):
     """``privmon report`` of a real run: a linear model trained 12 steps on its 64 members,
     checked every 4 steps by 6 loss queries with long names (one column each per method in the
-    "All checks" table, too many for the page's 1000 px column)."""
+    "All checks" table, too many for the page's 1200 px column)."""
     pytest.importorskip("matplotlib")
     logdir = tmp_path_factory.mktemp("browser")
     generator = torch.Generator().manual_seed(0)
@@ -121,7 +132,7 @@ def test_the_page_fits_1280_px_and_its_wide_table_scrolls_inside_its_column(
     block = _all_checks_scroll(page)
     assert block["cls"] == "scroll"
     assert block["scroll"] > block["client"] and block["table"] > block["client"], block
-    assert block["client"] <= 1000  # inside the page's column (body max-width)
+    assert block["client"] <= 1200  # inside the page's column (body max-width)
     page.evaluate(
         """() => {const h = [...document.querySelectorAll('h2')].find(
                       e => e.textContent === 'All checks');
@@ -205,3 +216,108 @@ def test_every_term_a_reader_hovers_explains_itself_and_leads_to_the_glossary(br
     top = page.evaluate(f"document.querySelector('{target}').getBoundingClientRect().top")
     assert 0 <= top < HEIGHT
     page.close()
+
+
+def test_the_last_checks_table_shows_every_column_at_1280_px(browser, report):
+    # issue #38: its 12th column, "detectable", was cut off until one scrolled the table
+    page = _open(browser, report)
+    table = page.evaluate(
+        """() => {
+        const h = [...document.querySelectorAll('h2')].find(
+            e => e.textContent.startsWith('At the last check'));
+        const block = h.nextElementSibling, box = block.getBoundingClientRect();
+        const heads = [...block.querySelectorAll('th')];
+        return {scroll: block.scrollWidth, client: block.clientWidth, right: box.right,
+                heads: heads.map(th => [th.textContent, th.getBoundingClientRect().right])};
+    }"""
+    )
+    page.close()
+    assert len(table["heads"]) == 12 and table["heads"][-1][0] == "detectable"
+    assert table["scroll"] <= table["client"], table  # nothing to scroll to
+    assert all(right <= table["right"] + 0.5 for _, right in table["heads"]), table
+    assert table["right"] <= WIDTH
+
+
+# --- TensorBoard ----------------------------------------------------------------------------------
+def _tensorboard_run(logdir):
+    """A small run with a budget: a leaking score, 3 checks, TensorBoard's event files."""
+    g = torch.Generator().manual_seed(0)
+    members, nonmembers = torch.randn(200, generator=g) + 1.0, torch.randn(200, generator=g)
+    monitor = PrivacyMonitor(
+        CallableQuery(lambda b: b, name="score"),
+        [members],
+        [nonmembers],
+        every_n_steps=1,
+        methods=("histogram",),
+        planned_checks=3,
+        writer=str(logdir),
+        early_stopping=PrivacyEarlyStopping("score/histogram", 0.9, patience=1),
+    )
+    for step in (1, 2, 3):
+        monitor.step(step)
+    monitor.close()
+
+
+@pytest.fixture(scope="module")
+def tensorboard_url(tmp_path_factory):
+    """``tensorboard --logdir`` of a small run on a free localhost port; the process is
+    stopped, by its pid, when the tests are done (or if it never answers within 90 s)."""
+    pytest.importorskip("tensorboard.main", reason="tensorboard's executable module is missing")
+    logdir = tmp_path_factory.mktemp("tensorboard")
+    _tensorboard_run(logdir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(logdir.parent / "tensorboard.log", "w")  # closed below
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port), "--host", "127.0.0.1"], stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"tensorboard exited with {proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as r:
+                    if len(json.load(r)) >= 4:  # the run and its named series
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("tensorboard did not list the runs within 90 s")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+        log.close()
+
+
+def test_tensorboards_first_custom_scalars_chart_draws_the_named_series(browser, tensorboard_url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{tensorboard_url}/#custom_scalars")
+    card = page.locator("tf-custom-scalar-margin-chart-card").first
+    card.wait_for(timeout=60_000)
+    # the card's series, once loaded ('<tag> (<run>)'), and the colour TensorBoard gives each
+    deadline = time.monotonic() + 60
+    while card.evaluate("c => c._seriesNames.length") < 3 and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    drawn = card.evaluate(
+        """c => ({title: c.title, top: c.getBoundingClientRect().top,
+                  series: c._seriesNames.map(n => [n, c._colorScale.scale(n)])})"""
+    )
+    page.close()
+    tag = tags.glance_advantage("score", "histogram")
+    names = {name.removeprefix(f"{tag} (").removesuffix(")") for name, _ in drawn["series"]}
+    assert names == {tags.SERIES_ESTIMATE, tags.SERIES_LOWER, tags.SERIES_THRESHOLD}
+    assert len({colour for _, colour in drawn["series"]}) == 3  # one colour a series
+    assert drawn["title"] == (
+        "score (histogram): advantage estimate, certified lower bound and stopping threshold; "
+        "shaded: advantages not ruled out"
+    )
+    assert 0 <= drawn["top"] < 1000  # on the first screen

@@ -1,8 +1,8 @@
 """TensorBoard output of a real PrivacyMonitor: event files read back with TensorBoard's own
 EventAccumulator (scalars, member-risk histograms, PR curves, the run id of every check, the
-custom-scalar layout), a run with a real Opacus accountant, and a real ``tensorboard`` server
-queried over HTTP (each chart's series exactly, and its y-range under the dashboard's outlier
-clipping)."""
+custom-scalar layout, the first charts' named series, each a run of its own), a run with a real
+Opacus accountant, and a real ``tensorboard`` server queried over HTTP (each chart's series
+exactly, one run each, and the ε chart's y-range under the dashboard's outlier clipping)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import privmon
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
 from privmon.report import tags
-from privmon.report.tags import AXIS_TAGS, RUN_ID_EVENT_TAG
+from privmon.report.tags import RUN_ID_EVENT_TAG
 
 CHECK_STEPS = [2, 4, 6]
 N_MEM = N_NON = 100
@@ -144,19 +144,40 @@ def _layout(acc):
     assert len(events) == 1  # written once, at the first check
     layout = layout_pb2.Layout()
     layout.ParseFromString(events[0].tensor_proto.string_val[0])
-    return {
-        (cat.title, chart.title): list(chart.multiline.tag)
+    return {  # a multiline chart's regular expressions; a margin chart's (value, lower, upper)
+        (cat.title, chart.title): (
+            list(chart.multiline.tag)
+            if chart.HasField("multiline")
+            else [(m.value, m.lower, m.upper) for m in chart.margin.series]
+        )
         for cat in layout.category
         for chart in cat.chart
     }
 
 
+def _series_runs(logdir):
+    """{named series: EventAccumulator} of the first charts' runs, the folders in ``logdir``."""
+    out = {}
+    for name in tags.SERIES:
+        if (logdir / name).is_dir():
+            out[name] = _accumulator(logdir / name)
+    return out
+
+
+GLANCE = "privacy"
+DETAIL = tags.DETAIL_CATEGORY
+SHADED = "; shaded: advantages not ruled out"
+PLAIN_TITLE = "loss (histogram): advantage estimate and certified lower bound" + SHADED
+DP_TITLE = (
+    "loss (histogram): advantage estimate, certified lower bound and (ε, δ)-DP ceiling" + SHADED
+)
+GLANCE_TAG = tags.glance_advantage("loss", "histogram")
+BAND = tags.band_edges("loss", "histogram")
+
+
 def _exactly(*tags):
     """The layout's regular expressions of ``tags``: each matches that tag alone."""
     return [re.escape(t) + "$" for t in tags]
-
-
-AXES = list(AXIS_TAGS)
 
 
 # --- event files ---------------------------------------------------------------------------------
@@ -168,11 +189,9 @@ def test_scalars_one_event_per_check_equal_to_history(run, request):
     assert [r.step for r in monitor.history] == CHECK_STEPS
     written = set(acc.Tags()["scalars"])
     assert set(CORE_TAGS) <= written
-    # Every scalar of every report, and nothing else but the charts' range, is in the event file.
-    assert written == set(monitor.history[0].scalars) | set(AXIS_TAGS)
-    for tag, value in AXIS_TAGS.items():
-        assert [(e.step, e.value) for e in acc.Scalars(tag)] == [(s, value) for s in CHECK_STEPS]
-    for tag in written - set(AXIS_TAGS):
+    # Every scalar of every report, and nothing else (no constant series pins a chart, #38).
+    assert written == set(monitor.history[0].scalars)
+    for tag in written:
         events = acc.Scalars(tag)
         assert [e.step for e in events] == CHECK_STEPS, tag
         for e, report in zip(events, monitor.history, strict=True):
@@ -232,22 +251,53 @@ def test_membership_pr_curve(plain):
         assert fp.sum() == pytest.approx((buckets_n + 1).sum())
 
 
-def test_custom_scalar_layout_without_accountant(plain):
-    # No accountant, no ceiling: the titles say what is drawn; each tag is matched exactly.
+def test_custom_scalar_layout_without_accountant(plain, root):
+    # No accountant, no ceiling: the titles say what is drawn; each tag is matched exactly. First
+    # one chart per query (a margin chart: each series a run of its own, the estimate's band the
+    # advantages not ruled out); then every figure by method. No ε chart first without an
+    # accountant or canaries: the black-box bound alone is the certified advantage, in ε.
     charts = _layout(plain[2])
-    assert charts == {
-        ("privacy", "loss histogram: advantage estimate and certified lower bound"): _exactly(
-            "privacy/loss/histogram/value", "privacy/loss/histogram/lower", *AXES
-        ),
-        ("privacy", "loss kde: advantage estimate and certified lower bound"): _exactly(
-            "privacy/loss/kde/value", "privacy/loss/kde/lower", *AXES
-        ),
-    }
+    assert list(charts) == [
+        (GLANCE, PLAIN_TITLE),
+        (DETAIL, "loss histogram: advantage estimate and certified lower bound"),
+        (DETAIL, "loss kde: advantage estimate and certified lower bound"),
+        (DETAIL, "epsilon: lower bounds"),
+    ]
+    assert charts[GLANCE, PLAIN_TITLE] == [(GLANCE_TAG, *BAND)]
+    assert charts[DETAIL, "loss kde: advantage estimate and certified lower bound"] == _exactly(
+        "privacy/loss/kde/value", "privacy/loss/kde/lower"
+    )
     written = plain[2].Tags()["scalars"]
-    for regexes in charts.values():  # TensorBoard matches each one at the start of a tag
-        matched = [t for t in written if any(re.match(r, t) for r in regexes)]
-        assert len(matched) == len(regexes)
-        assert not any(t.endswith("lower_check") for t in matched)
+    for (category, _), regexes in charts.items():  # TensorBoard matches each at a tag's start
+        if category == DETAIL:
+            matched = [t for t in written if any(re.match(r, t) for r in regexes)]
+            assert len(matched) == len(regexes)
+            assert not any(t.endswith("lower_check") for t in matched)
+    # the named series: one run each, holding the first charts' tags and the run id only
+    runs = _series_runs(root / "plain")
+    assert sorted(runs) == sorted([tags.SERIES_ESTIMATE, tags.SERIES_LOWER, tags.SERIES_BLACK_BOX])
+    history = plain[0].history
+    for name, figure in ((tags.SERIES_ESTIMATE, "value"), (tags.SERIES_LOWER, "lower")):
+        acc = runs[name]
+        assert sorted(acc.Tags()["scalars"]) == sorted([GLANCE_TAG, *BAND])
+        events = acc.Scalars(GLANCE_TAG)
+        assert [e.step for e in events] == CHECK_STEPS
+        want = [_f32(r.scalars[f"privacy/loss/histogram/{figure}"]) for r in history]
+        assert [_f32(e.value) for e in events] == want
+        low, high = ([e.value for e in acc.Scalars(t)] for t in BAND)
+        if name == tags.SERIES_ESTIMATE:  # from the certified lower bound up to 1: no ceiling
+            lower = [_f32(r.scalars["privacy/loss/histogram/lower"]) for r in history]
+            assert (low, high) == (lower, [1.0] * len(CHECK_STEPS))
+        else:  # a line's band is the line
+            assert low == high == want
+        ids = acc.Tensors(RUN_ID_EVENT_TAG)
+        assert {tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in ids} == {
+            plain[0].run_id
+        }
+    black_box = runs[tags.SERIES_BLACK_BOX].Scalars(tags.GLANCE_EPSILON)
+    for e, r in zip(black_box, history, strict=True):  # the largest over the queries' methods
+        bounds = [v for t, v in r.scalars.items() if t.endswith("/epsilon_lower_bound")]
+        assert e.value == _f32(max(b for b in bounds if math.isfinite(b)))
 
 
 def test_every_check_carries_its_run_id(plain):
@@ -298,7 +348,7 @@ def test_event_files_without_run_ids_are_refused_as_written_before_them(tmp_path
         read_checks(tmp_path)
 
 
-def test_accountant_epsilon_ceilings_and_layout(dp):
+def test_accountant_epsilon_ceilings_and_layout(dp, root):
     monitor, _, acc, epsilons, accountant = dp
     # The monitor only reads the accountant: 3 + 6 steps, as the training loop made.
     assert accountant.history == [(SIGMA, RATE, 9)]
@@ -325,11 +375,18 @@ def test_accountant_epsilon_ceilings_and_layout(dp):
 
     charts = _layout(acc)
     ceilings = ["privacy/ceiling/tanh", "privacy/ceiling/eps_delta"]
+    eps_title = "ε: ε (accountant) and ε lower bound (black-box attacks)"
+    # TensorBoard shows a category's margin charts in the reverse of the layout's order
+    assert list(charts)[:2] == [(GLANCE, eps_title), (GLANCE, DP_TITLE)]
+    assert charts[GLANCE, eps_title] == [(tags.GLANCE_EPSILON,) * 3]
+    band = _series_runs(root / "dp")[tags.SERIES_ESTIMATE]
+    ceiling = [_f32(r.scalars["privacy/ceiling/eps_delta"]) for r in monitor.history]
+    assert [e.value for e in band.Scalars(BAND[1])] == ceiling  # the band's top: the ceiling
     for method in ("histogram", "kde"):
         b = f"privacy/loss/{method}"
         title = f"loss {method}: advantage estimate and certified lower bound vs DP ceilings"
-        assert charts[("privacy", title)] == _exactly(f"{b}/value", f"{b}/lower", *ceilings, *AXES)
-    assert charts[("privacy", "epsilon: accountant vs measured lower bounds")] == _exactly(
+        assert charts[(DETAIL, title)] == _exactly(f"{b}/value", f"{b}/lower", *ceilings)
+    assert charts[(DETAIL, "epsilon: accountant vs measured lower bounds")] == _exactly(
         "privacy/epsilon",
         "privacy/loss/histogram/epsilon_lower_bound",
         "privacy/loss/kde/epsilon_lower_bound",
@@ -426,8 +483,13 @@ def _chart(port, run, title):
     """{tag: [values]} that the server gives a custom-scalar chart of ``run``, asked as the
     dashboard asks: the chart's regular expressions joined into one."""
     layout = _get(port, "/data/plugin/custom_scalars/layout")
-    charts = {c["title"]: c["multiline"]["tag"] for cat in layout["category"] for c in cat["chart"]}
-    regexes = charts[title]
+    charts = {c["title"]: c for cat in layout["category"] for c in cat["chart"]}
+    chart = charts[title]
+    if "margin" in chart:  # the margin card's filter: each series' three tags, escaped
+        names = {t for m in chart["margin"]["series"] for t in m.values()}
+        regexes = [re.escape(t) for t in sorted(names)]
+    else:
+        regexes = chart["multiline"]["tag"]
     joined = regexes[0] if len(regexes) == 1 else "|".join(f"({r})" for r in regexes)
     got = _get(port, "/data/plugin/custom_scalars/scalars", tag=joined, run=run)
     assert got["regex_valid"]
@@ -452,24 +514,74 @@ def _y_extent_ignoring_outliers(values):
     return min(kept), max(kept)
 
 
-def test_real_tensorboard_server_draws_each_chart_whole(server, plain, dp):
-    # Each chart holds exactly its series (the server matches a chart's expressions at the start
-    # of a tag: unanchored, ".../lower" also drew ".../lower_check") and spans [0, 1] even with
-    # the dashboard's default outlier clipping, which cut the ends of the curves.
+def _chart_runs(port, title, runs):
+    """{(run, tag): [values]} the server gives a custom-scalar chart, run by run."""
+    return {(run, tag): values for run in runs for tag, values in _chart(port, run, title).items()}
+
+
+def test_real_tensorboard_server_draws_each_named_series_from_its_own_run(server, plain, dp):
+    # The first charts: each series a run of its own (TensorBoard's colour and name for it);
+    # no constant series pins a chart (#38); the ε chart's y-range, under the dashboard's
+    # default outlier clipping (and its 20 % padding), keeps the accountant's last ε.
     port, proc = server
-    _wait_for_tags(port, proc, ["plain", "dp"], [*CORE_TAGS, *AXES])
-    for run, fixture, against in (("plain", plain, ""), ("dp", dp, " vs DP ceilings")):
+    runs = [f"dp/{name}" for name in tags.SERIES] + [f"plain/{name}" for name in tags.SERIES]
+    _wait_for_tags(port, proc, ["plain", "dp"], CORE_TAGS)
+    listed = _get(port, "/data/plugin/scalars/tags")
+    assert not any("axis" in t for tags_ in listed.values() for t in tags_)
+    for run, fixture, title in (("plain", plain, PLAIN_TITLE), ("dp", dp, DP_TITLE)):
         history = fixture[0].history
-        for method in ("histogram", "kde"):
-            b = f"privacy/loss/{method}"
-            title = f"loss {method}: advantage estimate and certified lower bound{against}"
-            chart = _chart(port, run, title)
-            drawn = [f"{b}/value", f"{b}/lower"]
-            if against:
-                drawn += ["privacy/ceiling/tanh", "privacy/ceiling/eps_delta"]
-            assert sorted(chart) == sorted([*drawn, *AXES]), title
-            for tag in drawn:
-                assert [_f32(v) for v in chart[tag]] == [_f32(r.scalars[tag]) for r in history]
-            values = [v for series in chart.values() for v in series]
-            assert _y_extent_ignoring_outliers(values) == (0.0, 1.0)
-            assert all(0.0 <= v <= 1.0 for v in values)
+        names = [tags.SERIES_ESTIMATE, tags.SERIES_LOWER]
+        if run == "dp":
+            names.append(tags.SERIES_CEILING)
+        mine = [r for r in runs if r.startswith(f"{run}/") and r.split("/", 1)[1] in names]
+        _wait_for_tags(port, proc, mine, [tags.glance_advantage("loss", "histogram")])
+        chart = _chart_runs(port, title, [run, *mine])
+        assert sorted({r for r, _ in chart}) == sorted(mine)  # a series a run, none from "."
+        figure = {tags.SERIES_ESTIMATE: "privacy/loss/histogram/value",
+                  tags.SERIES_LOWER: "privacy/loss/histogram/lower",
+                  tags.SERIES_CEILING: "privacy/ceiling/eps_delta"}  # fmt: skip
+        for r in mine:
+            name = r.split("/", 1)[1]
+            want = [_f32(h.scalars[figure[name]]) for h in history]
+            assert [_f32(v) for v in chart[r, GLANCE_TAG]] == want, r
+            if name == tags.SERIES_ESTIMATE:  # its band: not ruled out, lower bound to ceiling
+                top = [_f32(h.scalars.get("privacy/ceiling/eps_delta", 1.0)) for h in history]
+                lower = [_f32(h.scalars["privacy/loss/histogram/lower"]) for h in history]
+                assert [_f32(v) for v in chart[r, BAND[0]]] == lower
+                assert [_f32(v) for v in chart[r, BAND[1]]] == top
+        # the chart's y-range (value, lower and upper of every series, as the card computes
+        # it, outliers ignored) holds every line: the band's top keeps the chart's top
+        values = [v for series in chart.values() for v in series]
+        low, high = _y_extent_ignoring_outliers(values)
+        pad = 0.1 * (high - low)
+        drawn = [v for (r, t), series in chart.items() if t == GLANCE_TAG for v in series]
+        assert low - pad <= min(drawn) and max(drawn) <= high + pad
+        if run == "plain":
+            assert high == 1.0  # no ceiling: the band reaches 1
+    eps_runs = [f"dp/{tags.SERIES_ACCOUNTANT}", f"dp/{tags.SERIES_BLACK_BOX}"]
+    _wait_for_tags(port, proc, eps_runs, [tags.GLANCE_EPSILON])
+    chart = _chart_runs(port, "ε: ε (accountant) and ε lower bound (black-box attacks)", eps_runs)
+    values = [v for series in chart.values() for v in series]
+    low, high = _y_extent_ignoring_outliers(values)
+    padded = high + 0.1 * (high - low)  # the chart pads its extent by 10 % a side
+    assert padded >= max(chart[f"dp/{tags.SERIES_ACCOUNTANT}", tags.GLANCE_EPSILON])
+
+
+def _tensorboard_order(tag):
+    """TensorBoard's order of cards (Time Series, Scalars): a digit or '/' before any other
+    character (its natural sort; digits compare as numbers, which one digit here does too)."""
+    return [(0 if c == "/" or c.isdigit() else 1, c) for c in tag]
+
+
+def test_the_first_cards_are_the_named_series_charts_no_helper_among_them(dp, root):
+    # The Time Series and Scalars tabs sort a run's cards by tag: the first ones are each
+    # query's advantage chart, then ε, every series named by its run; the band edges, which the
+    # Custom Scalars tab draws, are in a group of their own after every privacy/ card.
+    acc = dp[2]
+    cards = set(acc.Tags()["scalars"])
+    for acc_series in _series_runs(root / "dp").values():
+        cards |= set(acc_series.Tags()["scalars"])
+    first = sorted(cards, key=_tensorboard_order)[:2]
+    assert first == [GLANCE_TAG, tags.GLANCE_EPSILON]
+    assert sorted(sorted(cards, key=_tensorboard_order)[-2:]) == sorted(BAND)  # then the bands
+    assert not any(t.startswith("privacy/axis") for t in cards)

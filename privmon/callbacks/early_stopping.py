@@ -1,7 +1,9 @@
 """Privacy-aware early stopping: stop when a privacy figure stays above its budget.
 
 The decision is the pure function :func:`stopping_decision` (Lightning EarlyStopping style); the
-class only keeps the counters across checks and reads its figure from each report.
+class only keeps the counters across checks, reads its figure from each report and says each
+decision (:class:`~privmon.report.stopping.StoppingDecision`) and the run's outcome
+(:class:`~privmon.report.stopping.StoppingOutcome`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from typing import Any, Literal
 
 from privmon._validation import check_int
 from privmon.report import tags
+from privmon.report.stopping import StoppingDecision, StoppingOutcome
 
 __all__ = ["PrivacyEarlyStopping", "stopping_decision"]
 
 USES = ("lower", "value")
+_OPTIONAL = ("last_within", "highest_value", "highest_step", "stopped_value")
 
 
 def stopping_decision(
@@ -84,6 +88,9 @@ class PrivacyEarlyStopping:
         [False, True]
         >>> stopping.stopped_step, stopping.wait  # two checks above 0.2 in a row
         (2, 2)
+        >>> print(stopping.decide(3, {stopping.tag: 0.1}).text(3))  # doctest: +NORMALIZE_WHITESPACE
+        stop at step 3: privacy/loss/histogram/lower = 0.1000; budget privacy/loss/histogram/lower
+        (certified lower bound) ≤ 0.2000, patience 1; training stopped at step 2
     """
 
     def __init__(
@@ -120,6 +127,10 @@ class PrivacyEarlyStopping:
         self.checks_seen = 0
         self.stopped_step: int | None = None
         self.reason: str | None = None
+        self.last_within: int | None = None  # the last check whose figure was within the budget
+        self.highest: tuple[float, int] | None = None  # the figure's highest value and its step
+        self.stopped_value: float | None = None  # the figure at the stop
+        self.decision: StoppingDecision | None = None  # the last check's
 
     @property
     def tag(self) -> str:
@@ -137,21 +148,82 @@ class PrivacyEarlyStopping:
         )
 
     def update(self, step: int, scalars: dict[str, float]) -> bool:
-        """Feed one check's scalars; True when training should stop (stays True once stopped)."""
-        if self.stopped_step is not None:
-            return True
-        self.checks_seen += 1
-        stop, self.wait, reason = stopping_decision(
-            self.figure(scalars),
+        """Feed one check's scalars; True when training should stop (stays True once stopped).
+        The decision, with the figure, the budget and why, is then :attr:`decision`."""
+        self.decision = self._decide(step, scalars)
+        return self.decision.stop
+
+    def decide(self, step: int, scalars: dict[str, float]) -> StoppingDecision:
+        """Feed one check's scalars (:meth:`update`); the check's decision (``.stop``: training
+        should stop, and stays stopped once it has), with the figure, the budget and why."""
+        self.update(step, scalars)
+        assert self.decision is not None
+        return self.decision
+
+    def _decide(self, step: int, scalars: dict[str, float]) -> StoppingDecision:
+        value = self.figure(scalars)
+        if self.stopped_step is None:
+            self.checks_seen += 1
+            stop, self.wait, reason = stopping_decision(
+                value,
+                threshold=self.threshold,
+                checks_seen=self.checks_seen,
+                min_checks=self.min_checks,
+                wait=self.wait,
+                patience=self.patience,
+            )
+            if stop:
+                self.stopped_step, self.reason = int(step), f"step {step}: {reason}"
+                self.stopped_value = value
+            if math.isfinite(value) and value <= self.threshold:
+                self.last_within = int(step)
+            if math.isfinite(value) and (self.highest is None or value > self.highest[0]):
+                self.highest = (value, int(step))
+            why = reason or self._why_continue(value)
+        else:
+            why = f"training stopped at step {self.stopped_step}"
+        return StoppingDecision(
+            tag=self.tag,
+            use=self.use,
             threshold=self.threshold,
-            checks_seen=self.checks_seen,
-            min_checks=self.min_checks,
+            value=value,
+            stop=self.stopped_step is not None,
             wait=self.wait,
             patience=self.patience,
+            min_checks=self.min_checks,
+            stopped_step=self.stopped_step,
+            last_within=self.last_within,
+            reason=why,
         )
-        if stop:
-            self.stopped_step, self.reason = int(step), f"step {step}: {reason}"
-        return stop
+
+    def _why_continue(self, value: float) -> str:
+        if not math.isfinite(value):
+            return "the figure is not finite: no decision, the wait unchanged"
+        if value <= self.threshold:
+            return "within the budget"
+        if self.checks_seen < self.min_checks:
+            return f"above the budget, but min_checks {self.min_checks} not yet seen"
+        return f"above the budget for {self.wait} check(s), within the patience {self.patience}"
+
+    def outcome(self, run_id: str, *, restored_step: int | None = None) -> StoppingOutcome:
+        """What the budget did so far over the run: the stop (or none), the highest value the
+        figure reached and its step, the restored weights' step (given by an adapter)."""
+        peak, at = self.highest if self.highest is not None else (math.nan, None)
+        return StoppingOutcome(
+            run_id=run_id,
+            tag=self.tag,
+            use=self.use,
+            threshold=self.threshold,
+            patience=self.patience,
+            checks=self.checks_seen,
+            stopped_step=self.stopped_step,
+            stopped_value=self.stopped_value,
+            reason=self.reason,
+            highest=peak,
+            highest_step=at,
+            restored_step=restored_step,
+            stopped_wait=None if self.stopped_step is None else self.wait,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The configuration and the counters (checks seen, wait, where it stopped): a
@@ -166,6 +238,17 @@ class PrivacyEarlyStopping:
             "checks_seen": self.checks_seen,
             "stopped_step": self.stopped_step,
             "reason": self.reason,
+            **self._record(),
+        }
+
+    def _record(self) -> dict[str, Any]:
+        """What the outcome needs (optional on load: a state saved before them lacks them)."""
+        peak, at = self.highest if self.highest is not None else (None, None)
+        return {
+            "last_within": self.last_within,
+            "highest_value": peak,
+            "highest_step": at,
+            "stopped_value": self.stopped_value,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -173,7 +256,7 @@ class PrivacyEarlyStopping:
         or budget would make the saved wait meaningless); ``patience`` and ``min_checks`` are
         this callback's own, so a resumed run may change them. Every field is checked before any
         is applied."""
-        missing = [key for key in self.state_dict() if key not in state]
+        missing = [key for key in self.state_dict() if key not in state and key not in _OPTIONAL]
         if missing:
             raise ValueError(f"early-stopping state lacks {missing}")
         for key in ("metric", "threshold", "use"):
@@ -191,5 +274,19 @@ class PrivacyEarlyStopping:
             raise ValueError(
                 f"early-stopping state reason must be None or a string, got {reason!r}"
             )
+        record = {key: state.get(key) for key in _OPTIONAL}
+        for key in ("last_within", "highest_step"):
+            if record[key] is not None:
+                record[key] = check_int(record[key], name=f"early-stopping state {key}")
+        for key in ("highest_value", "stopped_value"):
+            v = record[key]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ValueError(f"early-stopping state {key} must be None or a number, got {v!r}")
         self.wait, self.checks_seen = wait, checks_seen
         self.stopped_step, self.reason = stopped_step, reason
+        self.last_within, self.stopped_value = record["last_within"], record["stopped_value"]
+        self.highest = (
+            None
+            if record["highest_value"] is None or record["highest_step"] is None
+            else (float(record["highest_value"]), record["highest_step"])
+        )

@@ -27,12 +27,14 @@ from privmon.callbacks.check_scores import CheckScores
 from privmon.callbacks.distributed import StepDisagreement, agree, agree_on_schedule, agreed_stage
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
+from privmon.callbacks.publishing import call_or_log, decided, publish, say_outcome, stopped
 from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps
 from privmon.estimators.estimates import describe_error
 from privmon.estimators.methods import METHODS
 from privmon.report import Report
 from privmon.report.build import build_report
+from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import Sink
 
 __all__ = ["PrivacyMonitor", "PrivacyViolationWarning", "Sink"]
@@ -71,23 +73,21 @@ class PrivacyMonitor:
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
         accountant: an Opacus PrivacyEngine or accountant; ε at ``delta`` is read every check.
         delta: the DP δ at which ε is read, in (0, 1).
-        canaries: one-run DP audits and DP mechanism checks: one object or a list of them
-            (:class:`~privmon.audit.GradientCanaries`, or any object whose ``scores()`` gives
-            ``(in_scores, out_scores)``: ε lower bounds each check; whose ``mechanism()`` gives
-            the mechanism checks' findings: an alarm naming the check that fired).
+        canaries: one-run DP audits and DP mechanism checks, one object or a list: objects whose
+            ``scores()`` gives ``(in_scores, out_scores)`` (ε lower bounds, e.g.
+            :class:`~privmon.audit.GradientCanaries`) or ``mechanism()`` the checks' findings.
         interval_delta: the run's confidence budget, in (0, 1): every certified figure of the
             run holds together with probability ≥ 1 − interval_delta (``…/lower_check``: one check).
         planned_checks: the checks the run is expected to have, if known: the budget is then
             spent evenly over them (see :meth:`plan`); a value given here is never changed.
-        early_stopping: a :class:`PrivacyEarlyStopping`; a warning says when the certified bound
-            it watches cannot reach its threshold at these audit sizes.
+        early_stopping: a :class:`PrivacyEarlyStopping`, decided at each check before the sinks
+            write it; a threshold out of the certificate's reach at these audit sizes warns.
         max_batches: audit at most the first this many batches of each set at each check (the
             same records every time when the sets' order is fixed).
         top_k: how many most-exposed member indices to report per query.
         strict: re-raise exceptions from a check (on every rank) instead of logging them.
-        run_id: the run's id (:attr:`run_id`); None: a fresh one. A monitor whose writer folder
-            or JsonlSink file holds another run warns before its first write, unless it resumes
-            that run under its id (``run_id=`` or :meth:`load_state_dict`).
+        run_id: the run's id (:attr:`run_id`); None: a fresh one. Another run in the writer
+            folder or JsonlSink file warns, unless this one resumes it under its id.
 
     Examples:
         >>> import torch
@@ -161,6 +161,7 @@ class PrivacyMonitor:
         self.early_stopping, self.max_batches, self.strict = early_stopping, max_batches, strict
         self.history, self.records = ReportHistory(), RecordTracker()
         self.n_failed, self._stop = 0, False
+        self._restored: int | None = None  # the step whose weights an adapter restored
         self._last_step: int | None = None
         self._traps = Traps()  # silent traps said out loud, once each
         self._schedule_agreed = False  # under torch.distributed: at the first step()
@@ -229,10 +230,9 @@ class PrivacyMonitor:
         return self._stop
 
     def plan(self, *, total_steps: int) -> int | None:
-        """Plan the checks from the run's length, ``total_steps`` (>= 1): ``planned_checks`` =
-        ``total_steps // every_n_steps`` (the adapters call it before training). A count given
-        at construction, or in force once a check ran, is kept (another is said). Returns the
-        planned checks in force (None: the sequence for unknown lengths)."""
+        """Plan the checks from the run's length (adapters call it): ``planned_checks`` =
+        ``total_steps // every_n_steps``, unless one was given or a check ran (another is said).
+        Returns the planned checks in force (None: the sequence for unknown lengths)."""
         return self._budget.plan(total_steps=total_steps, every_n_steps=self.every_n_steps)
 
     def detectable_advantage(
@@ -243,10 +243,9 @@ class PrivacyMonitor:
         threshold: float | None = None,
         power: float = 0.5,
     ) -> float:
-        """The smallest advantage check number ``check`` (default the next) certifies for
-        ``query`` (omit it for one) above ``threshold`` with probability ``power``, at the
-        query's audit sizes (:func:`privmon.detectable_advantage`; before any check, the
-        loaders' lengths). Reports carry it as ``detectable``; ``math.inf``: out of reach."""
+        """The smallest advantage check ``check`` (default the next) certifies for ``query`` (omit
+        it for one) above ``threshold`` with probability ``power`` at its audit sizes
+        (:func:`privmon.detectable_advantage`); reports carry it as ``detectable``."""
         return self._budget.detectable_advantage(
             query, check=check, threshold=threshold, power=power
         )
@@ -262,9 +261,8 @@ class PrivacyMonitor:
         return self.history[-1] if self.history else None
 
     def check(self, global_step: int) -> Report | None:
-        """Run one check now: its report, or None when it failed (logged and skipped; the first
-        failure of a run also warns). A call while another check runs in the process (another
-        thread, a query) is refused: counted in ``n_failed``, None (``strict``: RuntimeError)."""
+        """Run one check now: its report, or None when it failed (logged; the run's first failure
+        warns) or another check runs in the process (refused, counted in ``n_failed``)."""
         global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
         if not begin_check():
             self.n_failed += 1
@@ -280,19 +278,47 @@ class PrivacyMonitor:
     ) -> RankedRecords:
         """The k most exposed member records across checks, (index in the members' order, risk),
         highest first, ``by`` "max" (any check's), "last" or "mean" (``query`` may be omitted for
-        one query); ``.tied_beyond``: records left out that share the last one's risk."""
+        one query); ``.tied_beyond``: records left out that share the last one's risk.
+
+        Examples:
+            >>> import torch
+            >>> from privmon import PrivacyMonitor
+            >>> scores = torch.randn(200, generator=torch.Generator().manual_seed(0))
+            >>> scores[180:] += 3  # members 80-99 stand out
+            >>> monitor = PrivacyMonitor(lambda b: b, [scores[100:]], [scores[:100]], top_k=5)
+            >>> _ = monitor.check(1)  # (member index, risk), most exposed first:
+            >>> [index for index, _ in monitor.top_records(3)]
+            [97, 81, 96]
+        """
         return self.records.top(k, query=query, by=by)
+
+    @property
+    def stopping_outcome(self) -> StoppingOutcome | None:
+        """What the budget did so far (None without early stopping): the stop, or the highest
+        figure reached, and the restored weights' step :meth:`say_restored` was told."""
+        if self.early_stopping is None:
+            return None
+        return self.early_stopping.outcome(self.run_id, restored_step=self._restored)
+
+    def say_restored(self, *, step: int) -> None:
+        """An adapter restored, after the stop, the weights of the check at ``step`` (the last
+        within the budget): said on the console, to every sink and in the HTML report's verdict."""
+        self._restored = check_int(step, name="step")
+        say_outcome(self.stopping_outcome, self.sinks, strict=self.strict, step=self._last_step)
 
     def export_records(self, path: Any, *, query: str | None = None) -> str:
         """CSV of every member record's index and risks (never the record itself)."""
         return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
-        """Close every sink (one that raises is logged); a run without any check is said."""
+        """Say the budget's outcome (:attr:`stopping_outcome`, with early stopping: the stop, or
+        that it never fired and the highest figure reached) on the console and to every sink,
+        then close them (one that raises is logged); a run without any check is said."""
         checked = bool(self.history) or self.n_failed > 0
         self._traps.at_close(checked=checked, every_n_steps=self.every_n_steps)
+        say_outcome(self.stopping_outcome, self.sinks, strict=self.strict, step=self._last_step)
         for sink in self.sinks:
-            self._call_or_log(sink.close, what=f"closing sink {sink!r}")
+            call_or_log(sink.close, what=f"closing sink {sink!r}", strict=self.strict)
 
     # -- one check: collect -> analyse -> build the report -> publish -> decide ---------------
     def _check_and_act(self, global_step: int) -> Report | None:
@@ -308,20 +334,14 @@ class PrivacyMonitor:
             if not self.history:
                 self._traps.check_failed(global_step, describe_error(err))
             return None
-        self.history.append(report)
+        report, stops = decided(report, self.early_stopping, self._traps, self.history, self.strict)
         self._budget.say_what_can_be_certified(
             self.n_certified_checks, first=len(self.history) == 1, stopping=self.early_stopping
         )
-        with agreed_stage("writing the report or early stopping", flags=[False]) as stop:
-            if rank_and_world()[0] == 0:  # every rank holds the same report; one writes it
-                self._other_runs.say_once(self.run_id)
-                for sink in self.sinks:
-                    self._call_or_log(sink.write, report, what=f"sink {sink!r}", step=global_step)
-            stop[0] = self._decide(report)
-        if stop[0] and not self._stop:  # all ranks stop together when any says stop
-            reason = getattr(self.early_stopping, "reason", None) or "another rank said stop"
-            logger.warning("privmon: early stopping at step %s — %s", global_step, reason)
-        self._stop = self._stop or stop[0]
+        with agreed_stage("writing the report", flags=[False]) as stop:
+            publish(report, self.sinks, other_runs=self._other_runs, strict=self.strict)
+            stop[0] = stops
+        self._stop = stopped(stop[0], self._stop, self.early_stopping, report.step)
         return report
 
     def _check(self, step: int) -> Report:
@@ -384,26 +404,6 @@ class PrivacyMonitor:
                 self.records.update(name, step, result.member_risk)
         return report
 
-    def _decide(self, report: Report) -> bool:
-        """Early stopping's decision on this report (False without early stopping)."""
-        stopping = self.early_stopping
-        if stopping is None or not report.queries:  # the canaries' figures alone: no decision
-            return False
-        if not self._traps.stopping_checked:
-            self._traps.check_stopping_figure(stopping, report.scalars, strict=self.strict)
-        args = (report.step, report.scalars)
-        return bool(self._call_or_log(stopping.update, *args, what="early stopping", step=args[0]))
-
-    def _call_or_log(self, fn: Any, *args: Any, what: str, step: int | None = None) -> Any:
-        """``fn(*args)``; a failure is logged (re-raised when strict) and gives None."""
-        try:
-            return fn(*args)
-        except Exception:
-            if self.strict:
-                raise
-            logger.exception("privmon: %s failed at step %s", what, step)
-            return None
-
     def _setup(self) -> dict[str, Any]:
         """What a saved state was measured under (:func:`~privmon.callbacks.state.setup`)."""
         return saved.setup(
@@ -432,8 +432,7 @@ class PrivacyMonitor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a monitor with the same queries, methods, prior,
-        ``interval_delta`` and ``planned_checks`` if given (else the saved plan goes on). Every
-        field is checked first (:func:`~privmon.callbacks.state.read_state`): a ValueError."""
+        ``interval_delta`` and ``planned_checks`` if given; every field is checked first."""
         run = saved.read_state(
             state,
             measured_under=self._setup(),

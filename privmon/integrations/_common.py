@@ -1,6 +1,7 @@
 """What the framework adapters share: planning the checks from the trainer's length, spotting a
-new report, and writing to a framework's logger without letting a logger's failure stop
-training."""
+new report, and writing to a framework's logger (each check's figures, early stopping's decision
+among them; at the end of training, the budget's outcome) without letting a logger's failure
+stop training."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from privmon.report import Report
 from privmon.sinks.base import finite_scalars
 
-__all__ = ["new_report", "plan_checks", "publish"]
+__all__ = ["new_report", "plan_checks", "publish", "publish_outcome"]
 
 logger = logging.getLogger("privmon")
 
@@ -57,3 +58,19 @@ def publish(monitor: Any, report: Report, write: Callable[[dict[str, float]], An
         if getattr(monitor, "strict", False):
             raise
         logger.exception("privmon: writing the step-%s figures to %s failed", report.step, what)
+
+
+def publish_outcome(monitor: Any, write: Callable[[dict[str, float]], Any], *, what: str) -> None:
+    """At the end of training, call ``write`` with the finite numbers of early stopping's outcome
+    (``privacy/stopping/stopped``, ``…/stopped_step``, ``…/highest``, ``…/highest_step``,
+    ``…/restored_step``); nothing without early stopping or before its first decision. A failure
+    is logged, not raised (``strict=True`` re-raises)."""
+    outcome = getattr(monitor, "stopping_outcome", None)
+    if outcome is None or not outcome.checks:
+        return
+    try:
+        write({k: v for k, v in outcome.scalars().items() if math.isfinite(v)})
+    except Exception:
+        if getattr(monitor, "strict", False):
+            raise
+        logger.exception("privmon: writing early stopping's outcome to %s failed", what)

@@ -3,7 +3,8 @@
 :func:`attach` adds a thin handler: it steps the monitor at ``engine.state.iteration`` (a global
 step across epochs), calls ``engine.terminate()`` when the monitor says stop, plans the checks
 from the run's length, and writes each report's finite scalars into ``engine.state.metrics``,
-where Ignite's logger handlers find them. To resume, put the monitor into Ignite's
+where Ignite's logger handlers find them (early stopping's decision among them, and its outcome
+when the run completes or terminates). To resume, put the monitor into Ignite's
 ``Checkpoint`` dictionary (it has ``state_dict`` / ``load_state_dict``). User guide:
 *PyTorch-Ignite*. ``import privmon`` never imports ``ignite``: only calling :func:`attach` does.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
-from privmon.integrations._common import new_report, plan_checks, publish
+from privmon.integrations._common import new_report, plan_checks, publish, publish_outcome
 
 __all__ = ["attach"]
 
@@ -40,7 +41,8 @@ def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: 
             ``OutputHandler(metric_names="all")``) after this one on the same event.
 
     Returns:
-        The handler's ``RemovableEventHandle`` (``handle.remove()`` detaches it).
+        The check handler's ``RemovableEventHandle`` (``handle.remove()`` detaches it; the
+        handler that writes early stopping's outcome at the run's end stays).
 
     Examples:
         >>> import torch
@@ -102,6 +104,16 @@ def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: 
         if stop:
             engine.terminate()
 
+    said = False
+
+    def _outcome(engine: Any) -> None:  # once, at COMPLETED or TERMINATE (both may fire)
+        nonlocal said
+        if metrics and not said:
+            said = True
+            publish_outcome(monitor, engine.state.metrics.update, what="engine.state.metrics")
+
+    for end in (Events.TERMINATE, Events.COMPLETED):
+        engine.add_event_handler(end, _outcome)
     return engine.add_event_handler(event, _privacy_check)
 
 

@@ -4,7 +4,8 @@
 ``trainer.global_step`` (optimizer steps), sets ``trainer.should_stop`` when the monitor says
 stop (Lightning's own mechanism, as ``EarlyStopping``), plans the checks from the run's length,
 writes each report's finite scalars to every logger in ``trainer.loggers`` (as
-``LearningRateMonitor`` does), and carries the monitor's state in Lightning checkpoints.
+``LearningRateMonitor`` does; early stopping's decision among them, and its outcome at the end
+of training), and carries the monitor's state in Lightning checkpoints.
 User guide: *PyTorch Lightning*. Lightning is imported from ``lightning.pytorch``, else from the
 standalone ``pytorch_lightning``; ``import privmon`` imports neither, only this module does.
 """
@@ -31,7 +32,7 @@ else:
 
 from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
-from privmon.integrations._common import new_report, plan_checks, publish
+from privmon.integrations._common import new_report, plan_checks, publish, publish_outcome
 
 __all__ = ["PrivacyMonitorCallback"]
 
@@ -141,6 +142,15 @@ class PrivacyMonitorCallback(Callback):
             stop = bool(trainer.strategy.reduce_boolean_decision(stop, all=False))
         if stop:
             trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """With early stopping, log its outcome's numbers (stopped or not, the stop's step, the
+        highest figure and its step) to every logger at the last step (rank 0 only)."""
+        if not self.log_to_loggers or not trainer.is_global_zero:
+            return
+        for lg in trainer.loggers:
+            write = functools.partial(lg.log_metrics, step=int(trainer.global_step))
+            publish_outcome(self.monitor, write, what=type(lg).__name__)
 
     def state_dict(self) -> dict[str, Any]:
         """The monitor's state, saved in Lightning checkpoints."""

@@ -34,7 +34,7 @@ except ImportError as err:
 
 from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
-from privmon.integrations._common import new_report, plan_checks, publish
+from privmon.integrations._common import new_report, plan_checks, publish, publish_outcome
 from privmon.report import Report, tags
 from privmon.sinks.base import finite_scalars
 
@@ -80,8 +80,10 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
         console: ``"headline"`` (default): per query its AUC, and the value and certified lower
             bound of its method with the highest lower bound (``privacy/<query>/adv``,
             ``privacy/<query>/lower``), plus ``privacy/epsilon`` and ``privacy/dp_violation``
-            when an accountant is given, and each DP mechanism check that fired
-            (``privacy/dp_checks/<check>/fired``); ``"all"``: every scalar; ``"none"``: nothing;
+            when an accountant is given, each DP mechanism check that fired
+            (``privacy/dp_checks/<check>/fired``) and, with early stopping, its threshold and
+            decision (``privacy/stopping/threshold``, ``…/stop``); ``"all"``: every scalar;
+            ``"none"``: nothing;
             or a sequence of ``fnmatch`` patterns over the tags.
 
     Examples:
@@ -119,7 +121,7 @@ def console_scalars(report: Report, console: Console = "headline") -> dict[str, 
             lower, value = max(figures)  # the method with the highest certified lower bound
             out[tags.console_advantage(name)] = value
             out[tags.console_lower(name)] = lower
-    for tag in (tags.EPSILON, tags.DP_VIOLATION):
+    for tag in (tags.EPSILON, tags.DP_VIOLATION, tags.STOPPING_THRESHOLD, tags.STOPPING_STOP):
         if tag in scalars:
             out[tag] = scalars[tag]
     for check in tags.fired_checks(scalars):  # a DP mechanism check that fired names itself
@@ -206,6 +208,14 @@ class PrivacyMonitorCallback(TrainerCallback):
                 logs = {**figures, "epoch": state.epoch} if state.epoch is not None else figures
                 for printer in printers:
                     printer.on_log(args, state, control, logs=dict(logs))
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """With early stopping, log its outcome's numbers through ``trainer.log`` (stopped or
+        not, the stop's step, the highest figure and its step): ``log_history``, every
+        ``report_to`` integration and the console."""
+        if self.log_to_trainer and self.trainer is not None:
+            publish_outcome(self.monitor, self.trainer.log, what="the Trainer's log")
         return control
 
     def _console_printers(self) -> list[Any]:

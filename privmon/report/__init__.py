@@ -10,6 +10,9 @@ bounds and the DP audit's outcomes only (*No measurable membership leakage*, *Le
 *DP violation*, naming a DP mechanism check that fired and its evidence), and
 :func:`write_report` renders the verdict, the figures over the steps, the ROC and the most
 exposed records (matplotlib: the ``privmon[report]`` extra) and writes the page atomically.
+Early stopping's decision at each check (:class:`StoppingDecision`, on
+:attr:`Report.stopping`) and the run's outcome (:class:`StoppingOutcome`) are in
+:mod:`~privmon.report.stopping`.
 Command line: ``privmon report LOGDIR [--out FILE] [--title TEXT] [--run ID]``;
 ``privmon report LOGDIR... --compare`` puts every run side by side
 (:mod:`~privmon.report.compare`, :func:`read_runs`; :func:`version_dir` gives each run a
@@ -34,6 +37,7 @@ from privmon.report.runs import (
     runs_in,
     version_dir,
 )
+from privmon.report.stopping import StoppingDecision, StoppingOutcome
 from privmon.report.verdict import Verdict, verdict
 
 __all__ = [
@@ -44,6 +48,8 @@ __all__ = [
     "Report",
     "RunInfo",
     "SeveralRunsError",
+    "StoppingDecision",
+    "StoppingOutcome",
     "Verdict",
     "checks_from_reports",
     "read_checks",

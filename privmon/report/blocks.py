@@ -32,7 +32,7 @@ REPORT_NAME = "privacy_report.html"
 """The report's file name in the log directory when no output path is given."""
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1000px;
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;
 margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:.2em}
 h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}

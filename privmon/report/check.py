@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privmon.estimators.analysis import QueryResult
+from privmon.report.stopping import StoppingDecision
 
 __all__ = ["QueryResult", "Report"]
 
@@ -29,8 +30,12 @@ class Report:
     ``failures``: what this check could not compute ("query" or "query/method") -> the error;
     every other figure is still reported. ``run_id``: the run the check belongs to (one per
     :class:`~privmon.PrivacyMonitor`, kept across a resume through its ``state_dict``), so that
-    two runs written to one place are never read as one. Only indices and scores are held,
-    never raw records.
+    two runs written to one place are never read as one. ``stopping``: early stopping's decision
+    at this check (:class:`~privmon.report.stopping.StoppingDecision`; None without early
+    stopping), taken before any sink writes the report; its numbers are among the ``scalars``
+    (``privacy/stopping/…``), which is all a monitor's ``history`` keeps of it for a check
+    before the last (as of the per-query results). Only indices and scores are held, never raw
+    records.
 
     Examples:
         >>> from privmon.report import Report
@@ -50,6 +55,7 @@ class Report:
     query_seconds: float = 0.0  # of which inside the queries (the forward passes)
     run_id: str = ""
     dp_causes: tuple[str, ...] = ()
+    stopping: StoppingDecision | None = None
 
     def without_arrays(self) -> Report:
         """A copy whose query results hold no per-record arrays
@@ -60,7 +66,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready summary: scalars, flags and the most exposed record indices; ``dp_causes``
-        only when the check found a DP violation."""
+        only when the check found a DP violation, ``stopping`` only with early stopping."""
         out = {
             "run_id": self.run_id,
             "step": self.step,
@@ -77,4 +83,6 @@ class Report:
         }
         if self.dp_causes:
             out["dp_causes"] = list(self.dp_causes)
+        if self.stopping is not None:
+            out["stopping"] = self.stopping.to_json()
         return out

@@ -95,10 +95,23 @@ def png(fig: Any) -> str:
 
 
 def _advantage_title(checks: Checks, q: str) -> str:
-    """What the advantage chart of ``q`` draws: the ceilings only when an accountant gave them."""
+    """What the advantage chart of ``q`` draws: the ceilings only when an accountant gave them,
+    the stopping threshold on the chart of the query early stopping watches."""
     n_ceilings = sum(checks.has(tag) for tag, *_ in _CEILINGS)
     against = f" vs DP ceiling{'s' if n_ceilings > 1 else ''}" if n_ceilings else ""
-    return f"{q}: advantage estimate and certified lower bound{against}"
+    if _watched_threshold(checks, q) is None:
+        return f"{q}: advantage estimate and certified lower bound{against}"
+    return f"{q}: advantage estimate, certified lower bound and stopping threshold{against}"
+
+
+def _watched_threshold(checks: Checks, q: str) -> float | None:
+    """Early stopping's threshold when it watches a figure of query ``q``, else None."""
+    records = [r for r in checks.records if tags.STOPPING_THRESHOLD in r["scalars"]]
+    said: dict[str, Any] = next((r["stopping"] for r in reversed(records) if r.get("stopping")), {})
+    parsed = tags.parse_advantage(said.get("tag", ""))
+    if not records or parsed is None or parsed[0] != q:
+        return None
+    return float(records[-1]["scalars"][tags.STOPPING_THRESHOLD])
 
 
 def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
@@ -118,6 +131,7 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
             ax.plot(s, v, style, color=color, label=label)
     if floor is not None and floor > 1e-6:
         ax.axhline(floor, color="0.6", lw=1, label="trivial floor |2p − 1|")
+    _stopping_marks(ax, checks, q)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("training step")
     ax.set_ylabel("optimal membership advantage")
@@ -125,6 +139,17 @@ def advantage_figure(checks: Checks, q: str, floor: float | None) -> Any:
     ax.grid(alpha=0.3)
     legend_outside(fig)
     return fig
+
+
+def _stopping_marks(ax: Any, checks: Checks, q: str) -> None:
+    """On the chart of the query early stopping watches: its threshold, and the stop's step."""
+    threshold = _watched_threshold(checks, q)
+    if threshold is None:
+        return
+    ax.axhline(threshold, color="#e377c2", lw=1.5, label=f"stopping threshold {threshold:g}")
+    stops = [r["step"] for r in checks.records if r["scalars"].get(tags.STOPPING_STOP, 0.0) >= 0.5]
+    if stops:
+        ax.axvline(stops[0], color="#e377c2", ls=":", lw=1.5, label=f"early stop, step {stops[0]}")
 
 
 def plot_advantage(checks: Checks, q: str, floor: float | None) -> tuple[str, str]:

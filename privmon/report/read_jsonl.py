@@ -12,6 +12,7 @@ was written by a privmon before run ids, and is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -21,7 +22,7 @@ from typing import Any
 from privmon.report import tags
 from privmon.report.run_index import RunIndex
 
-__all__ = ["BadLine", "JsonlChecks", "check_record", "read_jsonl"]
+__all__ = ["BadLine", "JsonlChecks", "check_record", "check_stopping", "read_jsonl"]
 
 _MAX_STEP = 2**63 - 1  # steps are plotted as int64
 # how every line a JsonlSink writes begins (``step`` first: written before run ids)
@@ -102,6 +103,36 @@ def _list(v: Any, field: str, what: str) -> list[Any]:
     return v
 
 
+# the fields of a decision (``stopping``) and of an outcome line, by type
+_STOPPING_TYPES: dict[str, type | tuple[type, ...]] = {
+    "tag": str, "use": str, "reason": (str, type(None)), "stop": bool, "decision": str,
+    "sentence": str, "threshold": (int, float), "value": (int, float, type(None)),
+    "highest": (int, float, type(None)), "stopped_value": (int, float, type(None)),
+    "wait": int, "patience": int, "min_checks": int, "checks": int,
+    "stopped_step": (int, type(None)), "last_within": (int, type(None)),
+    "highest_step": (int, type(None)), "restored_step": (int, type(None)),
+    "stopped_wait": (int, type(None)),
+}  # fmt: skip
+
+
+def check_stopping(v: Any, field: str) -> dict[str, Any]:
+    """Early stopping's decision at a check (``stopping``) or the run's outcome line, its fields
+    type-checked (others ignored); BadLine names the field that does not fit."""
+    if not isinstance(v, dict):
+        raise BadLine(f"{field} must be a JSON object, got {_shown(v)}")
+    out = {}
+    for key, kind in _STOPPING_TYPES.items():
+        if key not in v:
+            continue
+        x = v[key]
+        if isinstance(x, _NotFinite) or (isinstance(x, bool) and kind is not bool):
+            raise BadLine(f"{field}[{key!r}] must be of type {kind}, got {_shown(x)}")
+        if not isinstance(x, kind):
+            raise BadLine(f"{field}[{key!r}] must be of type {kind}, got {_shown(x)}")
+        out[key] = x
+    return out
+
+
 def check_record(obj: Any) -> dict[str, Any]:
     """One line's JSON value as a check record, every field type checked (JsonlSink's format:
     ``privmon.report.Report.to_json``; other keys are ignored); :class:`BadLine` names the
@@ -156,6 +187,9 @@ def check_record(obj: Any) -> dict[str, Any]:
         "messages": messages,
         "seconds": _number_or_null(obj.get("seconds"), "seconds"),
         **({"dp_causes": causes} if causes else {}),  # a check that found a DP violation
+        **(
+            {"stopping": check_stopping(obj["stopping"], "stopping")} if obj.get("stopping") else {}
+        ),
     }
 
 
@@ -195,13 +229,16 @@ class JsonlChecks:
     runs: RunIndex
     skipped: int | None  # the last line, cut off mid-write
     torn: list[int]  # lines that begin with a line cut off mid-write
+    outcomes: dict[str, dict[str, Any]] = dataclasses.field(
+        default_factory=dict
+    )  # run -> its last outcome
 
 
 def read_jsonl(path: str) -> JsonlChecks:
     """The check records of a JSON-lines file, per run (what is skipped: the module
     docstring); a ValueError names the first line that is not a check, and the field."""
     runs = RunIndex("lines")
-    skipped, torn = None, []
+    skipped, torn, outcomes = None, [], {}
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -218,8 +255,15 @@ def read_jsonl(path: str) -> JsonlChecks:
                 else:
                     raise ValueError(f"{path}, line {lineno}: {err}") from None
             try:
+                if isinstance(obj, dict) and tags.STOPPING_OUTCOME_KEY in obj:  # not a check
+                    run_id = obj.get("run_id")
+                    if not isinstance(run_id, str):
+                        raise BadLine(f"run_id must be a string, got {_shown(run_id)}")
+                    key = tags.STOPPING_OUTCOME_KEY
+                    outcomes[run_id] = check_stopping(obj[key], key)
+                    continue
                 record = check_record(obj)
             except BadLine as err:
                 raise ValueError(f"{path}, line {lineno}: {err}") from None
             runs.put(record["run_id"], record["step"], record, lineno)
-    return JsonlChecks(runs, skipped, torn)
+    return JsonlChecks(runs, skipped, torn, outcomes)

@@ -18,6 +18,7 @@ import numpy as np
 
 from privmon.report import tags
 from privmon.report.run_index import RunIndex
+from privmon.report.stopping import parse_decision_text
 
 __all__ = ["EventChecks", "event_dirs", "roc_beside"]
 
@@ -84,6 +85,8 @@ class EventChecks:
         # run -> query -> (step, wall time, counts) of its latest membership PR curve
         self.pr: dict[str, dict[str, tuple[int, float, np.ndarray]]] = {}
         self.causes: dict[str, dict[int, list[str]]] = {}  # run -> step -> a DP violation's causes
+        self.stopping: dict[str, dict[int, str]] = {}  # run -> step -> early stopping's decision
+        self.outcomes: dict[str, str] = {}  # run -> its last early-stopping outcome
         for path in _event_files(folder):
             current: str | None = None
             # the raw events, as written: a truncated last record ends the file quietly
@@ -98,6 +101,12 @@ class EventChecks:
                     elif tag == tags.DP_CAUSES_EVENT_TAG and current is not None:
                         text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
                         self.causes.setdefault(current, {})[step] = text.split("\n")
+                    elif tag == tags.STOPPING_EVENT_TAG and current is not None:
+                        text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
+                        if parse_decision_text(text):
+                            self.stopping.setdefault(current, {})[step] = text
+                        else:  # the run's outcome, a sentence
+                            self.outcomes[current] = text
                     elif value.HasField("simple_value"):
                         if tags.is_privacy_figure(tag):
                             if current is None:
@@ -123,7 +132,7 @@ class EventChecks:
 
     def records(self, run_id: str) -> list[dict[str, Any]]:
         """The run's checks, as the JSON lines' records (no top records: not in event files)."""
-        causes = self.causes.get(run_id, {})
+        causes, stopping = self.causes.get(run_id, {}), self.stopping.get(run_id, {})
         return [
             {
                 "run_id": run_id,
@@ -137,6 +146,11 @@ class EventChecks:
                 "messages": [],
                 "seconds": math.nan,
                 **({"dp_causes": causes[step]} if step in causes else {}),
+                **(
+                    {"stopping": {"text": stopping[step], **parse_decision_text(stopping[step])}}
+                    if step in stopping
+                    else {}
+                ),
             }
             for step, s in sorted(self.runs.steps.get(run_id, {}).items())
         ]

@@ -23,9 +23,10 @@ from privmon._validation import check_optional_str, check_writable_dir
 from privmon.estimators.methods import METHODS
 from privmon.report import tags
 from privmon.report.check import Report
-from privmon.report.read_jsonl import BadLine, JsonlChecks, check_record, read_jsonl
+from privmon.report.read_jsonl import BadLine, JsonlChecks, check_record, check_stopping, read_jsonl
 from privmon.report.read_tensorboard import EventChecks, event_dirs, roc_beside
 from privmon.report.run_index import RunIndex, RunInfo
+from privmon.report.stopping import StoppingOutcome
 
 __all__ = [
     "JSONL_NAME",
@@ -102,6 +103,9 @@ class Checks:
     torn_lines: list[int] = field(default_factory=list)  # lines that begin with a cut-off line
     run_id: str = ""  # the run reported ("" when the source holds none)
     other_runs: list[RunInfo] = field(default_factory=list)  # runs in the source left out
+    # early stopping's outcome over the run (``sentence``, ``stopped_step``, ``restored_step``,
+    # ``highest`` …; from event files the sentence alone), when the run wrote one
+    outcome: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -235,6 +239,7 @@ def _from_jsonl(
         torn_lines=lines.torn,
         run_id=chosen,
         other_runs=others,
+        outcome=lines.outcomes.get(chosen),
     )
 
 
@@ -294,6 +299,7 @@ def _from_events(
         notes=notes,
         run_id=chosen,
         other_runs=others,
+        outcome={"sentence": events.outcomes[chosen]} if chosen in events.outcomes else None,
     )
 
 
@@ -471,10 +477,13 @@ def version_dir(root: str | os.PathLike[str]) -> str:
         return folder
 
 
-def checks_from_reports(reports: Iterable[Report], *, source: str = "memory") -> Checks:
+def checks_from_reports(
+    reports: Iterable[Report], *, source: str = "memory", outcome: StoppingOutcome | None = None
+) -> Checks:
     """The checks of one run held in memory (a monitor's ``history``, a sink's reports), read as
     the JSON lines of the same reports would be: the verdict and the page without files.
     Reports of several runs raise :class:`SeveralRunsError`, as :func:`read_checks` does.
+    ``outcome``: early stopping's outcome over the run (``monitor.stopping_outcome``).
 
     Examples:
         >>> from privmon.report import Report, checks_from_reports
@@ -491,4 +500,7 @@ def checks_from_reports(reports: Iterable[Report], *, source: str = "memory") ->
             raise ValueError(f"{source}, report {i} (step {report.step}): {err}") from None
         runs.put(record["run_id"], record["step"], record, i)
     chosen = _pick(source, runs.infos(), None)
-    return Checks(source=source, kind="reports", records=runs.entries(chosen), run_id=chosen)
+    said = None if outcome is None else check_stopping(outcome.to_json(), "outcome")
+    return Checks(
+        source=source, kind="reports", records=runs.entries(chosen), run_id=chosen, outcome=said
+    )

@@ -7,10 +7,11 @@ names for its figures (:meth:`privmon.estimators.analysis.QueryResult.scalars`: 
 ``tpr@fpr=…``, ``risk/q50``, ``n_dropped`` …) and ``detectable``; per check: ε, the DP ceilings,
 the δ the check certifies at, ``dp_violation``, the canaries' one-run bounds
 (``privacy/canaries/…``; several canaries objects: :func:`canary_source`) and the DP mechanism
-checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``). The sinks'
-own names (TensorBoard's run-id, DP-causes and most-exposed texts, histograms, PR curves and axis
-series; MLflow's run tag; W&B's step axis, run key, ROC and ε charts) are here too. The method
-list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
+checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``); early
+stopping's decision (``privacy/stopping/…``). The sinks' own names (TensorBoard's run-id,
+DP-causes, stopping and most-exposed texts, histograms, PR curves, the named series of its
+first charts; MLflow's run tags; W&B's step axis, run keys, ROC and ε charts) are here too. The
+method list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
 
 Examples:
     >>> from privmon.report import tags
@@ -28,67 +29,28 @@ from collections.abc import Mapping
 
 from privmon.estimators.methods import METHODS
 
+# fmt: off
 __all__ = [
-    "ADVANTAGE_FIELDS",
-    "AXIS_TAGS",
-    "CANARY_COUNT",
-    "CEILINGS",
-    "CEILING_EPS_DELTA",
-    "CEILING_TANH",
-    "CERTIFY_DELTA",
-    "DP_CAUSES_EVENT_TAG",
-    "DP_CAUSES_TEXT_TAG",
-    "DP_VIOLATION",
-    "EPSILON",
-    "EPSILON_CHART",
-    "ESTIMATE_FIGURES",
-    "LAYOUT_CATEGORY",
-    "MLFLOW_RUN_ID_TAG",
-    "PLUGIN_FIELDS",
-    "RUN_ID_EVENT_TAG",
-    "RUN_ID_TEXT_TAG",
-    "WANDB_FIGURES",
-    "WANDB_RUN_ID_KEY",
-    "WANDB_STEP",
-    "auc",
-    "canary_count",
-    "canary_epsilon",
-    "canary_source",
-    "ceilings",
-    "console_advantage",
-    "console_lower",
-    "detectable",
-    "dp_check_fired",
-    "dp_check_p_value",
-    "epsilon_lower_bound",
-    "estimate",
-    "fired_checks",
-    "is_advantage_estimate",
-    "is_debiased_estimate",
-    "is_epsilon_lower_bound",
-    "is_privacy_figure",
-    "lower",
-    "member_risk",
-    "membership_pr",
-    "most_exposed",
-    "most_exposed_event",
-    "n_dropped",
-    "out_of_range",
-    "parse_advantage",
-    "parse_canary",
-    "parse_dp_check",
-    "parse_membership_pr",
-    "parse_operating_point",
-    "parse_risk",
-    "plugin",
-    "plugin_upper",
-    "query_figure",
-    "roc",
-    "tpr_at_fpr",
-    "valid_range",
-    "value",
-    "watched_tags",
+    "ADVANTAGE_FIELDS", "CANARY_COUNT", "CEILINGS", "CEILING_EPS_DELTA", "CEILING_TANH",
+    "CERTIFY_DELTA", "DETAIL_CATEGORY", "DP_CAUSES_EVENT_TAG", "DP_CAUSES_TEXT_TAG",
+    "DP_CHECKS_CATEGORY", "DP_VIOLATION", "EPSILON", "EPSILON_CHART", "ESTIMATE_FIGURES",
+    "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_RUN_ID_TAG", "MLFLOW_STOPPING_TAG",
+    "PLUGIN_FIELDS", "RUN_ID_EVENT_TAG", "RUN_ID_TEXT_TAG", "SERIES", "SERIES_ACCOUNTANT",
+    "SERIES_BLACK_BOX", "SERIES_CANARIES", "SERIES_CEILING", "SERIES_ESTIMATE", "SERIES_LOWER",
+    "SERIES_THRESHOLD", "STOPPING_EVENT_TAG", "STOPPING_FIGURE", "STOPPING_HIGHEST",
+    "STOPPING_HIGHEST_STEP", "STOPPING_OUTCOME_KEY", "STOPPING_RESTORED_STEP", "STOPPING_STOP",
+    "STOPPING_STOPPED", "STOPPING_STOPPED_STEP", "STOPPING_TEXT_TAG", "STOPPING_THRESHOLD",
+    "STOPPING_WAIT", "WANDB_FIGURES", "WANDB_RUN_ID_KEY", "WANDB_STEP", "WANDB_STOPPING_KEY",
+    "auc", "band_edges", "canary_count", "canary_epsilon", "canary_source", "ceilings",
+    "console_advantage", "console_lower", "detectable", "dp_check_fired", "dp_check_p_value",
+    "epsilon_lower_bound", "estimate", "fired_checks", "glance_advantage",
+    "is_advantage_estimate", "is_debiased_estimate", "is_epsilon_lower_bound",
+    "is_privacy_figure", "lower", "member_risk", "membership_pr", "most_exposed",
+    "most_exposed_event", "n_dropped", "out_of_range", "parse_advantage", "parse_canary",
+    "parse_dp_check", "parse_membership_pr", "parse_operating_point", "parse_risk", "plugin",
+    "plugin_upper", "query_figure", "roc", "tpr_at_fpr", "valid_range", "value", "watched_tags",
 ]
+# fmt: on
 
 _PREFIX = "privacy/"
 
@@ -124,15 +86,13 @@ _ADVANTAGE_ESTIMATES = ("value", "lower", "lower_check")  # estimates of the adv
 
 # -- the sinks' own names ---------------------------------------------------------------------
 RUN_ID_TEXT_TAG = "privacy/run_id"
-"""The text summary (``add_text``) a :class:`~privmon.sinks.TensorBoardSink` writes before each
-check's figures: the run's id."""
+"""TensorBoard's text (``add_text``) of the run's id, before each check's figures."""
 RUN_ID_EVENT_TAG = RUN_ID_TEXT_TAG + "/text_summary"
 """What TensorBoard stores :data:`RUN_ID_TEXT_TAG` under in the event files."""
 MLFLOW_RUN_ID_TAG = "privmon.run_id"
 """The MLflow run tag that names the privmon run logging into it."""
 DP_CAUSES_TEXT_TAG = "privacy/dp_causes"
-"""The text summary a :class:`~privmon.sinks.TensorBoardSink` writes at a check that found a DP
-violation: its causes (:attr:`privmon.report.Report.dp_causes`), one per line."""
+"""TensorBoard's text of a DP violation's causes (:attr:`~privmon.report.Report.dp_causes`)."""
 DP_CAUSES_EVENT_TAG = DP_CAUSES_TEXT_TAG + "/text_summary"
 """What TensorBoard stores :data:`DP_CAUSES_TEXT_TAG` under in the event files."""
 WANDB_STEP = "privacy/step"
@@ -145,12 +105,100 @@ WANDB_RUN_ID_KEY = "privmon_run_id"
 EPSILON_CHART = "privacy/epsilon_chart"
 """The W&B line chart of ε over the checks: the accountant's and every ε lower bound."""
 LAYOUT_CATEGORY = "privacy"
-"""The TensorBoard Custom Scalars category of the advantage and ε charts."""
-AXIS_TAGS = {"privacy/axis/min": 0.0, "privacy/axis/max": 1.0}
-"""Constant series a :class:`~privmon.sinks.TensorBoardSink` writes at each check and puts on each
-advantage chart, so that the chart spans [0, 1]: TensorBoard's chart layout has no y-range, and
-its default outlier clipping (values outside the 5–95 % quantiles of a chart) would cut the
-curves' ends."""
+"""The Custom Scalars category of the first charts (each query's advantage, ε)."""
+DP_CHECKS_CATEGORY = "privacy: DP mechanism checks"
+"""The Custom Scalars category of the DP mechanism checks (second)."""
+DETAIL_CATEGORY = "privacy: every figure, by query and method"
+"""The Custom Scalars category of every figure by query and method (last)."""
+
+# -- early stopping -------------------------------------------------------------------------------
+STOPPING_THRESHOLD = "privacy/stopping/threshold"
+"""The budget: early stopping's threshold, at each check it decides."""
+STOPPING_FIGURE = "privacy/stopping/figure"
+"""The figure early stopping watches, at this check (its tag: the decision's)."""
+STOPPING_STOP = "privacy/stopping/stop"
+"""1.0 from the check that stopped training on, else 0.0."""
+STOPPING_WAIT = "privacy/stopping/wait"
+"""Consecutive checks above the budget so far (a stop once it exceeds the patience)."""
+STOPPING_STOPPED = "privacy/stopping/stopped"
+"""The run's outcome, logged once at its end: 1.0 when the budget stopped it, else 0.0."""
+STOPPING_STOPPED_STEP = "privacy/stopping/stopped_step"
+"""The run's outcome: the step of the check that stopped it (NaN: none did)."""
+STOPPING_HIGHEST = "privacy/stopping/highest"
+"""The run's outcome: the highest value the watched figure reached."""
+STOPPING_HIGHEST_STEP = "privacy/stopping/highest_step"
+"""The run's outcome: the step of that highest value."""
+STOPPING_RESTORED_STEP = "privacy/stopping/restored_step"
+"""The run's outcome: the step whose weights an adapter restored (NaN: none)."""
+STOPPING_TEXT_TAG = "privacy/stopping"
+"""TensorBoard's text of each decision (and why) and, at the run's end, of its outcome."""
+STOPPING_EVENT_TAG = STOPPING_TEXT_TAG + "/text_summary"
+"""What TensorBoard stores :data:`STOPPING_TEXT_TAG` under in the event files."""
+STOPPING_OUTCOME_KEY = "stopping_outcome"
+"""The key of a JSON line holding the run's early-stopping outcome (not a check)."""
+MLFLOW_STOPPING_TAG = "privmon.stopping"
+"""MLflow run tags' prefix: ``.budget``, ``.decision`` (the last check's), ``.outcome``."""
+WANDB_STOPPING_KEY = "privmon_stopping"
+"""The W&B config key of the budget, and the summary keys' prefix (decision, outcome)."""
+
+# -- TensorBoard's first charts: one named series a run folder, on one tag ------------------------
+SERIES_ESTIMATE = "advantage estimate"
+"""The named series of a query's debiased advantage estimate (``…/value``)."""
+SERIES_LOWER = "certified lower bound"
+"""The named series of its lower bound certified over the run (``…/lower``)."""
+SERIES_CEILING = "(ε, δ)-DP ceiling"
+"""The named series of the (ε, δ)-DP ceiling on the advantage."""
+SERIES_THRESHOLD = "stopping threshold"
+"""The named series of early stopping's threshold, on the chart of its figure."""
+SERIES_ACCOUNTANT = "ε (accountant)"
+"""The named series of ε read from the accountant."""
+SERIES_CANARIES = "ε lower bound (one-run canary audit)"
+"""The named series of the largest one-run canary audit's ε lower bound."""
+SERIES_BLACK_BOX = "ε lower bound (black-box attacks)"
+"""The named series of the largest black-box ε lower bound (over queries, methods)."""
+SERIES = (SERIES_ESTIMATE, SERIES_LOWER, SERIES_CEILING, SERIES_THRESHOLD, SERIES_ACCOUNTANT,
+          SERIES_CANARIES, SERIES_BLACK_BOX)  # fmt: skip
+"""The named series of TensorBoard's first charts, each a run of its own (a folder of its name in
+the log directory: its own colour, named in the runs list) holding only the first charts' tags,
+which a reader of the checks skips (:func:`is_privacy_figure`)."""
+_GLANCE = "privacy/1 "  # TensorBoard sorts a digit before any letter: these cards come first
+GLANCE_EPSILON = "privacy/2 epsilon: accountant, one-run canary audit, black-box lower bound"
+"""The first ε chart's tag (its card's title): the accountant's ε and the largest ε lower bounds
+of the canaries and of the black-box attacks (all hold over the run: so does the largest)."""
+
+
+def glance_advantage(query: str, method: str) -> str:
+    """The tag (its card's title) of ``query``'s first chart, the membership advantage by
+    ``method``: estimate, certified lower bound, DP ceiling, stopping threshold. No parentheses
+    (brackets instead): the Custom Scalars tab reads a series' run from its last ``(…)``.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.glance_advantage("loss", "histogram")
+        'privacy/1 loss: membership advantage, histogram'
+    """
+    return f"{_GLANCE}{_bare(query)}: membership advantage, {method}"
+
+
+def _bare(query: str) -> str:
+    return query.replace("(", "[").replace(")", "]")
+
+
+def band_edges(query: str, method: str) -> tuple[str, str]:
+    """The tags of the lower and upper edges of each series' band on ``query``'s first chart
+    (the Custom Scalars tab draws them): the estimate's band holds the advantages the run has
+    not ruled out, from its certified lower bound up to the (ε, δ)-DP ceiling, or to 1 without
+    an accountant; every other series' band is its line. In a group of their own, after every
+    ``privacy/`` card.
+
+    Examples:
+        >>> from privmon.report import tags
+        >>> tags.band_edges("loss", "kde")[1]
+        'privacy band/loss, kde: upper edge'
+    """
+    where = f"privacy band/{_bare(query)}, {method}"
+    return f"{where}: lower edge", f"{where}: upper edge"
+
 
 _METHODS = "|".join(re.escape(m) for m in METHODS)
 _ADVANTAGE = re.compile(rf"^privacy/(.+)/({_METHODS})/({'|'.join(ADVANTAGE_FIELDS)})$")
@@ -359,8 +407,9 @@ def watched_tags(metric: str, use: str) -> tuple[str, str]:
 
 # -- reading ------------------------------------------------------------------------------------
 def is_privacy_figure(tag: str) -> bool:
-    """Whether a TensorBoard scalar is one of the check's figures (not an axis series)."""
-    return tag.startswith(_PREFIX) and tag not in AXIS_TAGS
+    """Whether a TensorBoard scalar is one of the check's figures (not a named series of the
+    first charts, :data:`SERIES`)."""
+    return tag.startswith(_PREFIX) and not tag.startswith((_GLANCE, GLANCE_EPSILON))
 
 
 def is_advantage_estimate(tag: str) -> bool:

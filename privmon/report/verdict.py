@@ -3,17 +3,21 @@ certified lower bounds alone. A check certifies leakage when its ε lower bound 
 certified bound exceeds the prior's floor |2p − 1|); the monitor's bounds hold together over the
 run, so one is enough. A DP violation is a DP mechanism check that fired (named with its evidence,
 first), a canary ε lower bound above the accountant's ε, or a certified bound above the (ε, δ)
-ceiling. Theory, *The report's verdict and its ROC*."""
+ceiling. With early stopping the verdict says the budget and what it did (:func:`stopping_text`).
+Theory, *The report's verdict and its ROC*."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from privmon.report import tags
 from privmon.report.formatting import cause_text, fmt
 from privmon.report.runs import Checks
+from privmon.report.stopping import budget_text
 
 __all__ = [
     "EXCHANGEABILITY",
@@ -22,6 +26,7 @@ __all__ = [
     "certificates",
     "certified_floor",
     "mechanism_causes",
+    "stopping_text",
     "verdict",
 ]
 
@@ -145,8 +150,69 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
     return out
 
 
+def _stop_step(record: dict[str, Any]) -> bool:
+    said = record.get("stopping", {})
+    flag = record["scalars"].get(tags.STOPPING_STOP, math.nan)
+    return bool(said.get("stop")) or said.get("decision") == "stop" or flag >= 0.5
+
+
+def stopping_text(checks: Checks) -> str | None:
+    """Early stopping's budget and outcome in words (None: the run had no early stopping): the
+    stop (its step, the figure's value, why) and the weights restored, or that it never fired
+    and the highest value the figure reached, with its step.
+
+    Examples:
+        >>> from privmon.report import Report, checks_from_reports
+        >>> from privmon.report.verdict import stopping_text
+        >>> def check(step, lower):
+        ...     figures = {"privacy/q/histogram/lower": lower, "privacy/stopping/threshold": 0.2,
+        ...                "privacy/stopping/figure": lower, "privacy/stopping/stop": 0.0}
+        ...     return Report(step=step, scalars=figures, run_id="3f2a9c")
+        >>> print(stopping_text(checks_from_reports([check(100, 0.1), check(200, 0.15)])))
+        Early stopping never fired over 2 checks (budget: privacy/stopping/figure ≤ 0.2000); the highest value of its figure was 0.1500, at step 200.
+    """  # noqa: E501
+    records = [r for r in checks.records if tags.STOPPING_THRESHOLD in r["scalars"]]
+    if not records:
+        return None
+    said: dict[str, Any] = next((r["stopping"] for r in reversed(records) if r.get("stopping")), {})
+    tag = said.get("tag", tags.STOPPING_FIGURE)
+    use = said.get("use") or ("lower" if tag.endswith("/lower") else "value")
+    threshold = said.get("threshold", records[-1]["scalars"][tags.STOPPING_THRESHOLD])
+    budget = (
+        budget_text(tag, threshold, use, said["patience"])
+        if "patience" in said
+        else f"{tag} ≤ {threshold:.4f}"
+    )
+    stop = next((r for r in records if _stop_step(r)), None)
+    if stop is not None:
+        value = stop["scalars"].get(tags.STOPPING_FIGURE, math.nan)
+        wait = stop["scalars"].get(tags.STOPPING_WAIT, math.nan)
+        text = (
+            f"Early stopping stopped training at step {stop['step']} (budget: {budget}): "
+            f"{tag} = {fmt(value)}, above {threshold:.4f} for {fmt(wait)} consecutive check(s)."
+        )
+        outcome = checks.outcome or {}
+        restored = outcome.get("restored_step")
+        if restored is None:  # read from event files: the outcome's sentence alone
+            m = re.search(r"weights of step (\d+) were restored", outcome.get("sentence", ""))
+            restored = int(m.group(1)) if m else None
+        if restored is not None:
+            text += f" The weights of step {restored} were restored."
+        return text
+    values = [(r["scalars"].get(tags.STOPPING_FIGURE, math.nan), r["step"]) for r in records]
+    finite = [(v, -s) for v, s in values if math.isfinite(v)]
+    what = "certified figure" if use == "lower" else "value of its figure"
+    peak = (
+        f"the highest {what} was {max(finite)[0]:.4f}, at step {-max(finite)[1]}"
+        if finite
+        else "its figure was never finite"
+    )
+    return f"Early stopping never fired over {len(records)} checks (budget: {budget}); {peak}."
+
+
 def verdict(checks: Checks) -> Verdict:
-    """The plain-language verdict of a run (rules in the module docstring).
+    """The plain-language verdict of a run (rules in the module docstring); with early stopping
+    its first detail says the budget and what it did (:func:`stopping_text`).
 
     Examples:
         >>> from privmon import epsilon_lower_bound
@@ -159,6 +225,14 @@ def verdict(checks: Checks) -> Verdict:
         >>> result.level, result.headline
         ('leakage', 'Leakage detected: certified advantage ≥ 0.150 at step 200.')
     """
+    found = _verdict(checks)
+    said = stopping_text(checks)
+    if said is None:
+        return found
+    return Verdict(found.level, found.headline, (said, *found.details))
+
+
+def _verdict(checks: Checks) -> Verdict:
     if not checks.records:
         return Verdict("empty", "No checks recorded: nothing to certify.")
     n = len(checks.records)

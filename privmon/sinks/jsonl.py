@@ -1,4 +1,5 @@
-"""JSON-lines sink: one line per check with the scalars, flags and exposed record indices."""
+"""JSON-lines sink: one line per check with the scalars, flags, early stopping's decision and
+exposed record indices; a line of the run's early-stopping outcome at its end."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from privmon.report import Report
+from privmon.report import Report, tags
+from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import Backlog
 
 __all__ = ["JsonlSink"]
@@ -135,7 +137,10 @@ class JsonlSink:
         )
 
     def _write_line(self, report: Report) -> None:
-        line = (json.dumps(_clean(report.to_json()), allow_nan=False) + "\n").encode()
+        self._append(report.to_json())
+
+    def _append(self, obj: dict[str, Any]) -> None:
+        line = (json.dumps(_clean(obj), allow_nan=False) + "\n").encode()
         fd = self._file.fileno()
         with _exclusive(fd):
             end = os.fstat(fd).st_size
@@ -151,6 +156,12 @@ class JsonlSink:
         """Append the report's :meth:`~privmon.report.Report.to_json` as one line, after any
         earlier ones a fault kept back."""
         self._backlog.write(report, self._write_line)
+
+    def write_outcome(self, outcome: StoppingOutcome) -> None:
+        """Append the run's early-stopping outcome as one line of its own: ``run_id`` and
+        ``stopping_outcome`` (:meth:`~privmon.report.stopping.StoppingOutcome.to_json`), no
+        ``step`` (it is not a check); ``privmon report`` keeps the run's last."""
+        self._append({"run_id": outcome.run_id, tags.STOPPING_OUTCOME_KEY: outcome.to_json()})
 
     def close(self) -> None:
         """Close the file."""

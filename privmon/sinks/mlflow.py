@@ -1,4 +1,6 @@
-"""MLflow sink: each report's scalars as MLflow metrics at the check's step.
+"""MLflow sink: each report's scalars as MLflow metrics at the check's step (early stopping's
+decision among them), the budget and each decision as run tags, and the run's early-stopping
+outcome (tags and metrics) at its end.
 
 ``mlflow`` (or ``mlflow-skinny``) is imported at the first write, never by ``import privmon``:
 ``pip install 'privmon[mlflow]'``, which also installs what MLflow 3's default store,
@@ -8,12 +10,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from typing import Any
 
 from privmon._validation import check_optional_str
 from privmon.report import Report, tags
+from privmon.report.stopping import StoppingOutcome, budget_text
 from privmon.sinks.base import finite_scalars
 
 __all__ = ["MlflowSink", "mlflow_key"]
@@ -77,6 +81,7 @@ class MlflowSink:
         self.tracking_uri = check_optional_str(tracking_uri, name="tracking_uri")
         self._client: Any = None
         self._tagged: dict[str, str] = {}  # MLflow run -> the privmon run id tagged on it
+        self._last_step: int | None = None
 
     def _mlflow(self) -> Any:
         try:
@@ -103,11 +108,12 @@ class MlflowSink:
         return self._client, run_id
 
     def write(self, report: Report) -> None:
-        """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000); at
-        a run's first report, tag the MLflow run with its run id
-        (:data:`~privmon.report.tags.MLFLOW_RUN_ID_TAG`)."""
-        from mlflow.entities import Metric
-
+        """Log the report's finite scalars at ``report.step`` (one ``log_batch`` per 1,000),
+        early stopping's numbers among them (``privacy/stopping/…``: threshold, figure, stop,
+        wait); at a run's first report, tag the MLflow run with its run id
+        (:data:`~privmon.report.tags.MLFLOW_RUN_ID_TAG`); with early stopping, tag it with the
+        budget (``privmon.stopping.budget``) and this check's decision and why
+        (``privmon.stopping.decision``)."""
         client, run_id = self._target()
         if report.run_id and self._tagged.get(run_id) != report.run_id:
             before = client.get_run(run_id).data.tags.get(tags.MLFLOW_RUN_ID_TAG)
@@ -122,13 +128,32 @@ class MlflowSink:
                 )
             client.set_tag(run_id, tags.MLFLOW_RUN_ID_TAG, report.run_id)
             self._tagged[run_id] = report.run_id
+        self._log(client, run_id, finite_scalars(report), int(report.step))
+        d = report.stopping
+        if d is not None:
+            budget = budget_text(d.tag, d.threshold, d.use, d.patience)
+            client.set_tag(run_id, f"{tags.MLFLOW_STOPPING_TAG}.budget", budget)
+            client.set_tag(run_id, f"{tags.MLFLOW_STOPPING_TAG}.decision", d.text(report.step))
+        self._last_step = int(report.step)
+
+    def _log(self, client: Any, run_id: str, scalars: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
-        metrics = [
-            Metric(mlflow_key(tag), value, now, int(report.step))
-            for tag, value in finite_scalars(report).items()
-        ]
+        metrics = [Metric(mlflow_key(tag), value, now, step) for tag, value in scalars.items()]
         for i in range(0, len(metrics), _BATCH):
             client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
+
+    def write_outcome(self, outcome: StoppingOutcome) -> None:
+        """The run's early-stopping outcome: the run tag ``privmon.stopping.outcome`` (its
+        sentence) and its finite numbers as metrics (``privacy/stopping/stopped``, ``…/highest``
+        …) at the last step written (nothing before any)."""
+        if self._last_step is None:
+            return
+        client, run_id = self._target()
+        client.set_tag(run_id, f"{tags.MLFLOW_STOPPING_TAG}.outcome", outcome.sentence())
+        finite = {k: v for k, v in outcome.scalars().items() if math.isfinite(v)}
+        self._log(client, run_id, finite, self._last_step)
 
     def close(self) -> None:
         """Nothing to release: the run stays open for its owner to end."""

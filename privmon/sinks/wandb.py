@@ -1,4 +1,6 @@
-"""Weights & Biases sink: each check's figures, ROC, ε chart and most exposed records in a W&B run.
+"""Weights & Biases sink: each check's figures (early stopping's decision among them), ROC, ε chart
+and most exposed records in a W&B run; the budget in its config, each decision and the run's
+early-stopping outcome in its summary.
 
 ``wandb`` is imported when the sink is made, never by ``import privmon``:
 ``pip install 'privmon[wandb]'``. The sink never starts, finishes or configures a run beyond
@@ -8,6 +10,7 @@ its own keys: the run is the user's (``wandb.init``), as with any other W&B logg
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -15,6 +18,7 @@ import numpy as np
 from privmon._validation import check_flag, check_has_methods, check_str
 from privmon.estimators import roc_curve
 from privmon.report import Report, tags
+from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import finite_scalars
 from privmon.sinks.exposed import COLUMNS, ExposedRecords
 
@@ -97,6 +101,7 @@ class WandbSink:
         self._defined: set[int] = set()  # the W&B runs (by id()) given the privmon step axis
         self._epsilon: dict[str, list[tuple[int, float]]] = {}  # tag -> (step, value) per check
         self._exposed = ExposedRecords()
+        self._last_step: int | None = None
 
     def _target(self) -> Any:
         run = self.run if self.run is not None else self._wandb.run
@@ -123,6 +128,10 @@ class WandbSink:
                 report.run_id,
             )
         run.config.update({tags.WANDB_RUN_ID_KEY: report.run_id}, allow_val_change=True)
+        d = report.stopping
+        if d is not None:  # the budget: the figure, its use, the threshold, the patience
+            budget = {"tag": d.tag, "use": d.use, "threshold": d.threshold, "patience": d.patience}
+            run.config.update({tags.WANDB_STOPPING_KEY: budget}, allow_val_change=True)
         self._defined.add(id(run))
 
     def write(self, report: Report) -> None:
@@ -153,6 +162,20 @@ class WandbSink:
         if epsilon:
             data[p + tags.EPSILON_CHART] = self._epsilon_chart()
         run.log(data)
+        if report.stopping is not None:  # the decision and why, in words
+            run.summary[f"{tags.WANDB_STOPPING_KEY}/decision"] = report.stopping.text(step)
+        self._last_step = step
+
+    def write_outcome(self, outcome: StoppingOutcome) -> None:
+        """The run's early-stopping outcome: its sentence in the run's summary
+        (``privmon_stopping/outcome``) and its finite numbers logged once at the last step
+        written (``privacy/stopping/stopped``, ``…/highest`` …; nothing before any write)."""
+        if self._last_step is None:
+            return
+        run, p = self._target(), self.prefix
+        numbers = {p + k: v for k, v in outcome.scalars().items() if math.isfinite(v)}
+        run.log({**numbers, p + tags.WANDB_STEP: self._last_step})
+        run.summary[f"{tags.WANDB_STOPPING_KEY}/outcome"] = outcome.sentence()
 
     def _roc(self, name: str, member: np.ndarray, nonmember: np.ndarray, step: int) -> Any:
         """The ROC of the posterior ("member when the posterior is at least t") as a W&B line

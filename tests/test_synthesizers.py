@@ -70,6 +70,18 @@ def _ctgan(cls, epochs):
     return TVAE(epochs=epochs, batch_size=100, enable_gpu=False)
 
 
+def _scripted(values):
+    """A figure for early stopping, given check by check (read once or more per check)."""
+    seen, upcoming = {}, iter(values)
+
+    def figure(scalars):
+        if id(scalars) not in seen:  # one report's scalars: one check
+            seen[id(scalars)] = (next(upcoming), scalars)  # kept: its id is not reused
+        return seen[id(scalars)][0]
+
+    return figure
+
+
 def _monitor(synthesizer, census, *, every=2, stopping=None, n_samples=1000, attack="domias"):
     members, heldout, reference = census
     query = SynthesizerQuery(synthesizer, reference, n_samples=n_samples, attack=attack)
@@ -130,30 +142,30 @@ def test_a_stop_ends_the_fit_and_leaves_the_weights_of_the_last_check_within_bud
     census, cls, caplog
 ):
     members = census[0]
-    # a budget the estimate crosses from the third check on: value > 0.0 after patience
-    figures = iter([0.0, 0.0, 0.3, 0.3, 0.3])
+    # the figure the budget watches, check by check: within it at epoch 2, above it from epoch
+    # 4 on; with patience 1 the fit stops at epoch 6, and epoch 4 (above) is not kept
+    figures = _scripted([0.0, 0.3, 0.3, 0.3, 0.3])
     _seed()
     synthesizer = _ctgan(cls, 10)
     monitor = _monitor(synthesizer, census)
-    stopping = privmon.PrivacyEarlyStopping("domias/histogram", 0.2, use="value")
+    stopping = privmon.PrivacyEarlyStopping("domias/histogram", 0.2, use="value", patience=1)
     monitor.early_stopping = stopping
-    real_update = stopping.update
-    stopping.update = lambda step, scalars: real_update(
-        step, {**scalars, stopping.tag: next(figures)}
-    )
+    stopping.figure = figures
     with caplog.at_level(logging.WARNING, logger="privmon"), attach(synthesizer, monitor) as run:
         synthesizer.fit(members, DISCRETE)
-    assert run.stopped_at == 6 and run.restored_epoch == 4 and run.epochs == 6
+    assert run.stopped_at == 6 and run.restored_epoch == 2 and run.epochs == 6
     assert monitor.history.steps.tolist() == [2, 4, 6]
-    assert "stopped at epoch 6" in caplog.text and "epoch 4" in caplog.text
-    # the weights are those a 4-epoch fit ends with (training is untouched by the checks)
+    assert "early stopping at step 6" in caplog.text
+    assert monitor.stopping_outcome.restored_step == 2  # said to every sink and the report
+    assert "weights of step 2 were restored" in monitor.stopping_outcome.sentence()
+    # the weights are those a 2-epoch fit ends with (training is untouched by the checks)
     _seed()
-    four = _ctgan(cls, 4)
-    four.fit(members, DISCRETE)
-    assert _equal(_weights(synthesizer), _weights(four))
+    two = _ctgan(cls, 2)
+    two.fit(members, DISCRETE)
+    assert _equal(_weights(synthesizer), _weights(two))
     synthesizer.set_random_state(11)
-    four.set_random_state(11)
-    assert synthesizer.sample(40).equals(four.sample(40))
+    two.set_random_state(11)
+    assert synthesizer.sample(40).equals(two.sample(40))
 
 
 def test_a_stop_at_the_first_check_restores_the_initial_weights(census):
@@ -162,7 +174,7 @@ def test_a_stop_at_the_first_check_restores_the_initial_weights(census):
     tvae = _ctgan(TVAE, 6)
     monitor = _monitor(tvae, census)
     monitor.early_stopping = privmon.PrivacyEarlyStopping("domias/histogram", 0.0, use="value")
-    monitor.early_stopping.update = lambda step, scalars: True
+    monitor.early_stopping.figure = lambda scalars: 1.0  # over the budget at the first check
     with attach(tvae, monitor) as run:
         tvae.fit(members, DISCRETE)
     assert run.stopped_at == 2 and run.restored_epoch == 0
@@ -180,7 +192,7 @@ def test_sdv_synthesizers_are_watched_and_a_stopped_one_can_sample(census):
         monitor = _monitor(synthesizer, census, n_samples=500)
         stopping = privmon.PrivacyEarlyStopping("domias/histogram", 0.0, use="value")
         monitor.early_stopping = stopping
-        stopping.update = lambda step, scalars: step >= 4  # stop at the second check
+        stopping.figure = _scripted([0.0, 1.0])  # stops at the second check
         with attach(synthesizer, monitor) as run:
             synthesizer.fit({"census": members})
         assert monitor.history.steps.tolist() == [2, 4], cls
@@ -280,7 +292,7 @@ def test_after_a_stop_sample_equals_a_copy_saved_at_the_restored_check(census):
     ]
     monitor = privmon.PrivacyMonitor(queries, [members], [heldout], every_n_steps=2)
     monitor.early_stopping = stopping = privmon.PrivacyEarlyStopping("domias/histogram", 0.5)
-    stopping.update = lambda step, scalars: step >= 6  # stop at the third check
+    stopping.figure = _scripted([0.0, 0.0, 1.0])  # stops at the third check
     with attach(tvae, monitor) as run:
         tvae.fit(members, DISCRETE)
     assert run.stopped_at == 6 and run.restored_epoch == 4

@@ -14,7 +14,6 @@ tables*.
 
 from __future__ import annotations
 
-import logging
 from types import TracebackType
 from typing import Any
 
@@ -28,8 +27,6 @@ from privmon.queries.synthesizers import SynthesizerModel, synthesizer_model
 
 __all__ = ["SynthesizerRun", "SynthesizerStopped", "attach"]
 
-logger = logging.getLogger("privmon")
-
 
 class SynthesizerStopped(Exception):
     """Raised inside a synthesizer's ``fit`` to end it at a stop; the ``with attach(...)``
@@ -42,7 +39,8 @@ class SynthesizerRun:
     Attributes:
         stopped_at: the epoch whose check stopped the fit (None: it ran to its end).
         restored_epoch: the epoch whose weights the synthesizer was left with after a stop
-            (the last check within the budget; 0, the initial weights, when none was).
+            (the last check whose figure was within the budget; 0, the initial weights, when
+            none was); the monitor says it on the console, to every sink and in the report.
         epochs: the epochs the fit completed.
     """
 
@@ -119,7 +117,9 @@ class SynthesizerRun:
         if stop:
             self.stopped_at = done
             raise SynthesizerStopped(f"privmon stopped the fit at epoch {done}")
-        if new_report(self.monitor, before) is not None:
+        report = new_report(self.monitor, before)
+        decision = None if report is None else report.stopping
+        if decision is not None and decision.last_within == done:  # within the budget
             self._keep(done)
 
     def _keep(self, epoch: int) -> None:
@@ -140,13 +140,7 @@ class SynthesizerRun:
         self.model.load_weights(weights)
         self.model.end_stopped_fit()
         self.restored_epoch = epoch
-        logger.warning(
-            "privmon: the %s fit stopped at epoch %s; the weights of epoch %s, the last check "
-            "within the budget, were restored",
-            self.model.name,
-            self.stopped_at,
-            epoch,
-        )
+        self.monitor.say_restored(step=epoch)  # the console, every sink, the report's verdict
 
 
 def attach(synthesizer: Any, monitor: PrivacyMonitor) -> SynthesizerRun:

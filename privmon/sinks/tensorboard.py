@@ -156,12 +156,13 @@ class TensorBoardSink:
 
     def _write_layout(self, layout: Any) -> None:
         """The Custom Scalars layout (margin charts of several series, which the writer's own
-        ``add_custom_scalars`` cannot say) into the event file, as that method writes one."""
+        ``add_custom_scalars`` cannot say) into the event file, as that method writes one,
+        through the writer's public ``file_writer`` (open: the run id is written first)."""
         from torch.utils.tensorboard.summary import custom_scalars
 
         summary = custom_scalars({})  # the layout summary's metadata, around our layout
         summary.value[0].tensor.string_val[0] = layout.SerializeToString()
-        self.writer._get_file_writer().add_summary(summary)
+        self.writer.file_writer.add_summary(summary)
 
     def _series_writer(self, name: str) -> Any:
         """The writer of the named series ``name``: a run of its own, the folder ``name`` in the
@@ -242,12 +243,12 @@ class TensorBoardSink:
             raise
 
     def _write_one(self, report: Report) -> None:
-        if not self._layout_written:
-            self._layout(report)
         w, step = self.writer, report.step
         # first the run id: every figure after it in this file belongs to that run
         # (privmon.report.read_checks separates runs by it)
         w.add_text(tags.RUN_ID_TEXT_TAG, report.run_id, step)
+        if not self._layout_written:
+            self._layout(report)
         for tag, value in report.scalars.items():
             w.add_scalar(tag, value, step)
         if report.dp_causes:  # why the check found a DP violation, one cause a line

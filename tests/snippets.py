@@ -331,6 +331,24 @@ def dp_model() -> dict[str, Any]:
     }
 
 
+def dp_private() -> dict[str, Any]:
+    """:func:`dp_model` made private by Opacus (σ = 2.5, C = 1): its ``engine``, the private
+    ``model`` and ``optimizer``, and the audit sets."""
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+
+    parts = dp_model()
+    engine = PrivacyEngine()
+    model, optimizer, _ = engine.make_private(
+        module=parts["model"],
+        optimizer=parts["optimizer"],
+        data_loader=parts["loader"],
+        noise_multiplier=2.5,
+        max_grad_norm=1.0,
+    )
+    return {**parts, "engine": engine, "model": model, "optimizer": optimizer}
+
+
 def census_splits(ns: dict[str, Any]) -> None:
     """The census table of synthetic-tables.md, small: 100 members, 200 held-out, 3,000
     reference records."""

@@ -25,6 +25,7 @@ from snippets import (
     checked,
     digits,
     dp_model,
+    dp_private,
     groups,
     mismatches,
     mlp,
@@ -372,20 +373,10 @@ def dp_sgd(ns, mp):
 @snippet_setup
 def dp_optimizer(ns, mp):
     """dp-audit.md: the engine and the DP optimizer of the snippet above."""
-    pytest.importorskip("opacus")
-    from opacus import PrivacyEngine
-
     from privmon.audit import GradientCanaries, MechanismChecks
 
-    parts = dp_model()
-    engine = PrivacyEngine()
-    _, optimizer, _ = engine.make_private(
-        module=parts["model"],
-        optimizer=parts["optimizer"],
-        data_loader=parts["loader"],
-        noise_multiplier=2.5,
-        max_grad_norm=1.0,
-    )
+    parts = dp_private()
+    engine, optimizer = parts["engine"], parts["optimizer"]
     ns.update(engine=engine, optimizer=optimizer, GradientCanaries=GradientCanaries)
     yield
     assert isinstance(ns["canaries"], GradientCanaries)

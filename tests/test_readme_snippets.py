@@ -16,7 +16,7 @@ from snippets import (
     census_splits,
     check,
     checked,
-    dp_model,
+    dp_private,
     groups,
     mismatches,
     pages,
@@ -107,24 +107,13 @@ def readme_lm(ns, mp):
 def readme_canaries(ns, mp):
     """README, one-run DP audit: the engine and DP optimizer after make_private, a loss query of
     the private model and audit sets; one check after the snippet."""
-    pytest.importorskip("opacus")
-    from opacus import PrivacyEngine
-
     from privmon.queries import LossQuery
 
-    parts = dp_model()
-    engine = PrivacyEngine()
-    model, optimizer, _ = engine.make_private(
-        module=parts["model"],
-        optimizer=parts["optimizer"],
-        data_loader=parts["loader"],
-        noise_multiplier=2.5,
-        max_grad_norm=1.0,
-    )
+    parts = dp_private()
     ns.update(
-        engine=engine,
-        optimizer=optimizer,
-        query=LossQuery(model),
+        engine=parts["engine"],
+        optimizer=parts["optimizer"],
+        query=LossQuery(parts["model"]),
         members=parts["members"],
         nonmembers=parts["nonmembers"],
     )

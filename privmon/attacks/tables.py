@@ -192,12 +192,8 @@ class TableEncoder:
         self._integer = {c: pd.api.types.is_integer_dtype(frame[c]) for c in self.numeric}
         self._categories = {}
         for c in self.categorical:
+            # one category is fine: "other" is its second code (a release may lack the rest)
             seen = pd.unique(frame[c].astype(object).where(frame[c].notna(), _MISSING))
-            if len(seen) < 2:
-                raise ValueError(
-                    f"{fit} categorical column {c!r} holds a single category: it tells no "
-                    "record from another; drop it"
-                )
             self._categories[c] = pd.Index(seen)
         self.layout = TableLayout(
             n_numeric=len(self.numeric),

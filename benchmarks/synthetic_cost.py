@@ -7,7 +7,8 @@ Run from the repository root::
 (1) Paired fits. For each synthesizer and |D_mem| (``--members``, 100 and 500), the same seeded
 fit of ``--epochs`` epochs runs without a monitor, with the example's monitor watching DOMIAS
 alone, and with the example's five attacks (DOMIAS, DCR, Eq. 1, GAN-Leaks, GAN-Leaks CAL), a
-check every ``--every`` (10) epochs drawing 10,000 synthetic records per query, 1,000 held-out
+check every ``--every`` (10) epochs drawing 10,000 synthetic records (one draw a check, which
+the queries share), 1,000 held-out
 and 10,000 reference records (``examples/synthetic_census.py``'s sets of seed 0); the three run
 in rotation, ``--repeats`` rounds, one torch thread. An epoch is (fit − preprocessing) / epochs,
 the preprocessing being ctgan's ``DataTransformer`` fit and transform, timed apart; a check is
@@ -15,8 +16,9 @@ the preprocessing being ctgan's ``DataTransformer`` fit and transform, timed apa
 over the rounds.
 
 (2) One check, broken down (the five attacks, TVAE and CTGAN after ``--epochs`` epochs on 100
-members, median of ``--checks`` checks): the synthesizer's ``sample()`` (through privmon's
-state-preserving wrapper), ``TableEncoder.encode`` (the synthetic records and the audit
+members, median of ``--checks`` checks, the generator's weights nudged between checks as a
+training step would): the synthesizer's ``sample()`` (through privmon's state-preserving
+wrapper; the first query draws, the others reuse its table), ``TableEncoder.encode`` (the synthetic records and the audit
 batches), the attack itself (fitting p_G or the distances, scoring), the monitor's analysis
 (``analyse_check``: estimators, certificate, ROC, per-record risk) and the rest (building the
 report, bookkeeping), timed by wrapping those functions in this process (privmon unchanged).
@@ -49,7 +51,7 @@ import privmon.callbacks.monitor as monitor_module  # noqa: E402
 import privmon.queries.generator as generator_module  # noqa: E402
 from privmon.attacks.tables import TableEncoder  # noqa: E402
 from privmon.integrations.synthesizers import attach  # noqa: E402
-from privmon.queries.synthesizers import CtganModel  # noqa: E402
+from privmon.queries.synthesizers import CtganModel, synthesizer_model  # noqa: E402
 
 SETTINGS = {"plain": None, "domias": ("domias",), "five attacks": DEFAULT_ATTACKS}
 
@@ -189,8 +191,11 @@ def breakdown(table, args) -> None:
             queries, [mem], [held], every_n_steps=1, planned_checks=args.checks + 1
         )
         monitor.check(0)  # the caches' first fill
+        generator = synthesizer_model(synthesizer).modules()[0]
         per_check, totals = [], []
         for k in range(1, args.checks + 1):
+            with torch.no_grad():  # as a training step would: the next check draws anew
+                next(generator.parameters()).add_(1e-6)
             watch.parts.clear()
             start = time.perf_counter()
             monitor.check(k)

@@ -18,10 +18,11 @@ over the rounds.
 (2) One check, broken down (the five attacks, TVAE and CTGAN after ``--epochs`` epochs on 100
 members, median of ``--checks`` checks, the generator's weights nudged between checks as a
 training step would): the synthesizer's ``sample()`` (through privmon's state-preserving
-wrapper; the first query draws, the others reuse its table), ``TableEncoder.encode`` (the synthetic records and the audit
-batches), the attack itself (fitting p_G or the distances, scoring), the monitor's analysis
-(``analyse_check``: estimators, certificate, ROC, per-record risk) and the rest (building the
-report, bookkeeping), timed by wrapping those functions in this process (privmon unchanged).
+wrapper; the first query draws, the others reuse its table), ``TableEncoder.encode`` (the
+synthetic records and the audit batches), the attack itself (fitting p_G or the distances,
+scoring), the monitor's analysis (``analyse_check``: estimators, certificate, ROC, per-record
+risk) and the rest (building the report, bookkeeping), timed by wrapping those functions in
+this process (privmon unchanged).
 """
 
 from __future__ import annotations

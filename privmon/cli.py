@@ -405,7 +405,8 @@ def _add_report(sub: Any) -> None:
 
 def _run_report(args: argparse.Namespace) -> int:
     """Run ``privmon report`` from parsed arguments: prints the verdict, the path and, on
-    stderr, a warning line for each skipped part of a line and for the runs left out; returns
+    stderr, a warning line for each event file cut off or damaged, each skipped part of a line
+    and for the runs left out; returns
     0. Bad input raises OSError, ValueError or ImportError, which :func:`main` turns into one
     error line and exit code 2 (several runs and no ``--run``: the line names them)."""
     from privmon.report import read_checks, verdict
@@ -422,6 +423,8 @@ def _run_report(args: argparse.Namespace) -> int:
     checks = read_checks(logdir, run=args.run)
     path = write_page(checks, logdir, args.out, args.title)
     warn = "privmon report: warning:"
+    for sentence in checks.lost_events:
+        print(f"{warn} {sentence}", file=sys.stderr)
     if checks.skipped_line is not None:
         print(
             f"{warn} skipped 1 line of {checks.source}: line "
@@ -450,7 +453,8 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    """``privmon report LOGDIR... --compare``: prints each run's verdict and the path."""
+    """``privmon report LOGDIR... --compare``: prints each run's verdict and the path (on
+    stderr, a warning for each event file cut off or damaged)."""
     from privmon.report import read_runs
     from privmon.report.compare import run_summary, write_comparison_page
 
@@ -458,6 +462,8 @@ def _run_compare(args: argparse.Namespace) -> int:
         raise ValueError("--run picks one run to report; --compare reports every run: pass one")
     runs = read_runs(args.logdir)
     path = write_comparison_page(runs, args.logdir, args.out, args.title)
+    for sentence in dict.fromkeys(s for checks in runs for s in checks.lost_events):
+        print(f"privmon report: warning: {sentence}", file=sys.stderr)
     for checks in runs:
         print(f"{checks.label}: {run_summary(checks)['headline']}")
     print(f"report: {path}")

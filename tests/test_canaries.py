@@ -22,6 +22,7 @@ from scipy import stats
 from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
+from privmon._digest import sealed
 from privmon.audit import GradientCanaries, InputCanaries
 
 opacus = pytest.importorskip("opacus")
@@ -276,11 +277,11 @@ def test_a_mismatched_state_is_refused():
         with pytest.raises(ValueError, match=field):
             GradientCanaries(private()[1], **kwargs).load_state_dict(state)
     opt = private()[1]
-    tampered = {**state, "included": ~state["included"]}
+    tampered = sealed({**state, "included": ~state["included"]})
     with pytest.raises(ValueError, match="included"):
         GradientCanaries(opt, 8, seed=4).load_state_dict(tampered)
     with pytest.raises(ValueError, match="lacks"):
-        GradientCanaries(private()[1], 8, seed=4).load_state_dict({"seed": 4})
+        GradientCanaries(private()[1], 8, seed=4).load_state_dict(sealed({"seed": 4}))
 
 
 # -- refusals -----------------------------------------------------------------------------------

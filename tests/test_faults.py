@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 import privmon
+from privmon._digest import sealed
 from privmon.queries import CallableQuery
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -272,18 +273,19 @@ def test_a_state_loads_only_into_the_same_setup(kwargs, field):
         CallableQuery(lambda b: torch.as_tensor(b), name="t"), [np.ones(5)], [np.zeros(5)]
     )
     with pytest.raises(ValueError, match="queries"):
-        renamed.load_state_dict({**state, "early_stopping": None})
+        renamed.load_state_dict(sealed({**state, "early_stopping": None}))
 
 
 def _corrupt(state, path, value):
-    """A copy of the state with the field at ``path`` (keys) set to ``value``."""
+    """A copy of the state with the field at ``path`` (keys) set to ``value``, sealed again
+    (a state edited without its digest is refused before its fields are read)."""
     state = {k: v for k, v in state.items()}
     node = state
     for key in path[:-1]:
         node[key] = dict(node[key])
         node = node[key]
     node[path[-1]] = value
-    return state
+    return sealed(state)
 
 
 @pytest.mark.parametrize(
@@ -320,7 +322,7 @@ def _corrupt(state, path, value):
         (("history", "notes"), {0: []}, "notes must map"),
         (("history", "notes"), [], "notes must map"),
         (("history",), [{"step": 1}], "history must hold run_id, fields"),
-        (("state_version",), 2, "state has state_version 2; this privmon reads state_version 1"),
+        (("state_version",), 3, "state has state_version 3; this privmon reads state_version 2"),
         (("run_id",), "", "run_id must be a non-empty string"),
         (("early_stopping", "wait"), -1, "wait"),
         (("early_stopping", "threshold"), 0.5, "threshold"),
@@ -371,13 +373,13 @@ def test_a_state_saved_before_states_carried_a_version_is_refused_naming_the_ver
     mon = _checked_monitor()
     mon.step(1)
     state = _saved(mon)
-    assert state["state_version"] == 1
+    assert state["state_version"] == 2
     # the state as privmon saved it before: its setup nested under "config", no version
     setup = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
     before = {k: v for k, v in state.items() if k not in (*setup, "state_version")}
     before["config"] = {k: state[k] for k in setup}
     fresh = _checked_monitor()
-    with pytest.raises(ValueError, match=r"no state_version .* reads state_version 1 only"):
+    with pytest.raises(ValueError, match=r"no state_version .* reads state_version 2 only"):
         fresh.load_state_dict(before)
     assert fresh.history == [] and fresh.n_certified_checks == 0
 
@@ -656,7 +658,7 @@ def test_a_state_must_be_consistent_with_its_checks():
             fresh.load_state_dict(_corrupt(state, ("last_step",), last_step))
         assert fresh.history == []
     fresh = _checked_monitor()
-    fresh.load_state_dict(_corrupt(state, ("n_failed",), 1) | {"last_step": 7})  # a failed check
+    fresh.load_state_dict(sealed(_corrupt(state, ("n_failed",), 1) | {"last_step": 7}))  # failed
     assert fresh.state_dict()["last_step"] == 7
     empty = _saved(_checked_monitor())
     with pytest.raises(ValueError, match="last_step is 5, but the state ran no check"):
@@ -675,7 +677,7 @@ def test_a_state_from_a_newer_setup_names_the_fields_this_version_does_not_know(
     newer = _corrupt(state, ("sealed",), 8)  # a field no privmon has
     with pytest.raises(ValueError, match=r"newer privmon, with fields .*\(sealed\)"):
         _checked_monitor().load_state_dict(newer)
-    lacking = {k: v for k, v in state.items() if k != "planned_checks"}
+    lacking = sealed({k: v for k, v in state.items() if k != "planned_checks"})
     with pytest.raises(ValueError, match=r"state lacks \['planned_checks'\]"):
         _checked_monitor().load_state_dict(lacking)
 

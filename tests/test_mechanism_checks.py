@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from privmon._digest import sealed
 from privmon.audit import MECHANISM_CHECKS, GradientCanaries, MechanismChecks
 
 opacus = pytest.importorskip("opacus")
@@ -482,7 +483,7 @@ def test_state_dict_round_trip_and_a_mismatch():
     with pytest.raises(ValueError, match=r"saved by checks=\('clipping'"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="lacks"):
-        fresh.load_state_dict({"checks": []})
+        fresh.load_state_dict(sealed({"checks": []}))
 
 
 def test_detach_restores_the_optimizer_and_freezes_the_ledger():

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import privmon
+from privmon._digest import sealed
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.smoothing import kde_grid_too_coarse
@@ -335,9 +336,8 @@ def test_early_stopping_and_state_round_trip(tmp_path):
     assert {r.run_id for r in mon.history} == {r.run_id for r in fresh.history} == {mon.run_id}
     assert mon.history[-1].to_json()["run_id"] == mon.run_id
     state = mon.state_dict()
-    state["run_id"] = ""
-    with pytest.raises(ValueError, match="run_id"):
-        make().load_state_dict(state)
+    with pytest.raises(ValueError, match="run_id must be a non-empty string"):
+        make().load_state_dict(sealed({**state, "run_id": ""}))
 
 
 @pytest.mark.parametrize(

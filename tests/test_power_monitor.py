@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import privmon
 from privmon import PrivacyEarlyStopping, PrivacyMonitor
+from privmon._digest import sealed
 from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
 
@@ -287,7 +288,7 @@ def test_a_resumed_run_goes_on_under_its_saved_plan():
     resumed.load_state_dict(_saved(unplanned))
     assert resumed.planned_checks is None
     with pytest.raises(ValueError, match="planned_checks"):
-        _monitor().load_state_dict({**state, "planned_checks": 0})
+        _monitor().load_state_dict(sealed({**state, "planned_checks": 0}))
 
 
 def test_the_verdict_and_the_page_say_what_the_run_could_detect():

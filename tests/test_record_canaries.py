@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from privmon._digest import sealed
 from privmon.audit import RecordCanaries, one_run_epsilon
 from privmon.audit.record_canaries import GRADIENT_NORM, RecordCanaryModel
 
@@ -383,7 +384,7 @@ def test_state_dict_resumes_the_block_and_refuses_other_canaries():
     _, model, optimizer, loader, _ = _private(canaries, sigma=1.0)
     _train(model, optimizer, loader, 3)
     state = canaries.state_dict()
-    assert set(state) == {"n_canaries", "seed", "included", "values"}
+    assert set(state) == {"n_canaries", "seed", "included", "values", "digest"}
     before = canaries.scores()
     again = RecordCanaries(30, seed=1)
     again.load_state_dict(state)  # before model(): kept until the block exists
@@ -394,7 +395,7 @@ def test_state_dict_resumes_the_block_and_refuses_other_canaries():
     with pytest.raises(ValueError, match="seed=1; these have seed=2"):
         RecordCanaries(30, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="lacks"):
-        again.load_state_dict({"n_canaries": 30})
+        again.load_state_dict(sealed({"n_canaries": 30}))
     with pytest.raises(RuntimeError, match=r"call model\(\) first"):
         RecordCanaries(30).scores()
 

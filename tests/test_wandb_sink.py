@@ -20,6 +20,7 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import RecordingSink
@@ -247,6 +248,38 @@ def test_a_long_roc_is_thinned_to_points_of_the_curve(offline):
     curve = set(zip(fpr.tolist(), tpr.tolist(), strict=True))
     assert all((d[0], d[2]) in curve for d in data)  # points of the curve, ends kept
     assert (data[0][0], data[0][2]) == (0.0, 0.0) and (data[-1][0], data[-1][2]) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("side", ["member", "nonmember"])
+def test_a_query_without_posteriors_on_one_side_logs_its_figures_and_no_roc(offline, side):
+    # one side missing (None), or with no finite posterior (all NaN): no ROC can be drawn for
+    # that query, and the rest of the check (its figures, the other queries' ROC) is logged
+    from privmon.estimators.analysis import QueryResult
+    from privmon.report import Report
+
+    start, finished = offline
+    run = start()
+    finite = np.linspace(0.05, 0.95, 40)
+    other = "nonmember" if side == "member" else "member"
+
+    def result(name, missing):
+        posteriors = {f"{side}_posterior": missing, f"{other}_posterior": finite}
+        return QueryResult(name, {}, 1, 0, **posteriors)
+
+    queries = {
+        "whole": QueryResult(
+            "whole", {}, 1, 0, member_posterior=finite, nonmember_posterior=finite
+        ),
+        "missing": result("missing", None),
+        "nan": result("nan", np.full(40, np.nan)),
+    }
+    scalars = {f"privacy/{name}/auc": 0.5 for name in queries}
+    WandbSink(run).write(Report(step=5, scalars=scalars, queries=queries, run_id="r"))
+    written = finished(run)
+    row = written.checks()[5]
+    assert {t: row[t] for t in scalars} == scalars
+    drawn = {name for name in queries if any(k.startswith(tags.roc(name)) for k in row)}
+    assert drawn == {"whole"}
 
 
 def test_no_run_or_a_finished_run_is_logged_and_training_goes_on(offline, caplog):

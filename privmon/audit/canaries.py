@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from privmon._digest import check_sealed, sealed
 from privmon._training_guard import TrainingGuard
 from privmon._validation import as_scores, check_int
 from privmon.audit import opacus_hooks as hooks
@@ -363,7 +364,8 @@ class GradientCanaries:
         is loaded into the same canaries: configuration (n, seed, sampling rate, inclusion
         bits), progress (sample counts, steps, the sampling generator's state, the scores) and
         the block's values; with mechanism checks, theirs under ``"mechanism"``
-        (:meth:`MechanismChecks.state_dict`). Tensors on the CPU (``torch.save``-able)."""
+        (:meth:`MechanismChecks.state_dict`); sealed with the digest of all of it. Tensors on
+        the CPU (``torch.save``-able)."""
         state = {
             "n_canaries": self._n,
             "seed": self._seed,
@@ -377,7 +379,7 @@ class GradientCanaries:
         }
         if self._checks.checks:
             state["mechanism"] = self._checks.state_dict()
-        return state
+        return sealed(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: sample counts, steps, the sampling generator, the
@@ -386,9 +388,11 @@ class GradientCanaries:
         loaded when both ``state`` and these canaries have one.
 
         Raises:
-            ValueError: ``state`` lacks a field, or was saved by canaries of another
+            ValueError: ``state`` is damaged (its content no longer matches its digest) or
+                carries no digest, lacks a field, or was saved by canaries of another
                 configuration (the message names the first field that differs).
         """
+        check_sealed(state, what="GradientCanaries state")
         mine = self.state_dict()
         missing = sorted(set(mine) - set(state) - {"mechanism"})
         if missing:

@@ -3,7 +3,7 @@ is trained, so that an interrupted audit resumes without retraining what was sav
 
 File ``{kind}-{i:06d}.pt`` (``torch.save``) holds model i's *fingerprint* (its seed, its mask
 and whatever else makes it model i, under ``identity``), the *recipe* (fingerprints of what
-every model of the audit shares: data, architecture, optimizer, ...; :func:`digest`,
+every model of the audit shares: data, architecture, optimizer, ...: digests of arrays,
 :func:`qualified_name`, :func:`code_digest`), its contents (parameters, or scores) and a digest
 of all of it. A later call loads a file only when the digest, recipe and fingerprint match the
 call's, and otherwise refuses, naming what differs (a flipped bit: the file is damaged).
@@ -25,26 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._digest import DIGEST_KEY, content_digest, sealed
 from privmon._validation import check_writable_dir
 
-__all__ = ["CheckpointFolder", "code_digest", "digest", "portable", "qualified_name"]
+__all__ = ["CheckpointFolder", "code_digest", "portable", "qualified_name"]
 
 FORMAT = "privmon.audit.checkpoint/1"
-
-
-def digest(*arrays: Any) -> str:
-    """SHA-256 (hex) over the dtype, shape and bytes of each array / tensor (None counts as
-    itself): equal exactly when the arrays are equal element by element, on any device."""
-    h = hashlib.sha256()
-    for a in arrays:
-        if a is None:
-            h.update(b"None;")
-            continue
-        t = a.detach() if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
-        t = t.to("cpu").contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
 
 
 _MAIN_ALIASES = ("__mp_main__",)  # the main script, as multiprocessing's spawn imports it
@@ -189,7 +175,7 @@ class CheckpointFolder:
             "identity": portable(fingerprint),
             "contents": portable(contents),
         }
-        record["digest"] = _record_digest(record)
+        record = sealed(record)
         final = self.path(i)
         partial = f"{final}.{os.getpid()}.partial"
         torch.save(record, partial)
@@ -222,8 +208,10 @@ class CheckpointFolder:
                 f"{self.what}: checkpoint_dir file {path} is not a privmon {self.kind} "
                 f"checkpoint of model {i} ({FORMAT})"
             )
-        if record.get("digest") != _record_digest(record):
-            old = " (it has none: written by an earlier privmon)" if "digest" not in record else ""
+        if record.get(DIGEST_KEY) != content_digest(record):
+            old = (
+                " (it has none: written by an earlier privmon)" if DIGEST_KEY not in record else ""
+            )
             raise ValueError(
                 f"{self.what}: checkpoint_dir file {path} is damaged: what it holds (the "
                 "model's parameters, scores, fingerprint or recipe) no longer matches the digest "
@@ -255,33 +243,6 @@ class CheckpointFolder:
                 f"{'; '.join(mismatch)}. Use another folder, or empty this one to retrain"
             )
         return record["contents"]
-
-
-def _record_digest(record: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of everything a checkpoint file holds but its digest: every key, string
-    and number, and every tensor's dtype, shape and bytes (:func:`digest`)."""
-    h = hashlib.sha256()
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Mapping):
-            h.update(b"{")
-            for key in sorted(value, key=repr):
-                if key != "digest" or value is not record:
-                    h.update(f"{key!r}:".encode())
-                    walk(value[key])
-            h.update(b"}")
-        elif isinstance(value, torch.Tensor):
-            h.update(f"tensor {digest(value)};".encode())
-        elif isinstance(value, tuple | list):
-            h.update(b"[")
-            for v in value:
-                walk(v)
-            h.update(b"]")
-        else:
-            h.update(f"{type(value).__name__} {value!r};".encode())
-
-    walk(record)
-    return h.hexdigest()
 
 
 def portable(values: Mapping[str, Any]) -> dict[str, Any]:

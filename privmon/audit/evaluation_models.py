@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from privmon.audit.checkpoints import CheckpointFolder, digest, qualified_name
+from privmon._digest import digest
+from privmon.audit.checkpoints import CheckpointFolder, qualified_name
 from privmon.audit.distributed import exchange, plan
 from privmon.audit.seeding import TAG_MASK, seeded_global_rng, stream
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._digest import check_sealed, sealed
 from privmon._validation import check_subset
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
@@ -474,36 +475,41 @@ class MechanismChecks:
         taken and the accountant's count when the checks were first attached (so that a resume
         whose accountant lost its state is seen), the noise statistics and the steps' digests
         (8 bytes a step), the row counts, the probe's worst case and the steps taken without
-        noise. The ledger restarts at the next private step."""
+        noise, sealed with the digest of all of it. The ledger restarts at the next private
+        step."""
         digests = np.frombuffer(bytes(self._digests), dtype=np.int64).copy()
-        return {
-            "checks": list(self._checks),
-            "steps": self._steps,
-            "accountant_steps_at_attach": self._counted_at_attach,
-            "noise": {
-                "squares": self._squares,
-                "values": self._values,
-                "steps": self._noise_steps,
-                "scale": list(self._scale_seen),
-                "digests": torch.from_numpy(digests),
-            },
-            "sampling": self._counts.state(),
-            "clipping": {
-                "probes": self._probes,
-                "over": self._over,
-                "bound": self._bound,
-                "worst": None if self._worst is None else list(self._worst),
-            },
-            "ledger": {"unnoised": self._unnoised, "first_unnoised": self._first_unnoised},
-        }
+        return sealed(
+            {
+                "checks": list(self._checks),
+                "steps": self._steps,
+                "accountant_steps_at_attach": self._counted_at_attach,
+                "noise": {
+                    "squares": self._squares,
+                    "values": self._values,
+                    "steps": self._noise_steps,
+                    "scale": list(self._scale_seen),
+                    "digests": torch.from_numpy(digests),
+                },
+                "sampling": self._counts.state(),
+                "clipping": {
+                    "probes": self._probes,
+                    "over": self._over,
+                    "bound": self._bound,
+                    "worst": None if self._worst is None else list(self._worst),
+                },
+                "ledger": {"unnoised": self._unnoised, "first_unnoised": self._first_unnoised},
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`.
 
         Raises:
-            ValueError: ``state`` lacks a field, or was saved by checks of another
+            ValueError: ``state`` is damaged (its content no longer matches its digest) or
+                carries no digest, lacks a field, or was saved by checks of another
                 configuration.
         """
+        check_sealed(state, what="MechanismChecks state")
         missing = sorted(set(self.state_dict()) - set(state))
         if missing:
             raise ValueError(f"state is not a MechanismChecks state_dict: it lacks {missing}")

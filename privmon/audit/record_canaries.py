@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from privmon._digest import check_sealed, sealed
 from privmon._validation import check_int, check_module
 from privmon.audit.one_run import inclusion_bits
 
@@ -319,22 +320,26 @@ class RecordCanaries:
 
     def state_dict(self) -> dict[str, Any]:
         """The configuration (n, seed, inclusion bits) and the block's values (also in the
-        model's own ``state_dict``), CPU tensors."""
-        return {
-            "n_canaries": self._n,
-            "seed": self._seed,
-            "included": torch.from_numpy(self._included.copy()),
-            "values": self._values(),
-        }
+        model's own ``state_dict``), CPU tensors, sealed with the digest of all of it."""
+        return sealed(
+            {
+                "n_canaries": self._n,
+                "seed": self._seed,
+                "included": torch.from_numpy(self._included.copy()),
+                "values": self._values(),
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the block's values (kept until :meth:`model` when no
         block exists yet).
 
         Raises:
-            ValueError: ``state`` lacks a field, or was saved by canaries of another
+            ValueError: ``state`` is damaged (its content no longer matches its digest) or
+                carries no digest, lacks a field, or was saved by canaries of another
                 configuration (the message names the first field that differs).
         """
+        check_sealed(state, what="RecordCanaries state")
         fields = ("n_canaries", "seed", "included", "values")
         missing = [k for k in fields if k not in state]
         if missing:

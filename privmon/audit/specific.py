@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._digest import digest
 from privmon._validation import (
     check_callable,
     check_flag,
@@ -33,7 +34,6 @@ from privmon._validation import (
     check_int,
     check_open_unit,
 )
-from privmon.audit.checkpoints import digest
 from privmon.audit.evaluation_models import (
     EvaluationModels,
     ScoreFn,

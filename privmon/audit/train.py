@@ -22,14 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._digest import digest
 from privmon._validation import as_mask, check_callable, check_flag, check_int
-from privmon.audit.checkpoints import (
-    CheckpointFolder,
-    code_digest,
-    digest,
-    portable,
-    qualified_name,
-)
+from privmon.audit.checkpoints import CheckpointFolder, code_digest, portable, qualified_name
 from privmon.audit.distributed import exchange, plan
 from privmon.audit.loops import (
     LossFn,

@@ -1,12 +1,14 @@
 """A monitor's saved state: one flat, versioned dict of tensors and plain values (loads with
 ``torch.load(..., weights_only=True)``), checked whole before any of it is applied.
 
-Fields (:data:`STATE_VERSION` 1): ``state_version``; the setup the figures were measured under
+Fields (:data:`STATE_VERSION` 2): ``state_version``; the setup the figures were measured under
 (:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``,
 ``planned_checks``, ``canaries``); the run (``run_id``, ``last_step``, ``stop``, ``n_failed``,
 ``n_certified_checks``); and the states of the history, early stopping and the record tracker
-(``history``, ``early_stopping``, ``records``). A state of another version — one saved before
-states carried a version included — is refused with a ValueError naming both versions.
+(``history``, ``early_stopping``, ``records``); and ``digest``, over all of them: a state
+whose content changed (a damaged file) is refused. A state of another version — version 1,
+saved before states carried a digest, and one saved before states carried a version included —
+is refused with a ValueError naming both versions.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from privmon._digest import DIGEST_KEY, check_sealed, sealed
 from privmon._validation import check_int
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
@@ -34,7 +37,7 @@ __all__ = [
 
 logger = logging.getLogger("privmon")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 """The version of the saved state's fields this privmon writes and reads."""
 
 SETUP_FIELDS = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
@@ -42,7 +45,7 @@ SETUP_FIELDS = ("queries", "methods", "prior", "interval_delta", "planned_checks
 
 _RUN_FIELDS = ("run_id", "last_step", "stop", "n_failed", "n_certified_checks")
 _PARTS = ("history", "early_stopping", "records")
-_FIELDS = ("state_version", *SETUP_FIELDS, *_RUN_FIELDS, *_PARTS)
+_FIELDS = ("state_version", *SETUP_FIELDS, *_RUN_FIELDS, *_PARTS, DIGEST_KEY)
 
 
 def setup(
@@ -105,19 +108,22 @@ def state_dict(
     early_stopping: PrivacyEarlyStopping | None,
     records: RecordTracker,
 ) -> dict[str, Any]:
-    """The saved state of a monitor set up as ``measured_under`` (:func:`setup`)."""
-    return {
-        "state_version": STATE_VERSION,
-        **measured_under,
-        "run_id": run_id,
-        "last_step": last_step,
-        "stop": stop,
-        "n_failed": n_failed,
-        "n_certified_checks": n_certified_checks,
-        "history": history.state_dict(),
-        "early_stopping": None if early_stopping is None else early_stopping.state_dict(),
-        "records": records.state_dict(),
-    }
+    """The saved state of a monitor set up as ``measured_under`` (:func:`setup`), sealed
+    with the digest of its content."""
+    return sealed(
+        {
+            "state_version": STATE_VERSION,
+            **measured_under,
+            "run_id": run_id,
+            "last_step": last_step,
+            "stop": stop,
+            "n_failed": n_failed,
+            "n_certified_checks": n_certified_checks,
+            "history": history.state_dict(),
+            "early_stopping": None if early_stopping is None else early_stopping.state_dict(),
+            "records": records.state_dict(),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,8 @@ class SavedRun:
     early_stopping: dict[str, Any] | None
 
 
-def _checked_version(state: Any) -> dict[str, Any]:
+def _checked_whole(state: Any) -> dict[str, Any]:
+    """``state`` after checking its version, its digest (any changed byte) and its fields."""
     if not isinstance(state, dict):
         raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
     version = state.get("state_version")
@@ -144,11 +151,13 @@ def _checked_version(state: Any) -> dict[str, Any]:
             "no state_version (saved by a privmon before states carried one)"
             if version is None
             else f"state_version {version!r}"
+            + (" (saved before states carried a digest)" if version == 1 else "")
         )
         raise ValueError(
             f"state has {saved}; this privmon reads state_version {STATE_VERSION} only: resume "
             "it with the privmon that saved it, or start the run's monitoring afresh"
         )
+    check_sealed(state, what="state")
     unknown = sorted(set(state) - set(_FIELDS))
     if unknown:
         raise ValueError(
@@ -205,7 +214,7 @@ def read_state(
     else the saved plan is taken) with ``early_stopping``: a ValueError names the first field
     that does not fit. A certified-check count above the checks the state ran warns (looser
     bounds from then on)."""
-    state = _checked_version(state)
+    state = _checked_whole(state)
     _checked_setup(state, measured_under, user_planned=user_planned)
     planned = measured_under["planned_checks"]
     if not user_planned:

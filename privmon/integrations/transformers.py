@@ -281,10 +281,19 @@ class PrivacyMonitorCallback(TrainerCallback):
             path = os.path.join(folder, STATE_FILE)
             if not os.path.isfile(path):
                 continue
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-            if int(payload.get("global_step", -1)) != step:
+            try:
+                payload = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as err:  # a damaged file fails anywhere in the unpickler
+                raise ValueError(
+                    f"privmon: the monitor's state file {path} cannot be read "
+                    f"({type(err).__name__}); remove it and the monitor's history starts afresh"
+                ) from err
+            if not isinstance(payload, dict) or int(payload.get("global_step", -1)) != step:
                 continue
-            self.monitor.load_state_dict(payload["monitor"])
+            try:
+                self.monitor.load_state_dict(payload.get("monitor", {}))
+            except ValueError as err:
+                raise ValueError(f"privmon: the monitor's state file {path}: {err}") from err
             return
         logger.warning(
             "privmon: training resumed at step %s but no %s was found in %s; the monitor's "

@@ -5,9 +5,11 @@ one self-contained HTML page from a monitor's log directory.
 :class:`~privmon.sinks.JsonlSink`'s) or, failing that, from TensorBoard event files;
 :func:`checks_from_reports` takes them from memory. Runs are never merged: a source holding
 several raises :class:`SeveralRunsError` unless ``run=`` picks one; a line cut off by a crash is
-skipped and said, any other damaged line is an error. :func:`verdict` reads the certified lower
-bounds and the DP audit's outcomes only (*No measurable membership leakage*, *Leakage detected*,
-*DP violation*, naming a DP mechanism check that fired and its evidence), and
+skipped and said, any other damaged line is an error, and a file whose first line is no check is
+no privmon log; an event file cut off or damaged is said (``Checks.lost_events``).
+:func:`verdict` reads the certified lower bounds and the DP audit's outcomes only (*No
+measurable membership leakage*, *Leakage detected*, *DP violation*, naming a DP mechanism check
+that fired and its evidence), and
 :func:`write_report` renders the verdict, the figures over the steps, the ROC and the most
 exposed records (matplotlib: the ``privmon[report]`` extra) and writes the page atomically.
 Early stopping's decision at each check (:class:`StoppingDecision`, on

@@ -187,5 +187,5 @@ def write_comparison_page(
     folders = [os.path.abspath(p) for p in folders]
     if out is None:
         out = os.path.join(os.path.commonpath(folders), COMPARISON_NAME)
-    inputs = [c.source for c in runs if c.kind == "jsonl"]
+    inputs = [path for checks in runs for path in checks.files]
     return save_page(out, lambda: render_comparison(runs, title=title), inputs=inputs)

@@ -307,5 +307,4 @@ def write_page(
         base = os.fspath(logdir)
         folder = os.path.dirname(os.path.abspath(base)) if os.path.isfile(base) else base
         out = os.path.join(folder, REPORT_NAME)
-    inputs = [checks.source] if checks.kind == "jsonl" else []
-    return save_page(out, lambda: render_html(checks, title=title), inputs=inputs)
+    return save_page(out, lambda: render_html(checks, title=title), inputs=checks.files)

@@ -1,8 +1,10 @@
 """Reading the JSON lines a :class:`~privmon.sinks.JsonlSink` wrote: each line checked field by
 field, the checks kept per run (see :mod:`privmon.report`).
 
-Only what a crash leaves is skipped: a last line with no newline that does not parse (the writer
-was interrupted mid-line), and a cut-off line that another line was appended to. Any other bad
+Only what a crash leaves is skipped: a last line with no newline that does not parse but begins
+as every line a JsonlSink writes does (the writer was interrupted mid-line), and a cut-off line
+that another line was appended to. A file whose first line is no check is not a privmon log, and
+is refused as such. Any other bad
 line is an error naming the line and the field, never skipped: the verdict is a statement about
 every check, and a dropped check could be the one that certifies leakage. So is a figure out of
 its range (an advantage outside [-1, 1], a negative ε) or written as a number that is not finite
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,7 @@ __all__ = ["BadLine", "JsonlChecks", "check_record", "check_stopping", "read_jso
 _MAX_STEP = 2**63 - 1  # steps are plotted as int64
 # how every line a JsonlSink writes begins (``step`` first: written before run ids)
 _LINE_START = re.compile(rb'\{"(?:run_id|step)":')
+_STARTS = (b'{"run_id":', b'{"step":')
 
 
 class BadLine(ValueError):
@@ -222,6 +226,31 @@ def _after_torn_start(raw: bytes) -> Any:
     return None
 
 
+def _cut_off(raw: bytes) -> bool:
+    """Whether a last line with no newline can be a line a JsonlSink was writing when it was
+    interrupted: it begins as every such line does, or is cut within that beginning (the NUL
+    bytes a crash of the machine can leave after it aside)."""
+    raw = raw.rstrip(b"\0")
+    return bool(_LINE_START.match(raw)) or any(start.startswith(raw) for start in _STARTS)
+
+
+def _could_be_a_check(obj: Any) -> bool:
+    """Whether a line's JSON value is meant as a privmon line (a check, or an outcome)."""
+    keys = ("run_id", "step", tags.STOPPING_OUTCOME_KEY)
+    return isinstance(obj, dict) and any(key in obj for key in keys)
+
+
+def _not_a_log(path: str, lineno: int, err: BadLine) -> ValueError:
+    """The error for a file whose first line is no check (a text file, an event file, ...)."""
+    hint = ""
+    if "tfevents" in os.path.basename(path):
+        hint = " (a TensorBoard event file: pass the folder that holds it)"
+    return ValueError(
+        f"{path}, line {lineno}: {err}: the file is not a privmon log{hint}; privmon report "
+        "reads the JSON lines a JsonlSink writes, or a log directory"
+    )
+
+
 @dataclass
 class JsonlChecks:
     """What :func:`read_jsonl` found."""
@@ -239,6 +268,7 @@ def read_jsonl(path: str) -> JsonlChecks:
     docstring); a ValueError names the first line that is not a check, and the field."""
     runs = RunIndex("lines")
     skipped, torn, outcomes = None, [], {}
+    read = 0  # lines read as checks or outcomes
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -249,9 +279,11 @@ def read_jsonl(path: str) -> JsonlChecks:
                 obj = _after_torn_start(raw)
                 if obj is not None:
                     torn.append(lineno)
-                elif not raw.endswith(b"\n"):  # only the last line can lack its newline
-                    skipped = lineno
+                elif not raw.endswith(b"\n") and _cut_off(raw):  # only the last line can
+                    skipped = lineno  # lack its newline
                     continue
+                elif not read:
+                    raise _not_a_log(path, lineno, err) from None
                 else:
                     raise ValueError(f"{path}, line {lineno}: {err}") from None
             try:
@@ -261,9 +293,14 @@ def read_jsonl(path: str) -> JsonlChecks:
                         raise BadLine(f"run_id must be a string, got {_shown(run_id)}")
                     key = tags.STOPPING_OUTCOME_KEY
                     outcomes[run_id] = check_stopping(obj[key], key)
+                    read += 1
                     continue
                 record = check_record(obj)
             except BadLine as err:
+                if not read and not _could_be_a_check(obj):
+                    no_check = BadLine("no privmon check (a JSON object with a run_id and a step)")
+                    raise _not_a_log(path, lineno, no_check) from None
                 raise ValueError(f"{path}, line {lineno}: {err}") from None
             runs.put(record["run_id"], record["step"], record, lineno)
+            read += 1
     return JsonlChecks(runs, skipped, torn, outcomes)

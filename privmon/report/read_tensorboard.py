@@ -4,7 +4,9 @@ scalars per run, and the ROC rebuilt from each run's last membership PR curve (s
 
 Each file's events belong to the run named by the last run-id text summary
 (:data:`~privmon.report.tags.RUN_ID_TEXT_TAG`) before them in that file; figures before any (a
-file written by a privmon before run ids) are refused.
+file written by a privmon before run ids) are refused. A file whose records stop before its end
+(cut off mid-write, or a damaged record: its checksum fails) loses the events from there on;
+:attr:`EventChecks.lost` says which file, from which byte and after which step.
 """
 
 from __future__ import annotations
@@ -71,13 +73,27 @@ def _figure(path: str, step: int, tag: str, value: float) -> float:
     return value
 
 
+_FRAME = 16  # a record's bytes beside its data: length (8), its checksum (4), data checksum (4)
+
+
+def _lost(path: str, read: int, size: int, step: int | None) -> str:
+    """What a file whose records stop at byte ``read`` of ``size`` lost (``step``: the last
+    event read before it)."""
+    after = "before its first event" if step is None else f"after the event of step {step}"
+    return (
+        f"The TensorBoard event file {path} is cut off or damaged at byte {read} of its {size} "
+        f"({after}): its events from there on are lost, and this report lacks whatever "
+        "they held."
+    )
+
+
 class EventChecks:
-    """The privacy figures of the event files in one directory, per run."""
+    """The privacy figures of the event files in one directory, per run; ``lost``: a sentence
+    for each file whose records stop before its end (:func:`_lost`)."""
 
     def __init__(self, folder: str) -> None:
-        from tensorboard.backend.event_processing.event_file_loader import (
-            LegacyEventFileLoader,
-        )
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+        from tensorboard.compat.proto import event_pb2
         from tensorboard.util import tensor_util
 
         self.folder = folder
@@ -87,10 +103,15 @@ class EventChecks:
         self.causes: dict[str, dict[int, list[str]]] = {}  # run -> step -> a DP violation's causes
         self.stopping: dict[str, dict[int, str]] = {}  # run -> step -> early stopping's decision
         self.outcomes: dict[str, str] = {}  # run -> its last early-stopping outcome
-        for path in _event_files(folder):
+        self.lost: list[str] = []
+        self.files = _event_files(folder)  # the event files read
+        for path in self.files:
             current: str | None = None
-            # the raw events, as written: a truncated last record ends the file quietly
-            for event in LegacyEventFileLoader(path).Load():
+            read, step = 0, None
+            # the records, as written: the loader ends quietly at a cut-off or damaged record
+            for record in RawEventFileLoader(path).Load():
+                read += len(record) + _FRAME
+                event = event_pb2.Event.FromString(record)
                 step, when = int(event.step), float(event.wall_time)
                 for value in event.summary.value:
                     tag = value.tag
@@ -125,6 +146,9 @@ class EventChecks:
                         if old is None or (step, when) >= old[:2]:
                             counts = tensor_util.make_ndarray(value.tensor)
                             kept[query] = (step, when, counts)
+            size = os.path.getsize(path)
+            if read < size:
+                self.lost.append(_lost(path, read, size, step))
 
     def has_figures(self) -> bool:
         """Whether any run here wrote privacy scalars."""

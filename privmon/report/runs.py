@@ -94,6 +94,7 @@ class Checks:
 
     source: str  # the file or directory read
     kind: str  # "jsonl", "tensorboard" or "reports" (in memory: checks_from_reports)
+    files: list[str]  # every file read (the JSON lines, event files): never written onto
     # step, scalars, epsilon, dp_violation, top_records, messages (and dp_causes, if any)
     records: list[dict[str, Any]]
     # query -> (step, fpr, tpr) of the ROC at the last check, when a PR curve was found
@@ -101,6 +102,8 @@ class Checks:
     notes: list[str] = field(default_factory=list)
     skipped_line: int | None = None  # the JSONL's last line, when it was cut off mid-write
     torn_lines: list[int] = field(default_factory=list)  # lines that begin with a cut-off line
+    # a sentence for each event file read whose records stop before its end (cut off or damaged)
+    lost_events: list[str] = field(default_factory=list)
     run_id: str = ""  # the run reported ("" when the source holds none)
     other_runs: list[RunInfo] = field(default_factory=list)  # runs in the source left out
     # early stopping's outcome over the run (``sentence``, ``stopped_step``, ``restored_step``,
@@ -214,7 +217,8 @@ def _from_jsonl(
     """The checks of run ``chosen`` of a JSON-lines file, with the ROC from the ``events``
     beside it; ``every``: the runs of ``source`` (the file, or the directory that holds it and
     event files of other runs)."""
-    notes: list[str] = []
+    lost = [sentence for found in events for sentence in found.lost]
+    notes: list[str] = list(lost)
     if lines.skipped is not None:
         notes.append(
             f"Line {lines.skipped} of {jsonl}, the last, was cut off mid-write (the run was "
@@ -232,11 +236,13 @@ def _from_jsonl(
     return Checks(
         source=jsonl,
         kind="jsonl",
+        files=[jsonl, *(path for found in events for path in found.files)],
         records=lines.runs.entries(chosen),
         roc=roc_beside(events, chosen, notes),
         notes=notes,
         skipped_line=lines.skipped,
         torn_lines=lines.torn,
+        lost_events=lost,
         run_id=chosen,
         other_runs=others,
         outcome=lines.outcomes.get(chosen),
@@ -286,7 +292,8 @@ def _from_events(
             f"under {source!r}: {[e.folder for e in found]}; pass one of them"
         )
     events = found[0]
-    others, notes = _left_out(source, every, chosen)
+    others, left_out = _left_out(source, every, chosen)
+    notes = [*events.lost, *left_out]
     notes.append(
         "Read from TensorBoard event files: the indices of the most exposed records are not "
         f"recorded there (add privmon.sinks.JsonlSink('{JSONL_NAME}') to the monitor's sinks)."
@@ -294,9 +301,11 @@ def _from_events(
     return Checks(
         source=events.folder,
         kind="tensorboard",
+        files=list(events.files),
         records=events.records(chosen),
         roc={q: (step, fpr, tpr) for q, (step, _, fpr, tpr) in events.roc(chosen).items()},
         notes=notes,
+        lost_events=list(events.lost),
         run_id=chosen,
         other_runs=others,
         outcome={"sentence": events.outcomes[chosen]} if chosen in events.outcomes else None,
@@ -321,10 +330,11 @@ def _runs_of(logdir: str | os.PathLike[str]) -> tuple[str, list[RunInfo], Callab
         held = _event_runs(events)
         folders = {e.folder: e for found in held.values() for e in found}
         if not held:
+            lost = " ".join(sentence for found in events for sentence in found.lost)
             raise FileNotFoundError(
                 f"no {JSONL_NAME} and no TensorBoard privacy scalars under {logdir!r}: point "
                 "privmon report at the directory given to PrivacyMonitor(writer=...) or at a "
-                "JsonlSink's file"
+                "JsonlSink's file" + (f". {lost}" if lost else "")
             )
         if len(folders) == 1:  # one folder: its runs, as it names them
             (only,) = folders.values()
@@ -365,7 +375,8 @@ def read_checks(logdir: str | os.PathLike[str], *, run: str | None = None) -> Ch
         SeveralRunsError (a ValueError): several runs and ``run`` is None; the message names
             them (ids, steps, lines or checks, and where each is when the sources are several).
         ValueError: a line that is not a check (one written by a privmon before run ids
-            included), a figure out of its range, or ``run`` that names no run.
+            included; on the first line: the file is no privmon log), a figure out of its
+            range, or ``run`` that names no run.
         FileNotFoundError: no JSON lines and no TensorBoard privacy scalars.
 
     Examples:
@@ -502,5 +513,10 @@ def checks_from_reports(
     chosen = _pick(source, runs.infos(), None)
     said = None if outcome is None else check_stopping(outcome.to_json(), "outcome")
     return Checks(
-        source=source, kind="reports", records=runs.entries(chosen), run_id=chosen, outcome=said
+        source=source,
+        kind="reports",
+        files=[],
+        records=runs.entries(chosen),
+        run_id=chosen,
+        outcome=said,
     )

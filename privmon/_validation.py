@@ -376,6 +376,19 @@ def check_subset(
     return tuple(dict.fromkeys(items))
 
 
+def check_names(values: Any, valid: tuple[str, ...], *, name: str) -> tuple[str, ...]:
+    """Return ``values`` (one name or an iterable of names, empty for none) as the names of
+    ``valid`` it holds, in ``valid``'s order; TypeError naming the argument for anything else
+    (None, a number)."""
+    if not isinstance(values, str | Iterable):
+        raise TypeError(
+            f"{name} must be a name or an iterable of names from {valid} (empty: none), got "
+            f"{type(values).__name__}"
+        )
+    chosen = check_subset(values, valid, name=name, allow_empty=True)
+    return tuple(v for v in valid if v in chosen)
+
+
 def _flat_values(x: Any) -> torch.Tensor | np.ndarray | None:
     """x as 1-D values (shape (n,) or (n, 1); a tensor stays on its device), or None when x is
     not such an array."""

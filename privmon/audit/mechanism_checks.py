@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import check_subset
+from privmon._validation import check_names
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_evidence import CLIP_TOLERANCE, PROBE_NORM, TESTS
 from privmon.audit.mechanism_math import RowCounts
 
-__all__ = ["MechanismChecks", "check_checks"]
+__all__ = ["MechanismChecks"]
 
 logger = logging.getLogger("privmon")
 
@@ -61,12 +61,6 @@ CANNOT_RUN: dict[str, dict[str, str]] = {
     "SimpleDistributedPerLayerOptimizer": _PER_LAYER_DDP,
     "AdaClipDPOptimizer": _ADACLIP,
 }
-
-
-def check_checks(checks: Any) -> tuple[str, ...]:
-    """``checks`` as a tuple of :data:`MECHANISM_CHECKS` names without repeats (empty: none)."""
-    chosen = check_subset(checks, MECHANISM_CHECKS, name="checks", allow_empty=True)
-    return tuple(c for c in MECHANISM_CHECKS if c in chosen)
 
 
 def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:
@@ -158,7 +152,7 @@ class MechanismChecks:
         canary_block: torch.nn.Parameter | None = None,
     ) -> None:
         self._optimizer = hooks.check_dp_optimizer(optimizer, who="MechanismChecks")
-        self._checks = check_checks(checks)
+        self._checks = check_names(checks, MECHANISM_CHECKS, name="checks")
         _refuse_unsupported(optimizer, self._checks)
         if self._checks and hooks.attached(optimizer, "checks") is not None:
             raise ValueError(

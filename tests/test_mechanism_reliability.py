@@ -7,6 +7,7 @@ parameter frozen, after a resume; the findings of the states before any test can
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -133,3 +134,137 @@ def test_a_model_on_the_meta_device_is_refused_naming_the_device(who):
     x, y = next(iter(loader))
     nn.functional.cross_entropy(model(x.to("meta")), y.to("meta")).backward()
     optimizer.step()  # the step runs as without the checks
+
+
+# -- low precision: the rounding of a correct step is no fault -------------------------------------
+def clip_at(optimizer: Any, factor: float) -> None:
+    """The optimizer clips at factor × C (its noise still calibrated to C)."""
+    original = optimizer.clip_and_accumulate
+
+    def clip_and_accumulate() -> None:
+        bound = optimizer.max_grad_norm
+        optimizer.max_grad_norm = bound * factor
+        try:
+            original()
+        finally:
+            optimizer.max_grad_norm = bound
+
+    optimizer.clip_and_accumulate = clip_and_accumulate
+
+
+def attach(optimizer: Any, canaries: int) -> Any:
+    return GradientCanaries(optimizer, canaries) if canaries else MechanismChecks(optimizer)
+
+
+@pytest.mark.parametrize("canaries", [0, 100])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_a_correct_run_fires_nothing_in_any_dtype(dtype, canaries):
+    model, optimizer, loader, *_ = private(dtype=dtype)
+    with attach(optimizer, canaries) as checks:
+        train(model, optimizer, loader, 20)
+        assert_silent(checks)
+        clipping = findings(checks)["clipping/probe"].evidence
+    if dtype in (torch.bfloat16, torch.float16):  # the probe did round above C
+        assert re.fullmatch(
+            r"clipping: a row of norm 100 C contributed at most 1\.000\d+ C, within its "
+            r"precision's rounding, in 11 probes over 20 steps \(the last C = 1\.0\)",
+            clipping,
+        ), clipping
+    else:
+        assert "contributed at most C in 11 probes" in clipping
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_a_clip_at_1_1_c_fires_in_any_dtype(dtype):
+    model, optimizer, loader, *_ = private(dtype=dtype)
+    clip_at(optimizer, 1.1)
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 5)
+    found = fired(checks)
+    assert set(found) == {"clipping/probe"}, found
+    contributed = re.fullmatch(
+        r"clipping: a row of norm 100 contributed ([0-9.]+), above C = 1\.0 \(step 1; 5 of 5 "
+        r"probes\)",
+        found["clipping/probe"],
+    )
+    assert contributed, found["clipping/probe"]
+    assert float(contributed.group(1)) == pytest.approx(1.1, abs=0.01)
+
+
+def large_sums(dtype: torch.dtype, sigma: float) -> tuple[nn.Module, Any, DataLoader]:
+    """Batches of 2000 records that agree (one label, inputs of mean 3): summed-gradient entries
+    of hundreds, far above σ C = 0.05 / bfloat16's resolution."""
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(8000, 6, generator=g) + 3, torch.zeros(8000, dtype=torch.long))
+    model, optimizer, loader, *_ = private(dtype=dtype, sigma=sigma, batch=2000, data=data)
+    return model, optimizer, loader
+
+
+def test_noise_lost_to_the_rounding_of_large_sums_is_no_fault():
+    """bfloat16 rounds s + n to a grid coarser than σ C where |s| is large: z = fl(s + n) − s
+    reads less noise there, though fl(s + n), a function of s + n, is as private; only the
+    entries the precision resolves are tested, and their noise is the accountant's."""
+    model, optimizer, loader = large_sums(torch.bfloat16, 0.05)
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 8)
+    assert_silent(checks)
+    variance = findings(checks)["noise/variance"].evidence
+    ratio = float(re.search(r"the noise added has ([0-9.]+) ×", variance).group(1))
+    assert ratio == pytest.approx(1.0, abs=0.15), variance
+
+
+def test_halved_noise_on_large_sums_still_fires():
+    model, optimizer, loader = large_sums(torch.bfloat16, 0.05)
+    original = optimizer.add_noise
+
+    def add_noise() -> None:
+        optimizer.noise_multiplier /= 2
+        try:
+            original()
+        finally:
+            optimizer.noise_multiplier *= 2
+
+    optimizer.add_noise = add_noise
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 8)
+    found = fired(checks)
+    assert set(found) == {"noise/variance"}, found
+    ratio = float(re.search(r"the noise added has ([0-9.]+) ×", found["noise/variance"]).group(1))
+    assert ratio == pytest.approx(0.5, abs=0.1)
+
+
+def test_noise_repeated_by_a_seed_reset_is_still_seen_in_bfloat16():
+    model, optimizer, loader, *_ = private(dtype=torch.bfloat16)
+    with MechanismChecks(optimizer) as checks:
+        for _ in range(4):
+            torch.manual_seed(0)  # every epoch draws the same noise
+            train(model, optimizer, loader, 10)
+    found = fired(checks)
+    assert set(found) == {"noise/repeat"}, found
+    assert re.fullmatch(
+        r"noise: step \d+ repeats the noise of step \d+ \(\d+ of 40 steps repeat an earlier "
+        r"step's noise\)",
+        found["noise/repeat"],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_correct_clipping_of_any_shape_and_bound_stays_within_the_rounding(dtype):
+    """Random widths, depths and C from 10⁻² to 10²: the probe through Opacus' own clipping
+    never exceeds C by more than its precision's rounding allows (it reaches a few u)."""
+    g = torch.Generator().manual_seed(1)
+    u = torch.finfo(dtype).eps / 2
+    worst = 0.0
+    for _ in range(12):
+        depth = int(torch.randint(1, 5, (1,), generator=g))
+        widths = [6, *torch.randint(1, 300, (depth,), generator=g).tolist(), 3]
+        layers = [nn.Linear(a, b) for a, b in itertools.pairwise(widths)]
+        clip = float(10 ** (4 * torch.rand(1, generator=g) - 2))
+        model, optimizer, loader, *_ = private(net=nn.Sequential(*layers), dtype=dtype, clip=clip)
+        with MechanismChecks(optimizer, checks=("clipping",)) as checks:
+            train(model, optimizer, loader, 1)
+            (finding,) = checks.mechanism()
+        assert not finding.fired, finding.evidence
+        said = re.search(r"contributed at most ([0-9.]+) C", finding.evidence)
+        worst = max(worst, float(said.group(1)) - 1 if said else 0.0)
+    assert 0 < worst < 4 * u  # the probe did round above C, and far less than the bound

@@ -19,8 +19,8 @@ from privmon._validation import check_names
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
-from privmon.audit.mechanism_evidence import CLIP_TOLERANCE, PROBE_NORM, TESTS
-from privmon.audit.mechanism_math import RowCounts
+from privmon.audit.mechanism_evidence import PROBE_NORM, TESTS
+from privmon.audit.mechanism_math import CLIP_TOLERANCE, RowCounts, clip_tolerance, resolved_sum
 
 __all__ = ["MechanismChecks"]
 
@@ -30,7 +30,8 @@ logger = logging.getLogger("privmon")
 # the optimizer's class or its clip_and_accumulate changed since the last probe.
 PROBE_FIRST, PROBE_EVERY = 10, 10
 NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
-DIGEST_VALUES = 64  # a step's digest: the first noise values of the first tensor
+DIGEST_VALUES = 64  # a step's digest: the first noise values of the fixed tensor
+DIGEST_RESOLVED = 32  # ... of which at least so many resolved (else the step has no digest)
 DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 _MISSING = object()
 _GHOST = {
@@ -90,11 +91,12 @@ class MechanismChecks:
 
     - ``clipping`` (deterministic): a synthetic row of norm 100 C, equal on every clipped
       parameter, replayed through the optimizer's own ``clip_and_accumulate`` on scratch state,
-      must contribute at most C (as the step read it after its noise);
+      must contribute at most C (as the step read it after its noise), up to the rounding the
+      parameters' dtype allows;
     - ``noise``: the noise actually added (``p.grad − p.summed_grad`` right after ``add_noise``,
-      up to 1e5 values of the model per step, and the canary block) against N(0, σ²C²) with the
-      σ and C the accountant read (statistical, one-sided); and no step repeating another's
-      noise (deterministic: a digest per step);
+      up to 65,536 values per step, of the model and the canary block, where the gradients'
+      dtype resolves it) against N(0, σ²C²) with the σ and C the accountant read (statistical,
+      one-sided); and no step repeating another's noise (deterministic: a digest per step);
     - ``sampling`` (statistical): rows per step against Binomial(N, q t) (mean and dispersion),
       for every N that ``expected_batch_size`` allows;
     - ``steps`` (deterministic): private steps taken = steps the accountant counted (across a
@@ -243,31 +245,43 @@ class MechanismChecks:
 
     def _read_noise(self) -> tuple[float, int, bytes]:
         """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
-        added, on up to NOISE_VALUES values of two tensors: a fixed one (the canary block, else
-        the model's first), whose first DIGEST_VALUES rounded to σ C / DIGEST_GRID make the
-        digest, and one of the model's in turn (each one every len(params) steps). Few
-        operations: this runs at every step."""
+        added, on up to NOISE_VALUES values of two tensors: a fixed one (the first of the canary
+        block and the model's tensors with DIGEST_VALUES entries, else the largest), whose first
+        DIGEST_VALUES rounded to σ C / DIGEST_GRID make the digest, and one of the model's in
+        turn (each one every len(params) steps). Only values whose summed gradient s the
+        tensor's precision resolves (:func:`resolved_sum`) count: where it is coarser, rounding
+        s + noise may remove the noise from z (not from the rounded s + noise, a function of the
+        mechanism's output). A digest needs DIGEST_RESOLVED resolved values. Few operations:
+        this runs at every step."""
         opt, block, params = self._optimizer, self._block, self._params
-        if not params:
+        scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+        if not params or scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to test
             return 0.0, 0, b""
-        fixed = block if block is not None else params[0]
+        tensors = [block, *params] if block is not None else params
+        fixed = next((p for p in tensors if p.numel() >= DIGEST_VALUES), None)
+        fixed = fixed if fixed is not None else max(tensors, key=lambda p: p.numel())
         turn = params[self._steps % len(params)]
-        grads, sums = [], []
+        noise, kept = [], []
         for p in (fixed,) if turn is fixed else (fixed, turn):
             grad, summed = p.grad, getattr(p, "summed_grad", None)
             if grad is None or summed is None:
                 return 0.0, 0, b""
-            grads.append(grad.reshape(-1)[:NOISE_VALUES])
-            sums.append(summed.reshape(-1)[:NOISE_VALUES])
-        noise = torch._foreach_sub(grads, sums)
-        squares = torch.stack(torch._foreach_norm(noise)).double().square().sum().view(1)
-        values = sum(len(z) for z in noise)
-        scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
-        if scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to repeat, no digest
-            return float(squares), values, b""
+            sums = summed.detach().reshape(-1)[:NOISE_VALUES]
+            wide = torch.promote_types(sums.dtype, torch.float32)  # z = fl(s + n) − s exactly
+            info = torch.finfo(sums.dtype)
+            keep = sums.abs() <= resolved_sum(scale, info.eps, info.tiny)
+            z = grad.detach().reshape(-1)[:NOISE_VALUES].to(wide) - sums.to(wide)
+            noise.append(torch.where(keep, z, 0.0))
+            kept.append(keep)
+        squares = torch.stack([z.double().square().sum() for z in noise])
         head = torch.round(noise[0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
-        host = torch.cat([squares, head]).cpu().numpy()  # one copy from the device a step
-        digest = hashlib.blake2b(host[1:].tobytes(), digest_size=8).digest()
+        head = torch.where(kept[0][:DIGEST_VALUES], head, math.inf)
+        counts = torch.stack([k.sum() for k in (*kept, kept[0][:DIGEST_VALUES])]).double()
+        host = torch.cat([squares.sum().view(1), counts, head]).cpu().numpy()  # one copy a step
+        values, resolved = int(host[1 : len(kept) + 1].sum()), int(host[len(kept) + 1])
+        digest = b""
+        if resolved >= DIGEST_RESOLVED:
+            digest = hashlib.blake2b(host[len(kept) + 2 :].tobytes(), digest_size=8).digest()
         return float(host[0]), values, digest
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -316,10 +330,25 @@ class MechanismChecks:
         self._probes += 1
         self._bound = bound
         ratio = contribution / bound if bound > 0 else math.inf
-        if ratio > 1 + CLIP_TOLERANCE:
+        if ratio > 1 + self._clip_tolerance(bound):
             self._over += 1
         if self._worst is None or ratio > self._worst[0]:
             self._worst = (ratio, bound, self._steps)
+
+    def _clip_tolerance(self, bound: float) -> float:
+        """The rounding a correct clipping path in the parameters' precision (the coarsest of
+        their dtypes: the probe's rows are in each parameter's own) allows the probe."""
+        params = [p for p in self._params if p.numel() > 0]
+        if not params:
+            return CLIP_TOLERANCE
+        info = [torch.finfo(p.dtype) for p in params]
+        return clip_tolerance(
+            max(i.eps for i in info),
+            max(i.tiny for i in info),
+            bound,
+            max(p.numel() for p in params),
+            len(params),
+        )
 
     def _probe(self, bound: float) -> float:
         """The contribution ‖Σ_p summed_grad_p‖ of one row of norm PROBE_NORM · C, equal on every

@@ -7,6 +7,7 @@ parameter frozen, after a resume; the findings of the states before any test can
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 from typing import Any
@@ -268,3 +269,49 @@ def test_correct_clipping_of_any_shape_and_bound_stays_within_the_rounding(dtype
         said = re.search(r"contributed at most ([0-9.]+) C", finding.evidence)
         worst = max(worst, float(said.group(1)) - 1 if said else 0.0)
     assert 0 < worst < 4 * u  # the probe did round above C, and far less than the bound
+
+
+# -- the ledger compares values where a step without noise moved the counters ---------------------
+def test_a_step_with_every_parameter_frozen_is_no_non_private_update():
+    """Opacus steps the inner optimizer on zero gradients when no parameter requires a gradient:
+    every version counter moves, no value does."""
+    model, optimizer, loader, _, net = private()
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 10)
+        weights = copy.deepcopy(net.state_dict())
+        for p in net.parameters():
+            p.requires_grad_(False)
+        for _ in range(2):
+            optimizer.zero_grad()
+            optimizer.step()
+        for key, value in weights.items():
+            assert torch.equal(value, net.state_dict()[key]), key
+        assert_silent(checks)
+        assert findings(checks)["ledger/weights"].evidence == (
+            "ledger: the weights are those of the last private step (step 10)"
+        )
+        with torch.no_grad():  # a real write after the frozen steps is still seen
+            net[2].bias.add_(1.0)
+        assert fired(checks) == {
+            "ledger/weights": "ledger: 1 parameters changed after the last private step (step "
+            "10): a non-private update"
+        }
+
+
+def test_a_step_without_noise_that_moves_the_weights_is_still_found():
+    model, optimizer, loader, _, net = private()
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 10)
+        for p in net.parameters():
+            p.requires_grad_(False)
+        optimizer.zero_grad()
+        optimizer.step()  # frozen: no change
+        for p in net.parameters():
+            p.requires_grad_(True)
+            p.grad = torch.ones_like(p)
+        optimizer.original_optimizer.step()  # no noise, every weight moved
+        assert fired(checks) == {
+            "ledger/weights": "ledger: the optimizer stepped 1 times without noise (first after "
+            "private step 10); 4 parameters changed after the last private step (step 10): a "
+            "non-private update"
+        }

@@ -80,6 +80,11 @@ def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:
             )
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and values (NaN where the other is NaN)."""
+    return a.shape == b.shape and bool(torch.where(a.isnan(), b.isnan(), a == b).all())
+
+
 class MechanismChecks:
     """Tests of the assumptions the accountant makes, inside an Opacus ``DPOptimizer``.
 
@@ -102,7 +107,8 @@ class MechanismChecks:
     - ``steps`` (deterministic): private steps taken = steps the accountant counted (across a
       resume, through :meth:`state_dict`);
     - ``ledger`` (deterministic): the weights at a check are those the last private step left
-      (version counters and storage, no copy), and no optimizer step ran without noise.
+      (version counters and storage, no copy), and no optimizer step without noise changed a
+      value (told by a copy of the parameters with a gradient, taken before such a step only).
 
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
@@ -192,11 +198,12 @@ class MechanismChecks:
         self._probe_error: str | None = None
         self._ledger: list[tuple[torch.Tensor, int, int]] | None = None
         self._ledger_step = 0
+        self._before: list[tuple[torch.Tensor, int, int, torch.Tensor | None]] = []
         self._unnoised = 0  # optimizer steps that ran without noise
         self._first_unnoised = 0  # the private steps before the first of them
         self._frozen: tuple[MechanismFinding, ...] | None = None  # the findings at detach
         self._hooks: list[hooks.Hook] = []
-        self._post: Any = None
+        self._around: list[Any] = []  # the ledger's step pre- and post-hook
         if self._checks:
             self._hooks = hooks.install(
                 optimizer,
@@ -207,7 +214,11 @@ class MechanismChecks:
                 },
             )
             if "ledger" in self._checks:
-                self._post = optimizer.original_optimizer.register_step_post_hook(self._after_step)
+                inner = optimizer.original_optimizer
+                self._around = [
+                    inner.register_step_pre_hook(self._before_step),
+                    inner.register_step_post_hook(self._after_step),
+                ]
             hooks.claim(optimizer, "checks", self)
 
     # -- the optimizer's step ------------------------------------------------------------
@@ -377,15 +388,41 @@ class MechanismChecks:
                 p.summed_grad = summed
         return math.sqrt(total)
 
-    def _after_step(self, *_: Any) -> None:
-        """After every step of the underlying optimizer: a private one updates the ledger, any
-        other is a non-private update."""
+    def _before_step(self, *_: Any) -> None:
+        """Before a step of the underlying optimizer that no noised ``pre_step`` preceded: the
+        parameters' version counters, and a copy of those with a gradient (the ones a step may
+        write), to tell whether it changed a value."""
         if not self._private:
-            if self._unnoised == 0:
-                self._first_unnoised = self._steps
-            self._unnoised += 1
+            self._before = [
+                (p, v, ptr, None if p.grad is None else p.detach().clone())
+                for p, v, ptr in self._fingerprint()
+            ]
+
+    def _after_step(self, *_: Any) -> None:
+        """After every step of the underlying optimizer: a private one updates the ledger; any
+        other that changed a parameter's value is a non-private update (one that wrote the
+        values they had, as a step on zero gradients does, leaves the ledger as it was)."""
+        if not self._private:
+            before, self._before = self._before, []
+            kept, wrote = {}, False
+            for p, version, ptr, copy in before:
+                if (p._version, p.data_ptr()) == (version, ptr):
+                    continue
+                if copy is not None and _same_values(copy, p):
+                    kept[id(p)] = (version, ptr)
+                else:
+                    wrote = True
+            if self._ledger is not None:  # entries still those of the last private step follow
+                self._ledger = [
+                    (q, q._version, q.data_ptr()) if kept.get(id(q)) == (v, ptr) else (q, v, ptr)
+                    for q, v, ptr in self._ledger
+                ]
+            if wrote:
+                if self._unnoised == 0:
+                    self._first_unnoised = self._steps
+                self._unnoised += 1
             return
-        self._private = False
+        self._private, self._before = False, []
         self._ledger = self._fingerprint()
         self._ledger_step = self._steps
 
@@ -480,8 +517,8 @@ class MechanismChecks:
             return
         frozen = self.mechanism()
         hooks.uninstall(self._optimizer, self._hooks, "mechanism checks")
-        if self._post is not None:
-            self._post.remove()
+        for handle in self._around:
+            handle.remove()
         if self._checks:
             hooks.release(self._optimizer, "checks")
         self._frozen = frozen

@@ -12,12 +12,15 @@ import itertools
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privmon.audit import GradientCanaries, MechanismChecks
+from privmon.audit.mechanism_evidence import sampling
+from privmon.audit.mechanism_math import RowCounts
 
 opacus = pytest.importorskip("opacus")
 from opacus import PrivacyEngine  # noqa: E402
@@ -315,3 +318,200 @@ def test_a_step_without_noise_that_moves_the_weights_is_still_found():
             "private step 10); 4 parameters changed after the last private step (step 10): a "
             "non-private update"
         }
+
+
+# -- what a user sees, for each configuration the other tests do not run --------------------------
+def noise_ratio(evidence: str) -> float:
+    return float(re.search(r"the noise added has ([0-9.]+) × the standard deviation", evidence)[1])
+
+
+def halve_noise(optimizer: Any) -> None:
+    original = optimizer.add_noise
+
+    def add_noise() -> None:
+        optimizer.noise_multiplier /= 2
+        try:
+            original()
+        finally:
+            optimizer.noise_multiplier *= 2
+
+    optimizer.add_noise = add_noise
+
+
+@pytest.mark.parametrize(("sigma", "clip"), [(2.5, 1.0), (1.0, 0.5)])
+def test_the_noise_test_scales_by_sigma_c(sigma, clip):
+    """S = Σ z² / (σ C)²: a correct run reads 1 × the accountant's std at any σ·C, halved
+    noise 0.5 ×."""
+    model, optimizer, loader, *_ = private(sigma=sigma, clip=clip)
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 10)
+    assert_silent(checks)
+    variance = findings(checks)["noise/variance"].evidence
+    assert noise_ratio(variance) == pytest.approx(1.0, abs=0.03)
+    assert f"(σ·C = {sigma * clip};" in variance
+    model, optimizer, loader, *_ = private(sigma=sigma, clip=clip)
+    halve_noise(optimizer)
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 10)
+    found = fired(checks)
+    assert set(found) == {"noise/variance"}, found
+    assert noise_ratio(found["noise/variance"]) == pytest.approx(0.5, abs=0.03)
+
+
+def test_gradient_accumulation_is_sampled_at_the_accumulated_rate():
+    """Two Poisson batches at q = 0.05 per step: the accountant counts q = 0.1, and so do the
+    rows (about 20 a step)."""
+    model, optimizer, loader, *_ = private(batch=10)
+    model.allow_grad_accumulation()  # Opacus forbids it over Poisson batches unless asked
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 40, every=2)
+    assert_silent(checks)
+    assert "the accountant assumes Binomial(200, 0.1) (mean 20.0, variance 18.0)" in (
+        findings(checks)["sampling/mean"].evidence
+    )
+
+
+@pytest.mark.parametrize("canaries", [0, 100])
+def test_a_one_tensor_model_is_checked(canaries):
+    net = nn.Linear(6, 8, bias=False)
+    model, optimizer, loader, *_ = private(
+        net=net, data=TensorDataset(torch.randn(200, 6), torch.randint(0, 8, (200,)))
+    )
+    with attach(optimizer, canaries) as checks:
+        train(model, optimizer, loader, 10)
+    assert_silent(checks)
+    found = findings(checks)
+    assert "values over 10 steps" in found["noise/variance"].evidence
+    assert found["noise/repeat"].evidence == "noise: no step repeats another's noise (10 steps)"
+    assert found["clipping/probe"].evidence.endswith(
+        "in 10 probes over 10 steps (the last C = 1.0)"
+    )
+    model, optimizer, loader, *_ = private(net=nn.Linear(6, 8, bias=False))
+    with MechanismChecks(optimizer) as checks:  # the noise of one step, drawn again: seen
+        for _ in range(2):
+            torch.manual_seed(0)
+            train(model, optimizer, loader, 1)
+    assert fired(checks) == {
+        "noise/repeat": "noise: step 2 repeats the noise of step 1 (1 of 2 steps repeat an "
+        "earlier step's noise)"
+    }
+
+
+def test_empty_poisson_batches_are_counted_as_steps_of_no_rows():
+    """q = 0.05 of 20 records: a third of the batches are empty (Opacus steps on them)."""
+    model, optimizer, loader, *_ = private(n=20, batch=1)
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 30)
+    assert_silent(checks)
+    sampling = findings(checks)["sampling/mean"].evidence
+    assert re.fullmatch(
+        r"sampling: [0-9.]+ rows per step \(variance [0-9.]+\) over 30 steps, the accountant "
+        r"assumes Binomial\(20, 0\.05\) \(mean 1\.0, variance 0\.95\)",
+        sampling,
+    ), sampling
+
+
+def test_a_resume_says_the_c_and_sigma_c_of_the_saved_run():
+    """σ = 2.5, C = 0.5 (σ·C = 1.25), clipping at 3 C: the resumed checks' sentences are the
+    saved run's, before any step of their own."""
+    model, optimizer, loader, *_ = private(sigma=2.5, clip=0.5)
+    clip_at(optimizer, 3.0)
+    saved = MechanismChecks(optimizer)
+    train(model, optimizer, loader, 12)
+    state = copy.deepcopy(saved.state_dict())
+    before = findings(saved)
+    _, fresh_optimizer, *_ = private(sigma=2.5, clip=0.5, seed=1)
+    with MechanismChecks(fresh_optimizer) as resumed:
+        resumed.load_state_dict(state)
+        after = findings(resumed)
+    assert after["clipping/probe"].evidence == (
+        "clipping: a row of norm 50 contributed 1.5, above C = 0.5 (step 1; 10 of 10 probes)"
+    )
+    assert "(σ·C = 1.25; " in after["noise/variance"].evidence
+    for name in ("clipping/probe", "noise/variance", "noise/repeat", "sampling/mean"):
+        assert after[name] == before[name], name
+
+
+def test_the_findings_before_any_step_are_all_there():
+    _, optimizer, *_ = private()
+    with GradientCanaries(optimizer, 10) as canaries:
+        assert [
+            (f.check, f.test, f.fired, f.p_value, f.evidence) for f in canaries.mechanism()
+        ] == [
+            ("clipping", "probe", False, None, "clipping: not tested: no private step yet"),
+            ("noise", "variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"),
+            ("noise", "repeat", False, None, "noise: no noised step yet"),
+            (
+                "sampling",
+                "mean",
+                False,
+                1.0,
+                "sampling: not tested: no private step with q < 1 yet",
+            ),
+            (
+                "sampling",
+                "dispersion",
+                False,
+                1.0,
+                "sampling: not tested: no private step with q < 1 yet",
+            ),
+            (
+                "steps",
+                "count",
+                False,
+                None,
+                "steps: the accountant counted 0 noised steps, 0 were taken",
+            ),
+            ("ledger", "weights", False, None, "ledger: no private step yet"),
+        ]
+
+
+def test_a_step_hook_that_is_no_accountant_s_leaves_sampling_and_steps_untested():
+    model, optimizer, loader, *_ = private()
+    optimizer.step_hook = lambda optimizer: None  # e.g. the user's own accounting
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 5)
+    assert_silent(checks)
+    found = findings(checks)
+    assert len(found) == 7
+    for test in ("mean", "dispersion"):
+        assert (found[f"sampling/{test}"].p_value, found[f"sampling/{test}"].evidence) == (
+            1.0,
+            "sampling: not tested: the optimizer's step hook is no Opacus accountant's, so the "
+            "sampling rate the accountant uses is unknown",
+        )
+    assert found["steps/count"].evidence.startswith("steps: not tested: no Opacus accountant")
+
+
+def test_an_optimizer_without_expected_batch_size_leaves_sampling_untested():
+    model, optimizer, loader, *_ = private()
+    optimizer.loss_reduction = "sum"  # Opacus needs no expected batch size to sum
+    optimizer.expected_batch_size = None
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 5)
+    assert_silent(checks)
+    found = findings(checks)
+    assert len(found) == 7
+    for test in ("mean", "dispersion"):
+        assert (found[f"sampling/{test}"].p_value, found[f"sampling/{test}"].evidence) == (
+            1.0,
+            "sampling: not tested: the optimizer has no expected_batch_size to tell the dataset "
+            "size N from",
+        )
+
+
+def test_a_rank_s_rows_are_tested_against_its_shard():
+    """Two ranks, N = 200 at q = 0.1 (expected batch size 10 a rank): a rank's shard holds 100
+    records, so Binomial(100, 0.1) rows are silent and Binomial(200, 0.1), the whole dataset,
+    fire; on one process the same rows are the whole dataset's."""
+    rng = np.random.default_rng(0)
+    shard, whole = RowCounts(), RowCounts()
+    for k in rng.binomial(100, 0.1, size=30):
+        shard.add(int(k), 0.1)
+    for k in rng.binomial(200, 0.1, size=30):
+        whole.add(int(k), 0.1)
+    assert sampling("mean", shard, 0.1, 10, world=2).p_value > LEVEL
+    found = sampling("mean", whole, 0.1, 10, world=2)
+    assert found.p_value < FAULT_LEVEL
+    assert "the accountant assumes Binomial(100, 0.1) on this rank's shard" in found.evidence
+    assert sampling("mean", whole, 0.1, 20, world=1).p_value > LEVEL

@@ -377,13 +377,10 @@ def check_subset(
 
 
 def check_names(values: Any, valid: tuple[str, ...], *, name: str) -> tuple[str, ...]:
-    """Return ``values`` (one name or an iterable of names, empty for none) as the names of
-    ``valid`` it holds, in ``valid``'s order; TypeError naming the argument for anything else
-    (None, a number)."""
+    """``values`` (a name or names of ``valid``; empty: none) as those names, in valid's order."""
     if not isinstance(values, str | Iterable):
         raise TypeError(
-            f"{name} must be a name or an iterable of names from {valid} (empty: none), got "
-            f"{type(values).__name__}"
+            f"{name} must be a name or names from {valid} (or empty), got {type(values).__name__}"
         )
     chosen = check_subset(values, valid, name=name, allow_empty=True)
     return tuple(v for v in valid if v in chosen)

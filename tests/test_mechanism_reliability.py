@@ -106,7 +106,8 @@ def assert_silent(checks: Any) -> None:
 def test_checks_that_are_no_names_are_refused_naming_the_argument(bad):
     _, optimizer, *_ = private()
     valid = re.escape("('clipping', 'noise', 'sampling', 'steps', 'ledger')")
-    message = rf"^checks must be a name or an iterable of names from {valid} \(empty: none\)"
+    kind = type(bad).__name__
+    message = rf"^checks must be a name or names from {valid} \(or empty\), got {kind}$"
     with pytest.raises(TypeError, match=message):
         MechanismChecks(optimizer, checks=bad)
     with pytest.raises(TypeError, match=message):

@@ -6,7 +6,6 @@ weights) on what the step really did. The findings are
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Iterable
@@ -20,7 +19,8 @@ from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_evidence import PROBE_NORM, TESTS
-from privmon.audit.mechanism_math import CLIP_TOLERANCE, RowCounts, clip_tolerance, resolved_sum
+from privmon.audit.mechanism_math import CLIP_TOLERANCE, RowCounts, clip_tolerance
+from privmon.audit.mechanism_noise import fixed_tensor, read_noise
 
 __all__ = ["MechanismChecks"]
 
@@ -29,10 +29,6 @@ logger = logging.getLogger("privmon")
 # The probe runs at the first PROBE_FIRST private steps, every PROBE_EVERY-th, and whenever C,
 # the optimizer's class or its clip_and_accumulate changed since the last probe.
 PROBE_FIRST, PROBE_EVERY = 10, 10
-NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
-DIGEST_VALUES = 64  # a step's digest: the first noise values of the fixed tensor
-DIGEST_RESOLVED = 32  # ... of which at least so many resolved (else the step has no digest)
-DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 _MISSING = object()
 _GHOST = {
     "clipping": "ghost clipping computes the per-sample norms inside the backward pass and keeps "
@@ -255,45 +251,16 @@ class MechanismChecks:
         self._noised = self._read_noise() if "noise" in self._checks and not self._rank else ()
 
     def _read_noise(self) -> tuple[float, int, bytes]:
-        """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
-        added, on up to NOISE_VALUES values of two tensors: a fixed one (the first of the canary
-        block and the model's tensors with DIGEST_VALUES entries, else the largest), whose first
-        DIGEST_VALUES rounded to σ C / DIGEST_GRID make the digest, and one of the model's in
-        turn (each one every len(params) steps). Only values whose summed gradient s the
-        tensor's precision resolves (:func:`resolved_sum`) count: where it is coarser, rounding
-        s + noise may remove the noise from z (not from the rounded s + noise, a function of the
-        mechanism's output). A digest needs DIGEST_RESOLVED resolved values. Few operations:
-        this runs at every step."""
+        """What the noise test reads of the step just noised (``read_noise``): a fixed tensor
+        (``fixed_tensor`` of the canary block and the model's) and one of the model's in turn
+        (each one every len(params) steps)."""
         opt, block, params = self._optimizer, self._block, self._params
         scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
         if not params or scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to test
             return 0.0, 0, b""
-        tensors = [block, *params] if block is not None else params
-        fixed = next((p for p in tensors if p.numel() >= DIGEST_VALUES), None)
-        fixed = fixed if fixed is not None else max(tensors, key=lambda p: p.numel())
+        fixed = fixed_tensor([block, *params] if block is not None else params)
         turn = params[self._steps % len(params)]
-        noise, kept = [], []
-        for p in (fixed,) if turn is fixed else (fixed, turn):
-            grad, summed = p.grad, getattr(p, "summed_grad", None)
-            if grad is None or summed is None:
-                return 0.0, 0, b""
-            sums = summed.detach().reshape(-1)[:NOISE_VALUES]
-            wide = torch.promote_types(sums.dtype, torch.float32)  # z = fl(s + n) − s exactly
-            info = torch.finfo(sums.dtype)
-            keep = sums.abs() <= resolved_sum(scale, info.eps, info.tiny)
-            z = grad.detach().reshape(-1)[:NOISE_VALUES].to(wide) - sums.to(wide)
-            noise.append(torch.where(keep, z, 0.0))
-            kept.append(keep)
-        squares = torch.stack([z.double().square().sum() for z in noise])
-        head = torch.round(noise[0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
-        head = torch.where(kept[0][:DIGEST_VALUES], head, math.inf)
-        counts = torch.stack([k.sum() for k in (*kept, kept[0][:DIGEST_VALUES])]).double()
-        host = torch.cat([squares.sum().view(1), counts, head]).cpu().numpy()  # one copy a step
-        values, resolved = int(host[1 : len(kept) + 1].sum()), int(host[len(kept) + 1])
-        digest = b""
-        if resolved >= DIGEST_RESOLVED:
-            digest = hashlib.blake2b(host[len(kept) + 2 :].tobytes(), digest_size=8).digest()
-        return float(host[0]), values, digest
+        return read_noise((fixed,) if turn is fixed else (fixed, turn), scale)
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and

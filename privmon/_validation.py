@@ -376,6 +376,16 @@ def check_subset(
     return tuple(dict.fromkeys(items))
 
 
+def check_names(values: Any, valid: tuple[str, ...], *, name: str) -> tuple[str, ...]:
+    """``values`` (a name or names of ``valid``; empty: none) as those names, in valid's order."""
+    if not isinstance(values, str | Iterable):
+        raise TypeError(
+            f"{name} must be a name or names from {valid} (or empty), got {type(values).__name__}"
+        )
+    chosen = check_subset(values, valid, name=name, allow_empty=True)
+    return tuple(v for v in valid if v in chosen)
+
+
 def _flat_values(x: Any) -> torch.Tensor | np.ndarray | None:
     """x as 1-D values (shape (n,) or (n, 1); a tensor stays on its device), or None when x is
     not such an array."""

@@ -3,7 +3,7 @@ gloo group: Opacus' ``DistributedDPOptimizer`` adds the noise on rank 0 and sums
 gradients, so the canaries join on rank 0 only and the noise is tested there; each rank counts
 the rows of its own shard. A correct run fires nothing on either rank and leaves both ranks with
 the same weights and canary scores; halved noise fires rank 0's noise test; the full shard at
-every step fires each rank's sampling test.
+every step, or each rank sampling the whole dataset, fires each rank's sampling test.
 
 The ranks run every case in one spawn (starting processes is the slow part); collectives time
 out after 30 s, and test_distributed's spawn fails the tests when the ranks outlive its deadline.
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 MEETING_TIMEOUT = datetime.timedelta(seconds=120)
 N, BATCH, STEPS = 200, 20, 30  # q = 0.1; each rank's shard holds 100 records
-CASES = ("correct", "noise-half", "full-shard")
+CASES = ("correct", "noise-half", "full-shard", "whole-dataset")
 
 
 def _run(case: str, rank: int) -> dict:
@@ -67,6 +67,10 @@ def _run(case: str, rank: int) -> dict:
     if case == "full-shard":  # the user's own loader: the whole shard at every step
         shard = torch.arange(rank, N, 2)
         loader = DataLoader(TensorDataset(*(t[shard] for t in data.tensors)), batch_size=N)
+    if case == "whole-dataset":  # each rank Poisson-samples all N records at q, not its shard
+        from opacus.data_loader import DPDataLoader
+
+        loader = DPDataLoader.from_data_loader(DataLoader(data, batch_size=BATCH))
     canaries = GradientCanaries(optimizer, 100, seed=0)
     steps = 0
     while steps < STEPS:
@@ -146,3 +150,19 @@ def test_the_whole_shard_at_every_step_fires_each_ranks_sampling_test(ranks):
             f"sampling: 100 rows in each of {STEPS} steps, the accountant assumes "
             "Binomial(100, 0.1) on this rank's shard"
         )
+
+
+def test_each_rank_sampling_the_whole_dataset_fires_its_sampling_test(ranks):
+    """About 20 rows a step where the shard of 100 gives 10: above the largest shard size the
+    expected batch size allows (⌈N₁/W⌉ = 105)."""
+    for out in ranks:
+        found = out["whole-dataset"]["findings"]["sampling/mean"]
+        assert found.p_value < 1e-6, found.evidence
+        said = re.fullmatch(
+            rf"sampling: ([0-9.]+) rows per step \(variance [0-9.]+\) over {STEPS} steps, the "
+            r"accountant assumes Binomial\(100, 0\.1\) on this rank's shard \(mean 10\.0, "
+            r"variance 9\.0\)",
+            found.evidence,
+        )
+        assert said, found.evidence
+        assert float(said[1]) == pytest.approx(20, abs=2)

@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from privmon._digest import check_sealed, sealed
 from privmon._training_guard import TrainingGuard
-from privmon._validation import as_scores, check_int
+from privmon._validation import as_scores, check_int, check_names
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
-from privmon.audit.mechanism_checks import MechanismChecks, check_checks
+from privmon.audit.mechanism_checks import MechanismChecks
 from privmon.audit.one_run import inclusion_bits
 
 __all__ = ["GradientCanaries", "InputCanaries"]
@@ -125,7 +125,7 @@ class GradientCanaries:
         sample_rate: float | None = None,
         checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
-        enabled = check_checks(checks)
+        enabled = check_names(checks, MECHANISM_CHECKS, name="checks")
         self._optimizer = hooks.check_canary_optimizer(optimizer, enabled)
         self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)

@@ -6,7 +6,6 @@ weights) on what the step really did. The findings are
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Iterable
@@ -16,23 +15,21 @@ import numpy as np
 import torch
 
 from privmon._digest import check_sealed, sealed
-from privmon._validation import check_subset
+from privmon._validation import check_names
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_hooks as hooks
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
-from privmon.audit.mechanism_evidence import CLIP_TOLERANCE, PROBE_NORM, TESTS
-from privmon.audit.mechanism_math import RowCounts
+from privmon.audit.mechanism_evidence import PROBE_NORM, TESTS
+from privmon.audit.mechanism_math import CLIP_TOLERANCE, RowCounts, clip_tolerance
+from privmon.audit.mechanism_noise import fixed_tensor, read_noise
 
-__all__ = ["MechanismChecks", "check_checks"]
+__all__ = ["MechanismChecks"]
 
 logger = logging.getLogger("privmon")
 
 # The probe runs at the first PROBE_FIRST private steps, every PROBE_EVERY-th, and whenever C,
 # the optimizer's class or its clip_and_accumulate changed since the last probe.
 PROBE_FIRST, PROBE_EVERY = 10, 10
-NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
-DIGEST_VALUES = 64  # a step's digest: the first noise values of the first tensor
-DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 _MISSING = object()
 _GHOST = {
     "clipping": "ghost clipping computes the per-sample norms inside the backward pass and keeps "
@@ -64,12 +61,6 @@ CANNOT_RUN: dict[str, dict[str, str]] = {
 }
 
 
-def check_checks(checks: Any) -> tuple[str, ...]:
-    """``checks`` as a tuple of :data:`MECHANISM_CHECKS` names without repeats (empty: none)."""
-    chosen = check_subset(checks, MECHANISM_CHECKS, name="checks", allow_empty=True)
-    return tuple(c for c in MECHANISM_CHECKS if c in chosen)
-
-
 def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:
     for cls in type(optimizer).__mro__:
         reasons = CANNOT_RUN.get(cls.__name__) if cls.__module__.startswith("opacus") else None
@@ -86,6 +77,11 @@ def _refuse_unsupported(optimizer: Any, checks: tuple[str, ...]) -> None:
             )
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and values (NaN where the other is NaN)."""
+    return a.shape == b.shape and bool(torch.where(a.isnan(), b.isnan(), a == b).all())
+
+
 class MechanismChecks:
     """Tests of the assumptions the accountant makes, inside an Opacus ``DPOptimizer``.
 
@@ -97,17 +93,19 @@ class MechanismChecks:
 
     - ``clipping`` (deterministic): a synthetic row of norm 100 C, equal on every clipped
       parameter, replayed through the optimizer's own ``clip_and_accumulate`` on scratch state,
-      must contribute at most C (as the step read it after its noise);
+      must contribute at most C (as the step read it after its noise), up to the rounding the
+      parameters' dtype allows;
     - ``noise``: the noise actually added (``p.grad − p.summed_grad`` right after ``add_noise``,
-      up to 1e5 values of the model per step, and the canary block) against N(0, σ²C²) with the
-      σ and C the accountant read (statistical, one-sided); and no step repeating another's
-      noise (deterministic: a digest per step);
+      up to 65,536 values per step, of the model and the canary block, where the gradients'
+      dtype resolves it) against N(0, σ²C²) with the σ and C the accountant read (statistical,
+      one-sided); and no step repeating another's noise (deterministic: a digest per step);
     - ``sampling`` (statistical): rows per step against Binomial(N, q t) (mean and dispersion),
       for every N that ``expected_batch_size`` allows;
     - ``steps`` (deterministic): private steps taken = steps the accountant counted (across a
       resume, through :meth:`state_dict`);
     - ``ledger`` (deterministic): the weights at a check are those the last private step left
-      (version counters and storage, no copy), and no optimizer step ran without noise.
+      (version counters and storage, no copy), and no optimizer step without noise changed a
+      value (told by a copy of the parameters with a gradient, taken before such a step only).
 
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
@@ -159,7 +157,7 @@ class MechanismChecks:
         canary_block: torch.nn.Parameter | None = None,
     ) -> None:
         self._optimizer = hooks.check_dp_optimizer(optimizer, who="MechanismChecks")
-        self._checks = check_checks(checks)
+        self._checks = check_names(checks, MECHANISM_CHECKS, name="checks")
         _refuse_unsupported(optimizer, self._checks)
         if self._checks and hooks.attached(optimizer, "checks") is not None:
             raise ValueError(
@@ -197,11 +195,12 @@ class MechanismChecks:
         self._probe_error: str | None = None
         self._ledger: list[tuple[torch.Tensor, int, int]] | None = None
         self._ledger_step = 0
+        self._before: list[tuple[torch.Tensor, int, int, torch.Tensor | None]] = []
         self._unnoised = 0  # optimizer steps that ran without noise
         self._first_unnoised = 0  # the private steps before the first of them
         self._frozen: tuple[MechanismFinding, ...] | None = None  # the findings at detach
         self._hooks: list[hooks.Hook] = []
-        self._post: Any = None
+        self._around: list[Any] = []  # the ledger's step pre- and post-hook
         if self._checks:
             self._hooks = hooks.install(
                 optimizer,
@@ -212,7 +211,11 @@ class MechanismChecks:
                 },
             )
             if "ledger" in self._checks:
-                self._post = optimizer.original_optimizer.register_step_post_hook(self._after_step)
+                inner = optimizer.original_optimizer
+                self._around = [
+                    inner.register_step_pre_hook(self._before_step),
+                    inner.register_step_post_hook(self._after_step),
+                ]
             hooks.claim(optimizer, "checks", self)
 
     # -- the optimizer's step ------------------------------------------------------------
@@ -249,33 +252,16 @@ class MechanismChecks:
         self._noised = self._read_noise() if "noise" in self._checks and not self._rank else ()
 
     def _read_noise(self) -> tuple[float, int, bytes]:
-        """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
-        added, on up to NOISE_VALUES values of two tensors: a fixed one (the canary block, else
-        the model's first), whose first DIGEST_VALUES rounded to σ C / DIGEST_GRID make the
-        digest, and one of the model's in turn (each one every len(params) steps). Few
-        operations: this runs at every step."""
+        """What the noise test reads of the step just noised (``read_noise``): a fixed tensor
+        (``fixed_tensor`` of the canary block and the model's) and one of the model's in turn
+        (each one every len(params) steps)."""
         opt, block, params = self._optimizer, self._block, self._params
-        if not params:
-            return 0.0, 0, b""
-        fixed = block if block is not None else params[0]
-        turn = params[self._steps % len(params)]
-        grads, sums = [], []
-        for p in (fixed,) if turn is fixed else (fixed, turn):
-            grad, summed = p.grad, getattr(p, "summed_grad", None)
-            if grad is None or summed is None:
-                return 0.0, 0, b""
-            grads.append(grad.reshape(-1)[:NOISE_VALUES])
-            sums.append(summed.reshape(-1)[:NOISE_VALUES])
-        noise = torch._foreach_sub(grads, sums)
-        squares = torch.stack(torch._foreach_norm(noise)).double().square().sum().view(1)
-        values = sum(len(z) for z in noise)
         scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
-        if scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to repeat, no digest
-            return float(squares), values, b""
-        head = torch.round(noise[0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
-        host = torch.cat([squares, head]).cpu().numpy()  # one copy from the device a step
-        digest = hashlib.blake2b(host[1:].tobytes(), digest_size=8).digest()
-        return float(host[0]), values, digest
+        if not params or scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to test
+            return 0.0, 0, b""
+        fixed = fixed_tensor([block, *params] if block is not None else params)
+        turn = params[self._steps % len(params)]
+        return read_noise((fixed,) if turn is fixed else (fixed, turn), scale)
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and
@@ -323,10 +309,25 @@ class MechanismChecks:
         self._probes += 1
         self._bound = bound
         ratio = contribution / bound if bound > 0 else math.inf
-        if ratio > 1 + CLIP_TOLERANCE:
+        if ratio > 1 + self._clip_tolerance(bound):
             self._over += 1
         if self._worst is None or ratio > self._worst[0]:
             self._worst = (ratio, bound, self._steps)
+
+    def _clip_tolerance(self, bound: float) -> float:
+        """The rounding a correct clipping path in the parameters' precision (the coarsest of
+        their dtypes: the probe's rows are in each parameter's own) allows the probe."""
+        params = [p for p in self._params if p.numel() > 0]
+        if not params:
+            return CLIP_TOLERANCE
+        info = [torch.finfo(p.dtype) for p in params]
+        return clip_tolerance(
+            max(i.eps for i in info),
+            max(i.tiny for i in info),
+            bound,
+            max(p.numel() for p in params),
+            len(params),
+        )
 
     def _probe(self, bound: float) -> float:
         """The contribution ‖Σ_p summed_grad_p‖ of one row of norm PROBE_NORM · C, equal on every
@@ -355,15 +356,41 @@ class MechanismChecks:
                 p.summed_grad = summed
         return math.sqrt(total)
 
-    def _after_step(self, *_: Any) -> None:
-        """After every step of the underlying optimizer: a private one updates the ledger, any
-        other is a non-private update."""
+    def _before_step(self, *_: Any) -> None:
+        """Before a step of the underlying optimizer that no noised ``pre_step`` preceded: the
+        parameters' version counters, and a copy of those with a gradient (the ones a step may
+        write), to tell whether it changed a value."""
         if not self._private:
-            if self._unnoised == 0:
-                self._first_unnoised = self._steps
-            self._unnoised += 1
+            self._before = [
+                (p, v, ptr, None if p.grad is None else p.detach().clone())
+                for p, v, ptr in self._fingerprint()
+            ]
+
+    def _after_step(self, *_: Any) -> None:
+        """After every step of the underlying optimizer: a private one updates the ledger; any
+        other that changed a parameter's value is a non-private update (one that wrote the
+        values they had, as a step on zero gradients does, leaves the ledger as it was)."""
+        if not self._private:
+            before, self._before = self._before, []
+            kept, wrote = {}, False
+            for p, version, ptr, copy in before:
+                if (p._version, p.data_ptr()) == (version, ptr):
+                    continue
+                if copy is not None and _same_values(copy, p):
+                    kept[id(p)] = (version, ptr)
+                else:
+                    wrote = True
+            if self._ledger is not None:  # entries still those of the last private step follow
+                self._ledger = [
+                    (q, q._version, q.data_ptr()) if kept.get(id(q)) == (v, ptr) else (q, v, ptr)
+                    for q, v, ptr in self._ledger
+                ]
+            if wrote:
+                if self._unnoised == 0:
+                    self._first_unnoised = self._steps
+                self._unnoised += 1
             return
-        self._private = False
+        self._private, self._before = False, []
         self._ledger = self._fingerprint()
         self._ledger_step = self._steps
 
@@ -458,8 +485,8 @@ class MechanismChecks:
             return
         frozen = self.mechanism()
         hooks.uninstall(self._optimizer, self._hooks, "mechanism checks")
-        if self._post is not None:
-            self._post.remove()
+        for handle in self._around:
+            handle.remove()
         if self._checks:
             hooks.release(self._optimizer, "checks")
         self._frozen = frozen

@@ -11,6 +11,7 @@ import numpy as np
 
 from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.mechanism_math import (
+    CLIP_TOLERANCE,
     RowCounts,
     binomial_population,
     dispersion_p_value,
@@ -19,7 +20,6 @@ from privmon.audit.mechanism_math import (
 )
 
 __all__ = [
-    "CLIP_TOLERANCE",
     "PROBE_NORM",
     "TESTS",
     "clipping",
@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
-CLIP_TOLERANCE = 1e-4  # a contribution above C (1 + this) is a clipping fault
 # (check, test, kind) in the order the findings come.
 TESTS = (
     ("clipping", "probe", "deterministic"),
@@ -63,12 +62,13 @@ def clipping(
     bound: float,
     error: str | None,
 ) -> MechanismFinding:
-    """The probe's worst contribution (ratio to C, that C, its step) against C."""
+    """The probe's worst contribution (ratio to C, that C, its step) against C; ``over``: the
+    probes whose contribution exceeded C by more than their precision's rounding allows."""
     if worst is None:
         why = f"the probe could not run ({error})" if error else "no private step yet"
         return _finding("clipping/probe", False, None, f"clipping: not tested: {why}")
     ratio, worst_bound, step = worst
-    if ratio > 1 + CLIP_TOLERANCE:
+    if over:
         row = f"a row of norm {PROBE_NORM * worst_bound:g}"
         return _finding(
             "clipping/probe",
@@ -79,13 +79,16 @@ def clipping(
                 f"{_num(worst_bound)} (step {step}; {over} of {probes} probes)"
             ),
         )
+    most = (
+        "C" if ratio <= 1 + CLIP_TOLERANCE else f"{_num(ratio)} C, within its precision's rounding,"
+    )
     return _finding(
         "clipping/probe",
         False,
         None,
         (
-            f"clipping: a row of norm {PROBE_NORM:g} C contributed at most C in {probes} probes "
-            f"over {steps} steps (the last C = {_num(bound)})"
+            f"clipping: a row of norm {PROBE_NORM:g} C contributed at most {most} in {probes} "
+            f"probes over {steps} steps (the last C = {_num(bound)})"
         ),
     )
 

@@ -1,7 +1,8 @@
 """The p-values of the DP mechanism checks (:class:`~privmon.audit.MechanismChecks`), from the
 run's sufficient statistics: the noise actually added against N(0, σ²C²), and the rows per step
-against Binomial(N, q) for every N the optimizer's expected batch size allows. Derivations: docs,
-Theory page, *Mechanism checks*."""
+against Binomial(N, q) for every N the optimizer's expected batch size allows; and the rounding
+that a correct clipping path may add to the clipping probe. Derivations: docs, Theory page,
+*Mechanism checks*."""
 
 from __future__ import annotations
 
@@ -11,14 +12,49 @@ import numpy as np
 from scipy import special
 
 __all__ = [
+    "CLIP_TOLERANCE",
     "RowCounts",
     "binomial_population",
+    "clip_tolerance",
     "dispersion_p_value",
     "mean_p_value",
     "noise_p_value",
+    "resolved_sum",
 ]
 
 GRID = 33  # points of the population interval at which the dispersion p-value is evaluated
+CLIP_TOLERANCE = 1e-4  # the least excess over C that the clipping probe reads as a fault
+# The operations of a flat clipping path that round a probe's value once each, besides the levels
+# of its two sums: each tensor's norm (squares, root, its result in the dtype), their norm
+# (likewise), the sum with 1e-6, C divided by it, the clipped entries.
+CLIP_ROUNDINGS = 9
+
+
+def clip_tolerance(eps: float, tiny: float, bound: float, largest: int, tensors: int) -> float:
+    """The relative excess over C that rounding allows the clipping probe's contribution through
+    a correct clipping path, in a precision of machine epsilon ``eps`` and smallest normal
+    ``tiny``, for the probe's row over ``tensors`` tensors of at most ``largest`` entries at
+    bound C = ``bound``: Higham's γ_m = m u / (1 − m u), u = eps / 2, for m = CLIP_ROUNDINGS
+    roundings plus one per level of the two pairwise sums of squares (⌈log₂ largest⌉ and
+    ⌈log₂ tensors⌉); the clipped entries, about C / √(tensors · largest), carry u · tiny /
+    entry where that is below ``tiny`` (subnormal). At least CLIP_TOLERANCE; inf when the
+    precision cannot resolve the entries (m u ≥ 1).
+
+    Examples:
+        >>> from privmon.audit.mechanism_math import clip_tolerance
+        >>> round(clip_tolerance(2**-7, 1.2e-38, 1.0, 96, 4), 4)  # bfloat16, a 2-layer MLP
+        0.0756
+        >>> clip_tolerance(2**-23, 1.2e-38, 1.0, 96, 4)  # float32: the floor
+        0.0001
+    """
+    u = eps / 2
+    levels = math.ceil(math.log2(max(largest, 1))) + math.ceil(math.log2(max(tensors, 1)))
+    entry = bound / math.sqrt(max(tensors, 1) * max(largest, 1))
+    subnormal = tiny / entry if entry > 0 else 1.0
+    total = u * (CLIP_ROUNDINGS - 1 + levels + max(1.0, subnormal))
+    if total >= 1:
+        return math.inf
+    return max(CLIP_TOLERANCE, total / (1 - total))
 
 
 def noise_p_value(scaled_squares: float, values: int) -> float:
@@ -36,6 +72,23 @@ def noise_p_value(scaled_squares: float, values: int) -> float:
     if values <= 0:
         return 1.0
     return float(special.chdtr(values, max(scaled_squares, 0.0)))
+
+
+def resolved_sum(scale: float, eps: float, tiny: float) -> float:
+    """The largest |s| of a summed-gradient entry at which a precision of machine epsilon
+    ``eps`` and smallest normal ``tiny`` resolves noise N(0, scale²) added to s: its spacing,
+    at most eps · max(|x|, tiny) at x, stays within scale / 4 over s ± 10 scale, so rounding
+    s + noise adds about spacing² / 12 to the noise's variance and removes none. −1 (no entry)
+    when the precision's spacing near 0 is coarser.
+
+    Examples:
+        >>> from privmon.audit.mechanism_math import resolved_sum
+        >>> resolved_sum(1.0, 2**-7, 1.2e-38)  # bfloat16 resolves σ C = 1 up to |s| = 22
+        22.0
+    """
+    if eps * tiny > scale / 4:
+        return -1.0
+    return scale * (1 / (4 * eps) - 10)
 
 
 def binomial_population(expected_batch_size: float, sample_rate: float) -> tuple[float, float]:

@@ -103,7 +103,8 @@ def release(optimizer: Any, role: str) -> None:
 
 def check_dp_optimizer(optimizer: Any, *, who: str) -> Any:
     """``optimizer`` if it is an Opacus ``DPOptimizer`` (TypeError otherwise; ``who`` needs
-    it)."""
+    it) whose parameters hold values (ValueError for one on the meta device: ``who`` reads
+    the gradients, the noise and the weights of every step)."""
     try:
         from opacus.optimizers import DPOptimizer
     except ImportError:  # pragma: no cover - opacus is an optional dependency
@@ -116,6 +117,15 @@ def check_dp_optimizer(optimizer: Any, *, who: str) -> Any:
             "optimizer must be an Opacus DPOptimizer (the optimizer PrivacyEngine.make_private "
             f"returns), got {type(optimizer).__name__}"
         )
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for i, p in enumerate(params):
+        if p.is_meta:
+            raise ValueError(
+                f"optimizer's parameter {i} (shape {tuple(p.shape)}) is on the meta device, which "
+                f"holds no values for {who} to read (each step's gradients, noise and weights). "
+                "Give the model real weights before make_private (e.g. "
+                "model.to_empty(device='cpu'), then load_state_dict)"
+            )
     return optimizer
 
 

@@ -7,7 +7,8 @@ older checkout gives the "before" tables::
     PYTHONPATH=/path/to/old/checkout python benchmarks/learned_summaries.py
     PYTHONPATH=. python benchmarks/learned_summaries.py --runs 40 --seeds 5      # quicker
 
-Every case has 200 members + 200 non-members (what real audits use) and 10-d scores.
+Every case has 200 members + 200 non-members (what real audits use) and 10-d scores; the default
+run takes about 7 minutes on one thread.
 
 Null (``--runs`` seeded runs each; members and non-members exchangeable): ``privmon.analyse`` on
 the scores at δ = 0.05 for one call (``certify_delta`` = δ: the strictest reading, far above a
@@ -133,8 +134,8 @@ def power_rows(data, seeds: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=200, help="seeded runs per null case")
-    parser.add_argument("--seeds", type=int, default=20, help="models in the power case")
+    parser.add_argument("--runs", type=int, default=500, help="seeded runs per null case")
+    parser.add_argument("--seeds", type=int, default=40, help="models in the power case")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # the monitor's advice on audit sizes, said every run

@@ -311,7 +311,9 @@ def _threshold_rules(
     gain = torch.where(cuts, torch.maximum(low_gain, (2 * prior - 1) - low_gain), -math.inf)
     best = gain.argmax(dim=2, keepdim=True)
     high = (2 * prior - 1) - low_gain.gather(2, best) > low_gain.gather(2, best)
-    cut = ranked.gather(2, best) / 2 + after.gather(2, best) / 2  # halves: no overflow
+    below, above = ranked.gather(2, best), after.gather(2, best)
+    # halves, so no overflow; the last cut, above every training value, is +inf
+    cut = torch.where(above == math.inf, above, below / 2 + above / 2)
     distance = torch.where(cuts, (tpr - fpr).abs(), 0.0).amax(dim=2)
     size = (n1 * n2 / (n1 + n2).clamp_min(1)).view(r, 1)
     return _Thresholds(cut.squeeze(2), high.squeeze(2), _kolmogorov_sf(distance * size.sqrt()))
@@ -358,9 +360,9 @@ def learned_rule_counts(
             already validated (n1, n2 ≥ 1, d ≥ 1).
         prior: P(member) in (0, 1), which the rule's decision threshold includes.
         folds: the fold split K ≥ 3 (4 in privmon's callers): cross-fitted rule k learns on
-            every fold but k; the certificate's rule learns on folds 2..K−1 and is applied to
-            folds 0-1. The fit draws no random numbers: the counts are a function of the
-            scores.
+            every fold but k; each certificate's rule is applied to its folds
+            (``HIGH_DIM_CERTIFY_FOLDS``: 0-1, then 0-2) and learns on the others. The fit
+            draws no random numbers: the counts are a function of the scores.
         scale: the per-column powers of two the scores were multiplied by
             (:func:`~privmon.estimators.magnitude.magnitude_scale`; None: as given), divided
             out for the summaries, which read the scores in the caller's units.

@@ -446,7 +446,8 @@ def test_threshold_rule_is_the_best_cut_and_kolmogorov_smirnov_selects_it(prior)
 
 def test_threshold_rules_reject_at_the_selection_level_under_the_null():
     """Identical draws (300 + 300, d = 10, 400 seeds): each summary's KS test rejects at 5 % in
-    about 5 % of fits (the limiting distribution is a little conservative at this size)."""
+    at most about 5 % of fits (the limiting distribution is a little conservative at this size:
+    measured 20, 12 and 15 of 400), and not never."""
     rejected = np.zeros(3)
     y = torch.cat([torch.ones(300), torch.zeros(300)])
     for seed in range(400):
@@ -495,7 +496,8 @@ def test_a_leak_one_summary_shows_is_read_at_least_as_well_as_that_summary_alone
 def test_nothing_leaking_in_heavy_tailed_logits_is_certified_at_most_at_delta():
     """Members and non-members drawn alike, 10-d Student-t₂ logits scaled by 4 (heavy tails:
     some rows far out), 200 + 200, 100 seeds: the certified bound (δ = 0.05) is above 0 in at
-    most 12 runs (the binomial's 99.9 % quantile at 5 %), and the value is 0 on average."""
+    most 13 runs (the binomial's 99.9 % quantile at 5 %; measured 4), and the value is 0 on
+    average."""
     certified, values = 0, []
     for seed in range(100):
         gen = torch.Generator().manual_seed(9000 + seed)
@@ -505,7 +507,7 @@ def test_nothing_leaking_in_heavy_tailed_logits_is_certified_at_most_at_delta():
         c = learned_rule_counts(x[:200], x[200:], prior=0.5)
         certified += lower(c) > 0
         values.append(value(c, 200, 200))
-    assert certified <= 12
+    assert certified <= 13
     assert abs(statistics.mean(values)) <= 0.02
 
 

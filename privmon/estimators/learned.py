@@ -40,12 +40,11 @@ MAX_MOVE = math.log(10.0)  # at most a factor 10 per update of α
 SECANT_FLOOR = 0.1  # slowest contraction the secant assumes: moves up to 10 gaps
 INTERCEPT_PENALTY = 1e-8  # keeps a fit without training records well posed
 CONSTANT = 1e-12  # relative spread below which a training column counts as constant
-SELECTION_LEVEL = 0.05  # a cross-fitted rule takes a candidate only if its test rejects at this
+SELECTION_LEVEL = 0.05  # a cross-fitted rule takes a candidate only if its test rejects at 5 %
 RANK_TOLERANCE = 1e-9  # eigenvalues of a block's Gram matrix below this share of its largest: 0
 BLOCK_SETS = 3  # the candidate block sets (z, z², both); the summaries' threshold rules follow
-KOLMOGOROV_TERMS = (
-    100  # terms of Kolmogorov's series: the first left out is below e^-800 at t ≥ 0.2
-)
+# terms of Kolmogorov's series: at t ≥ 0.2 the first one left out is below e^-800
+KOLMOGOROV_TERMS = 100
 KOLMOGOROV_ONE = 0.2  # below this t, P(K > t) is 1 to 1e-12
 
 

@@ -156,11 +156,12 @@ def test_lower_of_a_perfect_split_equals_the_formula_on_its_folds():
     expected = 1 - (1 - (delta / 2) ** (1 / total)) * total / min(n1c, n2c)
     assert est.lower == pytest.approx(expected, abs=1e-12)
     assert est.lower_check == est.lower
-    # above 2-D the learned rule's one certificate reads folds 0-1, at δ
+    # above 2-D the learned rule's first certificate reads folds 0-1 (its rule learns on two
+    # folds), the second folds 0-2, each at δ/2
     assert certified_records(n1, n2, dim=3) == tuple(
         int((fold_of(torch.arange(n), 4) < 2).sum()) for n in (n1, n2)
     )
-    assert certificates_of(3) == 1 and certificates_of(2) == 2
+    assert certificates_of(3) == 2 and certificates_of(2) == 2
 
 
 @pytest.mark.parametrize("d", [1, 2])

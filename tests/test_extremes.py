@@ -1,6 +1,8 @@
 """Scores of extreme magnitude (1e300, 1e-300, subnormals) give the figures of the same scores
-at an ordinary scale: every figure is scale-invariant, and the estimators rescale such columns by
-an exact power of two before computing (privmon/estimators/magnitude.py)."""
+at an ordinary scale: the figures are scale-invariant, and the estimators rescale such columns by
+an exact power of two before computing (privmon/estimators/magnitude.py). Above 2-D the learned
+rule's summaries read the scores' own units (the softmax entropy depends on their scale); on the
+mean shifts here the rule it takes is a logistic one, which is invariant."""
 
 from __future__ import annotations
 

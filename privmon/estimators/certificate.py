@@ -24,9 +24,8 @@ from scipy.special import betaincinv, ndtri
 from scipy.stats import binom
 
 from privmon._validation import check_half_open_interval, check_int, check_open_unit
-from privmon.estimators.folds import CERTIFY_FOLDS, fold_of
+from privmon.estimators.folds import certify_folds, fold_of
 from privmon.estimators.intervals import clopper_pearson_lower
-from privmon.estimators.learned import HIGH_DIM_CERTIFY_FOLDS
 
 __all__ = [
     "POOLED_MAX_ALPHA",
@@ -124,8 +123,8 @@ def certify(tp, n1, fp, n2, prior: float, deltas: tuple[float, float]):
 
 def certificates_of(dim: int) -> int:
     """How many certificates an estimate of ``dim``-dimensional scores takes the larger of,
-    each at δ / that number: ``len(CERTIFY_FOLDS)`` in 1-2 dimensions, 1 above."""
-    return len(CERTIFY_FOLDS) if dim <= 2 else 1
+    each at δ / that number (:func:`~privmon.estimators.folds.certify_folds`)."""
+    return len(certify_folds(dim))
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,8 +138,8 @@ def certified_records(n_members: int, n_nonmembers: int, *, dim: int = 1) -> tup
     """The members and non-members the first certificate reads, of ``n_members`` +
     ``n_nonmembers`` audit records with scores of ``dim`` dimensions, under the default 4
     folds: those of folds 0-2 in 1-2 dimensions (its rule learns on fold 3), of folds 0-1
-    above (the learned classifier learns on folds 2-3)."""
-    folds = CERTIFY_FOLDS[0] if dim <= 2 else HIGH_DIM_CERTIFY_FOLDS
+    above (the learned rule learns on folds 2-3)."""
+    folds = certify_folds(dim)[0]
     return _records_on_folds(n_members, folds), _records_on_folds(n_nonmembers, folds)
 
 

@@ -57,13 +57,19 @@ def kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
     return tp, fp, float(cert[0]), float(cert_check[0])
 
 
-def learned_rule(m, h, *, prior: float, folds: int, deltas: tuple[float, float]):
-    """The learned classifier's rule (:mod:`privmon.estimators.learned`; densities lose most of
-    a leak above 2 dimensions): held-out true / false positives of the cross-fitted rules and
-    the certificate at the run's δ share and at the call's δ."""
-    counts = learned_rule_counts(m, h, prior=prior, folds=folds)
+def learned_rule(m, h, *, prior: float, folds: int, deltas: tuple[float, float], scale=None):
+    """The learned rule (:mod:`privmon.estimators.learned`; densities lose most of a leak above
+    2 dimensions): held-out true / false positives of the cross-fitted rules and the larger of
+    the certificates at the run's δ share and at the call's δ. ``scale``: the scores' magnitude
+    scaling (None: as given), which the rule's summaries divide out."""
+    counts = learned_rule_counts(m, h, prior=prior, folds=folds, scale=scale)
     cert, cert_check = certify(
-        counts.cert_tp, counts.n1_cert, counts.cert_fp, counts.n2_cert, prior, deltas
+        np.asarray(counts.cert_tp)[None],
+        np.asarray(counts.n1_cert),
+        np.asarray(counts.cert_fp)[None],
+        np.asarray(counts.n2_cert),
+        prior,
+        deltas,
     )
     return counts.tp, counts.fp, float(cert[0]), float(cert_check[0])
 
@@ -82,12 +88,14 @@ def in_memory_estimate(
     n_samples,
     seed,
     n_dropped,
+    scale=None,
     rule=None,
 ):
     """All scores in memory: above 2 dimensions the rule is learned by a classifier
     (:func:`learned_rule`), in 1-2 dimensions with a bandwidth below one grid cell by exact
-    Gaussian kernel sums; the plug-ins W_N / U_N as the paper defines them. ``rule``: the
-    rule's figures (tp, fp, lower, lower_check) when already learned."""
+    Gaussian kernel sums; the plug-ins W_N / U_N as the paper defines them. ``scale``: the
+    scores' magnitude scaling (None: as given); ``rule``: the rule's figures (tp, fp, lower,
+    lower_check) when already learned."""
     deltas = (lower_delta, delta)
     n1, n2 = m.shape[0], h.shape[0]
     d = m.shape[1]
@@ -101,7 +109,9 @@ def in_memory_estimate(
     if rule is not None:  # the caller learned it already (shared between methods)
         tp, fp, cert, cert_check = rule
     elif d >= 3:
-        tp, fp, cert, cert_check = learned_rule(m, h, prior=prior, folds=folds, deltas=deltas)
+        tp, fp, cert, cert_check = learned_rule(
+            m, h, prior=prior, folds=folds, deltas=deltas, scale=scale
+        )
     else:  # 1-2 D with a bandwidth below a grid cell: exact Gaussian kernel sums
         tp, fp, cert, cert_check = kde_rule_counts(
             m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds, deltas=deltas,

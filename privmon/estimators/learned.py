@@ -1,15 +1,20 @@
-"""A learned Bayes rule for high-dimensional queries (d ≥ 3): cross-fitted logistic regression.
+"""A learned Bayes rule for high-dimensional queries (d ≥ 3): cross-fitted logistic regression
+beside threshold rules on the scores' 1-D summaries.
 
 Density estimates lose most of a leak above two dimensions, so there the Bayes rule "member iff
-p·P(x) > (1−p)·Q(x)" (MACE eq. 7-8) is learned as a classifier: logistic regression on the
-standardised scores z and their squares z², the decision shifted by the prior
-(member iff ℓ(x) − log(n1/n2) + log(p/(1−p)) > 0). Each rule first picks, on its own training
-records, the blocks it uses (z, z², both or none) by Rao's score test at 5 %
-(``SELECTION_LEVEL``), which keeps the null quiet; the ridge penalty of each block is set by the
-evidence approximation; no random numbers are drawn. K-fold cross-fitting: rule k learns on the
-other folds and is applied to fold k; the certificate's rule learns on folds 2..K−1 and is
-applied to folds 0-1. All K + 1 fits run as one batch on the scores' device. A tie (decision
-within 1e-9 of 0) counts 1/2, and for the certificate goes to the prior's side.
+p·P(x) > (1−p)·Q(x)" (MACE eq. 7-8) is learned: each rule picks, on its own training records, one
+candidate — logistic regression on the standardised scores z, their squares z² or both (the
+decision shifted by the prior: member iff ℓ(x) − log(n1/n2) + log(p/(1−p)) > 0), or a threshold
+on one of the scores' summaries (the entropy of their softmax, the largest coordinate, the norm;
+a leak a function of the scores shows is one the rule can read) — the one whose test on those
+records has the smallest p-value: Rao's score test for a block set, Kolmogorov–Smirnov for a
+summary. A cross-fitted rule takes it only if that p-value is below 5 % (``SELECTION_LEVEL``),
+which keeps the null quiet; a certificate's rule always takes it (its certificate holds
+whatever its rule). The ridge penalty of each block is set by the evidence approximation; no
+random numbers are drawn. K-fold cross-fitting: rule k learns on the other folds and is applied
+to fold k; each certificate's rule learns on the folds its certificate does not read
+(``HIGH_DIM_CERTIFY_FOLDS``). All fits run as one batch on the scores' device. A tie (decision
+within 1e-9 of 0) counts 1/2, and for a certificate goes to the prior's side.
 
 Derivation, measurements and cost: Theory, *The learned rule above two dimensions*.
 """
@@ -21,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from privmon.estimators.folds import fold_of
+from privmon.estimators.folds import HIGH_DIM_CERTIFY_FOLDS, fold_of
 
-__all__ = ["HIGH_DIM_CERTIFY_FOLDS", "RuleCounts", "learned_rule_counts"]
+__all__ = ["RuleCounts", "learned_rule_counts"]
 
 TIE_TOLERANCE = 1e-9
 MAX_UPDATES = 40
@@ -35,28 +40,28 @@ MAX_MOVE = math.log(10.0)  # at most a factor 10 per update of α
 SECANT_FLOOR = 0.1  # slowest contraction the secant assumes: moves up to 10 gaps
 INTERCEPT_PENALTY = 1e-8  # keeps a fit without training records well posed
 CONSTANT = 1e-12  # relative spread below which a training column counts as constant
-SELECTION_LEVEL = 0.05  # a block enters a rule only if its score test rejects at this level
+SELECTION_LEVEL = 0.05  # a cross-fitted rule takes a candidate only if its test rejects at 5 %
 RANK_TOLERANCE = 1e-9  # eigenvalues of a block's Gram matrix below this share of its largest: 0
-# the folds the certificate scores; its rule learns on the other half (a rule learned on one
-# fold of four certified half as much: a mean lower bound of 0.07 against 0.15 over 6 seeds of
-# benchmarks/learned.py's "shift 64" at 500 + 500 records, δ = 0.003)
-HIGH_DIM_CERTIFY_FOLDS = (0, 1)
+BLOCK_SETS = 3  # the candidate block sets (z, z², both); the summaries' threshold rules follow
+# terms of Kolmogorov's series: at t ≥ 0.2 the first one left out is below e^-800
+KOLMOGOROV_TERMS = 100
+KOLMOGOROV_ONE = 0.2  # below this t, P(K > t) is 1 to 1e-12
 
 
 @dataclass(frozen=True)
 class RuleCounts:
     """Held-out positives of the learned rules. ``tp`` / ``fp``: members / non-members the K
     cross-fitted rules call members on their held-out folds, summed over folds (ties 1/2).
-    ``cert_tp`` / ``cert_fp``: the same for the certificate's rule (learned on folds 2..K−1)
-    on folds 0-1 (``HIGH_DIM_CERTIFY_FOLDS``), which hold ``n1_cert`` members and ``n2_cert``
-    non-members (ties on the prior's side)."""
+    ``cert_tp`` / ``cert_fp``: one per certificate (``HIGH_DIM_CERTIFY_FOLDS``), the same for
+    its rule (learned on the other folds) on its folds, which hold ``n1_cert`` members and
+    ``n2_cert`` non-members (ties on the prior's side)."""
 
     tp: float
     fp: float
-    cert_tp: float
-    cert_fp: float
-    n1_cert: int
-    n2_cert: int
+    cert_tp: tuple[float, ...]
+    cert_fp: tuple[float, ...]
+    n1_cert: tuple[int, ...]
+    n2_cert: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -184,15 +189,17 @@ def _fit(
 
 
 def _splits(n1: int, n2: int, folds: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training and held-out records of each fit, two (K + 1, n1 + n2) boolean masks over the
+    """Training and held-out records of each fit, two (K + C, n1 + n2) boolean masks over the
     members then the non-members, K = ``folds``: rows 0..K−1 the cross-fitted rules (rule k
-    learns on every fold but k and is applied to fold k), row K the certificate's rule (learns
-    on folds 2..K−1, applied to folds 0-1)."""
+    learns on every fold but k and is applied to fold k), row K + j the j-th certificate's rule
+    (applied to the folds of ``HIGH_DIM_CERTIFY_FOLDS[j]``, learned on the others)."""
     position = torch.cat([torch.arange(n1, device=device), torch.arange(n2, device=device)])
     fold = fold_of(position, folds)
-    certified = torch.isin(fold, torch.tensor(HIGH_DIM_CERTIFY_FOLDS, device=device))
+    certified = [
+        torch.isin(fold, torch.tensor(held, device=device)) for held in HIGH_DIM_CERTIFY_FOLDS
+    ]
     held_out = torch.cat(
-        [fold == torch.arange(folds, device=device).unsqueeze(1), certified.unsqueeze(0)]
+        [fold == torch.arange(folds, device=device).unsqueeze(1), torch.stack(certified)]
     )
     return ~held_out, held_out
 
@@ -238,26 +245,112 @@ def _score_tests(
     return statistic.T, kept.sum(dim=-1).T.to(phi.dtype)
 
 
-def _chosen_features(
+def _block_p_values(
     phi: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, gram: torch.Tensor
 ) -> torch.Tensor:
-    """Each fit's features, (R, F) 0/1: the intercept, and the candidate block set
-    (:func:`_block_masks`) whose score test (:func:`_score_tests`) has the smallest p-value if
-    that is below ``SELECTION_LEVEL``; the intercept alone otherwise."""
+    """The p-values (R, 3) of the score tests (:func:`_score_tests`) of the candidate block sets
+    (:func:`_block_masks`): the χ²_ν survival function Q(ν/2, s/2), 1 for a set of rank 0."""
     statistic, dof = _score_tests(phi, y, weight, gram)
-    # χ²_ν survival function: the regularised upper incomplete gamma Q(ν/2, s/2)
-    p_value = torch.where(
-        dof > 0, torch.special.gammaincc(dof.clamp_min(1) / 2, statistic / 2), 1.0
+    return torch.where(dof > 0, torch.special.gammaincc(dof.clamp_min(1) / 2, statistic / 2), 1.0)
+
+
+def _summaries(x: torch.Tensor) -> torch.Tensor:
+    """The 1-D summaries (n, S) of scores x (n, d) in the caller's units: the entropy of
+    softmax(x) (of logits: the prediction's entropy), the largest coordinate and the log of the
+    Euclidean norm (−inf for a row of zeros), without overflow for any finite x."""
+    logp = torch.log_softmax(x, dim=1)
+    p = logp.exp()
+    entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=1)
+    size = x.abs().amax(dim=1)
+    safe = torch.where(size > 0, size, torch.ones_like(size))
+    log_norm = torch.where(
+        size > 0,
+        safe.log() + torch.linalg.vector_norm(x / safe.unsqueeze(1), dim=1).log(),
+        -math.inf,
     )
-    best, choice = p_value.min(dim=1)
-    masks = _block_masks(phi.shape[1], dtype=phi.dtype, device=phi.device)
-    chosen = masks[choice] * (best < SELECTION_LEVEL).to(phi.dtype).unsqueeze(1)
+    return torch.stack([entropy, x.amax(dim=1), log_norm], dim=1)
+
+
+@dataclass(frozen=True)
+class _Thresholds:
+    """Each fit's threshold rule on each summary, (R, S) tensors: records whose summary lies
+    above ``cut`` are called members where ``high`` (else those at or below it), and the
+    two-sample Kolmogorov–Smirnov test's asymptotic ``p_value`` on the fit's training
+    records."""
+
+    cut: torch.Tensor
+    high: torch.Tensor
+    p_value: torch.Tensor
+
+
+def _threshold_rules(
+    values: torch.Tensor, order: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, prior: float
+) -> _Thresholds:
+    """The threshold rule of each summary ``values`` (n, S) on each fit's training records
+    (``order`` (R, T), ``weight`` 1, padding 0; labels ``y`` (R, T)): the cut between two
+    distinct training values, and the side, with the highest accuracy advantage
+    2p·TPR − 2(1−p)·FPR + 1 − 2p on them (the Bayes rule where the likelihood ratio is
+    monotone in the summary), placed midway between the two values. Its selection p-value is
+    the Kolmogorov–Smirnov statistic D = max |F̂1 − F̂2| at the same cuts, read off the limiting
+    distribution: P(K > D·sqrt(n1·n2 / (n1 + n2))), K Kolmogorov's ("Sulla determinazione
+    empirica di una legge di distribuzione", Kolmogorov, 1933; scipy's ``kstwobign``)."""
+    r = order.shape[0]
+    # padding sorts after every summary (none is +inf)
+    train = torch.where(weight.unsqueeze(2) > 0, values[order], math.inf).transpose(1, 2)
+    ranked, index = torch.sort(train, dim=2)  # (R, S, T)
+    label = y.unsqueeze(1).expand_as(ranked).gather(2, index)
+    kept = weight.unsqueeze(1).expand_as(ranked).gather(2, index)
+    n1 = (weight * y).sum(dim=1).view(r, 1, 1)
+    n2 = weight.sum(dim=1).view(r, 1, 1) - n1
+    tpr = torch.cumsum(label * kept, dim=2) / n1.clamp_min(1)  # F̂1 at each training value
+    fpr = torch.cumsum((1 - label) * kept, dim=2) / n2.clamp_min(1)
+    after = torch.cat([ranked[..., 1:], torch.full_like(ranked[..., :1], math.inf)], dim=2)
+    cuts = (kept > 0) & (ranked < after)  # the last of each run of equal values
+    low_gain = prior * tpr - (1 - prior) * fpr  # member iff summary ≤ cut, less the constant
+    gain = torch.where(cuts, torch.maximum(low_gain, (2 * prior - 1) - low_gain), -math.inf)
+    best = gain.argmax(dim=2, keepdim=True)
+    high = (2 * prior - 1) - low_gain.gather(2, best) > low_gain.gather(2, best)
+    below, above = ranked.gather(2, best), after.gather(2, best)
+    # halves, so no overflow; the last cut, above every training value, is +inf
+    cut = torch.where(above == math.inf, above, below / 2 + above / 2)
+    distance = torch.where(cuts, (tpr - fpr).abs(), 0.0).amax(dim=2)
+    size = (n1 * n2 / (n1 + n2).clamp_min(1)).view(r, 1)
+    return _Thresholds(cut.squeeze(2), high.squeeze(2), _kolmogorov_sf(distance * size.sqrt()))
+
+
+def _kolmogorov_sf(t: torch.Tensor) -> torch.Tensor:
+    """P(K > t) of Kolmogorov's limiting distribution, 2·Σ_k (−1)^(k−1)·exp(−2k²t²)."""
+    k = torch.arange(1, KOLMOGOROV_TERMS + 1, dtype=t.dtype, device=t.device)
+    sign = 1 - 2 * (k % 2 == 0).to(t.dtype)
+    series = 2 * (sign * torch.exp(-2 * k**2 * t.unsqueeze(-1) ** 2)).sum(dim=-1)
+    return torch.where(t < KOLMOGOROV_ONE, 1.0, series.clamp(0.0, 1.0))
+
+
+def _choice(p_values: torch.Tensor, *, gated: torch.Tensor) -> torch.Tensor:
+    """Each fit's candidate (R,) of ``p_values`` (R, C): the one with the smallest p-value (the
+    first of equal ones); for the ``gated`` fits (R,) only if that is below
+    ``SELECTION_LEVEL``, else −1 (none: the prior's rule)."""
+    best, choice = p_values.min(dim=1)
+    return torch.where(gated & (best >= SELECTION_LEVEL), -1, choice)
+
+
+def _chosen_features(choice: torch.Tensor, f: int, *, dtype, device) -> torch.Tensor:
+    """Each fit's logistic features (R, F) 0/1 for its ``choice`` (:func:`_choice`): the
+    intercept, and the candidate block set (:func:`_block_masks`) where the choice is one."""
+    masks = _block_masks(f, dtype=dtype, device=device)
+    logistic = ((choice >= 0) & (choice < BLOCK_SETS)).to(dtype).unsqueeze(1)
+    chosen = masks[choice.clamp(0, BLOCK_SETS - 1)] * logistic
     chosen[:, 0] = 1
     return chosen
 
 
 def learned_rule_counts(
-    m: torch.Tensor, h: torch.Tensor, *, prior: float, folds: int = 4
+    m: torch.Tensor,
+    h: torch.Tensor,
+    *,
+    prior: float,
+    folds: int = 4,
+    scale: torch.Tensor | None = None,
 ) -> RuleCounts:
     """Cross-fitted and certificate counts of the learned Bayes rule (module docstring).
 
@@ -266,9 +359,12 @@ def learned_rule_counts(
             already validated (n1, n2 ≥ 1, d ≥ 1).
         prior: P(member) in (0, 1), which the rule's decision threshold includes.
         folds: the fold split K ≥ 3 (4 in privmon's callers): cross-fitted rule k learns on
-            every fold but k; the certificate's rule learns on folds 2..K−1 and is applied to
-            folds 0-1. The fit draws no random numbers: the counts are a function of the
-            scores.
+            every fold but k; each certificate's rule is applied to its folds
+            (``HIGH_DIM_CERTIFY_FOLDS``: 0-1, then 0-2) and learns on the others. The fit
+            draws no random numbers: the counts are a function of the scores.
+        scale: the per-column powers of two the scores were multiplied by
+            (:func:`~privmon.estimators.magnitude.magnitude_scale`; None: as given), divided
+            out for the summaries, which read the scores in the caller's units.
 
     Returns:
         :class:`RuleCounts`.
@@ -295,7 +391,12 @@ def learned_rule_counts(
     balance = torch.where(learns, torch.log(n1_train / n2_train), torch.zeros_like(n1_train))
     y_train = y[order]
     gram = torch.bmm(phi_train * weight.unsqueeze(1), phi_train.mT)
-    chosen = _chosen_features(phi_train, y_train, weight, gram)
+    summary = _summaries(x if scale is None else x / scale)  # in the caller's units
+    thresholds = _threshold_rules(summary, order, weight, y_train, prior)
+    p_values = torch.cat([_block_p_values(phi_train, y_train, weight, gram), thresholds.p_value], 1)
+    cross_fit = torch.arange(order.shape[0], device=device) < folds
+    choice = torch.where(learns, _choice(p_values, gated=cross_fit), -1)
+    chosen = _chosen_features(choice, phi_train.shape[1], dtype=dtype, device=device)
     theta = _fit(
         phi_train * chosen.unsqueeze(2),
         y_train,
@@ -312,23 +413,30 @@ def learned_rule_counts(
     score = score + math.log(prior / (1 - prior))
     tie = torch.where(fit < folds, 0.5, float(prior > 0.5)).to(dtype)
     said = torch.where(score.abs() <= TIE_TOLERANCE, tie, (score > 0).to(dtype))
+    # a fit that chose a summary's threshold rule calls the records on its side members
+    which = (choice[fit] - BLOCK_SETS).clamp_min(0)
+    above = summary[record, which] > thresholds.cut[fit, which]
+    threshold_said = (above == thresholds.high[fit, which]).to(dtype)
+    said = torch.where(choice[fit] >= BLOCK_SETS, threshold_said, said)
     member = record < n1
     cross = fit < folds
-    figures = torch.stack(
+    certificates = len(HIGH_DIM_CERTIFY_FOLDS)
+    held = fit.unsqueeze(0) == folds + torch.arange(certificates, device=device).unsqueeze(1)
+    figures = torch.cat(
         [
-            (said * (cross & member)).sum(),
-            (said * (cross & ~member)).sum(),
-            (said * (~cross & member)).sum(),
-            (said * (~cross & ~member)).sum(),
-            (~cross & member).sum().to(dtype),
-            (~cross & ~member).sum().to(dtype),
+            torch.stack([(said * (cross & member)).sum(), (said * (cross & ~member)).sum()]),
+            (said * (held & member)).sum(dim=1),
+            (said * (held & ~member)).sum(dim=1),
+            (held & member).sum(dim=1).to(dtype),
+            (held & ~member).sum(dim=1).to(dtype),
         ]
     ).tolist()  # one transfer
+    c = certificates
     return RuleCounts(
         tp=figures[0],
         fp=figures[1],
-        cert_tp=figures[2],
-        cert_fp=figures[3],
-        n1_cert=int(figures[4]),
-        n2_cert=int(figures[5]),
+        cert_tp=tuple(figures[2 : 2 + c]),
+        cert_fp=tuple(figures[2 + c : 2 + 2 * c]),
+        n1_cert=tuple(int(n) for n in figures[2 + 2 * c : 2 + 3 * c]),
+        n2_cert=tuple(int(n) for n in figures[2 + 3 * c :]),
     )

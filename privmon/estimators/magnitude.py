@@ -1,12 +1,12 @@
 """Scores of extreme magnitude brought to a safe one before any estimator reads them.
 
-Every estimator's figures are invariant to rescaling a score's column (the 1-D rules read
-ranks; the grids, bandwidths and the learned rule's standardisation follow each column's
-spread), but their arithmetic is not: squares, covariances and determinants of scores near
-1e154 overflow, and of scores near 1e-154 underflow. A column whose largest magnitude lies
-outside [2^-64, 2^64] is multiplied by the power of two that brings it into [1, 2), which is
-exact in floating point (no digit of a score changes); every other column, so every ordinary
-input, is left as it is and its figures stay bit-identical.
+Squares, covariances and determinants of scores near 1e154 overflow, and of scores near
+1e-154 underflow. A column whose largest magnitude lies outside [2^-64, 2^64] is multiplied by
+the power of two that brings it into [1, 2), which is exact in floating point (no digit of a
+score changes) and changes no figure: the 1-D rules read ranks; the grids, bandwidths and the
+learned rule's standardisation follow each column's spread; its summaries read the scores with
+the scaling divided out. Every other column, so every ordinary input, is left as it is and its
+figures stay bit-identical.
 """
 
 from __future__ import annotations

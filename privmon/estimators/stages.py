@@ -301,6 +301,7 @@ def estimate_advantages(
                 prior=prior,
                 folds=options.folds,
                 deltas=(lower_delta, delta),
+                scale=scores.scale,
             )
         except Exception as err:
             if not skip_errors:
@@ -330,6 +331,7 @@ def estimate_advantages(
                     n_samples=options.n_samples,
                     seed=options.seed,
                     n_dropped=scores.n_dropped,
+                    scale=scores.scale,
                     rule=rule,
                 )
         except Exception as err:

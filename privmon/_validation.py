@@ -37,6 +37,7 @@ __all__ = [
     "check_positive",
     "check_quantiles",
     "check_str",
+    "check_threshold",
     "check_timesteps",
     "check_transform",
     "check_unit",
@@ -109,6 +110,27 @@ def check_fraction(value: float, *, name: str) -> float:
 def check_positive(value: float, *, name: str) -> float:
     """Return ``value`` as a float after checking it is finite and > 0."""
     return _number(value, name=name, ok=lambda v: 0.0 < v < math.inf, where="finite and > 0")
+
+
+def check_threshold(value: Any, *, epsilon: bool) -> float:
+    """Return an early-stopping budget as a float after checking it lies in [0, 1], the range
+    of the fractions a check reports (an advantage, an AUC, a risk), or in [0, inf) for an ε
+    (``epsilon``): a budget below 0 stops at the first check whatever leaks, one above 1 never
+    fires."""
+    if epsilon:
+        return _number(
+            value,
+            name="threshold",
+            ok=lambda v: 0.0 <= v < math.inf,
+            where="finite and >= 0 (the watched figure is an ε)",
+        )
+    return _number(
+        value,
+        name="threshold",
+        ok=lambda v: 0.0 <= v <= 1.0,
+        where="in the closed interval [0, 1] (the watched figure is a fraction: an advantage, "
+        "an AUC, a risk)",
+    )
 
 
 def check_int(value: Any, *, name: str, minimum: int = 0) -> int:

@@ -314,7 +314,7 @@ def test_early_stopping_and_state_round_trip(tmp_path):
             every_n_steps=2,
             methods=("histogram",),
             strict=True,
-            early_stopping=PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=1),
+            early_stopping=PrivacyEarlyStopping("privacy/loss/auc", 0.0, patience=1),  # AUC > 0
         )
 
     mon = make()

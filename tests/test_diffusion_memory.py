@@ -147,6 +147,4 @@ def test_noise_that_is_neither_the_tensor_nor_a_cpu_generator_is_refused():
     images = torch.rand(2, 1, 4, 4)
     for bad, got in [(None, "NoneType"), (torch.zeros(2, 1, 4, 4), r"shape \(2, 1, 4, 4\)")]:
         with pytest.raises(ValueError, match=rf"noise= of shape \(2, 1, 1, 4, 4\).*got {got}"):
-            diffusion_statistic(
-                per_row, images, ABAR, statistic="loss", timesteps=[10], noise=bad
-            )
+            diffusion_statistic(per_row, images, ABAR, statistic="loss", timesteps=[10], noise=bad)

@@ -143,6 +143,16 @@ def test_a_secmi_stride_of_zero_is_refused_naming_it():
         DiffusionQuery(per_row, ABAR, "secmi", timesteps=[20], interval=0)
 
 
+def test_a_call_of_zero_rows_is_refused_naming_it():
+    images = torch.rand(2, 1, 4, 4)
+    for statistic in ("loss", "pia", "secmi", "sima"):
+        with pytest.raises(ValueError, match=r"^max_batch must be an integer >= 1, got 0$"):
+            diffusion_statistic(
+                per_row, images, ABAR, statistic=statistic, timesteps=[10], max_batch=0,
+                noise=torch.Generator(),
+            )  # fmt: skip
+
+
 def test_noise_that_is_neither_the_tensor_nor_a_cpu_generator_is_refused():
     images = torch.rand(2, 1, 4, 4)
     for bad, got in [(None, "NoneType"), (torch.zeros(2, 1, 4, 4), r"shape \(2, 1, 4, 4\)")]:

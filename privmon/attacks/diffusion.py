@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._shown import described
 from privmon._validation import (
     check_alphas_cumprod,
     check_choice,
@@ -192,7 +193,7 @@ def _check_conditioning(conditioning: Any, n: int, *, where: str) -> None:
     """Every tensor in ``conditioning`` (nested mappings too) has one row per image."""
     if not isinstance(conditioning, Mapping):
         raise ValueError(
-            f"{where} must be a mapping of keyword arguments, got {conditioning!r:.60}"
+            f"{where} must be a mapping of keyword arguments, got {described(conditioning)}"
         )
     for key, value in conditioning.items():
         name = f"{where}[{key!r}]"

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from torch import nn
 
+from privmon._shown import shown
 from privmon._validation import check_audit_set, check_has_methods, check_int
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
@@ -54,7 +55,7 @@ def as_queries(query: Any) -> list[Any]:
             )
         if not callable(q):
             raise ValueError(
-                f"query {q!r} is not callable: pass a privmon.queries query (e.g. "
+                f"query {shown(q)} is not callable: pass a privmon.queries query (e.g. "
                 "privmon.queries.LossQuery(model)) or any function batch -> scores"
             )
         if isinstance(getattr(q, "name", None), str):

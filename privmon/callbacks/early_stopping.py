@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from privmon._shown import shown
 from privmon._validation import check_int, check_threshold
 from privmon.report import tags
 from privmon.report.stopping import StoppingDecision, StoppingOutcome
@@ -105,7 +106,7 @@ class PrivacyEarlyStopping:
         min_checks: int = 1,
     ) -> None:
         if not isinstance(metric, str) or not metric:
-            raise ValueError(f"metric must be a non-empty string, got {metric!r}")
+            raise ValueError(f"metric must be a non-empty string, got {shown(metric)}")
         if use not in USES or metric.rsplit("/", 1)[-1] in tags.PLUGIN_FIELDS:
             raise ValueError(
                 f"use must be one of {USES} and metric must not name a plug-in figure "

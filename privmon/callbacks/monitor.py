@@ -211,6 +211,7 @@ class PrivacyMonitor:
         """Run a check when one is due (``global_step`` a multiple of ``every_n_steps``, past the
         last checked step); True when training should stop. Under torch.distributed the ranks
         first agree on ``every_n_steps`` (rank 0's) and all skip a step one rank has checked."""
+        global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
         fresh = self._last_step is None and self.n_failed == 0 and self.n_certified_checks == 0
         self._traps.saw_step(global_step, every_n_steps=self.every_n_steps, fresh=fresh)
         if not self._schedule_agreed and rank_and_world()[1] > 1:
@@ -277,9 +278,8 @@ class PrivacyMonitor:
         self, k: int = 10, *, query: str | None = None, by: str = "max"
     ) -> RankedRecords:
         """The k most exposed member records across checks, (index in the members' order,
-        membership posterior), the likeliest members first, ``by`` "max" (any check's), "last" or
-        "mean" (``query`` may be omitted for one query); ``.tied_beyond``: records left out that
-        share the last one's posterior.
+        membership posterior), likeliest first, ``by`` "max" (any check's), "last" or "mean"
+        (``query`` omitted for one query); ``.tied_beyond``: more records of the last posterior.
 
         Examples:
             >>> import torch

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._shown import shown
 from privmon._validation import check_int
 from privmon.estimators.risk import most_exposed, tied_beyond
 
@@ -79,7 +80,7 @@ class RecordTracker:
                 raise ValueError(f"query must name one of {self.queries}")
             query = next(iter(self._tracks))
         if query not in self._tracks:
-            raise ValueError(f"query must be one of {self.queries}, got {query!r}")
+            raise ValueError(f"query must be one of {self.queries}, got {shown(query)}")
         return query, self._tracks[query]
 
     def _column(self, t: dict[str, np.ndarray], by: str) -> np.ndarray:
@@ -90,7 +91,7 @@ class RecordTracker:
         if by == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(t["count"] > 0, t["sum"] / t["count"], np.nan)
-        raise ValueError(f"by must be one of {ORDERS}, got {by!r}")
+        raise ValueError(f"by must be one of {ORDERS}, got {shown(by)}")
 
     def top(self, k: int = 10, *, query: str | None = None, by: str = "max") -> RankedRecords:
         """The k most exposed member indices with their posterior, highest first; records of

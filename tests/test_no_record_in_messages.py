@@ -303,3 +303,18 @@ def test_no_message_formats_a_truncated_repr():
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"!r:\.\d", line)]  # fmt: skip
     assert found == []
+
+
+def test_configuration_is_still_shown_as_written():
+    # hiding records must not hide the typo a user needs to see
+    with pytest.raises(ValueError, match=r"got 'histgram'"):
+        privmon.optimal_advantage([0.1, 0.2], [0.3, 0.4], method="histgram")
+    with pytest.raises(ValueError, match=r"got 1\.5$"):
+        privmon.optimal_advantage([0.1, 0.2], [0.3, 0.4], delta=1.5)
+    with pytest.raises(ValueError, match=r"got str '1e-5'"):
+        privmon.optimal_advantage([0.1, 0.2], [0.3, 0.4], delta="1e-5")
+    with pytest.raises(ValueError, match=r"got \('histogram', 'kde2'\)"):
+        privmon.analyse([0.1, 0.2], [0.3, 0.4], methods=("histogram", "kde2"))
+    text = "histogram, as the paper does"  # a text, not an option's name
+    with pytest.raises(ValueError, match=rf"got a str of {len(text)} characters$"):
+        privmon.optimal_advantage([0.1, 0.2], [0.3, 0.4], method=text)

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._shown import as_written, described, shown
+
 __all__ = [
     "as_array",
     "as_float_array",
@@ -37,6 +39,7 @@ __all__ = [
     "check_positive",
     "check_quantiles",
     "check_str",
+    "check_threshold",
     "check_timesteps",
     "check_transform",
     "check_unit",
@@ -59,7 +62,7 @@ def _refuse_text(value: Any, *, name: str, what: str) -> None:
     """Refuse a string (``delta="1e-5"``) or a bool where ``what`` is expected: ``float()``
     would read it, hiding a mistake (a value read from a file or the command line unparsed)."""
     if isinstance(value, _NOT_NUMBERS):
-        raise ValueError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be {what}, got {shown(value, typed=True)}")
 
 
 def _refuse_text_array(value: Any, *, name: str, what: str) -> None:
@@ -71,7 +74,7 @@ def _refuse_text_array(value: Any, *, name: str, what: str) -> None:
         except (TypeError, ValueError):  # ragged: the conversion that follows says so
             return
         if kind in "USO" and (kind != "O" or any(isinstance(v, str | bytes) for v in value)):
-            raise ValueError(f"{name} must be {what}, got strings: {value!r:.80}")
+            raise ValueError(f"{name} must be {what}, got strings: {described(value)}")
 
 
 def _number(value: Any, *, name: str, ok: Callable[[float], bool], where: str) -> float:
@@ -81,9 +84,9 @@ def _number(value: Any, *, name: str, ok: Callable[[float], bool], where: str) -
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number {where}, got {value!r}") from None
+        raise ValueError(f"{name} must be a number {where}, got {shown(value)}") from None
     if math.isnan(v) or not ok(v):
-        raise ValueError(f"{name} must be {where}, got {value!r}")
+        raise ValueError(f"{name} must be {where}, got {shown(value)}")
     return v
 
 
@@ -111,10 +114,17 @@ def check_positive(value: float, *, name: str) -> float:
     return _number(value, name=name, ok=lambda v: 0.0 < v < math.inf, where="finite and > 0")
 
 
+def check_threshold(value: Any, *, epsilon: bool) -> float:
+    """An early-stopping budget as a float, in [0, 1] (a fraction) or [0, inf) for an ε."""
+    if epsilon:
+        return check_half_open_interval(value, name="threshold", low=0.0, high=math.inf)
+    return check_unit(value, name="threshold")  # an advantage, an AUC, a risk
+
+
 def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
     """Return ``value`` as an int after checking it is an integer (not a bool) >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {shown(value)}")
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return int(value)
@@ -132,15 +142,15 @@ def check_half_open_interval(value: float, *, name: str, low: float, high: float
 
 def check_choice(value: Any, valid: tuple[Any, ...], *, name: str) -> Any:
     """Return ``value`` after checking it is one of ``valid``."""
-    if value not in valid:
-        raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+    if not as_written(value) or value not in valid:  # (an array would compare elementwise)
+        raise ValueError(f"{name} must be one of {valid}, got {shown(value)}")
     return value
 
 
 def check_name(value: Any, *, name: str = "name") -> str:
     """Return ``value`` after checking it is a non-empty string (not only spaces)."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        raise ValueError(f"{name} must be a non-empty string, got {shown(value)}")
     return value
 
 
@@ -231,7 +241,7 @@ def check_quantiles(q: Any) -> tuple[np.ndarray, bool]:
         arr = np.asarray(q, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(
-            f"q must be a number or a sequence of numbers in (0, 1], got {q!r}"
+            f"q must be a number or a sequence of numbers in (0, 1], got {shown(q)}"
         ) from None
     scalar = arr.ndim == 0
     arr = np.atleast_1d(arr).ravel()
@@ -250,9 +260,9 @@ def check_count(value: Any, *, name: str) -> int:
     try:
         f = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}") from None
-    if math.isnan(f) or f < 0 or f != int(f):
-        raise ValueError(f"{name} must be a non-negative integer count, got {value!r}")
+        f = math.nan
+    if not math.isfinite(f) or f < 0 or f != int(f):
+        raise ValueError(f"{name} must be a non-negative integer count, got {shown(value)}")
     return int(f)
 
 
@@ -273,14 +283,14 @@ def check_epsilons(epsilon: Any) -> np.ndarray:
         epsilon = to_numpy(epsilon)
     eps = as_float_array(epsilon, name="epsilon", valid="[0, inf]")
     if np.isnan(eps).any() or (eps < 0).any():
-        raise ValueError(f"epsilon must be in [0, inf] (inf allowed, NaN not), got {epsilon!r}")
+        raise ValueError(f"epsilon must be in [0, inf] (inf, not NaN), got {shown(epsilon)}")
     return eps
 
 
 def check_flag(value: Any, *, name: str) -> bool:
     """Return ``value`` as a bool after checking it is True or False (numpy bools too)."""
     if not isinstance(value, bool | np.bool_):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise ValueError(f"{name} must be True or False, got {shown(value)}")
     return bool(value)
 
 
@@ -293,7 +303,7 @@ def check_callable(fn: Any, *, name: str) -> None:
 def check_has_methods(obj: Any, *methods: str, name: str, expected: str) -> Any:
     """Return ``obj`` after checking it has every one of ``methods`` (callable attributes)."""
     if not all(callable(getattr(obj, m, None)) for m in methods):
-        raise ValueError(f"{name} must be {expected}, got {obj!r}")
+        raise ValueError(f"{name} must be {expected}, got {shown(obj)}")
     return obj
 
 
@@ -304,7 +314,7 @@ def check_audit_set(data: Any, *, name: str, allow_empty: bool = False) -> Any:
     what = f"{name} must be an iterable of batches that can be iterated again at every check "
     what += "(a DataLoader, a list of batches)"
     if isinstance(data, (str, bytes)):
-        raise ValueError(f"{what}, got a {type(data).__name__} ({data!r:.40})")
+        raise ValueError(f"{what}, got {described(data)}")
     if isinstance(data, Mapping):
         raise ValueError(f"{what}, got a {type(data).__name__}; one batch: pass [batch]")
     if isinstance(data, (torch.Tensor, np.ndarray)):
@@ -335,7 +345,7 @@ def check_writable_dir(path: str | os.PathLike[str], *, name: str) -> str:
     there, or can be created there and written to (the nearest existing ancestor is a writable
     directory)."""
     if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"{name} must be a directory path (str or os.PathLike), got {path!r}")
+        raise TypeError(f"{name} must be a directory path (str or os.PathLike), got {shown(path)}")
     path = os.fspath(path)
     target = os.path.abspath(path)
     if os.path.exists(target) and not os.path.isdir(target):
@@ -353,14 +363,14 @@ def check_writable_dir(path: str | os.PathLike[str], *, name: str) -> str:
 def check_str(value: Any, *, name: str) -> str:
     """Return ``value`` after checking it is a string (empty allowed)."""
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}")
+        raise ValueError(f"{name} must be a string, got {shown(value)}")
     return value
 
 
 def check_optional_str(value: Any, *, name: str) -> str | None:
     """Return ``value`` after checking it is None or a non-empty string."""
     if value is not None and (not isinstance(value, str) or not value):
-        raise ValueError(f"{name} must be None or a non-empty string, got {value!r}")
+        raise ValueError(f"{name} must be None or a non-empty string, got {shown(value)}")
     return value
 
 
@@ -372,7 +382,7 @@ def check_subset(
     items = (values,) if isinstance(values, str) else tuple(values)
     if (not items and not allow_empty) or any(v not in valid for v in items):
         kind = "a subset" if allow_empty else "a non-empty subset"
-        raise ValueError(f"{name} must be {kind} of {valid}, got {values!r}")
+        raise ValueError(f"{name} must be {kind} of {valid}, got {shown(values)}")
     return tuple(dict.fromkeys(items))
 
 
@@ -567,7 +577,7 @@ def check_timesteps(
     elif isinstance(values, torch.Tensor | np.ndarray):
         items = values.tolist()
     if isinstance(items, str | bytes) or not isinstance(items, Iterable):
-        raise ValueError(f"{name} must be an integer or a sequence of integers, got {values!r}")
+        raise ValueError(f"{name} must be an integer or a sequence of them, got {shown(values)}")
     items = tuple(items)
     last = steps - 1 - (interval or 0)
     where = f"integers in [0, {last}]" + (
@@ -579,7 +589,7 @@ def check_timesteps(
         raise ValueError(f"{name} is empty: expected {where}")
     for t in items:
         if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t <= last:
-            raise ValueError(f"{name} must be {where}, got {t!r}")
+            raise ValueError(f"{name} must be {where}, got {shown(t)}")
         if interval and t % interval:
             raise ValueError(f"{name} must be {where}, got {t} (not a multiple of {interval})")
     return tuple(int(t) for t in items)

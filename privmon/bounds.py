@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
+from privmon._shown import shown
 from privmon._validation import (
     as_float_array,
     as_scores,
@@ -158,7 +159,7 @@ def epsilon_lower_bound(advantage: ArrayLike, prior: float = 0.5) -> float | NDA
         advantage = to_numpy(advantage)
     adv = as_float_array(advantage, name="advantage", valid="[0, 1]")
     if np.isnan(adv).any() or (adv < 0).any() or (adv > 1).any():
-        raise ValueError(f"advantage must be in [0, 1], got {advantage!r}")
+        raise ValueError(f"advantage must be in [0, 1], got {shown(advantage)}")
     p = check_open_unit(prior, name="prior")
     with np.errstate(divide="ignore"):
         # 2·artanh(a) = log((1 + a)/(1 − a))

@@ -175,9 +175,9 @@ def _load_csv(path: str) -> np.ndarray:
         data = np.array([[float(v) for v in values] for _, values in fields], dtype=np.float64)
     except ValueError:
         i, values = next((i, vs) for i, vs in fields if not all(_is_number(v) for v in vs))
-        bad = next(v for v in values if not _is_number(v))
+        field = next(j for j, v in enumerate(values, 1) if not _is_number(v))
         raise ScoreFileError(
-            f"{path}: cannot read scores (line {i}: {bad!r} is not a number)"
+            f"{path}: cannot read scores (line {i}: field {field} is not a number)"
         ) from None
     if width >= 2 and len(data) >= 3:
         named_index = header is not None and header[0].lower() in _INDEX_HEADERS

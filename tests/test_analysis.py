@@ -63,11 +63,12 @@ def test_analyse_equals_the_public_functions_one_by_one(kind):
             assert res.risk[f"q{q}"] == pytest.approx(np.quantile(finite, q / 100), abs=1e-12)
         assert res.risk["max"] == pytest.approx(finite.max())
         assert res.risk["n_above_0.5"] == float((finite > 0.5).sum())
-        order = np.argsort(-np.nan_to_num(risk, nan=-1.0), kind="stable")
+        # the most exposed: the highest membership posteriors (the likeliest members)
+        order = np.argsort(-np.nan_to_num(post_m, nan=-1.0), kind="stable")
         assert res.top_records == tuple(order[:5].tolist())
-        assert res.top_risks == tuple(risk[order[:5]].tolist())
-        last = risk[order[4]]
-        assert res.top_tied == int(np.sum(risk == last)) - int(np.sum(risk[order[:5]] == last))
+        assert res.top_risks == tuple(post_m[order[:5]].tolist())
+        last = post_m[order[4]]
+        assert res.top_tied == int(np.sum(post_m == last)) - int(np.sum(post_m[order[:5]] == last))
     else:  # above 2-D: no grid, so no per-record risk
         assert res.member_risk is None and res.top_records == ()
 

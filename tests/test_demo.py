@@ -159,26 +159,33 @@ def test_event_files_hold_the_same_scalars(demo):
         assert f"privacy/{q}/membership_pr" in acc.Tags()["tensors"]
 
 
-def test_budget_stops_at_the_second_check(tmp_path):
+def test_budget_stops_at_the_second_check(tmp_path, monkeypatch):
+    # The demo's GAN proves no leak in 20 steps, and a budget below 0 is refused: the demo's
+    # stopping watches its discriminator's AUC instead, above a budget of 0 at every check.
+    def on_auc(metric, budget, *, use, patience):
+        assert (metric, budget, use, patience) == ("disc/histogram", 0.0, "lower", 1)
+        return privmon.PrivacyEarlyStopping("privacy/disc/auc", budget, patience=patience)
+
+    monkeypatch.setattr("privmon.demo.PrivacyEarlyStopping", on_auc)
     summary = run_demo(
-        DemoConfig(logdir=str(tmp_path), steps=150, every_n_steps=10, budget=-1.0, progress=False)
+        DemoConfig(logdir=str(tmp_path), steps=150, every_n_steps=10, budget=0.0, progress=False)
     )
-    # Every advantage is >= 0 > -1; patience 1: the second check in a row stops.
+    # patience 1: the second check in a row stops.
     assert summary["stopped_at"] == 20
     assert summary["steps"] == 20
     assert summary["checks"] == 2
     checks = _read_jsonl(tmp_path / "checks.jsonl")
     assert [c["step"] for c in checks] == [10, 20]
-    lower = checks[-1]["scalars"]["privacy/disc/histogram/lower"]
-    assert summary["stop_reason"] == (
-        f"step 20: privacy figure {lower:.4f} above the budget -1.0000 "
+    auc = checks[-1]["scalars"]["privacy/disc/auc"]
+    assert auc > 0 and summary["stop_reason"] == (
+        f"step 20: privacy figure {auc:.4f} above the budget 0.0000 "
         "for 2 consecutive check(s) (patience 1)"
     )
     with open(tmp_path / "summary.json", encoding="utf-8") as f:
         assert json.load(f) == summary
     # the console says the budget and the stop (issue #38), as the summary's outcome does
     outcome = summary["stopping"]
-    assert (outcome["stopped_step"], outcome["threshold"]) == (20, -1.0)
+    assert (outcome["stopped_step"], outcome["threshold"]) == (20, 0.0)
     assert outcome["sentence"].startswith("Early stopping stopped training at step 20")
     assert outcome["sentence"] in format_summary(summary)
 

@@ -73,7 +73,7 @@ def _monitor(model, members, nonmembers, logdir=None):
         strict=True,
         writer=None if logdir is None else str(logdir),
         sinks=None if logdir is None else JsonlSink(f"{logdir}/checks.jsonl"),
-        early_stopping=PrivacyEarlyStopping("loss/histogram", -1.0, use="value"),
+        early_stopping=PrivacyEarlyStopping("privacy/loss/auc", 0.0),  # an AUC above 0 trips it
     )
 
 
@@ -204,8 +204,8 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         return check(make(LossQuery(model), prior=0.5 + 0.1 * rank))
 
     def stopping(strict):
-        metric = "loss/histogram" if rank == 0 else "loss/histogrm"  # a typo on rank 1
-        stopper = PrivacyEarlyStopping(metric, -1.0, use="value")
+        metric = "privacy/loss/auc" if rank == 0 else "privacy/loss/acu"  # a typo on rank 1
+        stopper = PrivacyEarlyStopping(metric, 0.0)  # an AUC above 0 trips it
         return check(make(LossQuery(model), early_stopping=stopper, strict=strict))
 
     def schedule(strict):  # rank 1 checks every 50 steps, rank 0 every 100

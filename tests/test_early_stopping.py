@@ -247,6 +247,25 @@ def test_bad_constructor_arguments_raise_valueerror_naming_them(args, kwargs, na
         PrivacyEarlyStopping(*args, **kwargs)
 
 
+@pytest.mark.parametrize("threshold", [-0.1, -1e-12, 1.5, math.nextafter(1.0, 2.0), -INF])
+@pytest.mark.parametrize("metric", ["loss/histogram", "privacy/loss/auc", "privacy/loss/risk/max"])
+def test_a_threshold_outside_0_1_is_refused_naming_it_and_the_range(metric, threshold):
+    # -0.1 stopped a run whose every certified bound was 0.0; 1.5 could never fire
+    with pytest.raises(ValueError, match=r"^threshold must be in the closed interval \[0, 1\]"):
+        PrivacyEarlyStopping(metric, threshold)
+
+
+def test_a_threshold_at_the_ends_of_0_1_is_kept_and_an_epsilon_takes_any_finite_one():
+    assert PrivacyEarlyStopping("loss/histogram", 0.0).threshold == 0.0
+    assert PrivacyEarlyStopping("loss/histogram", 1).threshold == 1.0
+    assert PrivacyEarlyStopping("privacy/epsilon", 5.0).threshold == 5.0  # an ε: [0, inf)
+    es = PrivacyEarlyStopping("privacy/canaries/fdp/epsilon_lower_bound", 2.5)
+    assert es.update(1, {es.tag: 3.0}) is True
+    for bad in (-0.1, INF, NAN):
+        with pytest.raises(ValueError, match=r"^threshold must be (a number )?in \[0\.0, inf\)"):
+            PrivacyEarlyStopping("privacy/epsilon", bad)
+
+
 @pytest.mark.parametrize("threshold", [None, "abc"])
 def test_non_numeric_threshold_raises_valueerror_naming_it(threshold):
     with pytest.raises(ValueError, match="threshold"):
@@ -334,21 +353,22 @@ def _tiny_monitor(early_stopping):
 
 
 def test_monitor_stops_and_its_state_dict_resumes_stopped():
-    # threshold -1: every (finite, >= 0) advantage is above the budget; patience 1: second check.
-    monitor = _tiny_monitor(PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=1))
+    # the AUC is above 0 unless every member scores below every non-member: a budget of 0 on it
+    # trips at every check; patience 1: the second check stops.
+    monitor = _tiny_monitor(PrivacyEarlyStopping("privacy/loss/auc", 0.0, patience=1))
     flags = [monitor.step(s) for s in range(1, 7)]
     assert flags == [False, False, False, True, True, True]
     assert [r.step for r in monitor.history] == [2, 4, 6]
     es = monitor.early_stopping
     assert (es.stopped_step, es.checks_seen) == (4, 2)  # the check at 6 does not move it
-    value = monitor.history[1].scalars["privacy/loss/histogram/value"]
-    assert es.reason == (
-        f"step 4: privacy figure {value:.4f} above the budget -1.0000 "
+    value = monitor.history[1].scalars["privacy/loss/auc"]
+    assert value > 0 and es.reason == (
+        f"step 4: privacy figure {value:.4f} above the budget 0.0000 "
         "for 2 consecutive check(s) (patience 1)"
     )
 
     state = _roundtrip(monitor.state_dict())
-    fresh = _tiny_monitor(PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=1))
+    fresh = _tiny_monitor(PrivacyEarlyStopping("privacy/loss/auc", 0.0, patience=1))
     fresh.load_state_dict(state)
     assert fresh.should_stop is True
     assert fresh.early_stopping.stopped_step == 4

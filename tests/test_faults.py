@@ -734,4 +734,5 @@ def test_an_early_stopping_threshold_below_the_priors_floor_is_refused():
     assert monitor(0.9).step(1) is False  # above the floor: nothing leaks, no stop
     monitor(0.15, prior=0.5)  # at p = 1/2 the floor is 0
     monitor(0.15, metric="privacy/epsilon")  # not an advantage figure
-    monitor(-1.0)  # below 0: "stop at the first check", on purpose
+    with pytest.raises(ValueError, match=r"threshold must be in the closed interval \[0, 1\]"):
+        monitor(-1.0)  # below 0: it would stop at the first check whatever leaks

@@ -67,8 +67,9 @@ def _audit(x, y, as_dict=False):
 
 
 def _budget(patience):
-    """A budget that must trip: the estimate is never below 0 > -1."""
-    return PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=patience)
+    """A budget that must trip: the AUC is above 0 unless every member scores below every
+    non-member."""
+    return PrivacyEarlyStopping("privacy/loss/auc", 0.0, patience=patience)
 
 
 def _reports(monitor):

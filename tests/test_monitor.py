@@ -177,9 +177,11 @@ def test_report_figures_equal_the_functional_estimators():
         assert rep.queries["loss"].estimates[method].plugin == pytest.approx(est.plugin)
     # loss: members score lower, so the AUC is read with the sign flipped
     assert rep.scalars["privacy/loss/auc"] == pytest.approx(privmon.auc(-mem, -non))
-    risk = privmon.analyse(mem, non, delta=0.1).member_risk  # out of sample, as checks read it
+    offline = privmon.analyse(mem, non, delta=0.1)  # out of sample, as checks read it
+    risk = offline.member_risk
     np.testing.assert_allclose(rep.queries["loss"].member_risk, risk)
-    assert rep.queries["loss"].top_records[0] == int(np.argmax(risk))
+    np.testing.assert_allclose(rep.queries["loss"].member_posterior, offline.member_posterior)
+    assert rep.queries["loss"].top_records[0] == int(np.argmax(offline.member_posterior))
     assert rep.scalars["privacy/loss/risk/max"] == pytest.approx(risk.max())
     assert rep.step == 7 and rep.epsilon is None and not rep.dp_violation
 
@@ -315,7 +317,7 @@ def test_early_stopping_and_state_round_trip(tmp_path):
             every_n_steps=2,
             methods=("histogram",),
             strict=True,
-            early_stopping=PrivacyEarlyStopping("loss/histogram", -1.0, use="value", patience=1),
+            early_stopping=PrivacyEarlyStopping("privacy/loss/auc", 0.0, patience=1),  # AUC > 0
         )
 
     mon = make()
@@ -395,11 +397,11 @@ def test_per_record_risk_is_tracked_across_checks(tmp_path):
         methods=("histogram",),
         strict=True,
     )
-    risks = []
+    posteriors = []
     for s in (1, 2, 3):
         rep = mon.check(s)
-        risks.append(rep.queries["q"].member_risk)
-    stacked = np.vstack(risks)  # the query is deterministic: every check measures the same risk
+        posteriors.append(rep.queries["q"].member_posterior)
+    stacked = np.vstack(posteriors)  # a deterministic query: every check, the same posteriors
     assert np.array_equal(stacked[0], stacked[2])
     top = mon.top_records(5)
     expected = np.argsort(-stacked.max(axis=0), kind="stable")[:5]
@@ -414,7 +416,7 @@ def test_per_record_risk_is_tracked_across_checks(tmp_path):
     assert [r for _, r in last] == pytest.approx([r for _, r in mean], abs=1e-12)
     path = mon.export_records(tmp_path / "risk.csv")
     rows = (tmp_path / "risk.csv").read_text().splitlines()
-    assert rows[0] == "query,index,last_risk,max_risk,max_step,mean_risk,checks"
+    assert rows[0] == "query,index,last_posterior,max_posterior,max_step,mean_posterior,checks"
     assert len(rows) == 121 and path.endswith("risk.csv")
     first = rows[1].split(",")
     assert first[:2] == ["q", "0"] and int(first[-1]) == 3 and int(first[4]) == 1

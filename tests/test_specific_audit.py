@@ -526,6 +526,10 @@ def test_compare_on_audit_results_uses_metric_and_default_thresholds():
         compare(s, a, metric="accuracy")
     with pytest.raises(ValueError, match="same records"):
         compare(s, a.auc[:2])
+    for bad in (-0.1, 1.5):  # every record high-risk, or none: a miss rate of nothing
+        with pytest.raises(ValueError, match=r"threshold must be in the closed interval \[0, 1\]"):
+            compare(s, a, threshold=bad)
+    assert compare(s.auc, a.auc, threshold=1.5).n_high_risk == 0  # arrays: the caller's metric
 
 
 # --- errors name the argument ---------------------------------------------------------------------

@@ -354,7 +354,8 @@ def _model_monitor(model, budget, *, as_dict=False):
     def batch(lo, hi):
         return {"x": x[lo:hi], "labels": y[lo:hi]} if as_dict else (x[lo:hi], y[lo:hi])
 
-    threshold = -1.0 if budget == "stop" else 1.0  # every check above -1; none above 1
+    # the AUC is above 0 at every check; no certified bound is above 1
+    metric, threshold = ("privacy/loss/auc", 0.0) if budget == "stop" else ("loss/histogram", 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return PrivacyMonitor(
@@ -363,7 +364,7 @@ def _model_monitor(model, budget, *, as_dict=False):
             [batch(N_TRAIN, 128)],
             every_n_steps=2,
             methods=("histogram",),
-            early_stopping=PrivacyEarlyStopping("loss/histogram", threshold, patience=1),
+            early_stopping=PrivacyEarlyStopping(metric, threshold, patience=1),
         )
 
 
@@ -377,7 +378,7 @@ def _expect_logged(logged, budget):
     assert decisions == ([(2, 0.0), (4, 1.0)] if budget == "stop" else [(2, 0.0), (4, 0.0),
                          (6, 0.0), (8, 0.0)])  # fmt: skip
     assert all(
-        m[tags.STOPPING_THRESHOLD] in (-1.0, 1.0) for s, m in logged if tags.STOPPING_STOP in m
+        m[tags.STOPPING_THRESHOLD] in (0.0, 1.0) for s, m in logged if tags.STOPPING_STOP in m
     )
     (end,) = [m for _, m in logged if tags.STOPPING_STOPPED in m]
     assert end[tags.STOPPING_STOPPED] == float(budget == "stop")

@@ -324,7 +324,9 @@ def test_most_exposed_records_are_a_text_table_per_check(plain):
         seen.update(q.top_records)
         text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
         lines = text.split("\n")
-        assert lines[0] == "| rank | member index | risk | times among the most exposed |"
+        assert lines[0] == (
+            "| rank | member index | membership posterior | times among the most exposed |"
+        )
         rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:12]]
         assert [int(r[0]) for r in rows] == list(range(1, 11))
         assert [int(r[1]) for r in rows] == list(q.top_records)

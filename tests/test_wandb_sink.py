@@ -191,7 +191,12 @@ def test_every_figure_roc_records_and_epsilon_round_trip_through_an_offline_run(
         # the most exposed records: rank, index, risk, times among the most exposed so far
         times.update(q.top_records)
         columns, data = written.table(row, tags.most_exposed("loss"))
-        assert columns == ["rank", "member index", "risk", "times among the most exposed"]
+        assert columns == [
+            "rank",
+            "member index",
+            "membership posterior",
+            "times among the most exposed",
+        ]
         assert data == [
             [rank, i, pytest.approx(r), times[i]]
             for rank, (i, r) in enumerate(zip(q.top_records, q.top_risks, strict=True), 1)

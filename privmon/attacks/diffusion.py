@@ -17,7 +17,8 @@ computes one of :data:`STATISTICS` per image and timestep t; each is a distance,
 - ``sima``: Σ|ε_θ(x_0, t)|⁴ ("SimA", arXiv 2509.25003).
 
 The timesteps of one batch go through the model together, at most ``max_batch`` images per call
-(the memory bound); the ε_θ evaluations per image are :func:`model_calls`. Formulas: docs,
+(the memory bound: beyond the batch, nothing of m times its size is held; the loss's noise is
+drawn call by call); the ε_θ evaluations per image are :func:`model_calls`. Formulas: docs,
 *Diffusion models*.
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmon._shown import described
 from privmon._validation import (
     check_alphas_cumprod,
     check_choice,
@@ -171,11 +173,27 @@ def noise_prediction(
     return out.to(x_t.dtype)
 
 
+def _check_noise(noise: Any, shape: tuple[int, ...]) -> torch.Tensor | torch.Generator:
+    """``noise`` after checking it is ε of ``shape`` (images, timesteps, ...) or a CPU
+    generator to draw it from."""
+    if isinstance(noise, torch.Generator):
+        if noise.device.type != "cpu":
+            raise ValueError(f"noise must be a CPU torch.Generator, got one on {noise.device}")
+        return noise
+    if isinstance(noise, torch.Tensor) and tuple(noise.shape) == shape:
+        return noise.detach()
+    got = f"shape {tuple(noise.shape)}" if isinstance(noise, torch.Tensor) else type(noise).__name__
+    raise ValueError(
+        f"statistic 'loss' needs noise= of shape {shape} (images, timesteps, ...) or a CPU "
+        f"torch.Generator to draw it from, got {got}"
+    )
+
+
 def _check_conditioning(conditioning: Any, n: int, *, where: str) -> None:
     """Every tensor in ``conditioning`` (nested mappings too) has one row per image."""
     if not isinstance(conditioning, Mapping):
         raise ValueError(
-            f"{where} must be a mapping of keyword arguments, got {conditioning!r:.60}"
+            f"{where} must be a mapping of keyword arguments, got {described(conditioning)}"
         )
     for key, value in conditioning.items():
         name = f"{where}[{key!r}]"
@@ -208,6 +226,11 @@ class _Rows:
     def __init__(self, model: Model, n: int, conditioning: Mapping[str, Any], max_batch: int):
         self.model, self.n, self.conditioning, self.max_batch = model, n, conditioning, max_batch
 
+    def predict(self, rows: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """ε̂ of one call: the rows' inputs, with their images' conditioning."""
+        cond = _rows_of(self.conditioning, rows % self.n)
+        return noise_prediction(self.model, x_t, t, conditioning=cond)
+
     def map(
         self,
         count: int,
@@ -218,10 +241,66 @@ class _Rows:
         out = []
         for start in range(0, count, self.max_batch):
             rows = torch.arange(start, min(count, start + self.max_batch), device=device)
-            x_t, t = build(rows)
-            cond = _rows_of(self.conditioning, rows % self.n)
-            out.append(reduce(rows, noise_prediction(self.model, x_t, t, conditioning=cond)))
+            out.append(reduce(rows, self.predict(rows, *build(rows))))
         return torch.cat(out)
+
+
+class _Draws:
+    """The values of ``torch.randn(total, generator=generator)`` (CPU, the default dtype), taken
+    in pieces. torch draws a tensor of 16 or more values as uniforms, turned into normals 16 at
+    a time, the last 16 drawn again when the size is not a multiple of 16: pieces of whole 16s,
+    the last one of 16 or more, give the one draw's values and leave the generator where it
+    would (tests/test_diffusion_memory.py checks it)."""
+
+    def __init__(self, total: int, generator: torch.Generator) -> None:
+        self.left, self.generator = total, generator
+        self.kept = torch.empty(0)
+
+    def take(self, k: int) -> torch.Tensor:
+        """The next ``k`` values."""
+        while self.kept.numel() < k:
+            size = -(-(k - self.kept.numel()) // 16) * 16
+            if self.left - size < 16:  # the rest in this piece: no piece under 16 values
+                size = self.left
+            self.kept = torch.cat([self.kept, torch.randn(size, generator=self.generator)])
+            self.left -= size
+        out, self.kept = self.kept[:k], self.kept[k:]
+        return out
+
+
+def _loss(
+    rows: _Rows,
+    noise: torch.Tensor | torch.Generator,
+    noised: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    like: torch.Tensor,
+    m: int,
+) -> torch.Tensor:
+    """‖ε − ε_θ(x_t, t)‖² of every row r = j·n + i, ``max_batch`` rows at a time (``like``:
+    the images, for their shape, dtype and device). The rows of one call are consecutive in
+    ε's order (image i, then timestep j), so only their ε is held (drawn then, when ``noise``
+    is a generator); within a call they go timestep by timestep, so a batch that fits one call
+    is the one call it was before ε was drawn piece by piece."""
+    n, shape, device = rows.n, tuple(like.shape[1:]), like.device
+    size = math.prod(shape)
+    if isinstance(noise, torch.Generator):
+        draws = _Draws(n * m * size, noise)
+
+        def chunk(start: int, stop: int) -> torch.Tensor:
+            return draws.take((stop - start) * size).view(-1, *shape)
+    else:
+        flat = noise.reshape(n * m, *shape)
+
+        def chunk(start: int, stop: int) -> torch.Tensor:
+            return flat[start:stop]
+
+    scores = torch.empty(n * m, device=device, dtype=like.dtype)
+    for start in range(0, n * m, rows.max_batch):
+        stop = min(n * m, start + rows.max_batch)
+        k = torch.arange(start, stop, device=device)  # ε's order: k = i·m + j
+        r, order = torch.sort((k % m) * n + k // m)  # the call's order: r = j·n + i
+        eps = chunk(start, stop).to(device, like.dtype)[order]
+        scores[r] = _power_sum(eps - rows.predict(r, *noised(r, eps)), 2)
+    return scores
 
 
 def _at(x: torch.Tensor, s: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -247,7 +326,7 @@ def diffusion_statistic(
     timesteps: int | Sequence[int],
     interval: int = 10,
     p: float = 4.0,
-    noise: torch.Tensor | None = None,
+    noise: torch.Tensor | torch.Generator | None = None,
     conditioning: Mapping[str, Any] | None = None,
     max_batch: int | None = None,
 ) -> torch.Tensor:
@@ -265,7 +344,10 @@ def diffusion_statistic(
             t + interval ≤ T − 1); column j is t_j.
         interval: SecMI's DDIM stride k.
         p: PIA / PIAN's exponent (SimA's is 4).
-        noise: ``loss`` only (required there): ε of shape (n, m, ...), ``noise[:, j]`` for t_j.
+        noise: ``loss`` only (required there): ε of shape (n, m, ...), ``noise[:, j]`` for
+            t_j; or a CPU ``torch.Generator``, for ε = ``torch.randn((n, m, ...),
+            generator=noise)`` drawn ``max_batch`` rows at a time: the same values, without
+            ever holding more of them than one call's.
         conditioning: keyword arguments for the model; each tensor in it has one row per image.
         max_batch: images per model call (default ⌊:data:`MAX_BATCH_VALUES` / values per
             image⌋, at least 1).
@@ -319,20 +401,7 @@ def diffusion_statistic(
 
     with torch.no_grad():
         if statistic == "loss":
-            if noise is None or tuple(noise.shape) != (n, m, *shape):
-                got = "None" if noise is None else f"shape {tuple(getattr(noise, 'shape', ()))}"
-                raise ValueError(
-                    f"statistic 'loss' needs noise= of shape {(n, m, *shape)} (images, "
-                    f"timesteps, ...), got {got}"
-                )
-            eps = noise.detach().to(device, dtype)
-
-            def loss_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return noised(r, eps[r % n, r // n])
-
-            scores = rows.map(
-                n * m, loss_rows, lambda r, out: _power_sum(eps[r % n, r // n] - out, 2), device
-            )
+            scores = _loss(rows, _check_noise(noise, (n, m, *shape)), noised, x0, m)
         elif statistic == "sima":
             scores = rows.map(
                 n * m,

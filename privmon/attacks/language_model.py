@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 # nothing from privmon.queries: its language-model query imports this module
+from privmon._shown import positions
 from privmon._validation import (
     as_mask,
     as_tensor,
@@ -195,11 +196,12 @@ def _checked_logits(logits: Any, targets: torch.Tensor, counted: torch.Tensor) -
             "(n, L - 1), as predicted_tokens gives them"
         )
     vocab = z.shape[2]
-    hit = targets.to(z.device)[counted.to(z.device)]
-    if hit.numel() and (int(hit.min()) < 0 or int(hit.max()) >= vocab):
+    ids = targets.to(z.device)
+    outside = counted.to(z.device) & ((ids < 0) | (ids >= vocab))
+    if bool(outside.any()):
         raise ValueError(
-            f"token ids must lie in [0, {vocab - 1}] for logits over {vocab} tokens, got range "
-            f"[{int(hit.min())}, {int(hit.max())}] among the predicted tokens"
+            f"token ids must lie in [0, {vocab - 1}] for logits over {vocab} tokens; "
+            f"{positions(outside)} (record, position) pairs hold one outside it"
         )
     return z
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from privmon._shown import positions, shown
 from privmon._validation import check_open_unit, to_numpy
 
 __all__ = [
@@ -102,14 +103,14 @@ def logit_confidence_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> 
 
 
 def check_metric(metric: Any) -> str:
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if not isinstance(metric, str) or metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {shown(metric)}")
     return metric
 
 
 def check_min_records(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"min_class_records must be an integer >= 1, got {value!r}")
+        raise ValueError(f"min_class_records must be an integer >= 1, got {shown(value)}")
     return int(value)
 
 
@@ -139,19 +140,13 @@ def as_probs(probs: Any, *, name: str, device: torch.device | None = None) -> to
     if t.shape[0] == 0:
         raise ValueError(f"{name} is empty: at least one record is needed")
     finite = torch.isfinite(t).all(dim=1)
-    if bool(finite.any()):
-        f = t[finite]
-        sums = f.sum(dim=1)
-        if (
-            float(f.min()) < 0
-            or float(f.max()) > 1 + _SUM_TOL
-            or float((sums - 1).abs().max()) > _SUM_TOL
-        ):
-            raise ValueError(
-                f"{name} must hold probabilities (softmax rows in [0, 1] summing to 1); got values "
-                f"in [{float(f.min()):.4g}, {float(f.max()):.4g}] and row sums in "
-                f"[{float(sums.min()):.4g}, {float(sums.max()):.4g}]: pass softmax(logits)"
-            )
+    off = (t < 0).any(dim=1) | (t > 1 + _SUM_TOL).any(dim=1) | ((t.sum(dim=1) - 1).abs() > _SUM_TOL)
+    bad = finite & off
+    if bool(bad.any()):
+        raise ValueError(
+            f"{name} must hold probabilities (softmax rows in [0, 1] summing to 1); rows "
+            f"{positions(bad)} do not: pass softmax(logits)"
+        )
     return t
 
 
@@ -180,10 +175,11 @@ def as_labels(
         if not bool(torch.all(y == torch.round(y))):
             raise ValueError(f"{name} must be class indices, got non-integer values")
     y = y.long()
-    if int(y.min()) < 0 or int(y.max()) >= n_classes:
+    bad = (y < 0) | (y >= n_classes)
+    if bool(bad.any()):
         raise ValueError(
-            f"{name} must lie in [0, {n_classes - 1}] for {n_classes} classes, "
-            f"got range [{int(y.min())}, {int(y.max())}]"
+            f"{name} must lie in [0, {n_classes - 1}] for {n_classes} classes; "
+            f"{positions(bad)} do not"
         )
     return y
 
@@ -414,7 +410,9 @@ class MetricAttack:
     ) -> None:
         self.metric = check_metric(metric)
         if not isinstance(class_conditional, (bool, np.bool_)):
-            raise ValueError(f"class_conditional must be True or False, got {class_conditional!r}")
+            raise ValueError(
+                f"class_conditional must be True or False, got {shown(class_conditional)}"
+            )
         self.class_conditional = bool(class_conditional)
         self.prior = check_open_unit(prior, name="prior")
         self.min_class_records = check_min_records(min_class_records)

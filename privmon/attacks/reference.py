@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._shown import positions
 from privmon._validation import (
     as_array,
     as_mask,
@@ -67,11 +68,12 @@ def reference_inputs(
         )
     if kind == "probs":
         for name, v in ((f"target_{kind}", t), (f"shadow_{kind}", s)):
-            f = v[torch.isfinite(v)]
-            if f.numel() and (float(f.min()) < 0.0 or float(f.max()) > 1.0):
+            outside = (v < 0.0) | (v > 1.0)  # NaN and inf: dropped later, not refused here
+            outside &= torch.isfinite(v)
+            if bool(outside.any()):
                 raise ValueError(
-                    f"{name} must be probabilities of the true label in [0, 1], got values in "
-                    f"[{float(f.min()):.4g}, {float(f.max()):.4g}]"
+                    f"{name} must be probabilities of the true label in [0, 1]; "
+                    f"{positions(outside)} are not"
                 )
     if shadow_in is None:
         if mask_required:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from privmon._shown import positions, shown
 from privmon._validation import check_flag, check_open_unit, to_numpy
 from privmon.attacks.metric import (
     HIGHER_IS_MEMBER,
@@ -171,7 +172,7 @@ class PrivacyRiskScore:
         if bins is not None and (
             isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1
         ):
-            raise ValueError(f"bins must be a positive integer or None, got {bins!r}")
+            raise ValueError(f"bins must be a positive integer or None, got {shown(bins)}")
         self.bins = None if bins is None else int(bins)
         self.interpolate = check_flag(interpolate, name="interpolate")
         self.min_class_records = check_min_records(min_class_records)
@@ -332,7 +333,7 @@ def calibration(scores: Any, is_member: Any, *, bins: int = 10) -> Calibration:
         0.38
     """
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
+        raise ValueError(f"bins must be a positive integer, got {shown(bins)}")
     s = to_numpy(scores).astype(np.float64) if isinstance(scores, torch.Tensor) else None
     if s is None:
         try:
@@ -349,12 +350,13 @@ def calibration(scores: Any, is_member: Any, *, bins: int = 10) -> Calibration:
         if not np.isin(m, (0, 1)).all():
             raise ValueError("is_member must hold booleans or 0 / 1")
         m = m.astype(bool)
+    outside = (s < 0) | (s > 1)  # NaN is neither
+    if outside.any():
+        raise ValueError(f"scores must lie in [0, 1]; {positions(outside)} do not")
     keep = ~np.isnan(s)
     s, m = s[keep], m[keep]
     if s.size == 0:
         raise ValueError("scores has no non-NaN values")
-    if s.min() < 0 or s.max() > 1:
-        raise ValueError(f"scores must lie in [0, 1], got range [{s.min():.4g}, {s.max():.4g}]")
     b = np.minimum((s * bins).astype(np.int64), bins - 1)
     counts = np.bincount(b, minlength=bins)
     members = np.bincount(b, weights=m.astype(np.float64), minlength=bins)

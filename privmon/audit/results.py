@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmon._validation import check_choice
+from privmon._validation import check_choice, check_open_interval, check_unit
 from privmon.audit.records import frozen
 
 __all__ = ["AuditResult", "SetupComparison", "compare"]
@@ -269,7 +269,8 @@ def compare(
         specific_result, average_result: :class:`AuditResult` of :func:`specific` and of
             :func:`average` over the same records in the same order, or 1-D arrays of
             per-record risks.
-        threshold: T. Default: 0.8 for ``"auc"``, 0.6 for ``"tpr"`` (the paper's, §4.1).
+        threshold: T, in [0, 1] for audit results (finite for arrays). Default: 0.8 for
+            ``"auc"``, 0.6 for ``"tpr"`` (the paper's, §4.1).
         metric: ``"auc"`` or ``"tpr"`` (TPR at the results' ``fpr``); ignored for arrays.
 
     Records whose risk is NaN / infinite in either setup are left out (``n_dropped``).
@@ -312,12 +313,10 @@ def compare(
         )
     if threshold is None:
         threshold = _DEFAULT_THRESHOLD[metric]
-    try:
-        thr = float(threshold)
-    except (TypeError, ValueError):
-        raise ValueError(f"threshold must be a number, got {threshold!r}") from None
-    if not math.isfinite(thr):
-        raise ValueError(f"threshold must be finite, got {threshold!r}")
+    if any_result:  # an AUC or a TPR: outside [0, 1] every record, or none, is high-risk
+        thr = check_unit(threshold, name="threshold")
+    else:  # risks of the caller's own metric
+        thr = check_open_interval(threshold, name="threshold", low=-math.inf, high=math.inf)
 
     ok = np.isfinite(spec) & np.isfinite(avg)
     n_dropped = int((~ok).sum())

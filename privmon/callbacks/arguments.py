@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from torch import nn
 
+from privmon._shown import shown
 from privmon._validation import check_audit_set, check_has_methods, check_int
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
@@ -54,7 +55,7 @@ def as_queries(query: Any) -> list[Any]:
             )
         if not callable(q):
             raise ValueError(
-                f"query {q!r} is not callable: pass a privmon.queries query (e.g. "
+                f"query {shown(q)} is not callable: pass a privmon.queries query (e.g. "
                 "privmon.queries.LossQuery(model)) or any function batch -> scores"
             )
         if isinstance(getattr(q, "name", None), str):
@@ -146,9 +147,8 @@ def check_early_stopping(stopping: Any, prior: float) -> None:
     """Refuse early stopping that is not a :class:`PrivacyEarlyStopping` (or None), and a budget
     on an advantage figure in [0, |2p − 1|): every figure is at least |2p − 1|
     (the advantage of guessing the likelier class, MACE eq. 7 at prior p), so it would stop
-    training at the first check whatever leaks — a budget set on the scale of prior ½. (A
-    negative one says "stop at the first check" on purpose, at any prior.) Warn when the
-    debiased estimate (``value``) is watched at the floor itself: it stops on noise."""
+    training at the first check whatever leaks — a budget set on the scale of prior ½. Warn
+    when the debiased estimate (``value``) is watched at the floor itself: it stops on noise."""
     if stopping is None:
         return
     if not isinstance(stopping, PrivacyEarlyStopping):
@@ -156,14 +156,14 @@ def check_early_stopping(stopping: Any, prior: float) -> None:
     floor = abs(2 * prior - 1)
     if not tags.is_advantage_estimate(stopping.tag):
         return
-    if 0 <= stopping.threshold < floor:
+    if stopping.threshold < floor:
         raise ValueError(
             f"early_stopping's threshold {stopping.threshold:g} on {stopping.tag} is below "
             f"|2·prior − 1| = {floor:.4g}, the advantage of always guessing the likelier class "
             f"at prior {prior:g}: every advantage figure is at least that, so training would "
             f"stop at the first check whatever leaks; give a threshold in [{floor:.4g}, 1)"
         )
-    if tags.is_debiased_estimate(stopping.tag) and 0 <= stopping.threshold <= floor + 1e-12:
+    if tags.is_debiased_estimate(stopping.tag) and stopping.threshold <= floor + 1e-12:
         message = (
             f"privmon: early stopping on {stopping.tag} (the debiased estimate, use='value') "
             f"with threshold {stopping.threshold:g} at prior {prior:g} stops on noise: "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from privmon._validation import check_int
+from privmon._shown import shown
+from privmon._validation import check_int, check_threshold
 from privmon.report import tags
 from privmon.report.stopping import StoppingDecision, StoppingOutcome
 
@@ -68,7 +69,9 @@ class PrivacyEarlyStopping:
     Args:
         metric: the figure to watch: a full tag (``"privacy/loss/histogram/lower"``) or its
             query and method (``"loss/histogram"``), completed with ``use``.
-        threshold: the budget: stop when the figure is above it.
+        threshold: the budget: stop when the figure is above it; in [0, 1] (an advantage, an
+            AUC, a risk), or in [0, inf) when the figure is an ε. Outside, a budget stops at
+            the first check whatever leaks (below 0) or can never fire (above 1): refused.
         use: "lower" (certified over the run: stops only on proven leakage) or "value" (the
             debiased estimate); plug-in figures are refused (biased up, they stop on noise).
             "value" is an estimate, not a bound: it stops on noise wherever the threshold lies
@@ -103,21 +106,15 @@ class PrivacyEarlyStopping:
         min_checks: int = 1,
     ) -> None:
         if not isinstance(metric, str) or not metric:
-            raise ValueError(f"metric must be a non-empty string, got {metric!r}")
-        try:
-            if isinstance(threshold, str | bytes | bool):  # float() would read them
-                raise TypeError
-            threshold = float(threshold)
-        except (TypeError, ValueError):
-            raise ValueError(f"threshold must be a finite number, got {threshold!r}") from None
-        if not math.isfinite(threshold):
-            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+            raise ValueError(f"metric must be a non-empty string, got {shown(metric)}")
         if use not in USES or metric.rsplit("/", 1)[-1] in tags.PLUGIN_FIELDS:
             raise ValueError(
                 f"use must be one of {USES} and metric must not name a plug-in figure "
                 f"{tags.PLUGIN_FIELDS}, got use={use!r}, metric={metric!r}: the plug-in + "
                 "McDiarmid figure is biased up and is not an upper bound on the advantage"
             )
+        bounds = tags.valid_range(tags.watched_tags(metric, use)[0])
+        threshold = check_threshold(threshold, epsilon=bounds is not None and bounds[1] == math.inf)
         for name, v in (("patience", patience), ("min_checks", min_checks)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")

@@ -211,6 +211,7 @@ class PrivacyMonitor:
         """Run a check when one is due (``global_step`` a multiple of ``every_n_steps``, past the
         last checked step); True when training should stop. Under torch.distributed the ranks
         first agree on ``every_n_steps`` (rank 0's) and all skip a step one rank has checked."""
+        global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
         fresh = self._last_step is None and self.n_failed == 0 and self.n_certified_checks == 0
         self._traps.saw_step(global_step, every_n_steps=self.every_n_steps, fresh=fresh)
         if not self._schedule_agreed and rank_and_world()[1] > 1:
@@ -276,9 +277,9 @@ class PrivacyMonitor:
     def top_records(
         self, k: int = 10, *, query: str | None = None, by: str = "max"
     ) -> RankedRecords:
-        """The k most exposed member records across checks, (index in the members' order, risk),
-        highest first, ``by`` "max" (any check's), "last" or "mean" (``query`` may be omitted for
-        one query); ``.tied_beyond``: records left out that share the last one's risk.
+        """The k most exposed member records across checks, (index in the members' order,
+        membership posterior), likeliest first, ``by`` "max" (any check's), "last" or "mean"
+        (``query`` omitted for one query); ``.tied_beyond``: more records of the last posterior.
 
         Examples:
             >>> import torch
@@ -286,7 +287,7 @@ class PrivacyMonitor:
             >>> scores = torch.randn(200, generator=torch.Generator().manual_seed(0))
             >>> scores[180:] += 3  # members 80-99 stand out
             >>> monitor = PrivacyMonitor(lambda b: b, [scores[100:]], [scores[:100]], top_k=5)
-            >>> _ = monitor.check(1)  # (member index, risk), most exposed first:
+            >>> _ = monitor.check(1)  # (member index, posterior), likeliest members first:
             >>> [index for index, _ in monitor.top_records(3)]
             [97, 81, 96]
         """
@@ -307,7 +308,7 @@ class PrivacyMonitor:
         say_outcome(self.stopping_outcome, self.sinks, strict=self.strict, step=self._last_step)
 
     def export_records(self, path: Any, *, query: str | None = None) -> str:
-        """CSV of every member record's index and risks (never the record itself)."""
+        """CSV of every member record's index and membership posteriors (never the record)."""
         return self.records.to_csv(path, query=query)
 
     def close(self) -> None:
@@ -400,8 +401,8 @@ class PrivacyMonitor:
                 logger.warning(message)
                 warnings.warn(message, PrivacyViolationWarning, stacklevel=3)
         for name, result in report.queries.items():  # once every rank has its report
-            if result.member_risk is not None:
-                self.records.update(name, step, result.member_risk)
+            if result.member_posterior is not None:
+                self.records.update(name, step, result.member_posterior)
         return report
 
     def _setup(self) -> dict[str, Any]:

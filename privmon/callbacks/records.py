@@ -1,4 +1,5 @@
-"""Per-record risk of the fixed member audit set, kept across checks in O(members) memory."""
+"""Per-record membership posterior of the fixed member audit set, kept across checks in
+O(members) memory: the most exposed members are the likeliest ones."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._shown import shown
 from privmon._validation import check_int
 from privmon.estimators.risk import most_exposed, tied_beyond
 
@@ -19,9 +21,9 @@ ORDERS = ("max", "last", "mean")
 
 
 class RankedRecords(list[tuple[int, float]]):
-    """(index, risk) pairs, highest risk first, and ``tied_beyond``: how many records outside the
-    list share the last one's risk. When it is positive the list is not a ranking at its end:
-    which of the tied records made it was decided by index, not by risk."""
+    """(index, membership posterior) pairs, highest first, and ``tied_beyond``: how many records
+    outside the list share the last one's posterior. When it is positive the list is not a
+    ranking at its end: which of the tied records made it was decided by index."""
 
     def __init__(self, pairs: list[tuple[int, float]], *, tied_beyond: int) -> None:
         super().__init__(pairs)
@@ -32,22 +34,25 @@ class RankedRecords(list[tuple[int, float]]):
 
 
 class RecordTracker:
-    """For every member record of every query: its latest risk |f_p|, its highest risk and the
-    step it was reached, and its mean over the checks where it was finite.
+    """For every member record of every query: its latest membership posterior P(member | q) =
+    (1 + f_p)/2, its highest and the step it was reached, and its mean over the checks where it
+    was finite. The posterior, not |f_p|, ranks them: a member the attack confidently calls a
+    non-member has a high |f_p| and is not exposed.
 
     Records are identified by their position in the order the member iterable yields (keep the
     audit loader unshuffled). If the number of members changes, that query's track restarts.
-    Only indices and risks are kept, never records.
+    Only indices and posteriors are kept, never records.
     """
 
     def __init__(self) -> None:
         self._tracks: dict[str, dict[str, np.ndarray]] = {}
 
-    def update(self, query: str, step: int, risk: np.ndarray) -> None:
-        risk = np.asarray(risk, dtype=np.float64)
+    def update(self, query: str, step: int, posterior: np.ndarray) -> None:
+        """Take one check's member posteriors (NaN: a dropped record)."""
+        values = np.asarray(posterior, dtype=np.float64)
         t = self._tracks.get(query)
-        if t is None or t["last"].shape != risk.shape:
-            n = risk.shape[0]
+        if t is None or t["last"].shape != values.shape:
+            n = values.shape[0]
             t = self._tracks[query] = {
                 "last": np.full(n, np.nan),
                 "max": np.full(n, -np.inf),
@@ -55,12 +60,12 @@ class RecordTracker:
                 "sum": np.zeros(n),
                 "count": np.zeros(n),
             }
-        finite = np.isfinite(risk)
-        t["last"] = risk.copy()
-        higher = finite & (risk > t["max"])
-        t["max"][higher] = risk[higher]
+        finite = np.isfinite(values)
+        t["last"] = values.copy()
+        higher = finite & (values > t["max"])
+        t["max"][higher] = values[higher]
         t["max_step"][higher] = step
-        t["sum"][finite] += risk[finite]
+        t["sum"][finite] += values[finite]
         t["count"][finite] += 1
 
     @property
@@ -75,7 +80,7 @@ class RecordTracker:
                 raise ValueError(f"query must name one of {self.queries}")
             query = next(iter(self._tracks))
         if query not in self._tracks:
-            raise ValueError(f"query must be one of {self.queries}, got {query!r}")
+            raise ValueError(f"query must be one of {self.queries}, got {shown(query)}")
         return query, self._tracks[query]
 
     def _column(self, t: dict[str, np.ndarray], by: str) -> np.ndarray:
@@ -86,11 +91,12 @@ class RecordTracker:
         if by == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(t["count"] > 0, t["sum"] / t["count"], np.nan)
-        raise ValueError(f"by must be one of {ORDERS}, got {by!r}")
+        raise ValueError(f"by must be one of {ORDERS}, got {shown(by)}")
 
     def top(self, k: int = 10, *, query: str | None = None, by: str = "max") -> RankedRecords:
-        """The k most exposed member indices with their risk, highest first; records of equal
-        risk in index order, and ``tied_beyond`` says how many more share the last one's risk."""
+        """The k most exposed member indices with their posterior, highest first; records of
+        equal posterior in index order, and ``tied_beyond`` says how many more share the last
+        one's."""
         k = check_int(k, name="k")
         _, t = self._pick(query)
         col = self._column(t, by)
@@ -99,7 +105,8 @@ class RecordTracker:
         return RankedRecords([(i, float(col[i])) for i in top], tied_beyond=ties)
 
     def to_csv(self, path: str | os.PathLike[str], *, query: str | None = None) -> str:
-        """Write index, last, max, step of max, mean and checks per member record (no records)."""
+        """Write index, last, max, step of max, mean posterior and checks per member record (no
+        records)."""
         names = self.queries if query is None else [self._pick(query)[0]]
         if not names:
             raise ValueError("no per-record risk tracked yet: run a check first")
@@ -108,7 +115,15 @@ class RecordTracker:
         with open(path, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(
-                ["query", "index", "last_risk", "max_risk", "max_step", "mean_risk", "checks"]
+                [
+                    "query",
+                    "index",
+                    "last_posterior",
+                    "max_posterior",
+                    "max_step",
+                    "mean_posterior",
+                    "checks",
+                ]
             )
             for name in names:
                 t = self._tracks[name]

@@ -60,9 +60,11 @@ class QueryResult:
     methods that succeeded. ``roc`` (1-D): AUC, ``tpr@fpr=…`` and accuracy at the median.
     ``risk`` (1-2 D): quantiles, max and counts above levels of the members' risks |f_p|.
     ``member_risk`` / ``member_posterior`` / ``nonmember_posterior``: per record, in the order
-    given (NaN for dropped records). ``top_records``: member indices, most exposed first, with
-    their risks in ``top_risks``; ``top_tied`` more members share the last one's risk (risks
-    read off shared cells tie: the order among tied records is by index, not a ranking).
+    given (NaN for dropped records). ``top_records``: member indices, most exposed first (the
+    highest membership posterior: the likeliest members), with their posteriors (Song &
+    Mittal's privacy risk score) in ``top_risks``; ``top_tied`` more members share the last
+    one's posterior (posteriors read off shared cells tie: the order among tied records is by
+    index, not a ranking).
     ``failures``: what could not be computed (a method, "roc" or "risk") -> the error.
     Arrays are dropped from results kept in a monitor's history.
 
@@ -252,16 +254,19 @@ def _with_record_risks(
         n_mem = scores.n_given_members
         risk = np.abs(signed[:n_mem])
         posterior = (1 + signed) / 2
-        top = most_exposed(risk, top_k)
+        member_posterior = posterior[:n_mem]
+        # the most exposed are the likeliest members: |f_p| also ranks high a member the attack
+        # confidently calls a non-member
+        top = most_exposed(member_posterior, top_k)
         return dataclasses.replace(
             result,
             risk=risk_summary(risk),
             member_risk=risk,
-            member_posterior=posterior[:n_mem],
+            member_posterior=member_posterior,
             nonmember_posterior=posterior[n_mem:],
             top_records=top,
-            top_risks=tuple(risk[list(top)].tolist()),
-            top_tied=tied_beyond(risk, top),
+            top_risks=tuple(member_posterior[list(top)].tolist()),
+            top_tied=tied_beyond(member_posterior, top),
         )
     except Exception as err:
         if not skip:

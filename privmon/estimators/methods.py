@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from privmon._shown import shown
+
 __all__ = ["METHODS", "Method", "applicable_methods", "check_method"]
 
 Method = Literal["histogram", "kde"]
@@ -16,8 +18,8 @@ METHODS: tuple[Method, ...] = ("histogram", "kde")
 
 def check_method(method: str) -> Method:
     """``method`` as a :data:`Method`, or a ValueError naming the valid ones."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {shown(method)}")
     return method
 
 

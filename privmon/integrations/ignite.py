@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from privmon._shown import shown
 from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, plan_checks, publish, publish_outcome
@@ -76,9 +77,9 @@ def attach(engine: Any, monitor: PrivacyMonitor, event: Any = None, *, metrics: 
             "privmon.integrations.ignite needs PyTorch-Ignite: pip install 'privmon[ignite]'"
         ) from err
     if not callable(getattr(monitor, "step", None)):
-        raise ValueError(f"monitor must be a privmon.PrivacyMonitor, got {monitor!r}")
+        raise ValueError(f"monitor must be a privmon.PrivacyMonitor, got {shown(monitor)}")
     if not callable(getattr(engine, "add_event_handler", None)):
-        raise ValueError(f"engine must be an ignite.engine.Engine, got {engine!r}")
+        raise ValueError(f"engine must be an ignite.engine.Engine, got {shown(engine)}")
     check_flag(metrics, name="metrics")
     if event is None:
         event = Events.ITERATION_COMPLETED

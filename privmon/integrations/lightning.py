@@ -30,6 +30,7 @@ else:
                 "pip install 'privmon[lightning]' (or pip install lightning)"
             ) from err
 
+from privmon._shown import shown
 from privmon._validation import check_flag
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, plan_checks, publish, publish_outcome
@@ -94,7 +95,7 @@ class PrivacyMonitorCallback(Callback):
         ):
             raise ValueError(
                 f"monitor must be a privmon.PrivacyMonitor (with step and state_dict), "
-                f"got {monitor!r}"
+                f"got {shown(monitor)}"
             )
         self.monitor = monitor
         self.log_to_loggers = check_flag(log_to_loggers, name="log_to_loggers")

@@ -32,6 +32,7 @@ except ImportError as err:
         "pip install 'privmon[transformers]'"
     ) from err
 
+from privmon._shown import shown
 from privmon._validation import check_flag, check_has_methods
 from privmon.callbacks.monitor import PrivacyMonitor
 from privmon.integrations._common import new_report, plan_checks, publish, publish_outcome
@@ -59,14 +60,14 @@ def _check_console(console: Any) -> str | tuple[str, ...]:
         if console not in CONSOLE_MODES:
             raise ValueError(
                 f"console must be one of {CONSOLE_MODES} or a sequence of tag patterns, "
-                f"got {console!r}"
+                f"got {shown(console)}"
             )
         return console
     patterns = tuple(console) if isinstance(console, Sequence) else ()
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
         raise ValueError(
             f"console must be one of {CONSOLE_MODES} or a non-empty sequence of tag patterns "
-            f"(e.g. [{tags.auc('*')!r}]), got {console!r}"
+            f"(e.g. [{tags.auc('*')!r}]), got {shown(console)}"
         )
     return patterns
 
@@ -174,7 +175,7 @@ class PrivacyMonitorCallback(TrainerCallback):
         ):
             raise ValueError(
                 f"monitor must be a privmon.PrivacyMonitor (with step and state_dict), "
-                f"got {monitor!r}"
+                f"got {shown(monitor)}"
             )
         if trainer is not None:
             check_has_methods(trainer, "log", name="trainer", expected="a transformers.Trainer")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privmon._shown import positions
 from privmon._validation import check_module
 from privmon.attacks.metric import logit_confidence_from_logits, modified_entropy_from_logits
 from privmon.queries.base import Query
@@ -94,10 +95,10 @@ class ClassifierQuery(Query):
         elif y.is_complex():
             raise ValueError("labels must be class indices, got complex labels")
         y = y.long()
-        if n and (int(y.min()) < 0 or int(y.max()) >= c):
+        bad = (y < 0) | (y >= c)
+        if bool(bad.any()):
             raise ValueError(
-                f"labels must lie in [0, {c - 1}] for {c} classes, "
-                f"got range [{int(y.min())}, {int(y.max())}]"
+                f"labels must lie in [0, {c - 1}] for {c} classes; {positions(bad)} do not"
             )
         return y
 

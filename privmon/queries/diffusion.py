@@ -45,7 +45,8 @@ class DiffusionQuery(Query):
     audit sets in a fixed order every check scores the same draw, so a curve over training moves
     with the model, never with the noise; the global RNG is never drawn from. For a batch of n
     images (latents of shape S) at m timesteps the draw is ``torch.randn((n, m, *S),
-    generator=g)`` on the CPU, batch after batch.
+    generator=g)`` on the CPU, batch after batch, drawn ``max_batch`` rows at a time (those
+    values, never held whole: memory does not grow with m).
 
     Batches: a tensor of images, a tuple / list whose first item is the images, or a mapping
     with ``pixel_values`` or ``images`` whose other keys (e.g. ``encoder_hidden_states``,
@@ -205,10 +206,6 @@ class DiffusionQuery(Query):
                     f"encode returned {latents.shape[0]} latents for {images.shape[0]} images"
                 )
             images = latents
-        noise = None
-        if self.statistic == "loss" and images.ndim >= 2:
-            shape = (images.shape[0], len(self.timesteps), *images.shape[1:])
-            noise = torch.randn(shape, generator=self._generator)
         scores = diffusion_statistic(
             self.model,
             images,
@@ -217,7 +214,7 @@ class DiffusionQuery(Query):
             timesteps=self.timesteps,
             interval=self.interval,
             p=self.p,
-            noise=noise,
+            noise=self._generator if self.statistic == "loss" else None,
             conditioning=cond,
             max_batch=self.max_batch,
         )

@@ -1,6 +1,7 @@
-"""The most exposed member records of each check as table rows, with how often each record was
-among the most exposed over the checks a sink has written: what the TensorBoard and W&B sinks
-show per check. Only indices and risks, never records; memory is O(member records)."""
+"""The most exposed member records of each check (the likeliest members: the highest membership
+posteriors) as table rows, with how often each record was among the most exposed over the checks
+a sink has written: what the TensorBoard and W&B sinks show per check. Only indices and
+posteriors, never records; memory is O(member records)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ from privmon.report import Report
 
 __all__ = ["ExposedRecords", "ExposedRow"]
 
-COLUMNS = ("rank", "member index", "risk", "times among the most exposed")
+COLUMNS = ("rank", "member index", "membership posterior", "times among the most exposed")
 """The columns of a most-exposed table, in :class:`ExposedRow`'s order."""
 
 
 @dataclass(frozen=True)
 class ExposedRow:
     """One of a check's most exposed member records: its rank (1: most exposed), its index in
-    the order the member loader yields records, its risk |f_p| and how many of the checks
-    written so far (``checks``) listed it among the most exposed (``times``). The risk is NaN
-    where the report lists the record without one."""
+    the order the member loader yields records, its membership posterior P(member | q) (the
+    privacy risk score; ``risk``) and how many of the checks written so far (``checks``) listed
+    it among the most exposed (``times``). The posterior is NaN where the report lists the
+    record without one."""
 
     rank: int
     index: int

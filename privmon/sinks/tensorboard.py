@@ -1,7 +1,7 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
-classifier, the most exposed member records (a text table per query: index, risk, times among
-the most exposed), the run id of every check, the causes of a DP violation and early stopping's
-decisions (texts), and the first charts a person opens TensorBoard to see.
+classifier, the most exposed member records (a text table per query: index, posterior, times
+among the most exposed), the run id of every check, the causes of a DP violation and early
+stopping's decisions (texts), and the first charts a person opens TensorBoard to see.
 
 TensorBoard draws every series of one run in one colour and names a series only by its run, so
 the first charts draw each named series (:data:`~privmon.report.tags.SERIES`: the advantage
@@ -230,10 +230,10 @@ class TensorBoardSink:
         decision (a text summary, :data:`~privmon.report.tags.STOPPING_TEXT_TAG`), each query's
         member risks as a histogram and its posteriors as a membership PR curve, its most exposed
         member records as a text table (:func:`~privmon.report.tags.most_exposed`: rank, member
-        index, risk, and how many of the checks this sink wrote listed that record), and the
-        first charts' named series, each in its own run; the first report also writes the Custom
-        Scalars layout. Reports a write fault kept back are written first, into a new event
-        file."""
+        index, membership posterior, and how many of the checks this sink wrote listed that
+        record), and the first charts' named series, each in its own run; the first report also
+        writes the Custom Scalars layout. Reports a write fault kept back are written first, into
+        a new event file."""
         if self._failed:
             self._reopen()
         try:
@@ -360,7 +360,7 @@ def _exactly(tag: str) -> str:
 
 def _markdown(rows: list[ExposedRow], tied: int) -> str:
     """The most exposed records as a Markdown table (TensorBoard's text dashboard draws it), and
-    a note when more records share the last one's risk."""
+    a note when more records share the last one's posterior."""
     lines = [
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---:|" * len(COLUMNS),
@@ -369,7 +369,7 @@ def _markdown(rows: list[ExposedRow], tied: int) -> str:
     if tied:
         lines += [
             "",
-            f"{tied} more member(s) share the last listed risk: records with equal risks are "
-            "listed by index, which is not a ranking.",
+            f"{tied} more member(s) share the last listed posterior: records with equal "
+            "posteriors are listed by index, which is not a ranking.",
         ]
     return "\n".join(lines)

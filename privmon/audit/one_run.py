@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from privmon._label_order import check_not_label_order
 from privmon._validation import (
     as_scores,
     check_half_open_interval,
     check_int,
-    check_not_label_order,
     check_open_unit,
     to_numpy,
 )

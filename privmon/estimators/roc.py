@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmon._label_order import check_not_label_order
 from privmon._validation import (
     as_scores,
     check_fprs,
-    check_not_label_order,
     check_quantiles,
     to_numpy,
 )

@@ -180,6 +180,9 @@ CASES = [
     # the functional core on scores that are records
     ("strings as scores", lambda tmp: privmon.optimal_advantage([SECRET_TEXT, 1.0], [0.0, 1.0])),
     ("a table as scores", lambda tmp: privmon.optimal_advantage(_table(), _table(seed=1))),
+    ("records as a canary block's query",
+     lambda tmp: audit.InputCanaries(list(range(8)), query=_features())),
+    ("a table as a synthesizer", lambda tmp: queries.SynthesizerQuery(_table(), _table())),
     ("3-D scores", lambda tmp: privmon.optimal_advantage(_features()[:, :, None], _features())),
     ("texts as queries", lambda tmp: privmon.individual_risk(TEXTS, _features()[:, 1], [0.0])),
     ("a mapping as scores", lambda tmp: privmon.analyse(_features()[:, 1], {"id": SECRET_TEXT})),

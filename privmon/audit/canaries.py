@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from privmon._digest import check_sealed, sealed
+from privmon._shown import shown
 from privmon._training_guard import TrainingGuard
 from privmon._validation import as_scores, check_int, check_names
 from privmon.audit import opacus_hooks as hooks
@@ -428,8 +429,8 @@ def _check_query(query: Any) -> bool:
     if direction not in (True, False) or not callable(query):
         raise ValueError(
             "query must be a privmon query with one score per record and a known direction "
-            f"(higher_is_member True or False), got {query!r} with higher_is_member="
-            f"{direction!r}"
+            f"(higher_is_member True or False), got {shown(query)} with higher_is_member="
+            f"{shown(direction)}"
         )
     return bool(direction)
 

@@ -206,7 +206,10 @@ def synthesizer_model(synthesizer: Any) -> SynthesizerModel:
     """The :class:`SynthesizerModel` of a ctgan ``CTGAN`` / ``TVAE`` or an SDV single-table
     synthesizer that wraps one, one per synthesizer (so its queries share each check's draw); a
     TypeError names what is accepted otherwise."""
-    model = _MODELS.get(synthesizer)
+    try:
+        model = _MODELS.get(synthesizer)
+    except TypeError:  # unhashable (a DataFrame, say): no synthesizer, as _new_model says
+        model = None
     if model is None:
         model = _MODELS[synthesizer] = _new_model(synthesizer)
     return model

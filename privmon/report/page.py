@@ -81,11 +81,12 @@ def _top_records_html(checks: Checks) -> str:
         tied = last.get("top_tied", {}).get(q, 0)
         if tied:
             parts.append(
-                f'<p class="note">{tied} more member(s) share the risk of the last listed record: '
-                "records with equal risks are listed by index, which is not a ranking.</p>"
+                f'<p class="note">{tied} more member(s) share the membership posterior of the last '
+                "listed record: records with equal posteriors are listed by index, which is not "
+                "a ranking.</p>"
             )
         parts.append(
-            table(["rank", "member index", "risk", "in the top list"], rows, left=0)
+            table(["rank", "member index", "membership posterior", "in the top list"], rows, left=0)
             if rows
             else "<p>(none at the last check)</p>"
         )

@@ -94,8 +94,8 @@ def preprocessing(mem, repeats: int) -> float:
 def paired(table, args) -> None:
     print(
         f"(1) fits of {args.epochs} epochs, a check every {args.every} epochs "
-        f"({args.epochs // args.every} checks, 10,000 synthetic records per query), medians of "
-        f"{args.repeats} rounds, 1 thread"
+        f"({args.epochs // args.every} checks, one draw of 10,000 synthetic records a check), "
+        f"medians of {args.repeats} rounds, 1 thread"
     )
     print()
     print(
@@ -177,7 +177,8 @@ def breakdown(table, args) -> None:
     print()
     print(
         f"(2) one check of the five attacks after {args.epochs} epochs on 100 members, 1,100 "
-        f"audit and 10,000 synthetic records per query, median of {args.checks} checks (s)"
+        f"audit and one draw of 10,000 synthetic records a check, median of {args.checks} "
+        "checks (s)"
     )
     print()
     parts = ("sample()", "encoding", "attack")

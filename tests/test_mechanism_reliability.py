@@ -214,27 +214,17 @@ def test_noise_lost_to_the_rounding_of_large_sums_is_no_fault():
         train(model, optimizer, loader, 8)
     assert_silent(checks)
     variance = findings(checks)["noise/variance"].evidence
-    ratio = float(re.search(r"the noise added has ([0-9.]+) ×", variance).group(1))
-    assert ratio == pytest.approx(1.0, abs=0.15), variance
+    assert noise_ratio(variance) == pytest.approx(1.0, abs=0.15), variance
 
 
 def test_halved_noise_on_large_sums_still_fires():
     model, optimizer, loader = large_sums(torch.bfloat16, 0.05)
-    original = optimizer.add_noise
-
-    def add_noise() -> None:
-        optimizer.noise_multiplier /= 2
-        try:
-            original()
-        finally:
-            optimizer.noise_multiplier *= 2
-
-    optimizer.add_noise = add_noise
+    halve_noise(optimizer)
     with MechanismChecks(optimizer) as checks:
         train(model, optimizer, loader, 8)
     found = fired(checks)
     assert set(found) == {"noise/variance"}, found
-    ratio = float(re.search(r"the noise added has ([0-9.]+) ×", found["noise/variance"]).group(1))
+    ratio = noise_ratio(found["noise/variance"])
     assert ratio == pytest.approx(0.5, abs=0.1)
 
 

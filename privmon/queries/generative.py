@@ -280,7 +280,9 @@ class NearestGeneratedQuery(Query):
         dev = module_device(self.modules, fallback=device)
         if self.encoder is not None:
             assert self.sample_fn is not None  # the constructor requires it
-            g = self._table_rows(self.sample_fn(self.n_samples, dev), "sample_fn", dev)
+            g = self._table_rows(
+                self.sample_fn(self.n_samples, dev), dev, what="sample_fn", name="synthetic"
+            )
             if g.shape[0] != self.n_samples:
                 raise ValueError(
                     f"sample_fn returned {g.shape[0]} records; expected {self.n_samples}"
@@ -312,7 +314,7 @@ class NearestGeneratedQuery(Query):
             )
         if self.encoder is not None:
             table = batch if self.transform is None else self.transform(batch)[0]
-            x = self._table_rows(table, "every audit batch", g.device)
+            x = self._table_rows(table, g.device, what="every audit batch", name="batch")
         else:
             x = flat_records(
                 batch, g.device, self.transform, g.shape[1], self.name, "generated samples have"
@@ -325,15 +327,17 @@ class NearestGeneratedQuery(Query):
             out[i : i + self.chunk] = d.amin(dim=1)
         return out
 
-    def _table_rows(self, table: Any, what: str, device: torch.device) -> torch.Tensor:
-        """A DataFrame's records in the encoder's Euclidean space, on ``device``."""
+    def _table_rows(
+        self, table: Any, device: torch.device, *, what: str, name: str
+    ) -> torch.Tensor:
+        """A DataFrame's records in the encoder's Euclidean space, on ``device`` (``what`` names
+        its source in the error, ``name`` the table in the encoder's messages)."""
         assert self.encoder is not None
         if not is_table(table):
             raise ValueError(
                 f"{self.name}: with encoder=, {what} must be a DataFrame, got "
                 f"{type(table).__name__}"
             )
-        name = "synthetic" if what == "sample_fn" else "batch"
         return self.encoder.layout.euclidean(self.encoder.encode(table, name=name)).to(device)
 
     def release(self) -> None:

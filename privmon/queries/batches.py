@@ -81,6 +81,18 @@ def _transformed(batch: Batch, transform: Transform) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
+def _split_mapping(batch: Mapping[Any, Any]) -> tuple[Any, Any]:
+    """(x, y or None) of a dict batch, by the first of its keys in INPUT_KEYS and LABEL_KEYS."""
+    xk = next((k for k in INPUT_KEYS if k in batch), None)
+    if xk is None:
+        raise ValueError(
+            f"dict batch has none of the input keys {INPUT_KEYS} "
+            f"(keys: {sorted(map(str, batch))}); pass transform=lambda batch: (x, y)"
+        )
+    yk = next((k for k in LABEL_KEYS if k in batch), None)
+    return batch[xk], (batch[yk] if yk is not None else None)
+
+
 def split_batch(
     batch: Batch, device: torch.device, transform: Transform | None = None
 ) -> tuple[Any, torch.Tensor | None]:
@@ -90,20 +102,11 @@ def split_batch(
     elif isinstance(batch, torch.Tensor):
         x, y = batch, None
     elif isinstance(batch, Mapping):
-        xk = next((k for k in INPUT_KEYS if k in batch), None)
-        if xk is None:
-            raise ValueError(
-                f"dict batch has none of the input keys {INPUT_KEYS} "
-                f"(keys: {sorted(map(str, batch))}); pass transform=lambda batch: (x, y)"
-            )
-        x = batch[xk]
-        yk = next((k for k in LABEL_KEYS if k in batch), None)
-        y = batch[yk] if yk is not None else None
+        x, y = _split_mapping(batch)
     elif isinstance(batch, (tuple, list)):
         if len(batch) == 0:
             raise ValueError("batch is an empty tuple/list: expected (x, y, ...)")
-        x = batch[0]
-        y = batch[1] if len(batch) > 1 else None
+        x, y = batch[0], (batch[1] if len(batch) > 1 else None)
     else:
         raise ValueError(
             f"unsupported batch type {type(batch).__name__}: expected a tensor, a tuple/list "

@@ -138,43 +138,15 @@ class GeneratorQuery(Query):
         self.cache = cache
         self.discrete = attack == "monte_carlo"
         self.encoder = table
-        if self.encoder is not None:
-            self.reference = self.encoder.encode(reference, name="reference")
-        else:
-            self.reference = self._reference_records(reference)
-        d = self.reference.shape[1]
-        self.dim = d
+        self.reference = (
+            self._reference_records(reference)
+            if table is None
+            else table.encode(reference, name="reference")
+        )
+        self.dim = self.reference.shape[1]
         self.embed = embed
         self._pca: tuple[torch.Tensor, torch.Tensor] | None = None
-        k: int | None = d
-        if self.encoder is not None:
-            if attack in DISTANCE_ATTACKS:  # the Euclidean space of the encoded table
-                k = self.encoder.layout.euclidean(self.reference[:1]).shape[1]
-        elif embed is None:
-            if embed_dim is not None:
-                raise ValueError("embed_dim is only used with embed='pca'")
-        elif isinstance(embed, str):
-            if embed != "pca":
-                raise ValueError(f"embed must be None, 'pca' or a callable, got {embed!r}")
-            k = min(d, 10) if embed_dim is None else embed_dim
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
-                raise ValueError(f"embed_dim must be an integer in [1, d = {d}], got {embed_dim!r}")
-            k = int(k)
-            if self.reference.shape[0] < 2:
-                raise ValueError("embed='pca' is fitted on reference, which needs >= 2 records")
-            self._pca = pca_axes(self.reference, k)
-        elif callable(embed):
-            if embed_dim is not None:
-                raise ValueError("embed_dim is only used with embed='pca'")
-            k = None  # known once the encoder has run (first prepare)
-        else:
-            raise ValueError(f"embed must be None, 'pca' or a callable, got {type(embed).__name__}")
-        self.embed_dim = k
-        if attack in KDE_ATTACKS and k is not None and self.n_samples < k + 1 and not self.encoder:
-            raise ValueError(
-                f"n_samples must be >= {k + 1} (embedded dimension + 1) for a KDE of the "
-                f"synthetic set, got {self.n_samples}"
-            )
+        self.embed_dim = self._embedded_dim(embed, embed_dim)
         # per-device reference state: embedded reference set and (DOMIAS) its KDE
         self._ref_device: torch.device | None = None
         self._ref: ReferenceFit | None = None
@@ -186,15 +158,49 @@ class GeneratorQuery(Query):
         # cross-check cache and counters
         self._cache: dict[tuple, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         self._used: set[tuple] = set()
-        self.n_reference_evaluations = 0
-        self.cache_hits = 0
-        self.cache_misses = 0
+        self.n_reference_evaluations = self.cache_hits = self.cache_misses = 0
         modules: tuple[nn.Module, ...] = self._sampler.modules
         if isinstance(embed, nn.Module):
             modules = (*modules, embed)
         super().__init__(
             name=attack if name is None else name, modules=modules, transform=transform
         )
+
+    def _embedded_dim(self, embed: Any, embed_dim: int | None) -> int | None:
+        """The dimension the attack reads records in (None: known once a callable ``embed`` has
+        run), checked against the synthetic set's size for a KDE."""
+        k = self._embedding(embed, embed_dim)
+        if self.attack in KDE_ATTACKS and k is not None and self.n_samples < k + 1:
+            if self.encoder is None:
+                raise ValueError(
+                    f"n_samples must be >= {k + 1} (embedded dimension + 1) for a KDE of the "
+                    f"synthetic set, got {self.n_samples}"
+                )
+        return k
+
+    def _embedding(self, embed: Any, embed_dim: int | None) -> int | None:
+        """:meth:`_embedded_dim` unchecked; with ``embed="pca"`` the axes are fitted on the
+        reference here."""
+        d = self.reference.shape[1]
+        if self.encoder is not None:  # distance attacks: the Euclidean space of the encoded table
+            if self.attack in DISTANCE_ATTACKS:
+                return int(self.encoder.layout.euclidean(self.reference[:1]).shape[1])
+            return d
+        if embed is None or callable(embed):
+            if embed_dim is not None:
+                raise ValueError("embed_dim is only used with embed='pca'")
+            return d if embed is None else None
+        if not isinstance(embed, str):
+            raise ValueError(f"embed must be None, 'pca' or a callable, got {type(embed).__name__}")
+        if embed != "pca":
+            raise ValueError(f"embed must be None, 'pca' or a callable, got {embed!r}")
+        k = min(d, 10) if embed_dim is None else embed_dim
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
+            raise ValueError(f"embed_dim must be an integer in [1, d = {d}], got {embed_dim!r}")
+        if self.reference.shape[0] < 2:
+            raise ValueError("embed='pca' is fitted on reference, which needs >= 2 records")
+        self._pca = pca_axes(self.reference, int(k))
+        return int(k)
 
     # -- reference side (built once) --------------------------------------------------------------
     @staticmethod

@@ -55,6 +55,22 @@ __all__ = ["ReferenceModelQuery"]
 _REFERENCE_ATTACKS = ("lira", "rmia", "calibrated")
 
 
+def _reference_modules(references: Any) -> tuple[tuple[nn.Module, ...], int]:
+    """The reference modules (none for an Ensemble, which holds its own) and their number;
+    an iterator passed as references is read once, here."""
+    if isinstance(references, Ensemble):
+        return (), len(references)
+    if isinstance(references, nn.Module) and not isinstance(references, nn.ModuleList):
+        raise ValueError(
+            "references must be a sequence of modules or an Ensemble, got one "
+            f"{type(references).__name__}: pass a single reference as [reference]"
+        )
+    refs = tuple(check_module(m, name="references") for m in references)
+    if not refs:
+        raise ValueError("references must hold at least one reference model")
+    return refs, len(refs)
+
+
 class ReferenceModelQuery(ClassifierQuery):
     """A reference-model attack on a classifier as a monitor query, shape (n,), higher = member.
 
@@ -147,19 +163,7 @@ class ReferenceModelQuery(ClassifierQuery):
     ) -> None:
         if attack not in _REFERENCE_ATTACKS:
             raise ValueError(f"attack must be one of {_REFERENCE_ATTACKS}, got {attack!r}")
-        if isinstance(references, Ensemble):
-            refs: tuple[nn.Module, ...] = ()
-            n_refs = len(references)
-        else:
-            if isinstance(references, nn.Module) and not isinstance(references, nn.ModuleList):
-                raise ValueError(
-                    "references must be a sequence of modules or an Ensemble, got one "
-                    f"{type(references).__name__}: pass a single reference as [reference]"
-                )
-            refs = tuple(check_module(m, name="references") for m in references)
-            if not refs:
-                raise ValueError("references must hold at least one reference model")
-            n_refs = len(refs)
+        refs, n_refs = _reference_modules(references)
         # the modules themselves: an iterator passed as references is read once, here
         self.references: tuple[nn.Module, ...] | Ensemble = (
             references if isinstance(references, Ensemble) else refs

@@ -99,58 +99,12 @@ class TensorBoardSink:
     def _layout(self, report: Report) -> None:
         from tensorboard.plugins.custom_scalar import layout_pb2 as pb
 
-        s, stopping = report.scalars, report.stopping
-        ceiling = [tags.SERIES_CEILING] if tags.CEILING_EPS_DELTA in s else []
-        glance: list[tuple[str, list[Any]]] = []  # (title, margin series): one line a run
-        for query, method in _glance_pairs(report):
-            drawn = [tags.SERIES_ESTIMATE, tags.SERIES_LOWER, *ceiling]
-            if stopping is not None and _watched(stopping.tag) == (query, method):
-                drawn.append(tags.SERIES_THRESHOLD)
-            tag, (low, high) = tags.glance_advantage(query, method), tags.band_edges(query, method)
-            title = f"{query} ({method}): {_listed(drawn)}; shaded: advantages not ruled out"
-            glance.append((title, [pb.MarginChartContent.Series(value=tag, lower=low, upper=high)]))
-        epsilon = _glance_epsilon(s)
-        if set(epsilon) - {tags.SERIES_BLACK_BOX}:  # an accountant or canaries: the ε chart
-            e = tags.GLANCE_EPSILON
-            glance.append(
-                (
-                    f"ε: {_listed(list(epsilon))}",
-                    [pb.MarginChartContent.Series(value=e, lower=e, upper=e)],
-                )
-            )
-        # TensorBoard 2.x stamps a category's margin charts in the reverse of the layout's order
-        # (its paginated view inserts each chart at an index that counts two templates per
-        # chart) and after its multiline charts: one category of margin charts, written reversed
-        first = pb.Category(title=tags.LAYOUT_CATEGORY)
-        for title, series in reversed(glance):
-            first.chart.add(title=title, margin=pb.MarginChartContent(series=series))
-        checks = pb.Category(title=tags.DP_CHECKS_CATEGORY)
-        fired = [t for t in s if (parsed := tags.parse_dp_check(t)) and not parsed[1]]
-        if fired:
-            _multiline(checks, "DP mechanism checks: fired (1) or not (0)", fired)
-        p_values = [t for t in s if (parsed := tags.parse_dp_check(t)) and parsed[1]]
-        if p_values:
-            title = "DP mechanism checks: p-values, and the δ below which one fires"
-            _multiline(checks, title, [*p_values, tags.CERTIFY_DELTA])
-        detail = pb.Category(title=tags.DETAIL_CATEGORY)
-        ceilings = [t for t in tags.CEILINGS if t in s]
-        against = f" vs DP ceiling{'s' if len(ceilings) > 1 else ''}" if ceilings else ""
-        for query, method in _pairs(s):
-            # figures whose meaning holds: the estimate, the run-level certified bound and the
-            # ceilings (the plug-in figures are biased up and bound nothing)
-            shown = [tags.value(query, method), tags.lower(query, method), *ceilings]
-            title = f"{query} {method}: advantage estimate and certified lower bound{against}"
-            _multiline(detail, title, shown)
-        accountant = [tags.EPSILON] if tags.EPSILON in s else []
-        bounds = [t for t in s if tags.is_epsilon_lower_bound(t) and tags.parse_canary(t) is None]
-        if accountant or bounds:
-            what = "accountant vs measured lower bounds" if accountant else "lower bounds"
-            _multiline(detail, f"epsilon: {what}", accountant + bounds)
-        canaries = [t for t in s if tags.parse_canary(t) is not None]
-        if canaries:
-            what = "accountant vs one-run canary audit" if accountant else "one-run canary audit"
-            _multiline(detail, f"epsilon: {what}", accountant + canaries)
-        categories = [first, *([checks] if checks.chart else []), detail]
+        checks = _checks_category(pb, report.scalars)
+        categories = [
+            _glance_category(pb, report),
+            *([checks] if checks.chart else []),
+            _detail_category(pb, report.scalars),
+        ]
         self._write_layout(pb.Layout(category=categories))
         self._layout_written = True
 
@@ -337,6 +291,68 @@ def _glance_epsilon(scalars: dict[str, float]) -> dict[str, float]:
         if bounds:
             out[name] = max(bounds)
     return out
+
+
+def _glance_category(pb: Any, report: Report) -> Any:
+    """The at-a-glance category: one margin chart per query and method, and the ε chart."""
+    s, stopping = report.scalars, report.stopping
+    ceiling = [tags.SERIES_CEILING] if tags.CEILING_EPS_DELTA in s else []
+    glance: list[tuple[str, list[Any]]] = []  # (title, margin series): one line a run
+    for query, method in _glance_pairs(report):
+        drawn = [tags.SERIES_ESTIMATE, tags.SERIES_LOWER, *ceiling]
+        if stopping is not None and _watched(stopping.tag) == (query, method):
+            drawn.append(tags.SERIES_THRESHOLD)
+        tag, (low, high) = tags.glance_advantage(query, method), tags.band_edges(query, method)
+        title = f"{query} ({method}): {_listed(drawn)}; shaded: advantages not ruled out"
+        glance.append((title, [pb.MarginChartContent.Series(value=tag, lower=low, upper=high)]))
+    epsilon = _glance_epsilon(s)
+    if set(epsilon) - {tags.SERIES_BLACK_BOX}:  # an accountant or canaries: the ε chart
+        e = tags.GLANCE_EPSILON
+        series = [pb.MarginChartContent.Series(value=e, lower=e, upper=e)]
+        glance.append((f"ε: {_listed(list(epsilon))}", series))
+    # TensorBoard 2.x stamps a category's margin charts in the reverse of the layout's order
+    # (its paginated view inserts each chart at an index that counts two templates per
+    # chart) and after its multiline charts: one category of margin charts, written reversed
+    first = pb.Category(title=tags.LAYOUT_CATEGORY)
+    for title, series in reversed(glance):
+        first.chart.add(title=title, margin=pb.MarginChartContent(series=series))
+    return first
+
+
+def _checks_category(pb: Any, s: dict[str, float]) -> Any:
+    """The DP mechanism checks' category: their flags, and their p-values beside the δ."""
+    checks = pb.Category(title=tags.DP_CHECKS_CATEGORY)
+    fired = [t for t in s if (parsed := tags.parse_dp_check(t)) and not parsed[1]]
+    if fired:
+        _multiline(checks, "DP mechanism checks: fired (1) or not (0)", fired)
+    p_values = [t for t in s if (parsed := tags.parse_dp_check(t)) and parsed[1]]
+    if p_values:
+        title = "DP mechanism checks: p-values, and the δ below which one fires"
+        _multiline(checks, title, [*p_values, tags.CERTIFY_DELTA])
+    return checks
+
+
+def _detail_category(pb: Any, s: dict[str, float]) -> Any:
+    """The detail category: each query and method against the ceilings, and the ε charts."""
+    detail = pb.Category(title=tags.DETAIL_CATEGORY)
+    ceilings = [t for t in tags.CEILINGS if t in s]
+    against = f" vs DP ceiling{'s' if len(ceilings) > 1 else ''}" if ceilings else ""
+    for query, method in _pairs(s):
+        # figures whose meaning holds: the estimate, the run-level certified bound and the
+        # ceilings (the plug-in figures are biased up and bound nothing)
+        shown = [tags.value(query, method), tags.lower(query, method), *ceilings]
+        title = f"{query} {method}: advantage estimate and certified lower bound{against}"
+        _multiline(detail, title, shown)
+    accountant = [tags.EPSILON] if tags.EPSILON in s else []
+    bounds = [t for t in s if tags.is_epsilon_lower_bound(t) and tags.parse_canary(t) is None]
+    if accountant or bounds:
+        what = "accountant vs measured lower bounds" if accountant else "lower bounds"
+        _multiline(detail, f"epsilon: {what}", accountant + bounds)
+    canaries = [t for t in s if tags.parse_canary(t) is not None]
+    if canaries:
+        what = "accountant vs one-run canary audit" if accountant else "one-run canary audit"
+        _multiline(detail, f"epsilon: {what}", accountant + canaries)
+    return detail
 
 
 def _multiline(category: Any, title: str, shown: list[str]) -> None:

@@ -276,31 +276,49 @@ def read_jsonl(path: str) -> JsonlChecks:
             try:
                 obj = _parse_line(raw)
             except BadLine as err:
-                obj = _after_torn_start(raw)
-                if obj is not None:
-                    torn.append(lineno)
-                elif not raw.endswith(b"\n") and _cut_off(raw):  # only the last line can
-                    skipped = lineno  # lack its newline
+                obj = _after_bad_line(path, lineno, raw, err, first=not read)
+                if obj is None:  # only the last line can lack its newline
+                    skipped = lineno
                     continue
-                elif not read:
-                    raise _not_a_log(path, lineno, err) from None
-                else:
-                    raise ValueError(f"{path}, line {lineno}: {err}") from None
-            try:
-                if isinstance(obj, dict) and tags.STOPPING_OUTCOME_KEY in obj:  # not a check
-                    run_id = obj.get("run_id")
-                    if not isinstance(run_id, str):
-                        raise BadLine(f"run_id must be a string, got {_shown(run_id)}")
-                    key = tags.STOPPING_OUTCOME_KEY
-                    outcomes[run_id] = check_stopping(obj[key], key)
-                    read += 1
-                    continue
-                record = check_record(obj)
-            except BadLine as err:
-                if not read and not _could_be_a_check(obj):
-                    no_check = BadLine("no privmon check (a JSON object with a run_id and a step)")
-                    raise _not_a_log(path, lineno, no_check) from None
-                raise ValueError(f"{path}, line {lineno}: {err}") from None
-            runs.put(record["run_id"], record["step"], record, lineno)
+                torn.append(lineno)
+            record, outcome = _check_or_outcome(path, lineno, obj, first=not read)
+            if outcome is not None:
+                outcomes[outcome[0]] = outcome[1]
+            else:
+                runs.put(record["run_id"], record["step"], record, lineno)
             read += 1
     return JsonlChecks(runs, skipped, torn, outcomes)
+
+
+def _after_bad_line(path: str, lineno: int, raw: bytes, err: BadLine, *, first: bool) -> Any:
+    """What a line that does not parse holds after a start torn by an earlier cut-off write;
+    None for a last line cut off mid-write; otherwise the ValueError naming the line (the
+    file's ``first`` line: that the file is no privmon log)."""
+    obj = _after_torn_start(raw)
+    if obj is not None:
+        return obj
+    if not raw.endswith(b"\n") and _cut_off(raw):
+        return None
+    if first:
+        raise _not_a_log(path, lineno, err) from None
+    raise ValueError(f"{path}, line {lineno}: {err}") from None
+
+
+def _check_or_outcome(
+    path: str, lineno: int, obj: Any, *, first: bool
+) -> tuple[dict[str, Any], tuple[str, dict[str, Any]] | None]:
+    """A parsed line as (the check record, None), or (an empty record, (run id, its early-
+    stopping outcome)); a ValueError names the line and the field that is not a check's."""
+    try:
+        if isinstance(obj, dict) and tags.STOPPING_OUTCOME_KEY in obj:  # not a check
+            run_id = obj.get("run_id")
+            if not isinstance(run_id, str):
+                raise BadLine(f"run_id must be a string, got {_shown(run_id)}")
+            key = tags.STOPPING_OUTCOME_KEY
+            return {}, (run_id, check_stopping(obj[key], key))
+        return check_record(obj), None
+    except BadLine as err:
+        if first and not _could_be_a_check(obj):
+            no_check = BadLine("no privmon check (a JSON object with a run_id and a step)")
+            raise _not_a_log(path, lineno, no_check) from None
+        raise ValueError(f"{path}, line {lineno}: {err}") from None

@@ -106,49 +106,57 @@ class EventChecks:
         self.lost: list[str] = []
         self.files = _event_files(folder)  # the event files read
         for path in self.files:
-            current: str | None = None
-            read, step = 0, None
-            # the records, as written: the loader ends quietly at a cut-off or damaged record
-            for record in RawEventFileLoader(path).Load():
-                read += len(record) + _FRAME
-                event = event_pb2.Event.FromString(record)
-                step, when = int(event.step), float(event.wall_time)
-                for value in event.summary.value:
-                    tag = value.tag
-                    if tag == tags.RUN_ID_EVENT_TAG:
-                        ids = value.tensor.string_val
-                        current = ids[0].decode("utf-8", "replace") if ids else ""
-                        self.runs.put(current, step, {}, when)  # a check begins
-                    elif tag == tags.DP_CAUSES_EVENT_TAG and current is not None:
-                        text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
-                        self.causes.setdefault(current, {})[step] = text.split("\n")
-                    elif tag == tags.STOPPING_EVENT_TAG and current is not None:
-                        text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
-                        if parse_decision_text(text):
-                            self.stopping.setdefault(current, {})[step] = text
-                        else:  # the run's outcome, a sentence
-                            self.outcomes[current] = text
-                    elif value.HasField("simple_value"):
-                        if tags.is_privacy_figure(tag):
-                            if current is None:
-                                raise _before_run_ids(path, tag)
-                            figure = _figure(path, step, tag, float(value.simple_value))
-                            by_step = self.runs.steps.setdefault(current, {})
-                            by_step.setdefault(step, {})[tag] = figure
-                            self.runs.seen(current, when)
-                    elif (query := tags.parse_membership_pr(tag)) is not None and value.HasField(
-                        "tensor"
-                    ):
-                        if current is None:
-                            raise _before_run_ids(path, tag)
-                        kept = self.pr.setdefault(current, {})
-                        old = kept.get(query)
-                        if old is None or (step, when) >= old[:2]:
-                            counts = tensor_util.make_ndarray(value.tensor)
-                            kept[query] = (step, when, counts)
-            size = os.path.getsize(path)
-            if read < size:
-                self.lost.append(_lost(path, read, size, step))
+            self._read_file(path, RawEventFileLoader, event_pb2.Event, tensor_util)
+
+    def _read_file(self, path: str, loader: Any, event_type: Any, tensor_util: Any) -> None:
+        """One event file's records, as written: the loader ends quietly at a cut-off or
+        damaged record, which :attr:`lost` then says."""
+        current: str | None = None
+        read, step = 0, None
+        for record in loader(path).Load():
+            read += len(record) + _FRAME
+            event = event_type.FromString(record)
+            step, when = int(event.step), float(event.wall_time)
+            for value in event.summary.value:
+                current = self._read_value(path, value, current, step, when, tensor_util)
+        size = os.path.getsize(path)
+        if read < size:
+            self.lost.append(_lost(path, read, size, step))
+
+    def _read_value(
+        self, path: str, value: Any, current: str | None, step: int, when: float, tensor_util: Any
+    ) -> str | None:
+        """One summary value of run ``current`` (a run-id value begins a check of a new one):
+        kept where it belongs; returns the run the next value belongs to."""
+        tag = value.tag
+        if tag == tags.RUN_ID_EVENT_TAG:
+            ids = value.tensor.string_val
+            current = ids[0].decode("utf-8", "replace") if ids else ""
+            self.runs.put(current, step, {}, when)  # a check begins
+        elif tag == tags.DP_CAUSES_EVENT_TAG and current is not None:
+            text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
+            self.causes.setdefault(current, {})[step] = text.split("\n")
+        elif tag == tags.STOPPING_EVENT_TAG and current is not None:
+            text = b"".join(value.tensor.string_val).decode("utf-8", "replace")
+            if parse_decision_text(text):
+                self.stopping.setdefault(current, {})[step] = text
+            else:  # the run's outcome, a sentence
+                self.outcomes[current] = text
+        elif value.HasField("simple_value"):
+            if tags.is_privacy_figure(tag):
+                if current is None:
+                    raise _before_run_ids(path, tag)
+                figure = _figure(path, step, tag, float(value.simple_value))
+                self.runs.steps.setdefault(current, {}).setdefault(step, {})[tag] = figure
+                self.runs.seen(current, when)
+        elif (query := tags.parse_membership_pr(tag)) is not None and value.HasField("tensor"):
+            if current is None:
+                raise _before_run_ids(path, tag)
+            kept = self.pr.setdefault(current, {})
+            old = kept.get(query)
+            if old is None or (step, when) >= old[:2]:
+                kept[query] = (step, when, tensor_util.make_ndarray(value.tensor))
+        return current
 
     def has_figures(self) -> bool:
         """Whether any run here wrote privacy scalars."""

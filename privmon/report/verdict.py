@@ -132,19 +132,20 @@ def _violations(checks: Checks) -> list[tuple[int, str, float, float, float]]:
         s = r["scalars"]
         ceiling = s.get(tags.CEILING_EPS_DELTA, math.nan)
         eps = r["epsilon"] if r["epsilon"] is not None else s.get(tags.EPSILON, math.nan)
-        found = False
-        for m in canaries:
-            audited = s.get(tags.canary_epsilon(m), math.nan)
-            if not math.isnan(eps) and audited > eps + TOL:
-                out.append((r["step"], f"canaries/{m}", audited, eps, eps))
-                found = True
+        audited = {m: s.get(tags.canary_epsilon(m), math.nan) for m in canaries}
+        found = [
+            (r["step"], f"canaries/{m}", a, eps, eps)
+            for m, a in audited.items()
+            if not math.isnan(eps) and a > eps + TOL
+        ]
         if not math.isnan(ceiling):
-            for q in checks.queries():
-                for m in checks.methods(q):
-                    lower = s.get(tags.lower(q, m), math.nan)
-                    if lower > ceiling + 1e-12:
-                        out.append((r["step"], f"{q}/{m}", lower, ceiling, eps))
-                        found = True
+            found += [
+                (r["step"], f"{q}/{m}", lower, ceiling, eps)
+                for q in checks.queries()
+                for m in checks.methods(q)
+                if (lower := s.get(tags.lower(q, m), math.nan)) > ceiling + 1e-12
+            ]
+        out += found
         if r["dp_violation"] and not found and not tags.fired_checks(s):
             out.append((r["step"], "?", math.nan, ceiling, eps))
     return out

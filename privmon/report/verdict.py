@@ -237,69 +237,12 @@ def _verdict(checks: Checks) -> Verdict:
     if not checks.records:
         return Verdict("empty", "No checks recorded: nothing to certify.")
     n = len(checks.records)
-    last_step = checks.records[-1]["step"]
     hits = certificates(checks)
-    floor = certified_floor(hits)
-    details: list[str] = []
-    floor_note = (
-        f" (the trivial floor at this run's prior is {floor:.3f}: an advantage up to it needs no "
-        "leakage)"
-        if floor is not None and floor > 1e-6
-        else ""
-    )
-    hit_steps = sorted({h[0] for h in hits})
     best = max(hits, key=lambda h: (h[3], -h[0])) if hits else None
-    if best is not None:
-        step, q, m, lower, elb = best
-        leak_text = (
-            f"The largest certified advantage is {lower:.3f}, at step {step} (query {q!r}, {m} "
-            f"estimator){floor_note}; leakage was certified at {len(hit_steps)} of {n} checks, "
-            f"first at step {hit_steps[0]}. The certified bounds hold together over every check, "
-            "query and method of the run at the monitor's confidence 1 − δ, so one is enough. "
-            f"Were training ε-DP, ε would have to be at least {elb:.3g} (given exchangeable "
-            "audit sets)."
-        )
-    violations = _violations(checks)
-    mechanism = mechanism_causes(checks)
-    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has(tags.EPSILON)
-    if mechanism:  # first: a mechanism check names the assumption that failed
-        step, _, cause = min(mechanism, key=lambda m: m[0])
-        headline = f"DP violation at step {step}: {cause_text(cause)}."
-        details.append(_mechanism_text(mechanism, n))
-    only_canaries = True
-    if violations:
-        # the canaries' figure first: it needs no assumption on the audit sets
-        step, tag, lower, ceiling, eps = min(
-            violations, key=lambda v: (not v[1].startswith("canaries/"), v[0])
-        )
-        if tag.startswith("canaries/"):
-            what = (
-                f"the one-run canary audit ({tag.split('/', 1)[1]}) certifies ε ≥ {lower:.3g}, "
-                f"above the accountant's ε = {eps:.3g}"
-            )
-        elif tag != "?":
-            what = (
-                f"the certified lower bound on the membership advantage ({tag}: {lower:.3f}) "
-                f"exceeds the ceiling {ceiling:.3f} that (ε = {eps:.3g}, δ)-DP allows"
-            )
-        else:
-            what = "the monitor flagged a certified advantage above the (ε, δ)-DP ceiling"
-        if not mechanism:
-            headline = f"DP violation: at step {step} {what}."
-        steps = sorted({v[0] for v in violations})
-        only_canaries = all(v[1].startswith("canaries/") for v in violations)
-        details.append(
-            ("Besides, " + what + ": f" if mechanism else "F")
-            + f"lagged at {len(steps)} of {n} checks (steps {_steps_text(steps)}). "
-            "Something the DP claim rests on is false: either the DP implementation or its "
-            "accounting is broken (e.g. less noise than the accountant was told)"
-            + (
-                ". The canaries' inclusion is randomised, so this holds whatever the audit sets."
-                if only_canaries
-                else ", or the audit sets are not exchangeable."
-            )
-        )
+    leak_text = _leak_text(hits, best, n) if best is not None else ""
+    violations, mechanism = _violations(checks), mechanism_causes(checks)
     if mechanism or violations:
+        headline, details, only_canaries = _violation_text(mechanism, violations, n)
         if best is not None:
             details.append("Leakage detected. " + leak_text)
         if not only_canaries:
@@ -307,46 +250,127 @@ def _verdict(checks: Checks) -> Verdict:
         return Verdict("violation", headline, tuple(details))
     if best is not None:
         headline = f"Leakage detected: certified advantage ≥ {best[3]:.3f} at step {best[0]}."
-        details.append(leak_text)
-        level = "leakage"
+        level, details = "leakage", [leak_text]
     else:
-        v_best = None
-        for r in checks.records:
-            for q in checks.queries():
-                for m in checks.methods(q):
-                    v = r["scalars"].get(tags.value(q, m), math.nan)
-                    if not math.isnan(v) and (v_best is None or v > v_best[0]):
-                        v_best = (v, r["step"], q, m)
-        headline = "No measurable membership leakage."
-        text = (
-            f"At none of the {n} checks (steps {checks.steps[0]}–{last_step}) did a certified "
-            "lower bound on the optimal membership advantage rise above the trivial floor "
-            "(0 at prior 0.5)."
+        headline, level = "No measurable membership leakage.", "none"
+        details = _no_leak_text(checks, n)
+    return Verdict(level, headline, (*details, *_budget_text(checks, n)))
+
+
+def _leak_text(hits: Sequence[Any], best: Any, n: int) -> str:
+    """The largest certified advantage (``best`` of ``hits``) and where leakage was certified."""
+    floor = certified_floor(hits)
+    floor_note = (
+        f" (the trivial floor at this run's prior is {floor:.3f}: an advantage up to it needs no "
+        "leakage)"
+        if floor is not None and floor > 1e-6
+        else ""
+    )
+    hit_steps = sorted({h[0] for h in hits})
+    step, q, m, lower, elb = best
+    return (
+        f"The largest certified advantage is {lower:.3f}, at step {step} (query {q!r}, {m} "
+        f"estimator){floor_note}; leakage was certified at {len(hit_steps)} of {n} checks, "
+        f"first at step {hit_steps[0]}. The certified bounds hold together over every check, "
+        "query and method of the run at the monitor's confidence 1 − δ, so one is enough. "
+        f"Were training ε-DP, ε would have to be at least {elb:.3g} (given exchangeable "
+        "audit sets)."
+    )
+
+
+def _violation_text(
+    mechanism: Sequence[Any], violations: Sequence[Any], n: int
+) -> tuple[str, list[str], bool]:
+    """(headline, details, whether every violation is the canaries') of a run with a DP
+    violation: a mechanism check first (it names the assumption that failed), then the
+    canaries' figure (it needs no assumption on the audit sets), then a certified bound."""
+    details: list[str] = []
+    headline = ""
+    if mechanism:
+        step, _, cause = min(mechanism, key=lambda m: m[0])
+        headline = f"DP violation at step {step}: {cause_text(cause)}."
+        details.append(_mechanism_text(mechanism, n))
+    if not violations:
+        return headline, details, True
+    step, tag, lower, ceiling, eps = min(
+        violations, key=lambda v: (not v[1].startswith("canaries/"), v[0])
+    )
+    if tag.startswith("canaries/"):
+        what = (
+            f"the one-run canary audit ({tag.split('/', 1)[1]}) certifies ε ≥ {lower:.3g}, "
+            f"above the accountant's ε = {eps:.3g}"
         )
-        if v_best is not None:
-            text += (
-                f" The largest point estimate was {v_best[0]:.3f} (step {v_best[1]}, query "
-                f"{v_best[2]!r}, {v_best[3]})."
-            )
-        details.append(text)
+    elif tag != "?":
+        what = (
+            f"the certified lower bound on the membership advantage ({tag}: {lower:.3f}) "
+            f"exceeds the ceiling {ceiling:.3f} that (ε = {eps:.3g}, δ)-DP allows"
+        )
+    else:
+        what = "the monitor flagged a certified advantage above the (ε, δ)-DP ceiling"
+    headline = headline or f"DP violation: at step {step} {what}."
+    steps = sorted({v[0] for v in violations})
+    only_canaries = all(v[1].startswith("canaries/") for v in violations)
+    details.append(
+        ("Besides, " + what + ": f" if mechanism else "F")
+        + f"lagged at {len(steps)} of {n} checks (steps {_steps_text(steps)}). "
+        "Something the DP claim rests on is false: either the DP implementation or its "
+        "accounting is broken (e.g. less noise than the accountant was told)"
+        + (
+            ". The canaries' inclusion is randomised, so this holds whatever the audit sets."
+            if only_canaries
+            else ", or the audit sets are not exchangeable."
+        )
+    )
+    return headline, details, only_canaries
+
+
+def _no_leak_text(checks: Checks, n: int) -> list[str]:
+    """The details of a run where no certified bound rose above the floor: the largest point
+    estimate, what that does not prove, and the smallest advantage the last check detects."""
+    estimates = [
+        (v, r["step"], q, m)
+        for r in checks.records
+        for q in checks.queries()
+        for m in checks.methods(q)
+        if not math.isnan(v := r["scalars"].get(tags.value(q, m), math.nan))
+    ]
+    v_best = max(estimates, key=lambda e: e[0], default=None)  # the first of the largest
+    text = (
+        f"At none of the {n} checks (steps {checks.steps[0]}–{checks.records[-1]['step']}) did "
+        "a certified lower bound on the optimal membership advantage rise above the trivial "
+        "floor (0 at prior 0.5)."
+    )
+    if v_best is not None:
+        text += (
+            f" The largest point estimate was {v_best[0]:.3f} (step {v_best[1]}, query "
+            f"{v_best[2]!r}, {v_best[3]})."
+        )
+    details = [
+        text,
+        "This is not a proof of privacy: it covers the queries audited, on the audit sets "
+        "used, with the power these sample sizes give; a stronger query or more audit records "
+        "may find leakage these did not.",
+    ]
+    last = checks.records[-1]["scalars"]
+    detectable = [
+        (q, last[tags.detectable(q)]) for q in checks.queries() if tags.detectable(q) in last
+    ]
+    if detectable:
         details.append(
-            "This is not a proof of privacy: it covers the queries audited, on the audit sets "
-            "used, with the power these sample sizes give; a stronger query or more audit records "
-            "may find leakage these did not."
+            "At the last check's audit sizes and δ, the certificate detects in half the runs "
+            "an advantage of at least "
+            + ", ".join(f"{fmt(a, 3)} (query {q!r})" for q, a in detectable)
+            + ": smaller leaks may go uncertified (more audit records, fewer checks or "
+            "planned checks lower it)."
         )
-        last = checks.records[-1]["scalars"]
-        detectable = [
-            (q, last[tags.detectable(q)]) for q in checks.queries() if tags.detectable(q) in last
-        ]
-        if detectable:
-            details.append(
-                "At the last check's audit sizes and δ, the certificate detects in half the runs "
-                "an advantage of at least "
-                + ", ".join(f"{fmt(a, 3)} (query {q!r})" for q, a in detectable)
-                + ": smaller leaks may go uncertified (more audit records, fewer checks or "
-                "planned checks lower it)."
-            )
-        level = "none"
+    return details
+
+
+def _budget_text(checks: Checks, n: int) -> list[str]:
+    """What a run without a DP violation says of its DP budget: the ceiling held, the
+    mechanism checks that ran, the largest one-run canary bound."""
+    details = []
+    has_eps = any(r["epsilon"] is not None for r in checks.records) or checks.has(tags.EPSILON)
     if has_eps:
         eps_last = checks.records[-1]["epsilon"]
         ceil = checks.records[-1]["scalars"].get(tags.CEILING_EPS_DELTA, math.nan)
@@ -361,11 +385,11 @@ def _verdict(checks: Checks) -> Verdict:
             f"DP mechanism checks ({', '.join(sorted(ran))}): none fired at any of the {n} checks."
         )
     audited = [
-        (r["scalars"].get(tags.canary_epsilon(m), math.nan), r["step"], m)
+        (a, r["step"], m)
         for r in checks.records
         for m in checks.canary_methods()
+        if not math.isnan(a := r["scalars"].get(tags.canary_epsilon(m), math.nan))
     ]
-    audited = [a for a in audited if not math.isnan(a[0])]
     if audited:
         top = max(audited)
         details.append(
@@ -373,7 +397,7 @@ def _verdict(checks: Checks) -> Verdict:
             f"{top[1]}, {top[2]})"
             + (", below the accountant's ε at every check." if has_eps else ".")
         )
-    return Verdict(level, headline, tuple(details))
+    return details
 
 
 def _steps_text(steps: Sequence[int], limit: int = 12) -> str:

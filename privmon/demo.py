@@ -192,6 +192,38 @@ def _prepare_logdir(logdir: str) -> None:
         raise ValueError(f"logdir {logdir!r} cannot be written: {err.strerror or err}") from None
 
 
+def _made_private(config: DemoConfig, discriminator: Any, optimizer: Any, loader: Any) -> Any:
+    """(the PrivacyEngine, and the discriminator, its optimizer and the loader made private):
+    Opacus picks the noise that spends exactly target_epsilon over the planned steps."""
+    from opacus import PrivacyEngine
+
+    engine = PrivacyEngine(accountant="rdp")
+    private = engine.make_private_with_epsilon(
+        module=discriminator,
+        optimizer=optimizer,
+        data_loader=loader,
+        target_epsilon=config.target_epsilon,
+        target_delta=config.delta,
+        epochs=math.ceil(config.steps / len(loader)),
+        max_grad_norm=config.max_grad_norm,
+    )
+    return (engine, *private)
+
+
+def _batches(loader: Any, steps: int) -> Any:
+    """The loader's batches of real records, epoch after epoch, until ``steps`` of them; an
+    empty batch (Poisson sampling, under DP, can draw one) is skipped."""
+    taken = 0
+    while taken < steps:
+        for (real,) in loader:
+            if real.shape[0] == 0:
+                continue
+            yield real
+            taken += 1
+            if taken >= steps:
+                return
+
+
 def _run(config: DemoConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     members, nonmembers, reference = digits_splits(
@@ -208,19 +240,7 @@ def _run(config: DemoConfig) -> dict[str, Any]:
     )
     engine = None
     if config.dp:
-        from opacus import PrivacyEngine
-
-        engine = PrivacyEngine(accountant="rdp")
-        # Opacus picks the noise that spends exactly target_epsilon over the planned steps.
-        discriminator, opt_d, loader = engine.make_private_with_epsilon(
-            module=discriminator,
-            optimizer=opt_d,
-            data_loader=loader,
-            target_epsilon=config.target_epsilon,
-            target_delta=config.delta,
-            epochs=math.ceil(config.steps / len(loader)),
-            max_grad_norm=config.max_grad_norm,
-        )
+        engine, discriminator, opt_d, loader = _made_private(config, discriminator, opt_d, loader)
     disc_q = DiscriminatorQuery(discriminator)
     near_q = NearestGeneratedQuery(generator, n_samples=1000, latent_dim=LATENT)
     # DOMIAS: p_G a KDE of the generated records, p_R of the reference split, both in the
@@ -255,22 +275,19 @@ def _run(config: DemoConfig) -> dict[str, Any]:
     step, stopped_at = 0, None
     # tqdm on stderr; disable=None turns it off when stderr is not a terminal (CI logs, pipes).
     with tqdm(total=config.steps, unit="step", disable=None if config.progress else True) as bar:
-        while step < config.steps and stopped_at is None:
-            for (real,) in loader:
-                if real.shape[0] == 0:  # Poisson sampling (DP) can draw an empty batch
-                    continue
-                step += 1
-                gan_step(generator, discriminator, opt_g, opt_d, real)
-                report = monitor.last_report
-                if monitor.step(step):
-                    stopped_at = step
-                bar.update(1)
-                if monitor.last_report is not report and monitor.last_report is not None:
-                    adv = monitor.last_report.scalars.get(tags.value("disc", "histogram"))
-                    if adv is not None:
-                        bar.set_postfix_str(f"adv(disc)={adv:.3f}", refresh=False)
-                if step >= config.steps or stopped_at is not None:
-                    break
+        for real in _batches(loader, config.steps):
+            step += 1
+            gan_step(generator, discriminator, opt_g, opt_d, real)
+            report = monitor.last_report
+            if monitor.step(step):
+                stopped_at = step
+            bar.update(1)
+            if monitor.last_report is not report and monitor.last_report is not None:
+                adv = monitor.last_report.scalars.get(tags.value("disc", "histogram"))
+                if adv is not None:
+                    bar.set_postfix_str(f"adv(disc)={adv:.3f}", refresh=False)
+            if stopped_at is not None:
+                break
     if monitor.last_report is None or monitor.last_report.step != step:
         monitor.check(step)
     monitor.close()

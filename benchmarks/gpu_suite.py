@@ -240,8 +240,9 @@ def lm_seconds(device: torch.device, size: int, *, vocab: int, batch: int = 16) 
 
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=vocab, n_positions=128, n_embd=128, n_layer=2, n_head=4, use_cache=False
-    )
+        vocab_size=vocab, n_positions=128, n_embd=128, n_layer=2, n_head=4, use_cache=False,
+        bos_token_id=vocab - 1, eos_token_id=vocab - 1,
+    )  # fmt: skip
     model = GPT2LMHeadModel(config).to(device).eval()
     queries = language_model_queries(model, ("loss", "min_k", "min_k_plus_plus"))
     gen, batches = torch.Generator().manual_seed(0), []
@@ -505,9 +506,10 @@ def measure(
     path: Path, device: torch.device, sizes: Sequence[int], *, cap: float, deadline: float
 ) -> tuple[float, ...] | Failed:
     """``path.run`` at each size, all within one cap, or the failure."""
-    left = min(cap, deadline - time.monotonic())
+    left = deadline - time.monotonic()
     if left < MIN_CELL_S:
         return Failed("budget", "the suite's time budget was spent before this cell")
+    left = min(cap, left)
     try:
         with time_cap(left):
             return tuple(path.run(device, size) for size in sizes)
@@ -515,6 +517,7 @@ def measure(
         return failure(err, cap=left)
     finally:
         gc.collect()
+        gc.freeze()  # what survives stays: later collections need not walk it again
         if device.type == "cuda":
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(device)

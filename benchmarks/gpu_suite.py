@@ -14,11 +14,11 @@ records); ``--scale`` multiplies every size (each has a floor), so a small scale
 run (``tests/test_gpu_suite.py``).
 
 **A path** is one function ``(device, size) -> seconds``: it builds its inputs (untimed), makes
-one warm-up call, then times one more call when the warm-up took at least 1 s, else three, and
-returns the median (per step or per check where the row says so). On CUDA
-``torch.cuda.synchronize()`` runs before and after each timed call. Audit batches stay on the
-CPU, as a loader gives them (the query moves them, as in a check); score arrays are made on the
-device, where a query leaves them.
+one warm-up call, then times one more call when the warm-up took at least 1 s, else three (up to
+25 while they take under 0.3 s in all), and returns the median (per step or per check where the
+row says so). On CUDA ``torch.cuda.synchronize()`` runs before and after each timed call. Audit
+batches stay on the CPU, as a loader gives them (the query moves them, as in a check); score
+arrays are made on the device, where a query leaves them.
 
 **The CPU column** runs with torch's default threads. A row with a CPU size ceiling measures the
 CPU at that ceiling and at a quarter of it and extrapolates affinely to the row's size (each such
@@ -29,7 +29,8 @@ take minutes of the 8. Below its ceiling a row's CPU figure is measured at the r
 **Failures are rows.** A path that needs a missing extra, runs out of memory, raises, or runs
 past its cap (``--cap`` seconds per cell, 45 by default) gives a row saying so, and the suite
 goes on. The CUDA column runs first, every path, then the CPU column; a cell that would start
-with less than 3 s of ``--budget`` (450 s by default) left is skipped and says so.
+with less than 3 s of ``--budget`` left is skipped and says so, and none runs past it: the whole
+run takes at most the budget (420 s by default) plus the imports and CUDA's start.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import signal
@@ -63,7 +65,9 @@ from privmon.audit import one_run_epsilon, random_halves, train_ensemble
 from privmon.queries import LossQuery
 
 CPU = torch.device("cpu")
-REPEATS, LONG_S = 3, 1.0  # timed calls after the warm-up, unless the warm-up took LONG_S
+# timed calls after the warm-up: one if the warm-up took LONG_S, else REPEATS, or more (up to
+# MAX_REPEATS) while they take under SHORT_S in all
+REPEATS, MAX_REPEATS, LONG_S, SHORT_S = 3, 25, 1.0, 0.3
 MIN_CELL_S = 3.0  # a cell with less of the budget left is skipped
 EXTRAS = {"opacus": "dp", "transformers": "transformers", "diffusers": "diffusion"}
 for _message in ("Secure RNG", "Optimal order", "Full backward hook", "invalid value"):
@@ -71,24 +75,24 @@ for _message in ("Secure RNG", "Optimal order", "Full backward hook", "invalid v
 
 
 # -- timing ----------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(call: Callable[[], object], *, device: torch.device) -> float:
-    sync(device)
+    """Seconds of one call; on CUDA from a synchronised start to a synchronised end."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     call()
-    sync(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
 def median_seconds(call: Callable[[], object], *, device: torch.device, per: int = 1) -> float:
     """Median seconds of ``call`` (divided by ``per``, the steps one call runs) after one
-    untimed warm-up call: one more call if the warm-up took LONG_S or more, else REPEATS."""
+    untimed warm-up call (the number of timed calls: REPEATS above)."""
     warm = _timed(call, device=device)
-    times = [_timed(call, device=device) for _ in range(1 if warm >= LONG_S else REPEATS)]
+    calls = min(MAX_REPEATS, max(REPEATS, math.ceil(SHORT_S / max(warm, 1e-9))))
+    times = [_timed(call, device=device) for _ in range(1 if warm >= LONG_S else calls)]
     return statistics.median(times) / per
 
 
@@ -594,13 +598,20 @@ def rows_json(paths: Sequence[Path], cells: Cells) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return names[0] if names else platform.machine()
+    return platform.processor() or platform.machine()
+
+
 def machine(devices: Sequence[torch.device]) -> dict[str, Any]:
     found = []
     for package in ("torch", "numpy", "scipy", "opacus", "transformers", "diffusers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found.append(f"{package} {metadata.version(package)}")
     info: dict[str, Any] = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "versions": ", ".join(found),
@@ -659,7 +670,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda", "both"), default="both")
     parser.add_argument("--scale", type=float, default=1.0, help="size factor (1: the issue's)")
     parser.add_argument("--cap", type=float, default=45.0, help="seconds per cell at most")
-    parser.add_argument("--budget", type=float, default=450.0, help="seconds for the suite")
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds for the suite")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--only", help="comma-separated words: the paths whose name holds one")
     args = parser.parse_args(argv)

@@ -211,7 +211,7 @@ ATTACH: dict[str, Attach] = {  # what each DP row attaches to the optimizer
 }
 
 
-def one_run_seconds(device: torch.device, size: int, *, method: Any) -> float:
+def one_run_seconds(device: torch.device, size: int, *, method: str) -> float:
     """``audit.one_run_epsilon`` on ``size`` canary scores (the default split selection)."""
     gen = generator(device)
     included = torch.rand(size, generator=gen, device=device) < 0.5
@@ -257,7 +257,7 @@ def lm_seconds(device: torch.device, size: int, *, vocab: int, batch: int = 16) 
 
 
 def diffusion_seconds(
-    device: torch.device, size: int, *, statistic: Any, batch: int = 256
+    device: torch.device, size: int, *, statistic: str, batch: int = 256
 ) -> float:
     """``DiffusionQuery`` at t = 100 on ``size`` 3×32×32 images in batches of 256: a randomly
     initialised diffusers UNet2DModel (channels 32/64/64) and a DDPMScheduler (T = 1000)."""
@@ -598,25 +598,16 @@ def rows_json(paths: Sequence[Path], cells: Cells) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        return names[0] if names else platform.machine()
-    return platform.processor() or platform.machine()
-
-
 def machine(devices: Sequence[torch.device]) -> dict[str, Any]:
+    cpu = None
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), None)
     found = []
     for package in ("torch", "numpy", "scipy", "opacus", "transformers", "diffusers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found.append(f"{package} {metadata.version(package)}")
-    info: dict[str, Any] = {
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "versions": ", ".join(found),
-        "privmon": privmon.__version__,
-    }
+    info = {"cpu": cpu or platform.machine(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "versions": ", ".join(found)}  # fmt: skip
     if any(d.type == "cuda" for d in devices):
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
@@ -624,32 +615,23 @@ def machine(devices: Sequence[torch.device]) -> dict[str, Any]:
 
 
 # -- main ------------------------------------------------------------------------------------
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def start_cuda() -> float:
-    """Seconds to create the CUDA context and cuBLAS's handle (before the column; not counted)."""
-    start = time.perf_counter()
-    x = torch.ones(64, 64, device="cuda")
-    (x @ x).sum().item()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def run_suite(
     paths: Sequence[Path], devices: Sequence[torch.device], *, cap: float, budget: float
 ) -> Cells:
-    """Every cell: the CUDA column first (the figures only a GPU gives), then the CPU's."""
+    """Every cell: the CUDA column first (the figures only a GPU gives), then the CPU's;
+    progress on stderr."""
     deadline = time.monotonic() + budget
     cells: Cells = {}
     for device in sorted(devices, key=lambda d: d.type != "cuda"):
         for i, path in enumerate(paths):
             started = time.perf_counter()
             got = cells[i, device.type] = cell(path, device, cap=cap, deadline=deadline)
-            log(
+            detail = got.reason if isinstance(got, Failed) else notes(got, None)
+            print(
                 f"[{device.type} {i + 1}/{len(paths)}] {path.name} at {path.size:,}: "
-                f"{cell_text(got)} {notes(got, None)} ({time.perf_counter() - started:.1f} s)"
+                f"{cell_text(got)} {detail} ({time.perf_counter() - started:.1f} s)",
+                file=sys.stderr,
+                flush=True,
             )
     return cells
 
@@ -660,7 +642,7 @@ def devices_of(choice: str) -> list[torch.device]:
     if not torch.cuda.is_available():
         if choice == "cuda":
             raise SystemExit("--device cuda: torch.cuda.is_available() is False on this machine")
-        log("no CUDA device: only the CPU column runs")
+        print("no CUDA device: only the CPU column runs", file=sys.stderr)
         return [CPU]
     return [torch.device("cuda")] if choice == "cuda" else [torch.device("cuda"), CPU]
 
@@ -686,13 +668,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         words = [w.strip().lower() for w in args.only.split(",") if w.strip()]
         paths = [p for p in paths if any(w in p.name.lower() for w in words)]
     started = time.perf_counter()
-    init = start_cuda() if any(d.type == "cuda" for d in devices) else None
+    if any(d.type == "cuda" for d in devices):  # the context and cuBLAS's handle: not counted
+        x = torch.ones(64, 64, device="cuda")
+        (x @ x).sum().item()
+    init = time.perf_counter() - started
     cells = run_suite(paths, devices, cap=args.cap, budget=args.budget)
     total, info = time.perf_counter() - started, machine(devices)
     print(", ".join(f"{k}: {v}" for k, v in info.items()) + f"; scale {args.scale:g}.\n")
     print("\n".join(table(paths, cells)))
-    cuda = "" if init is None else f" (and {init:.1f} s to start CUDA, before the column)"
-    print(f"\nTotal {total:.0f} s{cuda}.")
+    print(f"\nTotal {total:.0f} s, of which {init:.1f} s before the first cell.")
     if args.json:
         out = {"machine": info, "scale": args.scale, "seconds": total}
         with open(args.json, "w", encoding="utf-8") as f:

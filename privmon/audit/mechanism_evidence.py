@@ -28,6 +28,7 @@ __all__ = [
     "noise_variance",
     "sampling",
     "step_count",
+    "tests_of",
 ]
 
 PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
@@ -42,6 +43,11 @@ TESTS = (
     ("ledger", "weights", "deterministic"),
 )
 _KIND = {(check, test): kind for check, test, kind in TESTS}
+
+
+def tests_of(check: str) -> tuple[tuple[str, Any], ...]:
+    """The (test, kind) pairs of one of the mechanism checks, in the order of :data:`TESTS`."""
+    return tuple((test, kind) for c, test, kind in TESTS if c == check)
 
 
 def _num(x: float) -> str:

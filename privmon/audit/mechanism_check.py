@@ -69,7 +69,8 @@ def _loaded(default: Any, value: Any) -> Any:
 class MechanismCheck:
     """One mechanism check: subclass it, name it (``name``, no ``/``), list its tests
     (``tests``: ``(test, "deterministic" | "statistical")`` in the order of its findings),
-    declare its state with :meth:`add_state` in ``__init__``, and answer the events it needs
+    declare its state with :meth:`add_state` in ``__init__`` (annotated on the class, for the
+    type checker), and answer the events it needs
     (each gets the :class:`StepContext`; all do nothing by default):
 
     - :meth:`attach` / :meth:`detach`: the checks join / leave the optimizer;
@@ -94,7 +95,8 @@ class MechanismCheck:
         ...         self.seen += 1
         ...     def findings(self, context, *, accountant):
         ...         said = f"counted: {self.seen} steps"
-        ...         return [MechanismFinding("counted", "count", "deterministic", False, None, said)]
+        ...         return [MechanismFinding("counted", "count", "deterministic", False, None,
+        ...                                  said)]
         >>> check = Steps()
         >>> check.private_step(StepContext(optimizer=None))
         >>> state = check.state_dict()
@@ -106,8 +108,8 @@ class MechanismCheck:
 
     name: ClassVar[str] = ""
     tests: ClassVar[tuple[tuple[str, Literal["deterministic", "statistical"]], ...]] = ()
-    refused_on: ClassVar[Mapping[OpacusFamily, str]] = {}
-    """The Opacus optimizer families the check cannot run on: why (see :meth:`refusal`)."""
+    refused_on: ClassVar[tuple[tuple[OpacusFamily, str], ...]] = ()
+    """(family, why): the Opacus optimizer families the check cannot run on (:meth:`refusal`)."""
 
     def __init__(self) -> None:
         self._defaults: dict[str, tuple[Any, bool]] = {}
@@ -156,7 +158,7 @@ class MechanismCheck:
         families no check can run on (distributed per-layer clipping, FSDP), theirs."""
         if family is None:
             return None
-        return self.refused_on.get(family) or _NO_CHECK.get(family)
+        return dict(self.refused_on).get(family) or _NO_CHECK.get(family)
 
     def attach(self, context: StepContext) -> None:
         """The checks joined the optimizer (register extra hooks here)."""

@@ -40,12 +40,24 @@ class ClippingCheck(MechanismCheck):
 
     name = "clipping"
     tests = evidence.tests_of("clipping")
-    refused_on = {
-        adapter.GHOST: "ghost clipping computes the per-sample norms inside the backward pass "
-        "and keeps no per-sample gradients, so there is no clipping step to replay a row through",
-        adapter.ADACLIP: "AdaClip moves max_grad_norm after each step's noise, so the bound read "
-        "after the step is not the one the step clipped to",
-    }
+    refused_on = (
+        (
+            adapter.GHOST,
+            "ghost clipping computes the per-sample norms inside the backward pass and keeps no "
+            "per-sample gradients, so there is no clipping step to replay a row through",
+        ),
+        (
+            adapter.ADACLIP,
+            "AdaClip moves max_grad_norm after each step's noise, so the bound read after the "
+            "step is not the one the step clipped to",
+        ),
+    )
+    probes: int
+    over: int
+    bound: float
+    worst: tuple[float, float, int] | None
+    key: tuple[Any, ...]
+    error: str | None
 
     def __init__(self) -> None:
         super().__init__()

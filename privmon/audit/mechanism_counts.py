@@ -15,7 +15,6 @@ from privmon.audit.mechanism_math import RowCounts
 __all__ = ["SamplingCheck", "StepsCheck"]
 
 
-
 class SamplingCheck(MechanismCheck):
     """Poisson batches at rate q from N records: the rows of each logical step (those the
     clipping calls clipped since the summed gradient restarted) against Binomial(N, q t).
@@ -31,10 +30,14 @@ class SamplingCheck(MechanismCheck):
 
     name = "sampling"
     tests = evidence.tests_of("sampling")
-    refused_on = {
-        adapter.GHOST: "ghost clipping keeps no per-sample gradients to count the rows of a "
-        "step with",
-    }
+    refused_on = (
+        (
+            adapter.GHOST,
+            "ghost clipping keeps no per-sample gradients to count the rows of a step with",
+        ),
+    )
+    counts: RowCounts
+    rows: int
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,6 +79,7 @@ class StepsCheck(MechanismCheck):
 
     name = "steps"
     tests = evidence.tests_of("steps")
+    counted_at_attach: int
 
     def __init__(self, *, counted_at_attach: int) -> None:
         super().__init__()

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from privmon.audit import mechanism_evidence as evidence
-from privmon.audit import opacus_adapter as adapter
 from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.mechanism_check import MechanismCheck, StepContext
 
@@ -45,6 +44,12 @@ class LedgerCheck(MechanismCheck):
 
     name = "ledger"
     tests = evidence.tests_of("ledger")
+    unnoised: int
+    first_unnoised: int
+    ledger: list[Entry] | None
+    ledger_step: int
+    before: list[tuple[torch.Tensor, int, int, torch.Tensor | None]]
+    private: bool
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,6 +121,4 @@ class LedgerCheck(MechanismCheck):
         changed = None
         if self.ledger is not None:
             changed = sum((p._version, p.data_ptr()) != (v, ptr) for p, v, ptr in self.ledger)
-        return [
-            evidence.ledger(self.unnoised, self.first_unnoised, changed, self.ledger_step)
-        ]
+        return [evidence.ledger(self.unnoised, self.first_unnoised, changed, self.ledger_step)]

@@ -101,10 +101,19 @@ class NoiseCheck(MechanismCheck):
 
     name = "noise"
     tests = evidence.tests_of("noise")
-    refused_on = {
-        adapter.ADACLIP: "AdaClip splits the noise between the gradient and a noisy count of "
-        "unclipped rows: the gradient's noise is not N(0, σ²C²)",
-    }
+    refused_on = (
+        (
+            adapter.ADACLIP,
+            "AdaClip splits the noise between the gradient and a noisy count of unclipped rows: "
+            "the gradient's noise is not N(0, σ²C²)",
+        ),
+    )
+    squares: float
+    values: int
+    steps: int
+    scale: tuple[float, float]
+    digests: bytearray
+    reading: tuple[float, int, bytes] | None
 
     def __init__(self) -> None:
         super().__init__()

@@ -17,8 +17,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privmon import PrivacyMonitor, PrivacyViolationWarning
-from privmon.audit import MECHANISM_CHECKS, MechanismChecks, MechanismFinding
-from privmon.audit.mechanism_check import MechanismCheck, StepContext
+from privmon.audit import (
+    MECHANISM_CHECKS,
+    MechanismCheck,
+    MechanismChecks,
+    MechanismFinding,
+    StepContext,
+)
 from privmon.queries import LossQuery
 from privmon.report import tags as T
 

@@ -34,7 +34,14 @@ class StepContext:
     is no model parameter, or None), this rank and the world size (distributed Opacus), the
     sampling rate of the accountant's hook (None: unknown), the parameters the optimizer clips
     (read at each ``pre_step``), the private steps counted so far, and whether the clipping
-    probe is running (its clipping call is no step's)."""
+    probe is running (its clipping call is no step's).
+
+    Examples:
+        >>> from privmon.audit import StepContext
+        >>> context = StepContext(optimizer=None)
+        >>> context.steps, context.rank, context.world, context.sample_rate
+        (0, 0, 1, None)
+    """
 
     optimizer: Any
     block: torch.nn.Parameter | None = None
@@ -84,8 +91,7 @@ class MechanismCheck:
     :meth:`refusal` says why the check cannot run on an optimizer (None: it can).
 
     Examples:
-        >>> from privmon.audit import MechanismFinding
-        >>> from privmon.audit.mechanism_check import MechanismCheck, StepContext
+        >>> from privmon.audit import MechanismCheck, MechanismFinding, StepContext
         >>> class Steps(MechanismCheck):
         ...     name, tests = "counted", (("count", "deterministic"),)
         ...     def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """Mechanism checks of DP-SGD inside an Opacus optimizer: at every private step, a test of each
 assumption the accountant makes (clipping, noise, sampling, steps, nothing else touching the
 weights) on what the step really did, each one a
-:class:`~privmon.audit.mechanism_check.MechanismCheck` that this module composes and feeds the
+:class:`~privmon.audit.MechanismCheck` that this module composes and feeds the
 optimizer's events. The findings are :class:`~privmon.audit.MechanismFinding` records; the
 derivations are on the docs' Theory page, *Mechanism checks*."""
 
@@ -109,7 +109,7 @@ class MechanismChecks:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
         checks: which of :data:`~privmon.audit.MECHANISM_CHECKS` to run (empty: none), by
             name; and further checks of your own, as
-            :class:`~privmon.audit.mechanism_check.MechanismCheck` objects (run after the
+            :class:`~privmon.audit.MechanismCheck` objects (run after the
             built-in ones, their findings after theirs, their state in :meth:`state_dict`).
         canary_block: a parameter of the optimizer that is no model parameter and sees only
             noise (GradientCanaries' block): its noise joins the noise test, and the clipping

@@ -39,7 +39,7 @@ class ClippingCheck(MechanismCheck):
     """
 
     name = "clipping"
-    tests = evidence.tests_of("clipping")
+    tests = evidence.kinds_of("clipping")
     refused_on = (
         (
             adapter.GHOST,

@@ -29,7 +29,7 @@ class SamplingCheck(MechanismCheck):
     """
 
     name = "sampling"
-    tests = evidence.tests_of("sampling")
+    tests = evidence.kinds_of("sampling")
     refused_on = (
         (
             adapter.GHOST,
@@ -78,7 +78,7 @@ class StepsCheck(MechanismCheck):
     """
 
     name = "steps"
-    tests = evidence.tests_of("steps")
+    tests = evidence.kinds_of("steps")
     counted_at_attach: int
 
     def __init__(self, *, counted_at_attach: int) -> None:

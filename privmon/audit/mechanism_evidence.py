@@ -28,7 +28,7 @@ __all__ = [
     "noise_variance",
     "sampling",
     "step_count",
-    "tests_of",
+    "kinds_of",
 ]
 
 PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
@@ -45,7 +45,7 @@ TESTS = (
 _KIND = {(check, test): kind for check, test, kind in TESTS}
 
 
-def tests_of(check: str) -> tuple[tuple[str, Any], ...]:
+def kinds_of(check: str) -> tuple[tuple[str, Any], ...]:
     """The (test, kind) pairs of one of the mechanism checks, in the order of :data:`TESTS`."""
     return tuple((test, kind) for c, test, kind in TESTS if c == check)
 

@@ -43,7 +43,7 @@ class LedgerCheck(MechanismCheck):
     """
 
     name = "ledger"
-    tests = evidence.tests_of("ledger")
+    tests = evidence.kinds_of("ledger")
     unnoised: int
     first_unnoised: int
     ledger: list[Entry] | None

@@ -100,7 +100,7 @@ class NoiseCheck(MechanismCheck):
     """
 
     name = "noise"
-    tests = evidence.tests_of("noise")
+    tests = evidence.kinds_of("noise")
     refused_on = (
         (
             adapter.ADACLIP,

@@ -25,16 +25,14 @@ from privmon.audit.mechanism_noise import NoiseCheck
 __all__ = ["MechanismChecks"]
 
 
-def _built_in(name: str, optimizer: Any) -> MechanismCheck:
-    """The check of that name among :data:`~privmon.audit.MECHANISM_CHECKS`."""
-    if name == "steps":
-        accountant = adapter.hook_accountant(optimizer)
-        return StepsCheck(counted_at_attach=adapter.accountant_steps(accountant) or 0)
-    kinds = {"clipping": ClippingCheck, "noise": NoiseCheck, "sampling": SamplingCheck}
-    return kinds.get(name, LedgerCheck)()
+# The checks of :data:`~privmon.audit.MECHANISM_CHECKS`, by name.
+_BUILT_IN: dict[str, type[MechanismCheck]] = {
+    check.name: check
+    for check in (ClippingCheck, NoiseCheck, SamplingCheck, StepsCheck, LedgerCheck)
+}
 
 
-def _chosen(checks: Any, optimizer: Any) -> list[MechanismCheck]:
+def _chosen(checks: Any) -> list[MechanismCheck]:
     """``checks`` (names of built-in checks, in their order, then check objects, as given)."""
     items = [checks] if isinstance(checks, str) else checks
     if isinstance(items, Iterable):
@@ -44,7 +42,7 @@ def _chosen(checks: Any, optimizer: Any) -> list[MechanismCheck]:
     else:
         objects = []
     names = check_names(items, MECHANISM_CHECKS, name="checks")
-    chosen = [_built_in(name, optimizer) for name in names] + objects
+    chosen = [_BUILT_IN[name]() for name in names] + objects
     seen = [c.name for c in chosen]
     for check in objects:
         if not check.name or "/" in check.name or seen.count(check.name) > 1:
@@ -152,7 +150,7 @@ class MechanismChecks:
         canary_block: torch.nn.Parameter | None = None,
     ) -> None:
         self._optimizer = adapter.check_dp_optimizer(optimizer, who="MechanismChecks")
-        self._checks = _chosen(checks, optimizer)
+        self._checks = _chosen(checks)
         _refuse_unsupported(optimizer, self._checks)
         if self._checks and adapter.attached(optimizer, "checks") is not None:
             raise ValueError(

@@ -72,7 +72,7 @@ class StepsCheck(MechanismCheck):
     Examples:
         >>> from privmon.audit.mechanism_check import StepContext
         >>> from privmon.audit.mechanism_counts import StepsCheck
-        >>> StepsCheck(counted_at_attach=0).findings(
+        >>> StepsCheck().findings(
         ...     StepContext(optimizer=None), accountant=None)[0].evidence[:18]
         'steps: not tested:'
     """
@@ -81,9 +81,14 @@ class StepsCheck(MechanismCheck):
     tests = evidence.kinds_of("steps")
     counted_at_attach: int
 
-    def __init__(self, *, counted_at_attach: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.add_state("counted_at_attach", counted_at_attach)
+        self.add_state("counted_at_attach", 0)
+
+    def attach(self, context: StepContext) -> None:
+        """Read the count of the accountant the optimizer's step hook counts with."""
+        accountant = adapter.hook_accountant(context.optimizer)
+        self.counted_at_attach = adapter.accountant_steps(accountant) or 0
 
     def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
         counted = adapter.accountant_steps(accountant) if accountant is not None else None

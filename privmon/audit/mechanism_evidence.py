@@ -23,12 +23,12 @@ __all__ = [
     "PROBE_NORM",
     "TESTS",
     "clipping",
+    "kinds_of",
     "ledger",
     "noise_repeat",
     "noise_variance",
     "sampling",
     "step_count",
-    "kinds_of",
 ]
 
 PROBE_NORM = 100.0  # the clipping probe's norm, in units of C

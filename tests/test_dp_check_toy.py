@@ -122,6 +122,40 @@ def test_the_toy_check_is_composed_after_the_built_in_ones():
         MechanismChecks(optimizer, checks=[SameBound(), SameBound()])
 
 
+class Float32Bound(SameBound):
+    """The toy check, refusing parameters in another dtype than float32 (its own rule)."""
+
+    name = "bound32"
+
+    def refusal(self, *, optimizer: Any, family: Any) -> str | None:
+        if any(p.dtype != torch.float32 for p in optimizer.params):
+            return "it reads float32 parameters only"
+        return super().refusal(optimizer=optimizer, family=family)
+
+
+def test_the_toy_check_says_when_it_cannot_run():
+    torch.manual_seed(0)
+    net = nn.Linear(6, 3).to(torch.bfloat16)
+    data = TensorDataset(torch.randn(40, 6).to(torch.bfloat16), torch.randint(0, 3, (40,)))
+    _, optimizer, _ = PrivacyEngine().make_private(
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
+        data_loader=DataLoader(data, batch_size=4),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^on this optimizer, the mechanism checks bound32 cannot run \(bound32: it reads "
+        r"float32 parameters only\)\. Pass checks=\('steps',\) to run the others\.$",
+    ):
+        MechanismChecks(optimizer, checks=["steps", Float32Bound()])
+    assert not {"add_noise", "pre_step", "clip_and_accumulate"} & set(optimizer.__dict__)
+    MechanismChecks(optimizer, checks=["steps", SameBound()]).detach()
+    _, flat, *_ = private()
+    MechanismChecks(flat, checks=[Float32Bound()]).detach()
+
+
 def test_the_toy_check_stays_silent_on_a_correct_run():
     monitor, checks, _ = run(change_at=None)
     assert [r.step for r in monitor.history] == [10, 20]

@@ -149,6 +149,11 @@ class GradientCanaries:
         self._noised: tuple[torch.Tensor | None] | None = None  # add_noise came back
         self._due = False  # a noised step's update is due: its gradient joins the sums
         self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
+        self._join(optimizer, enabled)
+
+    def _join(self, optimizer: Any, enabled: tuple[str, ...]) -> None:
+        """The block joins the optimizer as a param group of its own (the first group's
+        hyperparameters), the canaries' hooks wrap its step, and the mechanism checks attach."""
         self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
         group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
         inner = optimizer.original_optimizer

@@ -63,11 +63,15 @@ def _refuse_unsupported(optimizer: Any, checks: list[MechanismCheck]) -> None:
     rest = tuple(name for name, why in reasons if not why)
     names = ", ".join(name for name, _ in blocked)
     why = "; ".join(f"{name}: {why}" for name, why in blocked)
-    on = f"optimizer is an Opacus {kind}, on which" if family else "on this optimizer"
+    if family is None:
+        raise ValueError(
+            f"on this optimizer, the mechanism checks {names} cannot run ({why}). Pass "
+            f"checks={rest!r} to run the others."
+        )
     raise ValueError(
-        f"{on} the mechanism checks {names} cannot run ({why}). Pass checks={rest!r} to run "
-        "the others, or use flat clipping on one process (make_private(clipping='flat'), "
-        "grad_sample_mode='hooks')."
+        f"optimizer is an Opacus {kind}, on which the mechanism checks {names} cannot run "
+        f"({why}). Pass checks={rest!r} to run the others, or use flat clipping on one process "
+        "(make_private(clipping='flat'), grad_sample_mode='hooks')."
     )
 
 

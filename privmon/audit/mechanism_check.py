@@ -77,8 +77,8 @@ class MechanismCheck:
     """One mechanism check: subclass it, name it (``name``, no ``/``), list its tests
     (``tests``: ``(test, "deterministic" | "statistical")`` in the order of its findings),
     declare its state with :meth:`add_state` in ``__init__`` (annotated on the class, for the
-    type checker), and answer the events it needs
-    (each gets the :class:`StepContext`; all do nothing by default):
+    type checker), and answer the events it needs (each gets the :class:`StepContext`; all do
+    nothing by default):
 
     - :meth:`attach` / :meth:`detach`: the checks join / leave the optimizer;
     - :meth:`clipped`: a clipping call of a step clipped ``rows`` rows (``fresh``: its summed

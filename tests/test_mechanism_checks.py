@@ -484,6 +484,31 @@ def test_state_dict_round_trip_and_a_mismatch():
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="lacks"):
         fresh.load_state_dict(sealed({"checks": []}))
+    assert state["checks"].keys() == set(MECHANISM_CHECKS)
+    assert state["checks"]["noise"]["digests"].dtype == torch.uint8  # 8 bytes a step
+    assert state["checks"]["noise"]["digests"].shape == (8 * 12,)
+
+
+def test_a_state_saved_before_the_checks_were_objects_is_refused_saying_so():
+    """The layout of privmon before #41 (the checks' names as a list, their fields flat)."""
+    old = sealed(
+        {
+            "checks": list(MECHANISM_CHECKS),
+            "steps": 12,
+            "accountant_steps_at_attach": 0,
+            "noise": {"squares": 0.0, "values": 0, "steps": 0, "scale": [1.0, 1.0]},
+            "ledger": {"unnoised": 0, "first_unnoised": 0},
+        }
+    )
+    fresh = MechanismChecks(Run().optimizer)
+    with pytest.raises(
+        ValueError,
+        match=r"^state was saved by a privmon before each mechanism check kept a state of its "
+        r"own .*cannot load it: resume with the privmon that saved it, or start the checks "
+        r"afresh$",
+    ):
+        fresh.load_state_dict(old)
+    assert fresh.steps == 0
 
 
 def test_detach_restores_the_optimizer_and_freezes_the_ledger():

@@ -6,6 +6,7 @@ of a released synthetic table (DOMIAS, its baselines and DCR)."""
 
 from privmon.audit.canaries import GradientCanaries, InputCanaries
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
+from privmon.audit.mechanism_check import MechanismCheck, StepContext
 from privmon.audit.mechanism_checks import MechanismChecks
 from privmon.audit.one_run import OneRunAudit, epsilon_from_guesses, one_run_epsilon
 from privmon.audit.record_canaries import RecordCanaries
@@ -24,12 +25,14 @@ __all__ = [
     "Ensemble",
     "GradientCanaries",
     "InputCanaries",
+    "MechanismCheck",
     "MechanismChecks",
     "MechanismFinding",
     "OneRunAudit",
     "RecordCanaries",
     "SetupComparison",
     "ShadowAudit",
+    "StepContext",
     "SyntheticAudit",
     "audit_synthetic",
     "average",

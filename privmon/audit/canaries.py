@@ -25,7 +25,7 @@ from privmon._digest import check_sealed, sealed
 from privmon._shown import shown
 from privmon._training_guard import TrainingGuard
 from privmon._validation import as_scores, check_int, check_names
-from privmon.audit import opacus_hooks as hooks
+from privmon.audit import opacus_adapter as adapter
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_checks import MechanismChecks
 from privmon.audit.one_run import inclusion_bits
@@ -127,11 +127,11 @@ class GradientCanaries:
         checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
         enabled = check_names(checks, MECHANISM_CHECKS, name="checks")
-        self._optimizer = hooks.check_canary_optimizer(optimizer, enabled)
+        self._optimizer = adapter.check_canary_optimizer(optimizer, enabled)
         self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)
-        self._sample_rate = hooks.canary_sample_rate(sample_rate, optimizer)
-        self._rank, _ = hooks.rank_and_world(optimizer)
+        self._sample_rate = adapter.canary_sample_rate(sample_rate, optimizer)
+        self._rank, _ = adapter.rank_and_world(optimizer)
         params = list(optimizer.params)
         if not params:
             raise ValueError("optimizer has no trainable parameters to audit")
@@ -149,11 +149,16 @@ class GradientCanaries:
         self._noised: tuple[torch.Tensor | None] | None = None  # add_noise came back
         self._due = False  # a noised step's update is due: its gradient joins the sums
         self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
+        self._join(optimizer, enabled)
+
+    def _join(self, optimizer: Any, enabled: tuple[str, ...]) -> None:
+        """The block joins the optimizer as a param group of its own (the first group's
+        hyperparameters), the canaries' hooks wrap its step, and the mechanism checks attach."""
         self._block.summed_grad = None  # type: ignore[attr-defined] # as DPOptimizer sets
         group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
         inner = optimizer.original_optimizer
         inner.add_param_group({**group, "params": [self._block]})
-        self._hooks = hooks.install(
+        self._hooks = adapter.install(
             optimizer,
             {
                 "add_noise": self._add_noise,
@@ -165,7 +170,7 @@ class GradientCanaries:
             inner.register_step_pre_hook(self._before_update),
             inner.register_load_state_dict_pre_hook(self._before_load),
         ]
-        hooks.claim(optimizer, "canaries", self)
+        adapter.claim(optimizer, "canaries", self)
         # outside the canaries' hooks: the checks see the block's canaries as part of the sum
         try:
             self._checks = MechanismChecks(optimizer, checks=enabled, canary_block=self._block)
@@ -341,8 +346,8 @@ class GradientCanaries:
             return
         opt = self._optimizer
         self._checks.detach()
-        hooks.uninstall(opt, self._hooks, "canaries")
-        hooks.release(opt, "canaries")
+        adapter.uninstall(opt, self._hooks, "canaries")
+        adapter.release(opt, "canaries")
         for handle in self._handles:
             handle.remove()
         self._final = self._scores()

@@ -23,6 +23,7 @@ __all__ = [
     "PROBE_NORM",
     "TESTS",
     "clipping",
+    "kinds_of",
     "ledger",
     "noise_repeat",
     "noise_variance",
@@ -42,6 +43,11 @@ TESTS = (
     ("ledger", "weights", "deterministic"),
 )
 _KIND = {(check, test): kind for check, test, kind in TESTS}
+
+
+def kinds_of(check: str) -> tuple[tuple[str, Any], ...]:
+    """The (test, kind) pairs of one of the mechanism checks, in the order of :data:`TESTS`."""
+    return tuple((test, kind) for c, test, kind in TESTS if c == check)
 
 
 def _num(x: float) -> str:

@@ -1,19 +1,25 @@
-"""What the mechanism checks' noise test reads of one noised step
-(:class:`~privmon.audit.MechanismChecks`): the noise just added, on the entries whose dtype
-resolves it, and the step's digest. Derivations: docs, Theory page, *Mechanism checks*."""
+"""The mechanism checks' noise tests (:class:`~privmon.audit.MechanismChecks`): what they read
+of one noised step (the noise just added, on the entries whose dtype resolves it, and the
+step's digest), and the check that tests it against N(0, σ²C²) and for repeats. Derivations:
+docs, Theory page, *Mechanism checks*."""
 
 from __future__ import annotations
 
 import hashlib
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from privmon.audit import mechanism_evidence as evidence
+from privmon.audit import opacus_adapter as adapter
+from privmon.audit.mechanism import MechanismFinding
+from privmon.audit.mechanism_check import MechanismCheck, StepContext
 from privmon.audit.mechanism_math import resolved_sum
 
-__all__ = ["fixed_tensor", "read_noise"]
+__all__ = ["NoiseCheck", "fixed_tensor", "read_noise"]
 
 NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
 DIGEST_VALUES = 64  # a step's digest: the first noise values of the fixed tensor
@@ -80,3 +86,78 @@ def _resolved(
     host = torch.cat([torch.stack([*kept, *counts]).double(), marked]).cpu().numpy()
     n = len(reads)
     return float(np.square(host[:n]).sum()), int(host[n : 2 * n].sum()), host[2 * n :]
+
+
+class NoiseCheck(MechanismCheck):
+    """Fresh N(0, σ²C²) noise at every step: the noise added against the σ and C the accountant
+    read (statistical, one-sided), and no step repeating another's (a digest per step).
+
+    Examples:
+        >>> from privmon.audit.mechanism_check import StepContext
+        >>> from privmon.audit.mechanism_noise import NoiseCheck
+        >>> [f.test for f in NoiseCheck().findings(StepContext(optimizer=None), accountant=None)]
+        ['variance', 'repeat']
+    """
+
+    name = "noise"
+    tests = evidence.kinds_of("noise")
+    refused_on = (
+        (
+            adapter.ADACLIP,
+            "AdaClip splits the noise between the gradient and a noisy count of unclipped rows: "
+            "the gradient's noise is not N(0, σ²C²)",
+        ),
+    )
+    squares: float
+    values: int
+    steps: int
+    scale: tuple[float, float]
+    digests: bytearray
+    reading: tuple[float, int, bytes] | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("squares", 0.0)  # Σ ‖z‖² / (σC)²
+        self.add_state("values", 0)  # noise values tested
+        self.add_state("steps", 0)  # steps they come from
+        self.add_state("scale", (math.nan, math.nan))  # last (σ, C) of the test
+        self.add_state("digests", bytearray())  # 8 bytes per step: the noise's digest
+        self.add_state("reading", None, persistent=False)  # what add_noise left for the step
+
+    def noised(self, context: StepContext) -> None:
+        """Read the noise just added (rank 0 only: Opacus adds it there): a fixed tensor
+        (``fixed_tensor`` of the canary block and the model's) and one of the model's in turn
+        (each one every len(params) steps)."""
+        self.reading = None if context.rank else _read(context)
+
+    def private_step(self, context: StepContext) -> None:
+        reading, self.reading = self.reading, None
+        if reading is None:
+            return
+        opt = context.optimizer
+        sigma, bound = float(opt.noise_multiplier), float(opt.max_grad_norm)
+        squares, values, digest = reading
+        self.digests += digest or context.steps.to_bytes(8, "little")
+        if values and sigma * bound > 0:
+            self.squares += squares / (sigma * bound) ** 2
+            self.values += values
+            self.steps += 1
+            self.scale = (sigma, bound)
+
+    def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
+        return [
+            evidence.noise_variance(
+                self.squares, self.values, self.steps, math.prod(self.scale), context.rank
+            ),
+            evidence.noise_repeat(bytes(self.digests), context.rank),
+        ]
+
+
+def _read(context: StepContext) -> tuple[float, int, bytes]:
+    opt, block, params = context.optimizer, context.block, context.params
+    scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+    if not params or scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to test
+        return 0.0, 0, b""
+    fixed = fixed_tensor([block, *params] if block is not None else params)
+    turn = params[context.steps % len(params)]
+    return read_noise((fixed,) if turn is fixed else (fixed, turn), scale)

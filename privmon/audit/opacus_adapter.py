@@ -1,21 +1,36 @@
-"""What the gradient canaries and the mechanism checks share to live inside an Opacus
-``DPOptimizer``: wrappers of the instance's methods, which of privmon's objects an optimizer
-carries, what Opacus' accountant hook closes over (the accountant and its sampling rate), and
-the LR schedulers already bound to an optimizer."""
+"""Everything privmon reads of Opacus' internals, in one place, for the gradient canaries and the
+mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's objects an
+optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
+Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
+clipping call, and the LR schedulers already bound to an optimizer.
+
+Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
+accountant and the sampling rate only in the step hook's closure
+(``accountant.get_optimizer_hook_fn(sample_rate=...)``), and a ``ReduceLROnPlateau`` leaves no
+trace on the optimizer it schedules (torch's other schedulers set ``'initial_lr'``), so those
+are found among the live objects."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from privmon._validation import check_unit
 
 __all__ = [
+    "ADACLIP",
+    "FSDP",
+    "GHOST",
+    "PER_LAYER",
+    "PER_LAYER_DDP",
     "Hook",
+    "OpacusFamily",
     "accountant_steps",
     "attached",
     "bound_schedulers",
@@ -26,21 +41,73 @@ __all__ = [
     "hook_accountant",
     "hook_sample_rate",
     "install",
+    "opacus_family",
     "rank_and_world",
     "release",
+    "rows_to_clip",
     "uninstall",
 ]
 
-# Opacus optimizers whose step the gradient canaries cannot join as a record: why, for the
-# error message.
-_UNSUPPORTED = {
-    "DPPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
-    "SimpleDistributedPerLayerOptimizer": "per-layer clipping bounds each parameter separately",
-    "DPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
-    "DistributedDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
-    "FSDPOptimizerFastGradientClipping": "ghost clipping keeps no per-sample gradients",
-    "AdaClipDPOptimizer": "adaptive clipping changes the noise multiplier and the bound per step",
+
+@dataclass(frozen=True)
+class OpacusFamily:
+    """Opacus optimizer classes (names in ``opacus.optimizers``, most derived first) that one
+    reason for a refusal covers, with their subclasses."""
+
+    classes: tuple[str, ...]
+
+    def matched(self, optimizer: Any) -> str | None:
+        """The name of the first of the classes ``optimizer`` is an instance of, or None."""
+        try:
+            from opacus import optimizers
+        except ImportError:  # pragma: no cover - opacus is an optional dependency
+            return None
+        for name in self.classes:
+            cls = getattr(optimizers, name, None)
+            if isinstance(cls, type) and isinstance(optimizer, cls):
+                return name
+        return None
+
+
+FSDP = OpacusFamily(("FSDPOptimizerFastGradientClipping",))
+PER_LAYER_DDP = OpacusFamily(("SimpleDistributedPerLayerOptimizer",))
+GHOST = OpacusFamily(
+    ("DistributedDPOptimizerFastGradientClipping", "DPOptimizerFastGradientClipping")
+)
+PER_LAYER = OpacusFamily(("DPPerLayerOptimizer",))
+ADACLIP = OpacusFamily(("AdaClipDPOptimizer",))
+# most derived first: an optimizer belongs to the first family it matches
+_FAMILIES = (FSDP, PER_LAYER_DDP, GHOST, PER_LAYER, ADACLIP)
+# the families whose step the gradient canaries cannot join as a record: why
+_NO_CANARIES = {
+    PER_LAYER_DDP: "per-layer clipping bounds each parameter separately",
+    PER_LAYER: "per-layer clipping bounds each parameter separately",
+    FSDP: "ghost clipping keeps no per-sample gradients",
+    GHOST: "ghost clipping keeps no per-sample gradients",
+    ADACLIP: "adaptive clipping changes the noise multiplier and the bound per step",
 }
+
+
+def opacus_family(optimizer: Any) -> tuple[OpacusFamily, str] | None:
+    """The family of ``optimizer`` and the Opacus class it matched, or None (flat clipping)."""
+    for family in _FAMILIES:
+        name = family.matched(optimizer)
+        if name is not None:
+            return family, name
+    return None
+
+
+def rows_to_clip(params: list[Any]) -> tuple[int, bool] | None:
+    """The rows a clipping call is about to clip (those of the first parameter with per-sample
+    gradients, a tensor or one per accumulated batch) and whether its summed gradient restarts
+    (``summed_grad`` None); None when no parameter has per-sample gradients."""
+    for p in params:
+        samples = getattr(p, "grad_sample", None)
+        if isinstance(samples, torch.Tensor):
+            return len(samples), getattr(p, "summed_grad", None) is None
+        if isinstance(samples, list):
+            return sum(len(s) for s in samples), getattr(p, "summed_grad", None) is None
+    return None
 
 
 # Which of privmon's objects each optimizer carries: {"canaries": ..., "checks": ...}.
@@ -219,13 +286,14 @@ def check_canary_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
     """``optimizer`` if GradientCanaries (with mechanism ``checks``) can join it: an Opacus
     flat-clipping ``DPOptimizer`` carrying no canaries, no other checks and no LR scheduler."""
     check_dp_optimizer(optimizer, who="GradientCanaries")
-    for cls in type(optimizer).__mro__:
-        if cls.__module__.startswith("opacus") and cls.__name__ in _UNSUPPORTED:
-            raise ValueError(
-                f"optimizer is an Opacus {cls.__name__}, which GradientCanaries do not support: "
-                f"{_UNSUPPORTED[cls.__name__]}. Use flat clipping on one process "
-                "(make_private(clipping='flat'), grad_sample_mode='hooks')."
-            )
+    found = opacus_family(optimizer)
+    if found is not None and found[0] in _NO_CANARIES:
+        family, name = found
+        raise ValueError(
+            f"optimizer is an Opacus {name}, which GradientCanaries do not support: "
+            f"{_NO_CANARIES[family]}. Use flat clipping on one process "
+            "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+        )
     if attached(optimizer, "canaries") is not None:
         raise ValueError(
             "optimizer already carries GradientCanaries: detach() them before attaching others"

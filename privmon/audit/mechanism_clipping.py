@@ -1,0 +1,145 @@
+"""The mechanism checks' clipping probe (:class:`~privmon.audit.MechanismChecks`): a synthetic
+row of norm 100 C, replayed through the optimizer's own ``clip_and_accumulate`` on scratch
+state, must contribute at most C, up to the rounding the parameters' dtype allows. Derivations:
+docs, Theory page, *Mechanism checks*."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from privmon.audit import mechanism_evidence as evidence
+from privmon.audit import opacus_adapter as adapter
+from privmon.audit.mechanism import MechanismFinding
+from privmon.audit.mechanism_check import MechanismCheck, StepContext
+from privmon.audit.mechanism_evidence import PROBE_NORM
+from privmon.audit.mechanism_math import CLIP_TOLERANCE, clip_tolerance
+
+__all__ = ["ClippingCheck"]
+
+logger = logging.getLogger("privmon")
+
+# The probe runs at the first PROBE_FIRST private steps, every PROBE_EVERY-th, and whenever C,
+# the optimizer's class or its clip_and_accumulate changed since the last probe.
+PROBE_FIRST, PROBE_EVERY = 10, 10
+_MISSING = object()
+
+
+class ClippingCheck(MechanismCheck):
+    """Each record's gradient clipped to C: the probe's worst contribution against C.
+
+    Examples:
+        >>> from privmon.audit.mechanism_check import StepContext
+        >>> from privmon.audit.mechanism_clipping import ClippingCheck
+        >>> ClippingCheck().findings(StepContext(optimizer=None), accountant=None)[0].evidence
+        'clipping: not tested: no private step yet'
+    """
+
+    name = "clipping"
+    tests = evidence.kinds_of("clipping")
+    refused_on = (
+        (
+            adapter.GHOST,
+            "ghost clipping computes the per-sample norms inside the backward pass and keeps no "
+            "per-sample gradients, so there is no clipping step to replay a row through",
+        ),
+        (
+            adapter.ADACLIP,
+            "AdaClip moves max_grad_norm after each step's noise, so the bound read after the "
+            "step is not the one the step clipped to",
+        ),
+    )
+    probes: int
+    over: int
+    bound: float
+    worst: tuple[float, float, int] | None
+    key: tuple[Any, ...]
+    error: str | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("probes", 0)
+        self.add_state("over", 0)  # probes above C
+        self.add_state("bound", math.nan)  # the last probe's C
+        self.add_state("worst", None)  # (ratio, bound, step)
+        self.add_state("key", (), persistent=False)  # what the last probe ran with
+        self.add_state("error", None, persistent=False)  # why the probe could not run
+
+    def private_step(self, context: StepContext) -> None:
+        opt = context.optimizer
+        bound = float(opt.max_grad_norm)
+        key = (bound, type(opt), opt.__dict__.get("clip_and_accumulate"))
+        due = self.probes < PROBE_FIRST or context.steps % PROBE_EVERY == 0
+        if due or key != self.key:
+            self.key = key
+            self._check(context, bound)
+
+    def _check(self, context: StepContext, bound: float) -> None:
+        try:
+            contribution = self._probe(context, bound)
+        except Exception as e:  # a custom clipping path that cannot take the probe
+            if self.error is None:
+                logger.warning("privmon: the clipping probe could not run: %r", e)
+            self.error = f"{type(e).__name__}: {e}"
+            return
+        self.probes += 1
+        self.bound = bound
+        ratio = contribution / bound if bound > 0 else math.inf
+        if ratio > 1 + _tolerance(context.params, bound):
+            self.over += 1
+        if self.worst is None or ratio > self.worst[0]:
+            self.worst = (ratio, bound, context.steps)
+
+    @staticmethod
+    def _probe(context: StepContext, bound: float) -> float:
+        """The contribution ‖Σ_p summed_grad_p‖ of one row of norm PROBE_NORM · C, equal on
+        every clipped parameter, through the optimizer's own ``clip_and_accumulate`` on scratch
+        state (every parameter's ``grad_sample`` and ``summed_grad`` put back after)."""
+        params = context.params
+        saved = [(p, p.__dict__.get("grad_sample", _MISSING), p.summed_grad) for p in params]
+        share = PROBE_NORM * bound / math.sqrt(max(sum(p.numel() > 0 for p in params), 1))
+        try:
+            for p in params:
+                value = share / math.sqrt(max(p.numel(), 1))
+                p.grad_sample = torch.full((1, *p.shape), value, dtype=p.dtype, device=p.device)
+                p.summed_grad = None
+            context.probing = True
+            context.optimizer.clip_and_accumulate()
+            sums = [p.summed_grad.float() for p in params if p.summed_grad is not None]
+            norms = [torch.linalg.vector_norm(s) for s in sums] or [torch.zeros(())]
+            total = float(torch.stack(norms).double().square().sum())
+        finally:
+            context.probing = False
+            for p, samples, summed in saved:
+                if samples is _MISSING:
+                    p.__dict__.pop("grad_sample", None)
+                else:
+                    p.grad_sample = samples
+                p.summed_grad = summed
+        return math.sqrt(total)
+
+    def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
+        return [
+            evidence.clipping(
+                self.worst, self.probes, self.over, context.steps, self.bound, self.error
+            )
+        ]
+
+
+def _tolerance(params: list[Any], bound: float) -> float:
+    """The rounding a correct clipping path in the parameters' precision (the coarsest of their
+    dtypes: the probe's rows are in each parameter's own) allows the probe."""
+    params = [p for p in params if p.numel() > 0]
+    if not params:
+        return CLIP_TOLERANCE
+    info = [torch.finfo(p.dtype) for p in params]
+    return clip_tolerance(
+        max(i.eps for i in info),
+        max(i.tiny for i in info),
+        bound,
+        max(p.numel() for p in params),
+        len(params),
+    )

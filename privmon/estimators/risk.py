@@ -22,9 +22,9 @@ from scipy.stats import norm
 from privmon._validation import as_scores, check_open_unit, to_numpy
 from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
-from privmon.estimators.estimates import check_bins, default_bins
+from privmon.estimators.estimates import check_bins
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.methods import Method, check_method
+from privmon.estimators.methods import Method, estimator_method
 from privmon.estimators.record_binning import BinnedRecords
 from privmon.estimators.rules import RuleDensities
 
@@ -32,7 +32,9 @@ __all__ = [
     "QUANTILES",
     "RISK_LEVELS",
     "IndividualRisk",
+    "histogram_individual_risk",
     "individual_risk",
+    "kde_individual_risk",
     "most_exposed",
     "record_signed_risk",
     "risk_from_probabilities",
@@ -353,7 +355,7 @@ def individual_risk(
     """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
-    check_method(method)
+    estimator = estimator_method(method)
     check_bins(bins)
     bandwidth_factor(bandwidth, n=2, d=1)
     m, dm = as_scores(member_scores, name="member_scores")
@@ -363,34 +365,45 @@ def individual_risk(
     for t, name in ((h, "nonmember_scores"), (x, "scores")):
         if t.shape[1] != d:
             raise ValueError(f"{name} has {t.shape[1]} dimensions per score, member_scores {d}")
-    if method == "kde":
-        finite = torch.isfinite(x).all(dim=1)
-        xs = torch.nan_to_num(x)
-        lp, p_lo, p_hi = _kde_bounds(GaussianKDE(m, bandwidth=bandwidth), xs, delta)
-        lq, q_lo, q_hi = _kde_bounds(GaussianKDE(h, bandwidth=bandwidth), xs, delta)
-        # (x − 1)/(x + 1) = tanh(ln(x)/2) (MACE eq. 17): exact even where both densities underflow
-        lam = math.log(prior / (1 - prior))
-        signed = to_numpy(torch.tanh((lam + lp - lq) / 2))
-        out = risk_from_probabilities(
-            None,
-            p_lo,
-            p_hi,
-            None,
-            q_lo,
-            q_hi,
-            prior=prior,
-            method="kde",
-            delta=delta,
-            n_dropped=dm + dh + dx,
-            signed=signed,
-        )
-        return _mask(out, to_numpy(finite))
-    nbins = bins if bins is not None else default_bins("histogram", d)
-    if d <= 2:
-        state = BinnedScores(bins=nbins, margin=0.0, device=m.device)
+    return estimator.individual_risk(
+        x, m, h, prior=prior, delta=delta, bins=bins, bandwidth=bandwidth, n_dropped=dm + dh + dx
+    )
+
+
+def kde_individual_risk(x, m, h, *, prior, delta, bandwidth, n_dropped) -> IndividualRisk:
+    """Lemma 6 with Lemma 11's normal approximation from the classes' Gaussian KDEs (the KDE
+    method's :func:`individual_risk`)."""
+    finite = torch.isfinite(x).all(dim=1)
+    xs = torch.nan_to_num(x)
+    lp, p_lo, p_hi = _kde_bounds(GaussianKDE(m, bandwidth=bandwidth), xs, delta)
+    lq, q_lo, q_hi = _kde_bounds(GaussianKDE(h, bandwidth=bandwidth), xs, delta)
+    # (x − 1)/(x + 1) = tanh(ln(x)/2) (MACE eq. 17): exact even where both densities underflow
+    lam = math.log(prior / (1 - prior))
+    signed = to_numpy(torch.tanh((lam + lp - lq) / 2))
+    out = risk_from_probabilities(
+        None,
+        p_lo,
+        p_hi,
+        None,
+        q_lo,
+        q_hi,
+        prior=prior,
+        method="kde",
+        delta=delta,
+        n_dropped=n_dropped,
+        signed=signed,
+    )
+    return _mask(out, to_numpy(finite))
+
+
+def histogram_individual_risk(x, m, h, *, prior, delta, bins, n_dropped) -> IndividualRisk:
+    """Lemma 5 on ``bins`` cells per dimension (the histogram method's :func:`individual_risk`):
+    a grid in 1-2 dimensions, the occupied cells above."""
+    if m.shape[1] <= 2:
+        state = BinnedScores(bins=bins, margin=0.0, device=m.device)
         state.update(m, h)
-        return histogram_risk(state, x, prior=prior, delta=delta, n_dropped=dm + dh + dx)
-    return _sparse_histogram_risk(x, m, h, nbins, prior=prior, delta=delta, n_dropped=dm + dh + dx)
+        return histogram_risk(state, x, prior=prior, delta=delta, n_dropped=n_dropped)
+    return _sparse_histogram_risk(x, m, h, bins, prior=prior, delta=delta, n_dropped=n_dropped)
 
 
 def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> IndividualRisk:

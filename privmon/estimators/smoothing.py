@@ -284,9 +284,14 @@ def smooth_selections(
         train_counts, train_ns, train_covs = (t[:, 1] for t in cells.selected)
         masses.append(
             method.smooth(
-                grid.bins, cells.width, train_counts, train_ns, train_covs,
-                bandwidth=bandwidth, extended=0,
-            )[1].unsqueeze(1)  # fmt: skip
+                grid.bins,
+                cells.width,
+                train_counts,
+                train_ns,
+                train_covs,
+                bandwidth=bandwidth,
+                extended=0,
+            )[1].unsqueeze(1)
         )
     return plug_rows, torch.cat(masses, dim=1)
 

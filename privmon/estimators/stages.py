@@ -50,9 +50,9 @@ __all__ = [
 class EstimatorOptions:
     """How the estimators are set (:func:`~privmon.optimal_advantage`'s keywords, checked there;
     :func:`~privmon.analyse` uses the defaults): cells per dimension (None: each method's
-    :meth:`~privmon.estimators.methods.EstimatorMethod.default_bins`), the KDE ``bandwidth``, cross-fitting
-    ``folds``, U_N's importance samples above 2-D and their ``seed``, and the raw scores' grid
-    ``low`` / ``high`` in 1-2 D ((d,) tensors, or None: their robust range)."""
+    :meth:`~privmon.estimators.methods.EstimatorMethod.default_bins`), the KDE ``bandwidth``,
+    cross-fitting ``folds``, U_N's importance samples above 2-D and their ``seed``, and the raw
+    scores' grid ``low`` / ``high`` in 1-2 D ((d,) tensors, or None: their robust range)."""
 
     bins: int | None = None
     bandwidth: str | float = "scott"

@@ -418,6 +418,13 @@ def learned_rule_counts(
     above = summary[record, which] > thresholds.cut[fit, which]
     threshold_said = (above == thresholds.high[fit, which]).to(dtype)
     said = torch.where(choice[fit] >= BLOCK_SETS, threshold_said, said)
+    return _counts(said, fit, record, n1=n1, folds=folds)
+
+
+def _counts(said: torch.Tensor, fit: torch.Tensor, record: torch.Tensor, *, n1: int, folds: int):
+    """The :class:`RuleCounts` of the held-out (``fit``, ``record``) pairs' calls ``said``:
+    the cross-fitted fits are the first ``folds``, the certificates' the others."""
+    dtype, device = said.dtype, said.device
     member = record < n1
     cross = fit < folds
     certificates = len(HIGH_DIM_CERTIFY_FOLDS)

@@ -100,7 +100,7 @@ def alphas_cumprod(scheduler: Any) -> torch.Tensor:
     return check_alphas_cumprod(values, name="scheduler")
 
 
-def model_calls(statistic: Statistic, timesteps: int | Sequence[int], *, interval: int = 10) -> int:
+def model_calls(statistic: str, timesteps: int | Sequence[int], *, interval: int = 10) -> int:
     """ε_θ evaluations per image for a statistic at the given timesteps (m of them): ``loss``
     and ``sima`` m, ``pia`` / ``pian`` 1 + m, ``secmi`` max(t)/k + 2 (the inversion is shared by
     the timesteps). :func:`diffusion_statistic` batches them into as few model calls as
@@ -326,7 +326,7 @@ def diffusion_statistic(
     images: torch.Tensor,
     alphas_cumprod: Any,
     *,
-    statistic: Statistic,
+    statistic: str,
     timesteps: int | Sequence[int],
     interval: int = 10,
     p: float = 4.0,

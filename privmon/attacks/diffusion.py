@@ -59,13 +59,6 @@ __all__ = [
 
 Statistic = Literal["loss", "pia", "pian", "secmi", "sima"]
 
-STATISTICS: tuple[str, ...] = ("loss", "pia", "pian", "secmi", "sima")
-"""The built-in statistics :func:`diffusion_statistic` computes (each an object,
-:func:`statistic_of`; more with :func:`register_statistic`)."""
-
-HIGHER_IS_MEMBER: dict[str, bool] = dict.fromkeys(STATISTICS, False)
-"""Score direction of each statistic: all are distances, lower for members."""
-
 MAX_BATCH_VALUES = 2**20
 """Default bound on one model call's input: ``max_batch = max(1, ⌊2²⁰ / values per image⌋)``
 images (4 MiB of float32 input; the model's activations are a multiple of it)."""
@@ -521,6 +514,13 @@ _REGISTRY: dict[str, DiffusionStatistic] = {
         _SimA(),
     )
 }
+
+STATISTICS: tuple[str, ...] = tuple(_REGISTRY)
+"""The built-in statistics :func:`diffusion_statistic` computes (each an object,
+:func:`statistic_of`; more with :func:`register_statistic`)."""
+
+HIGHER_IS_MEMBER: dict[str, bool] = {name: s.higher_is_member for name, s in _REGISTRY.items()}
+"""Score direction of each built-in statistic: all are distances, lower for members."""
 
 
 def register_statistic(statistic: DiffusionStatistic) -> None:

@@ -81,6 +81,7 @@ def test_individual_risk_and_the_registry_name_it(toy):
     got = individual_risk(q, m, h, method=toy)
     peer = individual_risk(q, m, h, method="histogram", bins=25)
     assert np.array_equal(got.value, peer.value) and np.array_equal(got.upper, peer.upper)
+    assert got.method == toy and peer.method == "histogram"
     assert check_method(toy) == toy and toy in registered_methods() and toy not in METHODS
 
 

@@ -70,7 +70,7 @@ class HistogramMethod(EstimatorMethod):
         """Lemma 5 on the method's grid."""
         nbins = bins if bins is not None else self.default_bins(m.shape[1])
         return histogram_individual_risk(
-            x, m, h, prior=prior, delta=delta, bins=nbins, n_dropped=n_dropped
+            x, m, h, prior=prior, delta=delta, bins=nbins, n_dropped=n_dropped, method=self.name
         )
 
 
@@ -151,8 +151,9 @@ class KDEMethod(EstimatorMethod):
     ) -> IndividualRisk:
         """Lemma 6 with Lemma 11's normal approximation."""
         return kde_individual_risk(
-            x, m, h, prior=prior, delta=delta, bandwidth=bandwidth, n_dropped=n_dropped
-        )
+            x, m, h, prior=prior, delta=delta, bandwidth=bandwidth, n_dropped=n_dropped,
+            method=self.name,
+        )  # fmt: skip
 
 
 register_method(HistogramMethod())

@@ -167,7 +167,7 @@ def _cp_interval(k, n, delta):
     return lower, table[1, ki]
 
 
-def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped) -> IndividualRisk:
+def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped, method) -> IndividualRisk:
     """Lemma 5 per cell from the cells' member / non-member counts ``k1``, ``k2`` (numpy)."""
     p_lo, p_hi = _cp_interval(k1, n1, delta)
     q_lo, q_hi = _cp_interval(k2, n2, delta)
@@ -179,7 +179,7 @@ def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped) -> IndividualRisk:
         q_lo,
         q_hi,
         prior=prior,
-        method="histogram",
+        method=method,
         delta=delta,
         n_dropped=n_dropped,
     )
@@ -273,7 +273,13 @@ def most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:
 
 
 def histogram_risk(
-    state: BinnedScores, queries: torch.Tensor, *, prior: float, delta: float, n_dropped: int = 0
+    state: BinnedScores,
+    queries: torch.Tensor,
+    *,
+    prior: float,
+    delta: float,
+    n_dropped: int = 0,
+    method: str = "histogram",
 ) -> IndividualRisk:
     """Lemma 5 from a state's cell counts; queries outside the grid (or NaN) carry no evidence."""
     if bool(torch.isfinite(queries).all()):
@@ -284,7 +290,7 @@ def histogram_risk(
         finite = to_numpy(torch.isfinite(queries).all(dim=1))
     k1, k2 = _cell_counts(state)
     n1, n2 = float(k1.sum()), float(k2.sum())
-    per_cell = _lemma5(k1, k2, n1, n2, prior=prior, delta=delta, n_dropped=n_dropped)
+    per_cell = _lemma5(k1, k2, n1, n2, prior=prior, delta=delta, n_dropped=n_dropped, method=method)
     index = np.where(to_numpy(inside), to_numpy(cell), state.allocated().counts.shape[2])
     return _per_query(per_cell, index, finite)
 
@@ -370,7 +376,7 @@ def individual_risk(
     )
 
 
-def kde_individual_risk(x, m, h, *, prior, delta, bandwidth, n_dropped) -> IndividualRisk:
+def kde_individual_risk(x, m, h, *, prior, delta, bandwidth, n_dropped, method) -> IndividualRisk:
     """Lemma 6 with Lemma 11's normal approximation from the classes' Gaussian KDEs (the KDE
     method's :func:`individual_risk`)."""
     finite = torch.isfinite(x).all(dim=1)
@@ -388,7 +394,7 @@ def kde_individual_risk(x, m, h, *, prior, delta, bandwidth, n_dropped) -> Indiv
         q_lo,
         q_hi,
         prior=prior,
-        method="kde",
+        method=method,
         delta=delta,
         n_dropped=n_dropped,
         signed=signed,
@@ -396,17 +402,21 @@ def kde_individual_risk(x, m, h, *, prior, delta, bandwidth, n_dropped) -> Indiv
     return _mask(out, to_numpy(finite))
 
 
-def histogram_individual_risk(x, m, h, *, prior, delta, bins, n_dropped) -> IndividualRisk:
+def histogram_individual_risk(x, m, h, *, prior, delta, bins, n_dropped, method) -> IndividualRisk:
     """Lemma 5 on ``bins`` cells per dimension (the histogram method's :func:`individual_risk`):
     a grid in 1-2 dimensions, the occupied cells above."""
     if m.shape[1] <= 2:
         state = BinnedScores(bins=bins, margin=0.0, device=m.device)
         state.update(m, h)
-        return histogram_risk(state, x, prior=prior, delta=delta, n_dropped=n_dropped)
-    return _sparse_histogram_risk(x, m, h, bins, prior=prior, delta=delta, n_dropped=n_dropped)
+        return histogram_risk(
+            state, x, prior=prior, delta=delta, n_dropped=n_dropped, method=method
+        )
+    return _sparse_histogram_risk(
+        x, m, h, bins, prior=prior, delta=delta, n_dropped=n_dropped, method=method
+    )
 
 
-def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> IndividualRisk:
+def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped, method) -> IndividualRisk:
     """Lemma 5 above 2 dimensions: occupied cells only (torch.unique), 100^d never allocated."""
     pooled = torch.cat([m, h])
     low, high = pooled.min(0).values, pooled.max(0).values
@@ -434,6 +444,7 @@ def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> Individ
         prior=prior,
         delta=delta,
         n_dropped=n_dropped,
+        method=method,
     )
     cell = to_numpy(torch.where(inside[n1 + n2 :], inv[n1 + n2 :], u))
     return _per_query(per_cell, cell, to_numpy(finite))

@@ -173,6 +173,7 @@ def test_the_certificates_rule_reads_its_own_records_alone(d, which):
     # rule's densities and its training records' cells stay bit for bit, and each held-out
     # record's cell follows its own score.
     from privmon.estimators.folds import CERTIFY_FOLDS
+    from privmon.estimators.methods import estimator_method
     from privmon.estimators.record_binning import bin_records
     from privmon.estimators.selections import record_selections
     from privmon.estimators.smoothing import smooth_selections
@@ -185,11 +186,13 @@ def test_the_certificates_rule_reads_its_own_records_alone(d, which):
     moved = x.clone()
     moved[held_out] = torch.from_numpy(rng.standard_cauchy((int(held_out.sum()), d)) * 5)
     densities, cells = [], []
-    methods = ("histogram", "kde") if d == 1 else ("histogram",)
+    methods = {"histogram": 100, "kde": 2000} if d == 1 else {"histogram": 100}
     for scores in (x, moved):
         binned = bin_records(scores, n1, bins=100, fine_bins=2000 if d == 1 else None)
         densities.append(
-            {m: smooth_selections(g, m, bandwidth="scott", extended=False)[1][:, 4 + which]
+            {m: smooth_selections(
+                g, estimator_method(m), bandwidth="scott", extended=False
+            )[1][:, 4 + which]
              for m, g in record_selections(binned, methods).items()}
         )  # fmt: skip
         coordinates = _certificate_coordinates(scores, ~held_out)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._shown import described
+from privmon._shown import described, shown
 from privmon._validation import (
     check_alphas_cumprod,
     check_choice,
@@ -45,20 +45,19 @@ __all__ = [
     "HIGHER_IS_MEMBER",
     "MAX_BATCH_VALUES",
     "STATISTICS",
+    "DiffusionStatistic",
+    "StatisticInputs",
     "alphas_cumprod",
     "diffusion_statistic",
     "model_calls",
     "module_of",
     "noise_prediction",
+    "register_statistic",
+    "statistic_of",
+    "unregister_statistic",
 ]
 
 Statistic = Literal["loss", "pia", "pian", "secmi", "sima"]
-
-STATISTICS: tuple[str, ...] = ("loss", "pia", "pian", "secmi", "sima")
-"""The statistics :func:`diffusion_statistic` computes."""
-
-HIGHER_IS_MEMBER: dict[str, bool] = dict.fromkeys(STATISTICS, False)
-"""Score direction of each statistic: all are distances, lower for members."""
 
 MAX_BATCH_VALUES = 2**20
 """Default bound on one model call's input: ``max_batch = max(1, ⌊2²⁰ / values per image⌋)``
@@ -94,7 +93,7 @@ def alphas_cumprod(scheduler: Any) -> torch.Tensor:
     return check_alphas_cumprod(values, name="scheduler")
 
 
-def model_calls(statistic: Statistic, timesteps: int | Sequence[int], *, interval: int = 10) -> int:
+def model_calls(statistic: str, timesteps: int | Sequence[int], *, interval: int = 10) -> int:
     """ε_θ evaluations per image for a statistic at the given timesteps (m of them): ``loss``
     and ``sima`` m, ``pia`` / ``pian`` 1 + m, ``secmi`` max(t)/k + 2 (the inversion is shared by
     the timesteps). :func:`diffusion_statistic` batches them into as few model calls as
@@ -105,11 +104,9 @@ def model_calls(statistic: Statistic, timesteps: int | Sequence[int], *, interva
         >>> model_calls("pia", [20, 40, 60]), model_calls("secmi", 100, interval=10)
         (4, 12)
     """
-    check_choice(statistic, STATISTICS, name="statistic")
+    stat = statistic_of(statistic)
     ts = (timesteps,) if isinstance(timesteps, int) else tuple(timesteps)
-    if statistic == "secmi":
-        return max(ts) // check_int(interval, name="interval", minimum=1) + 2
-    return len(ts) + (statistic in ("pia", "pian"))
+    return stat.model_calls(ts, interval=interval)
 
 
 def module_of(fn: Any) -> nn.Module | None:
@@ -322,7 +319,7 @@ def diffusion_statistic(
     images: torch.Tensor,
     alphas_cumprod: Any,
     *,
-    statistic: Statistic,
+    statistic: str,
     timesteps: int | Sequence[int],
     interval: int = 10,
     p: float = 4.0,
@@ -362,14 +359,11 @@ def diffusion_statistic(
         >>> diffusion_statistic(model, x0, abar, statistic="pia", timesteps=[10, 50]).shape
         torch.Size([4, 2])
     """
-    statistic = check_choice(statistic, STATISTICS, name="statistic")
+    stat = statistic_of(statistic)
     abar = check_alphas_cumprod(alphas_cumprod, name="alphas_cumprod")
     interval = check_int(interval, name="interval", minimum=1)
     ts = check_timesteps(
-        timesteps,
-        name="timesteps",
-        steps=len(abar),
-        interval=interval if statistic == "secmi" else None,
+        timesteps, name="timesteps", steps=len(abar), interval=interval if stat.strided else None
     )
     p = check_positive(p, name="p")
     if not isinstance(images, torch.Tensor) or not images.is_floating_point() or images.ndim < 2:
@@ -379,7 +373,7 @@ def diffusion_statistic(
             else type(images).__name__
         )
         raise ValueError(f"images must be a float tensor of shape (n, ...) with n ≥ 1, got {got}")
-    n, m, shape = images.shape[0], len(ts), tuple(images.shape[1:])
+    n, shape = images.shape[0], tuple(images.shape[1:])
     if n == 0:
         raise ValueError("images is empty: shape (0, ...)")
     cond = {} if conditioning is None else conditioning
@@ -388,41 +382,189 @@ def diffusion_statistic(
         max_batch = max(1, MAX_BATCH_VALUES // max(1, math.prod(shape)))
     rows = _Rows(model, n, cond, check_int(max_batch, name="max_batch", minimum=1))
     dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
-    device = images.device
-    x0 = images.detach().to(dtype)
-    a = abar.to(device, dtype)
-    t_of = torch.tensor(ts, device=device)
-    view = (-1,) + (1,) * len(shape)
-
-    def noised(rows_: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = t_of[rows_ // n]
-        a_t = a[t].view(view)
-        return a_t.sqrt() * x0[rows_ % n] + (1 - a_t).sqrt() * eps, t
-
+    inputs = StatisticInputs(rows, images.detach().to(dtype), abar, ts, interval, p, noise)
     with torch.no_grad():
-        if statistic == "loss":
-            scores = _loss(rows, _check_noise(noise, (n, m, *shape)), noised, x0, m)
-        elif statistic == "sima":
-            scores = rows.map(
-                n * m,
-                lambda r: (x0[r % n], t_of[r // n]),
-                lambda r, out: _power_sum(out, 4),
-                device,
-            )
-        elif statistic in ("pia", "pian"):
-            hat = rows.map(n, _at(x0, 0), _keep, device)
-            if statistic == "pian":
-                hat = hat / hat.abs().flatten(1).mean(dim=1).view(view) * math.sqrt(2 / math.pi)
+        return stat.compute(inputs)
 
-            def pia_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return noised(r, hat[r % n])
 
-            scores = rows.map(
-                n * m, pia_rows, lambda r, out: _power_sum(hat[r % n] - out, p), device
-            )
-        else:
-            return _secmi(rows, x0, abar, ts, interval, device)
-    return scores.view(m, n).T
+class StatisticInputs:
+    """What a :class:`DiffusionStatistic` reads: the images x_0 (``images``, in the compute
+    dtype), ᾱ (``alphas_cumprod``, float64 CPU; ``alphas`` on the images' device and dtype), the
+    timesteps, SecMI's ``interval``, PIA's ``p``, the loss's ``noise`` (as given), and the model
+    through :meth:`predict` (at most ``max_batch`` images a call)."""
+
+    def __init__(self, rows, images, abar, timesteps, interval, p, noise) -> None:
+        self.rows, self.images, self.alphas_cumprod = rows, images, abar
+        self.timesteps, self.interval, self.p, self.noise = timesteps, interval, p, noise
+        self.n, self.m, self.shape = images.shape[0], len(timesteps), tuple(images.shape[1:])
+        self.device = images.device
+        self.alphas = abar.to(self.device, images.dtype)
+        self.t_of = torch.tensor(timesteps, device=self.device)
+
+    def predict(self, count: int, build, reduce) -> torch.Tensor:
+        """``reduce(rows, ε̂)`` of the model at ``build(rows) = (x_t, t)`` for rows 0 … count − 1
+        (row r = j·n + i: timestep j, image i), concatenated."""
+        return self.rows.map(count, build, reduce, self.device)
+
+    def noised(self, rows: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x_t = √ᾱ_t x_0 + √(1 − ᾱ_t) ε of the rows (image r % n at timestep r // n), and t."""
+        t = self.t_of[rows // self.n]
+        a_t = self.alphas[t].view((-1,) + (1,) * len(self.shape))
+        return a_t.sqrt() * self.images[rows % self.n] + (1 - a_t).sqrt() * eps, t
+
+    def columns(self, scores: torch.Tensor) -> torch.Tensor:
+        """Per-row scores (rows j·n + i) as (n, m): column j for timestep j."""
+        return scores.view(self.m, self.n).T
+
+
+class DiffusionStatistic:
+    """One statistic of :func:`diffusion_statistic`, as it is asked: its ``name``, its
+    direction (``higher_is_member``), whether its timesteps step by ``interval`` (``strided``),
+    whether it reads the noise ε (``noised``: the query passes its generator), its model calls
+    per image (:meth:`model_calls`) and the statistic itself (:meth:`compute`). A new
+    statistic subclasses it and is registered with :func:`register_statistic`.
+
+    Examples:
+        >>> from privmon.attacks.diffusion import statistic_of
+        >>> statistic_of("secmi").strided, statistic_of("loss").noised
+        (True, True)
+    """
+
+    name: str
+    higher_is_member = False
+    strided = False
+    noised = False
+
+    def model_calls(self, timesteps: tuple[int, ...], *, interval: int) -> int:
+        """ε_θ evaluations per image at these timesteps: one each."""
+        return len(timesteps)
+
+    def compute(self, inputs: StatisticInputs) -> torch.Tensor:
+        """The statistic per image and timestep, (n, m) (no gradients)."""
+        raise NotImplementedError
+
+
+class _Loss(DiffusionStatistic):
+    name, noised = "loss", True
+
+    def compute(self, inputs: StatisticInputs) -> torch.Tensor:
+        noise = _check_noise(inputs.noise, (inputs.n, inputs.m, *inputs.shape))
+        scores = _loss(inputs.rows, noise, inputs.noised, inputs.images, inputs.m)
+        return inputs.columns(scores)
+
+
+class _SimA(DiffusionStatistic):
+    name = "sima"
+
+    def compute(self, inputs: StatisticInputs) -> torch.Tensor:
+        x0, n = inputs.images, inputs.n
+        scores = inputs.predict(
+            n * inputs.m,
+            lambda r: (x0[r % n], inputs.t_of[r // n]),
+            lambda r, out: _power_sum(out, 4),
+        )
+        return inputs.columns(scores)
+
+
+class _PIA(DiffusionStatistic):
+    def __init__(self, name: str, *, normalised: bool) -> None:
+        self.name, self.normalised = name, normalised
+
+    def model_calls(self, timesteps: tuple[int, ...], *, interval: int) -> int:
+        """ε̂ = ε_θ(x_0, 0) first, then one per timestep."""
+        return len(timesteps) + 1
+
+    def compute(self, inputs: StatisticInputs) -> torch.Tensor:
+        x0, n = inputs.images, inputs.n
+        hat = inputs.predict(n, _at(x0, 0), _keep)
+        if self.normalised:
+            view = (-1,) + (1,) * len(inputs.shape)
+            hat = hat / hat.abs().flatten(1).mean(dim=1).view(view) * math.sqrt(2 / math.pi)
+
+        def pia_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return inputs.noised(r, hat[r % n])
+
+        scores = inputs.predict(
+            n * inputs.m, pia_rows, lambda r, out: _power_sum(hat[r % n] - out, inputs.p)
+        )
+        return inputs.columns(scores)
+
+
+class _SecMI(DiffusionStatistic):
+    name, strided = "secmi", True
+
+    def model_calls(self, timesteps: tuple[int, ...], *, interval: int) -> int:
+        """The inversion to max(t) + k, shared by the timesteps."""
+        return max(timesteps) // check_int(interval, name="interval", minimum=1) + 2
+
+    def compute(self, inputs: StatisticInputs) -> torch.Tensor:
+        return _secmi(
+            inputs.rows, inputs.images, inputs.alphas_cumprod, inputs.timesteps,
+            inputs.interval, inputs.device,
+        )  # fmt: skip
+
+
+_REGISTRY: dict[str, DiffusionStatistic] = {
+    s.name: s
+    for s in (
+        _Loss(),
+        _PIA("pia", normalised=False),
+        _PIA("pian", normalised=True),
+        _SecMI(),
+        _SimA(),
+    )
+}
+
+STATISTICS: tuple[str, ...] = tuple(_REGISTRY)
+"""The built-in statistics :func:`diffusion_statistic` computes (each an object,
+:func:`statistic_of`; more with :func:`register_statistic`)."""
+
+HIGHER_IS_MEMBER: dict[str, bool] = {name: s.higher_is_member for name, s in _REGISTRY.items()}
+"""Score direction of each built-in statistic: all are distances, lower for members."""
+
+
+def register_statistic(statistic: DiffusionStatistic) -> None:
+    """Make ``statistic`` one :func:`diffusion_statistic` and ``DiffusionQuery`` accept by its
+    name.
+
+    Examples:
+        >>> from privmon.attacks.diffusion import DiffusionStatistic, register_statistic
+        >>> class Norm(DiffusionStatistic):
+        ...     name = "norm"
+        >>> register_statistic(Norm())
+        >>> unregister_statistic("norm")
+    """
+    if not isinstance(statistic, DiffusionStatistic):
+        raise TypeError(f"statistic must be a DiffusionStatistic, got {type(statistic).__name__}")
+    if not isinstance(getattr(statistic, "name", None), str) or statistic.name in _REGISTRY:
+        raise ValueError(f"statistic needs a name not yet registered, got {shown(statistic.name)}")
+    _REGISTRY[statistic.name] = statistic
+
+
+def unregister_statistic(name: str) -> None:
+    """Remove a statistic :func:`register_statistic` added (the built-in ones stay).
+
+    Examples:
+        >>> from privmon.attacks.diffusion import unregister_statistic
+        >>> unregister_statistic("loss")
+        Traceback (most recent call last):
+        ...
+        ValueError: the built-in statistics ('loss', 'pia', 'pian', 'secmi', 'sima') stay registered
+    """
+    if name in STATISTICS:
+        raise ValueError(f"the built-in statistics {STATISTICS} stay registered")
+    del _REGISTRY[statistic_of(name).name]
+
+
+def statistic_of(name: str) -> DiffusionStatistic:
+    """The registered statistic of that name, or a ValueError naming the valid ones.
+
+    Examples:
+        >>> from privmon.attacks.diffusion import statistic_of
+        >>> statistic_of("pia").model_calls((20, 40), interval=10)
+        3
+    """
+    return _REGISTRY[check_choice(name, tuple(_REGISTRY), name="statistic")]
 
 
 def _secmi(

@@ -39,12 +39,13 @@ from privmon._shown import positions
 from privmon._validation import (
     as_mask,
     as_tensor,
-    check_choice,
     check_fraction,
     check_int,
     check_materialized,
     check_module,
 )
+from privmon.attacks.lm_statistics import STATISTICS as LM_STATISTICS
+from privmon.attacks.lm_statistics import TokenInputs, lm_statistic_of
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -62,18 +63,6 @@ __all__ = [
 ]
 
 Statistic = Literal["loss", "zlib", "min_k", "min_k_plus_plus", "reference"]
-
-STATISTICS: tuple[str, ...] = ("loss", "zlib", "min_k", "min_k_plus_plus", "reference")
-"""The statistics :func:`lm_statistic` computes."""
-
-HIGHER_IS_MEMBER: dict[str, bool] = {
-    "loss": False,
-    "zlib": False,
-    "min_k": True,
-    "min_k_plus_plus": True,
-    "reference": False,
-}
-"""Score direction of each statistic: True when members tend to score higher."""
 
 IGNORE_INDEX = -100
 """The label value Hugging Face losses ignore: a token with this label is never counted."""
@@ -517,16 +506,14 @@ def causal_lm_logits(model: nn.Module, input_ids: Any, attention_mask: Any = Non
     return logits
 
 
-# --- the statistics -------------------------------------------------------------------------------
-
-
+# --- the statistics (objects: privmon.attacks.lm_statistics) ------------------------------------
 @torch.no_grad()
 def lm_statistic(
     logits: Any,
     input_ids: Any,
     attention_mask: Any = None,
     *,
-    statistic: Statistic,
+    statistic: str,
     labels: Any = None,
     k: float = 0.2,
     texts: Sequence[str] | None = None,
@@ -562,28 +549,51 @@ def lm_statistic(
         >>> lm_statistic(logits, input_ids, statistic="min_k", k=0.2).round(decimals=2)
         tensor([-5.3400, -6.2200])
     """
-    check_choice(statistic, STATISTICS, name="statistic")
+    stat = lm_statistic_of(statistic)
     k = check_fraction(k, name="k")
     targets, counted = predicted_tokens(input_ids, attention_mask, labels=labels)
-    device = _logits_of(logits).device
-    counted_here = counted.to(device)
-    if statistic == "min_k_plus_plus":
-        z = token_z_scores(logits, targets, counted, chunk_tokens=chunk_tokens)
-        return lowest_k_mean(z, counted_here, k=k)
-    log_probs = token_log_probs(logits, targets, counted, chunk_tokens=chunk_tokens)
-    if statistic == "min_k":
-        return lowest_k_mean(log_probs, counted_here, k=k)
-    loss = _mean_loss(log_probs, counted_here)
-    if statistic == "loss":
-        return loss
-    if statistic == "zlib":
-        if texts is None:
+    return stat.score(_Batch(logits, targets, counted, k, texts, reference_logits, chunk_tokens))
+
+
+class _Batch(TokenInputs):
+    """The :class:`~privmon.attacks.lm_statistics.TokenInputs` of :func:`lm_statistic`."""
+
+    def __init__(self, logits, targets, counted, k, texts, reference_logits, chunk_tokens):
+        self.logits, self.targets, self.counted, self.k = logits, targets, counted, k
+        self.texts, self.reference_logits, self.chunk = texts, reference_logits, chunk_tokens
+        self.device = _logits_of(logits).device
+        self.counted_here = counted.to(self.device)
+
+    def log_probs(self, logits: Any = None) -> torch.Tensor:
+        chosen = self.logits if logits is None else logits
+        return token_log_probs(chosen, self.targets, self.counted, chunk_tokens=self.chunk)
+
+    def z_scores(self) -> torch.Tensor:
+        return token_z_scores(self.logits, self.targets, self.counted, chunk_tokens=self.chunk)
+
+    def loss(self, *, reference: bool = False) -> torch.Tensor:
+        if not reference:
+            return _mean_loss(self.log_probs(), self.counted_here)
+        if self.reference_logits is None:
+            raise ValueError("statistic 'reference' needs reference_logits on the same batch")
+        ref = self.log_probs(self.reference_logits)
+        return _mean_loss(ref, self.counted.to(ref.device)).to(device=self.device)
+
+    def lowest_k(self, values: torch.Tensor) -> torch.Tensor:
+        return lowest_k_mean(values, self.counted_here, k=self.k)
+
+    def zlib_sizes(self) -> torch.Tensor:
+        if self.texts is None:
             raise ValueError("statistic 'zlib' needs texts: one string per record")
-        sizes = zlib_sizes(texts)
-        if len(sizes) != loss.shape[0]:
-            raise ValueError(f"texts must hold {loss.shape[0]} strings, got {len(sizes)}")
-        return loss / torch.as_tensor(sizes, device=device).to(loss.dtype)
-    if reference_logits is None:
-        raise ValueError("statistic 'reference' needs reference_logits on the same batch")
-    ref = token_log_probs(reference_logits, targets, counted, chunk_tokens=chunk_tokens)
-    return loss - _mean_loss(ref, counted.to(ref.device)).to(device=device, dtype=loss.dtype)
+        sizes = zlib_sizes(self.texts)
+        if len(sizes) != self.targets.shape[0]:
+            raise ValueError(f"texts must hold {self.targets.shape[0]} strings, got {len(sizes)}")
+        return torch.as_tensor(sizes, device=self.device)
+
+
+STATISTICS: tuple[str, ...] = LM_STATISTICS
+"""The built-in statistics :func:`lm_statistic` computes, as objects in
+:mod:`~privmon.attacks.lm_statistics`."""
+
+HIGHER_IS_MEMBER: dict[str, bool] = {s: lm_statistic_of(s).higher_is_member for s in STATISTICS}
+"""Score direction of each built-in statistic: True when members tend to score higher."""

@@ -21,8 +21,8 @@ import torch
 from privmon._validation import check_open_unit
 from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import bandwidth_factor
-from privmon.estimators.estimates import AdvantageEstimate, check_bins, default_bins
-from privmon.estimators.methods import Method, check_method
+from privmon.estimators.estimates import AdvantageEstimate, check_bins
+from privmon.estimators.methods import Method, check_method, estimator_method
 from privmon.estimators.selections import stream_selections
 from privmon.estimators.stages import (
     EstimatorOptions,
@@ -234,7 +234,7 @@ class StreamingAdvantage:
                 "use optimal_advantage on all scores above 2 dimensions"
             )
         self.state = BinnedScores(
-            bins=bins if bins is not None else default_bins(method, dim),
+            bins=bins if bins is not None else estimator_method(method).default_bins(dim),
             folds=folds,
             low=low,
             high=high,

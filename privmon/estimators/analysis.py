@@ -24,7 +24,7 @@ import torch
 
 from privmon._validation import check_int, check_open_unit, check_subset
 from privmon.estimators.estimates import AdvantageEstimate, describe_error
-from privmon.estimators.methods import METHODS, applicable_methods
+from privmon.estimators.methods import METHODS, applicable_methods, registered_methods
 from privmon.estimators.risk import most_exposed, record_signed_risk, risk_summary, tied_beyond
 from privmon.estimators.roc import summary_from_ascending
 from privmon.estimators.rules import RuleDensities
@@ -134,7 +134,8 @@ def analyse(
     Args:
         member_scores, nonmember_scores: query outputs, (n,) or (n, d), numpy or torch on any
             device; NaN / inf rows are dropped and counted (NaN in the per-record outputs).
-        methods: advantage estimators, from ("histogram", "kde") (MACE Thm 2 / Thm 3).
+        methods: advantage estimators, from ("histogram", "kde") (MACE Thm 2 / Thm 3) and any
+            registered (:func:`~privmon.estimators.methods.register_method`).
         prior: P(member), in (0, 1).
         delta: 1 − confidence level of ``lower_check`` and of the plug-in interval, in (0, 1).
         certify_delta: the δ each method's ``lower`` is certified at (default ``delta``); the
@@ -161,7 +162,7 @@ def analyse(
         >>> len(result.top_records), round(result.risk["max"], 3)
         (10, 0.539)
     """
-    methods = check_subset(methods, METHODS, name="methods")
+    methods = check_subset(methods, registered_methods(), name="methods")
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
     lower_delta = (

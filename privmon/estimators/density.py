@@ -285,21 +285,7 @@ class MixedKDE:
         log_norm = float(torch.log(lam / (c - 1)).sum()) - math.log(self.n)
         self._max_match = float(self._weights.sum())
         if q:
-            if covariance is None:
-                if self.n < 2:
-                    raise ValueError("data needs n >= 2 records for a KDE of its numeric columns")
-                numbers = data[:, :q]
-                # A constant column's computed variance is rounding (~1e-33 where its mean
-                # does not round back to the constant), which the check below would pass.
-                flat = numbers.amax(dim=0) == numbers.amin(dim=0)
-                if bool(flat.any()):
-                    cols = torch.nonzero(flat).flatten().tolist()
-                    raise ValueError(
-                        f"the data covariance is singular: numeric columns {cols} are constant"
-                    )
-                cov = torch.cov(numbers.T).reshape(q, q)
-            else:
-                cov = torch.as_tensor(covariance, dtype=dtype, device=dev).reshape(q, q)
+            cov = _numeric_covariance(data[:, :q], covariance)
             self.covariance = _kernel_covariance(cov, self.factor)
             self._chol = torch.linalg.cholesky(self.covariance)
             log_norm -= 0.5 * q * math.log(2 * math.pi)
@@ -389,3 +375,20 @@ class MixedKDE:
             exponent = match[far] @ self._onehot.T - 0.5 * d2
             out[far] = torch.logsumexp(exponent, dim=1) + self._log_norm
         return out
+
+
+def _numeric_covariance(numbers: torch.Tensor, covariance: torch.Tensor | None) -> torch.Tensor:
+    """The (q, q) covariance of a mixed KDE's numeric columns: ``covariance`` as given, or the
+    data's (n >= 2, no constant column)."""
+    q = numbers.shape[1]
+    if covariance is not None:
+        return torch.as_tensor(covariance, dtype=numbers.dtype, device=numbers.device).reshape(q, q)
+    if numbers.shape[0] < 2:
+        raise ValueError("data needs n >= 2 records for a KDE of its numeric columns")
+    # A constant column's computed variance is rounding (~1e-33 where its mean does not round
+    # back to the constant), which the check below would pass.
+    flat = numbers.amax(dim=0) == numbers.amin(dim=0)
+    if bool(flat.any()):
+        cols = torch.nonzero(flat).flatten().tolist()
+        raise ValueError(f"the data covariance is singular: numeric columns {cols} are constant")
+    return torch.cov(numbers.T).reshape(q, q)

@@ -14,7 +14,6 @@ __all__ = [
     "Estimate",
     "accuracy_advantage",
     "check_bins",
-    "default_bins",
     "describe_error",
     "make_estimate",
     "mcdiarmid_halfwidth",
@@ -82,14 +81,6 @@ def check_bins(bins: int | None) -> None:
     """Raise ValueError unless ``bins`` is None or a positive integer."""
     if bins is not None and (isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
         raise ValueError(f"bins must be a positive integer or None, got {bins!r}")
-
-
-def default_bins(method: str, d: int) -> int:
-    """100 per dimension for histograms (MACE §9.1); a fine quadrature grid for the KDE (in
-    1-D 20 × 100 cells, so one binning pass can serve both, see ``BinnedScores.coarsen``)."""
-    if method == "histogram":
-        return 100
-    return 2000 if d == 1 else 128
 
 
 def mcdiarmid_halfwidth(prior: float, n1: float, n2: float, delta: float) -> float:

@@ -343,6 +343,43 @@ def _as_data(data: Any, device: torch.device | str | None) -> torch.Tensor:
     return t
 
 
+def _moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns' float64 mean and standard deviation (each positive: no constant column)."""
+    x64 = x.to(torch.float64)
+    mean, std = x64.mean(0), x64.std(0, correction=0)
+    if not bool((std > 0).all()):
+        cols = torch.nonzero(std <= 0).flatten().tolist()
+        raise ValueError(f"data columns {cols} are constant: a density needs positive variance")
+    return mean, std
+
+
+def _train_epoch(flow, opt, z_train: torch.Tensor, *, batch_size: int, clip_norm: float):
+    """One epoch over ``z_train`` (in the epoch's order), ``batch_size`` rows a step; the summed
+    loss (float64, on the flow's device)."""
+    flow.train()
+    total = torch.zeros((), dtype=torch.float64, device=z_train.device)
+    for s in range(0, z_train.shape[0], batch_size):
+        batch = z_train[s : s + batch_size]
+        loss = -flow._log_prob_standardized(batch).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(flow.parameters(), max_norm=clip_norm)
+        opt.step()
+        total += loss.detach().to(torch.float64) * batch.shape[0]
+    return total
+
+
+def _validation_nll(flow, z_val: torch.Tensor) -> float:
+    """The mean negative log-likelihood of the validation rows, in eval mode."""
+    flow.eval()
+    with torch.no_grad():
+        val = -sum(
+            flow._log_prob_standardized(z_val[s : s + flow.chunk]).sum().item()
+            for s in range(0, z_val.shape[0], flow.chunk)
+        )
+    return val / z_val.shape[0]
+
+
 def fit_flow(
     data: Any,
     *,
@@ -380,12 +417,7 @@ def fit_flow(
         raise ValueError("epochs, batch_size, lr, patience and clip_norm must be positive")
     if not (0.0 < val_fraction < 1.0):
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    x64 = x.to(torch.float64)
-    mean, std = x64.mean(0), x64.std(0, correction=0)
-    if not bool((std > 0).all()):
-        cols = torch.nonzero(std <= 0).flatten().tolist()
-        raise ValueError(f"data columns {cols} are constant: a density needs positive variance")
-
+    mean, std = _moments(x)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
     flow = FlowDensity(d, hidden=hidden, layers=layers, flows=flows, dtype=dtype, device=x.device)
@@ -407,24 +439,9 @@ def fit_flow(
     train_hist: list[float] = []
     val_hist: list[float] = []
     for epoch in range(epochs):
-        flow.train()
         order = torch.randperm(n_train, generator=gen).to(x.device)
-        total = torch.zeros((), dtype=torch.float64, device=x.device)
-        for s in range(0, n_train, batch_size):
-            idx = order[s : s + batch_size]
-            loss = -flow._log_prob_standardized(z_train[idx]).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(flow.parameters(), max_norm=clip_norm)
-            opt.step()
-            total += loss.detach().to(torch.float64) * idx.numel()
-        flow.eval()
-        with torch.no_grad():
-            val = -sum(
-                flow._log_prob_standardized(z_val[s : s + flow.chunk]).sum().item()
-                for s in range(0, n_val, flow.chunk)
-            )
-            val /= n_val
+        total = _train_epoch(flow, opt, z_train[order], batch_size=batch_size, clip_norm=clip_norm)
+        val = _validation_nll(flow, z_val)
         train_hist.append(float(total) / n_train)
         val_hist.append(val)
         sched.step(val)
@@ -441,13 +458,8 @@ def fit_flow(
             if stale >= patience or not math.isfinite(val):
                 break
     flow.load_state_dict(best_state)
-    flow.history = {
-        "train_nll": train_hist,
-        "val_nll": val_hist,
-        "best_epoch": best_epoch,
-        "epochs_run": len(val_hist),
-        "n_train": n_train,
-        "n_val": n_val,
-        "val_index": perm[:n_val].cpu(),
-    }
+    flow.history = {"train_nll": train_hist, "val_nll": val_hist, "best_epoch": best_epoch}
+    flow.history.update(
+        epochs_run=len(val_hist), n_train=n_train, n_val=n_val, val_index=perm[:n_val].cpu()
+    )
     return flow

@@ -231,46 +231,12 @@ def generalized_advantage(
             f"metric {metric.name} has denominator b0 + b11·p + b10·(1−p) = "
             f"{metric.denominator_at(prior):g} <= 0 at prior={prior:g}"
         )
-    m, dm = as_scores(member_scores, name="member_scores")
-    h, dh = as_scores(nonmember_scores, name="nonmember_scores", device=m.device)
-    if m.shape[1] != h.shape[1]:
-        raise ValueError(
-            f"member_scores and nonmember_scores must have the same dimension d, got "
-            f"{m.shape[1]} and {h.shape[1]}"
-        )
-    for t_, name in ((m, "member_scores"), (h, "nonmember_scores")):
-        if t_.shape[0] < 6:
-            raise ValueError(f"{name} needs at least 6 finite scores (3 parts), got {t_.shape[0]}")
-
-    gen = torch.Generator().manual_seed(seed)
-    parts_m = [i.to(m.device) for i in _split(m.shape[0], gen)]
-    parts_h = [i.to(m.device) for i in _split(h.shape[0], gen)]
+    m, dm, h, dh = _class_scores(member_scores, nonmember_scores)
     known = metric.has_closed_form_threshold
-    if known:  # no threshold to fit: parts 1 + 2 both estimate η
-        fit_m, fit_h = torch.cat(parts_m[:2]), torch.cat(parts_h[:2])
-        tune_m = tune_h = parts_m[2][:0]
-    else:
-        fit_m, fit_h = parts_m[0], parts_h[0]
-        tune_m, tune_h = parts_m[1], parts_h[1]
-    eval_m, eval_h = parts_m[2], parts_h[2]
-    sizes = [len(tune_m), len(tune_h), len(eval_m), len(eval_h)]
-    queries = torch.cat([m[tune_m], h[tune_h], m[eval_m], h[eval_h]])
-    risk = individual_risk(
-        queries,
-        m[fit_m],
-        h[fit_h],
-        prior=prior,
-        method=method,
-        delta=delta,
-        bins=bins,
+    sizes, eta, eta_lo, eta_hi = _posteriors(
+        m, h, known=known, seed=seed, prior=prior, method=method, delta=delta, bins=bins,
         bandwidth=bandwidth,
-    )
-    eta = np.split(risk.posterior, np.cumsum(sizes)[:-1])
-    if risk.signed_lower is None or risk.signed_upper is None:  # individual_risk sets both
-        raise RuntimeError("individual_risk returned no signed interval")
-    eta_lo = (1 + risk.signed_lower[-(sizes[2] + sizes[3]) :]) / 2
-    eta_hi = (1 + risk.signed_upper[-(sizes[2] + sizes[3]) :]) / 2
-
+    )  # fmt: skip
     t = metric.bayes_threshold() if known else _search_threshold(metric, prior, eta[0], eta[1])
 
     n1, n2 = sizes[2], sizes[3]
@@ -278,15 +244,7 @@ def generalized_advantage(
     value = float(metric.value(*_confusion(prior, k1 / n1, k2 / n2)))
     certified = _certified_lower(metric, prior, k1, n1, k2, n2, delta)
 
-    pop = _population_form(metric, prior)
-    w = np.concatenate([np.full(n1, prior / n1), np.full(n2, (1 - prior) / n2)])
-    lo7, hi7 = lemma7_bounds(pop, t, eta_lo, eta_hi, w)
-    eta3 = np.concatenate([eta[2], eta[3]])
-    num, den = record_terms(pop, eta3, eta3 >= t)
-    sd = float(w @ den)
-    plugin = float(w @ num) / sd if sd != 0 else math.nan
-    lo_range, hi_range = _metric_range(metric, prior)
-    lo7, hi7, plugin = (float(np.clip(v, lo_range, hi_range)) for v in (lo7, hi7, plugin))
+    lo7, hi7, plugin = _lemma7_figures(metric, prior, t, eta, eta_lo, eta_hi)
 
     lower = certified if math.isfinite(certified) else lo7
     upper = hi7
@@ -310,3 +268,60 @@ def generalized_advantage(
         n_nonmembers=int(h.shape[0]),
         n_dropped=dm + dh,
     )
+
+
+def _class_scores(member_scores, nonmember_scores):
+    """The member / non-member scores (finite rows) and the rows dropped, at least 6 each."""
+    m, dm = as_scores(member_scores, name="member_scores")
+    h, dh = as_scores(nonmember_scores, name="nonmember_scores", device=m.device)
+    if m.shape[1] != h.shape[1]:
+        raise ValueError(
+            f"member_scores and nonmember_scores must have the same dimension d, got "
+            f"{m.shape[1]} and {h.shape[1]}"
+        )
+    for t_, name in ((m, "member_scores"), (h, "nonmember_scores")):
+        if t_.shape[0] < 6:
+            raise ValueError(f"{name} needs at least 6 finite scores (3 parts), got {t_.shape[0]}")
+    return m, dm, h, dh
+
+
+def _posteriors(m, h, *, known: bool, seed, prior, method, delta, bins, bandwidth):
+    """η of the tuning and evaluation parts (sizes, the four parts' η, the evaluation parts'
+    η bounds), fitted on part 1 (parts 1 + 2 when the threshold is ``known``)."""
+    gen = torch.Generator().manual_seed(seed)
+    parts_m = [i.to(m.device) for i in _split(m.shape[0], gen)]
+    parts_h = [i.to(m.device) for i in _split(h.shape[0], gen)]
+    if known:  # no threshold to fit: parts 1 + 2 both estimate η
+        fit_m, fit_h = torch.cat(parts_m[:2]), torch.cat(parts_h[:2])
+        tune_m = tune_h = parts_m[2][:0]
+    else:
+        fit_m, fit_h = parts_m[0], parts_h[0]
+        tune_m, tune_h = parts_m[1], parts_h[1]
+    eval_m, eval_h = parts_m[2], parts_h[2]
+    sizes = [len(tune_m), len(tune_h), len(eval_m), len(eval_h)]
+    queries = torch.cat([m[tune_m], h[tune_h], m[eval_m], h[eval_h]])
+    risk = individual_risk(
+        queries, m[fit_m], h[fit_h], prior=prior, method=method, delta=delta, bins=bins,
+        bandwidth=bandwidth,
+    )  # fmt: skip
+    eta = np.split(risk.posterior, np.cumsum(sizes)[:-1])
+    if risk.signed_lower is None or risk.signed_upper is None:  # individual_risk sets both
+        raise RuntimeError("individual_risk returned no signed interval")
+    eta_lo = (1 + risk.signed_lower[-(sizes[2] + sizes[3]) :]) / 2
+    eta_hi = (1 + risk.signed_upper[-(sizes[2] + sizes[3]) :]) / 2
+    return sizes, eta, eta_lo, eta_hi
+
+
+def _lemma7_figures(metric: GeneralizedMetric, prior: float, t, eta, eta_lo, eta_hi):
+    """Lemma 7's bounds and the plug-in of the rule η ≥ ``t`` on the evaluation parts, each
+    clipped to the metric's range."""
+    n1, n2 = len(eta[2]), len(eta[3])
+    pop = _population_form(metric, prior)
+    w = np.concatenate([np.full(n1, prior / n1), np.full(n2, (1 - prior) / n2)])
+    lo7, hi7 = lemma7_bounds(pop, t, eta_lo, eta_hi, w)
+    eta3 = np.concatenate([eta[2], eta[3]])
+    num, den = record_terms(pop, eta3, eta3 >= t)
+    sd = float(w @ den)
+    plugin = float(w @ num) / sd if sd != 0 else math.nan
+    lo_range, hi_range = _metric_range(metric, prior)
+    return tuple(float(np.clip(v, lo_range, hi_range)) for v in (lo7, hi7, plugin))

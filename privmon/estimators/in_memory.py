@@ -15,10 +15,18 @@ from privmon.estimators.density import GaussianKDE
 from privmon.estimators.estimates import make_estimate
 from privmon.estimators.folds import CERTIFY_FOLDS, fold_of
 from privmon.estimators.learned import learned_rule_counts
-from privmon.estimators.plugins import cell_histogram_plugin, sampled_kde_plugin
 from privmon.estimators.rules import bayes_rule
 
-__all__ = ["in_memory_estimate", "kde_rule_counts", "learned_rule"]
+__all__ = [
+    "KERNEL_SUM_RULE",
+    "LEARNED_RULE",
+    "KernelSumRule",
+    "LearnedRule",
+    "in_memory_estimate",
+    "kde_rule_counts",
+    "learned_rule",
+    "rule_figures",
+]
 
 
 def kde_rule_counts(m, h, *, prior, bandwidth, ridge, folds, deltas):
@@ -74,12 +82,53 @@ def learned_rule(m, h, *, prior: float, folds: int, deltas: tuple[float, float],
     return counts.tp, counts.fp, float(cert[0]), float(cert_check[0])
 
 
+class LearnedRule:
+    """The learned rule (:func:`learned_rule`): what every method measures above 2-D."""
+
+    def figures(self, m, h, *, prior, folds, deltas, scale, bandwidth, ridge):
+        """:func:`learned_rule` (``bandwidth`` and ``ridge`` unused)."""
+        return learned_rule(m, h, prior=prior, folds=folds, deltas=deltas, scale=scale)
+
+
+class KernelSumRule:
+    """The Gaussian-KDE rule by exact kernel sums (:func:`kde_rule_counts`)."""
+
+    def figures(self, m, h, *, prior, folds, deltas, scale, bandwidth, ridge):
+        """:func:`kde_rule_counts` (``scale`` unused)."""
+        return kde_rule_counts(
+            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds, deltas=deltas
+        )
+
+
+LEARNED_RULE = LearnedRule()
+KERNEL_SUM_RULE = KernelSumRule()
+
+
+def _extent(m: torch.Tensor, h: torch.Tensor):
+    """The pooled scores' low corner, span (1 where a column is constant) and the tiny ridge
+    that gives degenerate classes (point masses, dead units, collinear scores) a kernel without
+    changing regular ones."""
+    pooled = torch.cat([m, h])
+    low, high = pooled.min(0).values, pooled.max(0).values
+    span = torch.where(high > low, high - low, torch.ones_like(high))
+    return low, span, 1e-6 * (span / 4) ** 2
+
+
+def rule_figures(rule, m, h, *, prior, folds, deltas, scale, bandwidth):
+    """``rule``'s figures (tp, fp, lower, lower_check) on the scores in memory."""
+    ridge = _extent(m, h)[2]
+    return rule.figures(
+        m, h, prior=prior, folds=folds, deltas=deltas, scale=scale, bandwidth=bandwidth,
+        ridge=ridge,
+    )  # fmt: skip
+
+
 def in_memory_estimate(
     m,
     h,
     *,
-    prior,
     method,
+    prior,
     delta,
     lower_delta,
     bins,
@@ -91,48 +140,34 @@ def in_memory_estimate(
     scale=None,
     rule=None,
 ):
-    """All scores in memory: above 2 dimensions the rule is learned by a classifier
-    (:func:`learned_rule`), in 1-2 dimensions with a bandwidth below one grid cell by exact
-    Gaussian kernel sums; the plug-ins W_N / U_N as the paper defines them. ``scale``: the
-    scores' magnitude scaling (None: as given); ``rule``: the rule's figures (tp, fp, lower,
-    lower_check) when already learned."""
+    """All scores in memory: ``method``'s (an :class:`~privmon.estimators.methods.
+    EstimatorMethod`) rule (:meth:`memory_rule`: above 2 dimensions the learned rule, in 1-2
+    dimensions with a bandwidth below one grid cell exact Gaussian kernel sums) and its
+    plug-in as the paper defines it. ``scale``: the scores' magnitude scaling (None: as given);
+    ``rule``: the rule's figures (tp, fp, lower, lower_check) when already learned."""
     deltas = (lower_delta, delta)
-    n1, n2 = m.shape[0], h.shape[0]
-    d = m.shape[1]
-    pooled = torch.cat([m, h])
-    low, high = pooled.min(0).values, pooled.max(0).values
-    span = torch.where(high > low, high - low, torch.ones_like(high))
-
-    # The tiny ridge gives degenerate classes (point masses, dead units, collinear scores) a
-    # kernel without changing regular ones.
-    ridge = 1e-6 * (span / 4) ** 2
-    if rule is not None:  # the caller learned it already (shared between methods)
-        tp, fp, cert, cert_check = rule
-    elif d >= 3:
-        tp, fp, cert, cert_check = learned_rule(
-            m, h, prior=prior, folds=folds, deltas=deltas, scale=scale
-        )
-    else:  # 1-2 D with a bandwidth below a grid cell: exact Gaussian kernel sums
-        tp, fp, cert, cert_check = kde_rule_counts(
-            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, folds=folds, deltas=deltas,
+    low, span, ridge = _extent(m, h)
+    if rule is None:
+        rule = method.memory_rule(m.shape[1]).figures(
+            m, h, prior=prior, folds=folds, deltas=deltas, scale=scale, bandwidth=bandwidth,
+            ridge=ridge,
         )  # fmt: skip
-    if method == "kde":
-        plugin = sampled_kde_plugin(
-            m, h, prior=prior, bandwidth=bandwidth, ridge=ridge, n_samples=n_samples, seed=seed
-        )
-    else:
-        plugin = cell_histogram_plugin(m, h, prior=prior, bins=bins, low=low, span=span)
+    tp, fp, cert, cert_check = rule
+    plugin = method.memory_plugin(
+        m, h, prior=prior, bandwidth=bandwidth, bins=bins, low=low, span=span, ridge=ridge,
+        n_samples=n_samples, seed=seed,
+    )  # fmt: skip
     return make_estimate(
         plugin=plugin,
         tp=tp,
         fp=fp,
-        n1=n1,
-        n2=n2,
+        n1=m.shape[0],
+        n2=h.shape[0],
         cert=cert,
         cert_check=cert_check,
         prior=prior,
         delta=delta,
         lower_delta=lower_delta,
-        method=method,
+        method=method.name,
         n_dropped=n_dropped,
     )

@@ -147,23 +147,8 @@ def _fit(
             grad = torch.bmm(residual.unsqueeze(1), phi.mT).squeeze(1) + penalty * (theta - origin)
             step = torch.cholesky_solve(grad.unsqueeze(-1), chol).squeeze(-1)
             theta = theta - step
-        # evidence re-estimation of each block's penalty, in log α
-        covariance = torch.cholesky_inverse(chol).diagonal(dim1=-2, dim2=-1)
-        gamma = ((1 - penalty * covariance) @ block.T).clamp_min(0)
-        norm = (theta**2) @ block.T
-        target = torch.where(
-            (gamma > 0) & (norm > 0), gamma.log() - norm.log(), torch.full_like(norm, high)
-        )
-        gap = target.clamp(low, high) - log_alpha
-        if previous is None:
-            move = gap
-        else:  # secant on the gap; where it does not shrink, move faster along it
-            slope = (gap - previous[1]) / (log_alpha - previous[0])
-            slope = torch.where(torch.isfinite(slope), slope, torch.zeros_like(slope))
-            move = gap / (-slope).clamp_min(SECANT_FLOOR)
-        move = move.clamp(-MAX_MOVE, MAX_MOVE)
-        previous = (log_alpha, gap)
-        log_alpha = (log_alpha + move).clamp(low, high)
+        gap = _evidence_gap(chol, penalty, theta, block, log_alpha, (low, high))
+        previous, log_alpha = (log_alpha, gap), _secant_step(gap, log_alpha, previous, (low, high))
         converged = torch.maximum(
             step.abs().amax(dim=1) / STEP_TOLERANCE, gap.abs().amax(dim=1) / ALPHA_TOLERANCE
         ).le(1)
@@ -186,6 +171,32 @@ def _fit(
     kept = (log_alpha < high).to(phi.dtype)
     theta = theta * (kept @ block + (1 - block.sum(dim=0)))
     return torch.where(kept.any(dim=1, keepdim=True), theta, centre)
+
+
+def _evidence_gap(chol, penalty, theta, block, log_alpha, limits) -> torch.Tensor:
+    """How far each block's log α is from its evidence re-estimate log(γ / ‖w‖²), the
+    re-estimate clamped to ``limits``."""
+    low, high = limits
+    covariance = torch.cholesky_inverse(chol).diagonal(dim1=-2, dim2=-1)
+    gamma = ((1 - penalty * covariance) @ block.T).clamp_min(0)
+    norm = (theta**2) @ block.T
+    target = torch.where(
+        (gamma > 0) & (norm > 0), gamma.log() - norm.log(), torch.full_like(norm, high)
+    )
+    return target.clamp(low, high) - log_alpha
+
+
+def _secant_step(gap, log_alpha, previous, limits) -> torch.Tensor:
+    """The next log α: along the gap, by the secant on it where the last update is known
+    (where the gap does not shrink, faster), each move bounded, clamped to ``limits``."""
+    if previous is None:
+        move = gap
+    else:  # secant on the gap; where it does not shrink, move faster along it
+        slope = (gap - previous[1]) / (log_alpha - previous[0])
+        slope = torch.where(torch.isfinite(slope), slope, torch.zeros_like(slope))
+        move = gap / (-slope).clamp_min(SECANT_FLOOR)
+    move = move.clamp(-MAX_MOVE, MAX_MOVE)
+    return (log_alpha + move).clamp(*limits)
 
 
 def _splits(n1: int, n2: int, folds: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -418,6 +429,13 @@ def learned_rule_counts(
     above = summary[record, which] > thresholds.cut[fit, which]
     threshold_said = (above == thresholds.high[fit, which]).to(dtype)
     said = torch.where(choice[fit] >= BLOCK_SETS, threshold_said, said)
+    return _counts(said, fit, record, n1=n1, folds=folds)
+
+
+def _counts(said: torch.Tensor, fit: torch.Tensor, record: torch.Tensor, *, n1: int, folds: int):
+    """The :class:`RuleCounts` of the held-out (``fit``, ``record``) pairs' calls ``said``:
+    the cross-fitted fits are the first ``folds``, the certificates' the others."""
+    dtype, device = said.dtype, said.device
     member = record < n1
     cross = fit < folds
     certificates = len(HIGH_DIM_CERTIFY_FOLDS)

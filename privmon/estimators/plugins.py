@@ -5,71 +5,63 @@ occupied histogram cells. They are reported beside the rules' figures, never use
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 
 from privmon.estimators.density import GaussianKDE
 from privmon.estimators.estimates import describe_error
+from privmon.estimators.methods import EstimatorMethod
 from privmon.estimators.record_binning import BinnedRecords
 
-__all__ = ["cell_histogram_plugin", "plugin_from", "raw_plugins", "sampled_kde_plugin"]
+__all__ = [
+    "cell_histogram_plugin",
+    "histogram_plugin",
+    "kde_plugin",
+    "raw_plugins",
+    "sampled_kde_plugin",
+]
 
 
-def plugin_from(total: torch.Tensor, kde_rows: torch.Tensor, method: str, *, prior, n):
-    """W_N from the classes' cell counts ``total`` (2, cells), or U_N from their KDEs' masses
-    on the extended grid ``kde_rows`` (2, cells')."""
-    if method == "kde":
-        return (prior * kde_rows[0] - (1 - prior) * kde_rows[1]).abs().sum()
+def histogram_plugin(total: torch.Tensor, *, prior, n) -> torch.Tensor:
+    """W_N from the classes' cell counts ``total`` (2, cells) of ``n`` records."""
     return (total[0] * (prior / n[0]) - total[1] * ((1 - prior) / n[1])).abs().sum()
 
 
+def kde_plugin(rows: torch.Tensor, *, prior) -> torch.Tensor:
+    """U_N from the classes' KDE masses on the extended grid ``rows`` (2, cells')."""
+    return (prior * rows[0] - (1 - prior) * rows[1]).abs().sum()
+
+
 def raw_plugins(
+    methods: dict[str, EstimatorMethod],
     binned: BinnedRecords,
     members: torch.Tensor,
     nonmembers: torch.Tensor,
-    methods: Sequence[str],
     *,
     prior: float,
-    bandwidth: str | float = "scott",
-    hist_bins: int = 100,
-    n_samples: int = 16384,
-    seed: int = 0,
-    kde_rows: torch.Tensor | Exception | None = None,
+    bandwidth: str | float,
+    bins: dict[str, int],
+    n_samples: int,
+    seed: int,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The paper's W_N / U_N of 1-D scores on their own scale (``binned.raw``), 0-d tensors:
-    the rules read the scores' ranks, but the plug-ins are defined on the query as given.
-    ``kde_rows``: the classes' KDEs on the raw grid (:func:`~privmon.estimators.smoothing.
-    smooth_raw`), None when a class's bandwidth is below one cell of that grid (heavy-tailed
-    scores: U_N then takes exact kernel sums, by importance sampling), or the error smoothing
-    raised. A plug-in that cannot be computed (scores so extreme that their variance
-    overflows) is NaN, its error in the second dict."""
+    """The paper's W_N / U_N of 1-D scores on their own scale (``binned.raw``), 0-d tensors, of
+    each method (name -> its object, ``bins`` its cells): the rules read the scores' ranks, but
+    the plug-ins are defined on the query as given (:meth:`~privmon.estimators.methods.
+    EstimatorMethod.raw_plugin`). A plug-in that cannot be computed (scores so extreme that
+    their variance overflows) is NaN, its error in the second dict."""
     raw = binned.raw
     if raw is None:
         raise ValueError("the plug-ins on the raw scale need 1-D scores (binned.raw is None)")
-    total = raw.counts
-    n = raw.n.tolist()
     out, failed = {}, {}
-    if "histogram" in methods:
-        coarse = total.reshape(2, hist_bins, -1).sum(dim=-1)
-        out["histogram"] = plugin_from(coarse, coarse, "histogram", prior=prior, n=n)
-    if "kde" in methods:
+    for name, method in methods.items():
         try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
-            if isinstance(kde_rows, Exception):
-                raise kde_rows
-            if kde_rows is None:
-                ridge = 1e-6 * (raw.extent / 4) ** 2
-                out["kde"] = members.new_tensor(
-                    sampled_kde_plugin(
-                        members, nonmembers, prior=prior, bandwidth=bandwidth, ridge=ridge,
-                        n_samples=n_samples, seed=seed,
-                    )
-                )  # fmt: skip
-            else:
-                out["kde"] = plugin_from(total, kde_rows, "kde", prior=prior, n=n)
+            out[name] = method.raw_plugin(
+                raw, members, nonmembers, prior=prior, bandwidth=bandwidth, bins=bins[name],
+                n_samples=n_samples, seed=seed,
+            )  # fmt: skip
         except (ValueError, RuntimeError) as err:
-            out["kde"] = members.new_tensor(math.nan)
-            failed["kde"] = describe_error(err)
+            out[name] = members.new_tensor(math.nan)
+            failed[name] = describe_error(err)
     return out, failed
 
 

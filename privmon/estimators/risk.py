@@ -22,9 +22,9 @@ from scipy.stats import norm
 from privmon._validation import as_scores, check_open_unit, to_numpy
 from privmon.estimators.binned_scores import BinnedScores
 from privmon.estimators.density import GaussianKDE, bandwidth_factor
-from privmon.estimators.estimates import check_bins, default_bins
+from privmon.estimators.estimates import check_bins
 from privmon.estimators.intervals import clopper_pearson_lower, clopper_pearson_upper
-from privmon.estimators.methods import Method, check_method
+from privmon.estimators.methods import Method, estimator_method
 from privmon.estimators.record_binning import BinnedRecords
 from privmon.estimators.rules import RuleDensities
 
@@ -32,7 +32,9 @@ __all__ = [
     "QUANTILES",
     "RISK_LEVELS",
     "IndividualRisk",
+    "histogram_individual_risk",
     "individual_risk",
+    "kde_individual_risk",
     "most_exposed",
     "record_signed_risk",
     "risk_from_probabilities",
@@ -165,7 +167,7 @@ def _cp_interval(k, n, delta):
     return lower, table[1, ki]
 
 
-def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped) -> IndividualRisk:
+def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped, method) -> IndividualRisk:
     """Lemma 5 per cell from the cells' member / non-member counts ``k1``, ``k2`` (numpy)."""
     p_lo, p_hi = _cp_interval(k1, n1, delta)
     q_lo, q_hi = _cp_interval(k2, n2, delta)
@@ -177,7 +179,7 @@ def _lemma5(k1, k2, n1, n2, *, prior, delta, n_dropped) -> IndividualRisk:
         q_lo,
         q_hi,
         prior=prior,
-        method="histogram",
+        method=method,
         delta=delta,
         n_dropped=n_dropped,
     )
@@ -271,7 +273,13 @@ def most_exposed(risk: np.ndarray, k: int) -> tuple[int, ...]:
 
 
 def histogram_risk(
-    state: BinnedScores, queries: torch.Tensor, *, prior: float, delta: float, n_dropped: int = 0
+    state: BinnedScores,
+    queries: torch.Tensor,
+    *,
+    prior: float,
+    delta: float,
+    n_dropped: int = 0,
+    method: str = "histogram",
 ) -> IndividualRisk:
     """Lemma 5 from a state's cell counts; queries outside the grid (or NaN) carry no evidence."""
     if bool(torch.isfinite(queries).all()):
@@ -282,7 +290,7 @@ def histogram_risk(
         finite = to_numpy(torch.isfinite(queries).all(dim=1))
     k1, k2 = _cell_counts(state)
     n1, n2 = float(k1.sum()), float(k2.sum())
-    per_cell = _lemma5(k1, k2, n1, n2, prior=prior, delta=delta, n_dropped=n_dropped)
+    per_cell = _lemma5(k1, k2, n1, n2, prior=prior, delta=delta, n_dropped=n_dropped, method=method)
     index = np.where(to_numpy(inside), to_numpy(cell), state.allocated().counts.shape[2])
     return _per_query(per_cell, index, finite)
 
@@ -353,7 +361,7 @@ def individual_risk(
     """
     prior = check_open_unit(prior, name="prior")
     delta = check_open_unit(delta, name="delta")
-    check_method(method)
+    estimator = estimator_method(method)
     check_bins(bins)
     bandwidth_factor(bandwidth, n=2, d=1)
     m, dm = as_scores(member_scores, name="member_scores")
@@ -363,37 +371,52 @@ def individual_risk(
     for t, name in ((h, "nonmember_scores"), (x, "scores")):
         if t.shape[1] != d:
             raise ValueError(f"{name} has {t.shape[1]} dimensions per score, member_scores {d}")
-    if method == "kde":
-        finite = torch.isfinite(x).all(dim=1)
-        xs = torch.nan_to_num(x)
-        lp, p_lo, p_hi = _kde_bounds(GaussianKDE(m, bandwidth=bandwidth), xs, delta)
-        lq, q_lo, q_hi = _kde_bounds(GaussianKDE(h, bandwidth=bandwidth), xs, delta)
-        # (x − 1)/(x + 1) = tanh(ln(x)/2) (MACE eq. 17): exact even where both densities underflow
-        lam = math.log(prior / (1 - prior))
-        signed = to_numpy(torch.tanh((lam + lp - lq) / 2))
-        out = risk_from_probabilities(
-            None,
-            p_lo,
-            p_hi,
-            None,
-            q_lo,
-            q_hi,
-            prior=prior,
-            method="kde",
-            delta=delta,
-            n_dropped=dm + dh + dx,
-            signed=signed,
-        )
-        return _mask(out, to_numpy(finite))
-    nbins = bins if bins is not None else default_bins("histogram", d)
-    if d <= 2:
-        state = BinnedScores(bins=nbins, margin=0.0, device=m.device)
+    return estimator.individual_risk(
+        x, m, h, prior=prior, delta=delta, bins=bins, bandwidth=bandwidth, n_dropped=dm + dh + dx
+    )
+
+
+def kde_individual_risk(x, m, h, *, prior, delta, bandwidth, n_dropped, method) -> IndividualRisk:
+    """Lemma 6 with Lemma 11's normal approximation from the classes' Gaussian KDEs (the KDE
+    method's :func:`individual_risk`)."""
+    finite = torch.isfinite(x).all(dim=1)
+    xs = torch.nan_to_num(x)
+    lp, p_lo, p_hi = _kde_bounds(GaussianKDE(m, bandwidth=bandwidth), xs, delta)
+    lq, q_lo, q_hi = _kde_bounds(GaussianKDE(h, bandwidth=bandwidth), xs, delta)
+    # (x − 1)/(x + 1) = tanh(ln(x)/2) (MACE eq. 17): exact even where both densities underflow
+    lam = math.log(prior / (1 - prior))
+    signed = to_numpy(torch.tanh((lam + lp - lq) / 2))
+    out = risk_from_probabilities(
+        None,
+        p_lo,
+        p_hi,
+        None,
+        q_lo,
+        q_hi,
+        prior=prior,
+        method=method,
+        delta=delta,
+        n_dropped=n_dropped,
+        signed=signed,
+    )
+    return _mask(out, to_numpy(finite))
+
+
+def histogram_individual_risk(x, m, h, *, prior, delta, bins, n_dropped, method) -> IndividualRisk:
+    """Lemma 5 on ``bins`` cells per dimension (the histogram method's :func:`individual_risk`):
+    a grid in 1-2 dimensions, the occupied cells above."""
+    if m.shape[1] <= 2:
+        state = BinnedScores(bins=bins, margin=0.0, device=m.device)
         state.update(m, h)
-        return histogram_risk(state, x, prior=prior, delta=delta, n_dropped=dm + dh + dx)
-    return _sparse_histogram_risk(x, m, h, nbins, prior=prior, delta=delta, n_dropped=dm + dh + dx)
+        return histogram_risk(
+            state, x, prior=prior, delta=delta, n_dropped=n_dropped, method=method
+        )
+    return _sparse_histogram_risk(
+        x, m, h, bins, prior=prior, delta=delta, n_dropped=n_dropped, method=method
+    )
 
 
-def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> IndividualRisk:
+def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped, method) -> IndividualRisk:
     """Lemma 5 above 2 dimensions: occupied cells only (torch.unique), 100^d never allocated."""
     pooled = torch.cat([m, h])
     low, high = pooled.min(0).values, pooled.max(0).values
@@ -421,6 +444,7 @@ def _sparse_histogram_risk(x, m, h, bins, *, prior, delta, n_dropped) -> Individ
         prior=prior,
         delta=delta,
         n_dropped=n_dropped,
+        method=method,
     )
     cell = to_numpy(torch.where(inside[n1 + n2 :], inv[n1 + n2 :], u))
     return _per_query(per_cell, cell, to_numpy(finite))

@@ -4,7 +4,6 @@ covariances of unions of folds), per grid method, so that they never call back i
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -65,40 +64,43 @@ def stream_selections(state: BinnedScores) -> GridSelections:
     return _grid_selections(state, cross_fitting_folds(state), certificates)
 
 
-def record_selections(binned: BinnedRecords, methods: Sequence[str]) -> dict[str, GridSelections]:
-    """Each grid method's :class:`GridSelections` (of ``methods``, the methods that read this
-    binning pass) from records binned once (:func:`~privmon.estimators.record_binning.
-    bin_records`), the certificates read where it binned them: on one grid every method reads
-    the same selections; when the KDE's finer grid was binned (1-D), the KDE reads it and the
-    histogram its cells summed."""
-    if binned.fine is binned.grid:
-        certificates = tuple(
-            CertificateCells(state.width, certificate_folds(state, held_out))
-            for state, held_out in zip(binned.certified, CERTIFY_FOLDS, strict=True)
-        )
-        one = _grid_selections(binned.grid, cross_fitting_folds(binned.grid), certificates)
-        return dict.fromkeys(methods, one)
-    grid, fine = binned.grid, binned.fine
+def record_selections(binned: BinnedRecords, bins: dict[str, int]) -> dict[str, GridSelections]:
+    """Each grid method's :class:`GridSelections` (``bins``: the methods that read this binning
+    pass -> their cells per dimension) from records binned once (:func:`~privmon.estimators.
+    record_binning.bin_records`), the certificates read where it binned them: a method of the
+    finest grid's cells reads its selections, any other (1-D) those cells summed to its own
+    (a divisor of the finest); methods of the same cells share one :class:`GridSelections`."""
+    fine = binned.fine
+    fine_bins = fine.allocated().bins[0]
+    fine_selected = [certificate_folds(state, held) for state, held in _certified(binned)]
     fine_folds = cross_fitting_folds(fine)
-    coarse_bins = grid.allocated().bins[0]
-    factor = fine.allocated().bins[0] // coarse_bins
-    fine_certificates, coarse_certificates = [], []
-    for state, held_out in zip(binned.certified, CERTIFY_FOLDS, strict=True):
-        selected = certificate_folds(state, held_out)
-        limits = state.allocated()
-        fine_certificates.append(CertificateCells(state.width, selected))
-        coarse_certificates.append(
-            CertificateCells(
-                cell_width(limits.low, limits.high, (coarse_bins,)),
-                _coarsened(selected, coarse_bins, factor),
+    by_bins: dict[int, GridSelections] = {}
+    for b in dict.fromkeys(bins.values()):
+        if b == fine_bins:
+            certificates = tuple(
+                CertificateCells(state.width, selected)
+                for (state, _), selected in zip(_certified(binned), fine_selected, strict=True)
             )
+            by_bins[b] = _grid_selections(fine, fine_folds, certificates)
+            continue
+        if fine_bins % b:
+            raise ValueError(f"a method's {b} cells do not divide the finest grid's {fine_bins}")
+        factor = fine_bins // b
+        coarse = binned.grid if binned.grid.allocated().bins[0] == b else fine.coarsen(factor)
+        certificates = tuple(
+            CertificateCells(
+                cell_width(state.allocated().low, state.allocated().high, (b,)),
+                _coarsened(selected, b, factor),
+            )
+            for (state, _), selected in zip(_certified(binned), fine_selected, strict=True)
         )
-    return {
-        "histogram": _grid_selections(
-            grid, _coarsened(fine_folds, coarse_bins, factor), tuple(coarse_certificates)
-        ),
-        "kde": _grid_selections(fine, fine_folds, tuple(fine_certificates)),
-    }
+        by_bins[b] = _grid_selections(coarse, _coarsened(fine_folds, b, factor), certificates)
+    return {method: by_bins[b] for method, b in bins.items()}
+
+
+def _certified(binned: BinnedRecords):
+    """Each certificate's state and held-out folds."""
+    return zip(binned.certified, CERTIFY_FOLDS, strict=True)
 
 
 def cross_fitting_folds(state: BinnedScores) -> Selections:

@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from privmon.estimators.density import bandwidth_factor
+from privmon.estimators.methods import EstimatorMethod
 from privmon.estimators.record_binning import ClassCounts
 from privmon.estimators.selections import GridSelections
 from privmon.estimators.tensors import small_tensor
 
-__all__ = ["kde_grid_too_coarse", "smooth", "smooth_raw", "smooth_selections"]
+__all__ = ["ash_smooth", "kde_grid_too_coarse", "kde_smooth", "smooth_raw", "smooth_selections"]
 
 
 def _convolve(grid: torch.Tensor, kernels: torch.Tensor, bins: tuple[int, ...], extended: int):
@@ -185,44 +186,49 @@ def _bandwidth_factors(bandwidth, ns: torch.Tensor, d: int, *, like: torch.Tenso
     return small_tensor(factors, np.float64, like.device).to(like.dtype)
 
 
-def smooth(
-    bins: tuple[int, ...],
-    width: torch.Tensor,
-    counts: torch.Tensor,
-    ns,
-    covs,
-    method: str,
-    bandwidth,
-    extended,
-):
-    """Smoothed probability masses per cell for rows of counts (R, cells) on a grid of ``bins``
-    cells of ``width`` per dimension, in one FFT pass.
-
-    The first ``extended`` rows are U_N's KDEs, on the extended grid; the others are the rule's
-    densities, cropped to the grid, with a robust scale. Returns (extended rows, cropped rows).
-    """
-    d = len(bins)
-    # The rule's smoothing uses a robust scale (Silverman): min(σ, IQR/1.349) per axis, so a
-    # few far-out scores do not blur the bulk where the records are. U_N's rows keep σ.
+def _robust_scale(bins, width: torch.Tensor, counts: torch.Tensor, covs, extended: int):
+    """Each row's σ per axis and the scale its kernel reads: the rule's rows a robust scale
+    (Silverman): min(σ, IQR/1.349) per axis, so a few far-out scores do not blur the bulk
+    where the records are; the first ``extended`` rows (U_N's) keep σ."""
     sd = torch.sqrt(torch.diagonal(covs, dim1=1, dim2=2).clamp_min(0))  # (R, d)
     rule_sd = sd[extended:] if extended else sd
     iqr = _iqr_from_counts(counts[extended:] if extended else counts, bins, width)
     robust = torch.where(iqr > 0, torch.minimum(rule_sd, iqr / 1.349), rule_sd)
     if extended:
         robust = torch.cat([sd[:extended], robust])
+    return sd, robust
+
+
+def kde_smooth(
+    bins: tuple[int, ...], width: torch.Tensor, counts: torch.Tensor, ns, covs, *, bandwidth,
+    extended: int,
+):  # fmt: skip
+    """Gaussian-KDE masses per cell for rows of counts (R, cells) on a grid of ``bins`` cells of
+    ``width`` per dimension, in one FFT pass. The first ``extended`` rows are U_N's KDEs, on the
+    extended grid; the others are the rule's densities, cropped to the grid, with a robust
+    scale. Returns (extended rows, cropped rows)."""
+    d = len(bins)
+    sd, robust = _robust_scale(bins, width, counts, covs, extended)
     masses = counts / ns.clamp_min(1)[:, None]  # per record
-    if method == "kde":
-        factors = _bandwidth_factors(bandwidth, ns, d, like=covs)
-        if d == 1:  # kernel variances in squared cells, with the ridge (width / 4)²
-            variances = (robust[:, 0] * factors / width[0]) ** 2 + 0.0625
-            ext, crop = _gaussian_smooth_1d(masses, variances, bins[0], extended)
-        else:  # the covariances rescaled to the robust σ, correlations kept
-            scale = (torch.where(sd > 0, robust / sd, 1.0) * factors[:, None]).unsqueeze(-1)
-            ridge = torch.diag_embed((width / 4) ** 2)
-            kernels = _gaussian_kernels(covs * scale * scale.transpose(1, 2) + ridge, width, bins)
-            ext, crop = _convolve(masses, kernels, bins, extended)
-    else:
-        ext, crop = _convolve(masses, _ash_kernels(robust + width / 4, ns, width), bins, extended)
+    factors = _bandwidth_factors(bandwidth, ns, d, like=covs)
+    if d == 1:  # kernel variances in squared cells, with the ridge (width / 4)²
+        variances = (robust[:, 0] * factors / width[0]) ** 2 + 0.0625
+        ext, crop = _gaussian_smooth_1d(masses, variances, bins[0], extended)
+    else:  # the covariances rescaled to the robust σ, correlations kept
+        scale = (torch.where(sd > 0, robust / sd, 1.0) * factors[:, None]).unsqueeze(-1)
+        ridge = torch.diag_embed((width / 4) ** 2)
+        kernels = _gaussian_kernels(covs * scale * scale.transpose(1, 2) + ridge, width, bins)
+        ext, crop = _convolve(masses, kernels, bins, extended)
+    return ext.clamp_min(0), crop.clamp_min(0)
+
+
+def ash_smooth(
+    bins: tuple[int, ...], width: torch.Tensor, counts: torch.Tensor, ns, covs, *, extended: int
+):
+    """Average-shifted-histogram masses per cell (:func:`kde_smooth`'s rows and returns)."""
+    _, robust = _robust_scale(bins, width, counts, covs, extended)
+    masses = counts / ns.clamp_min(1)[:, None]  # per record
+    ext, crop = _convolve(masses, _ash_kernels(robust + width / 4, ns, width), bins, extended)
     return ext.clamp_min(0), crop.clamp_min(0)
 
 
@@ -248,9 +254,10 @@ def kde_grid_too_coarse(
 
 
 def smooth_selections(
-    grid: GridSelections, method: str, *, bandwidth, extended: bool
+    grid: GridSelections, method: EstimatorMethod, *, bandwidth, extended: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rules' smoothed densities of one grid method's fold selections, (2, K + C, cells):
+    """The rules' smoothed densities (``method.smooth``) of one grid method's fold selections,
+    (2, K + C, cells):
     the complement of each fold (the cross-fitted rules), then the folds each of the C
     certificates' rules learns on (on that certificate's coordinates). With ``extended``, also
     the classes' full-data KDEs on the extended grid (U_N's rows, (2, cells')); else that first
@@ -269,15 +276,21 @@ def smooth_selections(
         rows = torch.cat([counts[:, 0], rows])
         row_ns = torch.cat([ns[:, 0], row_ns])
         row_covs = torch.cat([covs[:, 0], row_covs])
-    plug_rows, mass = smooth(
-        grid.bins, grid.width, rows, row_ns, row_covs, method, bandwidth, n_extended
+    plug_rows, mass = method.smooth(
+        grid.bins, grid.width, rows, row_ns, row_covs, bandwidth=bandwidth, extended=n_extended
     )
     masses = [mass.reshape(2, k, -1)]
     for cells in grid.certificates:  # each on its own: a function of its own rule's records
         train_counts, train_ns, train_covs = (t[:, 1] for t in cells.selected)
         masses.append(
-            smooth(
-                grid.bins, cells.width, train_counts, train_ns, train_covs, method, bandwidth, 0
+            method.smooth(
+                grid.bins,
+                cells.width,
+                train_counts,
+                train_ns,
+                train_covs,
+                bandwidth=bandwidth,
+                extended=0,
             )[1].unsqueeze(1)
         )
     return plug_rows, torch.cat(masses, dim=1)
@@ -289,4 +302,6 @@ def smooth_raw(raw: ClassCounts, bandwidth) -> torch.Tensor | None:
     takes exact kernel sums, :func:`privmon.estimators.plugins.sampled_kde_plugin`)."""
     if kde_grid_too_coarse(raw.n, raw.cov, raw.extent / raw.bins[0], bandwidth):
         return None
-    return smooth(raw.bins, raw.width, raw.counts, raw.n, raw.cov, "kde", bandwidth, 2)[0]
+    return kde_smooth(
+        raw.bins, raw.width, raw.counts, raw.n, raw.cov, bandwidth=bandwidth, extended=2
+    )[0]

@@ -22,16 +22,16 @@ from typing import Any, NamedTuple
 import torch
 
 from privmon._validation import as_scores
-from privmon.estimators.estimates import AdvantageEstimate, default_bins, describe_error
-from privmon.estimators.in_memory import in_memory_estimate, learned_rule
+from privmon.estimators.estimates import AdvantageEstimate, describe_error
+from privmon.estimators.in_memory import in_memory_estimate, rule_figures
 from privmon.estimators.magnitude import magnitude_scale
-from privmon.estimators.methods import METHODS
+from privmon.estimators.methods import RISK_METHOD, estimator_method, registered_methods
 from privmon.estimators.order_statistics import robust_range
-from privmon.estimators.plugins import plugin_from, raw_plugins
+from privmon.estimators.plugins import raw_plugins
 from privmon.estimators.record_binning import BinnedRecords, bin_records
 from privmon.estimators.rules import RuleDensities, grid_estimates
 from privmon.estimators.selections import GridSelections, record_selections
-from privmon.estimators.smoothing import kde_grid_too_coarse, smooth_raw, smooth_selections
+from privmon.estimators.smoothing import smooth_selections
 
 __all__ = [
     "Advantages",
@@ -50,9 +50,9 @@ __all__ = [
 class EstimatorOptions:
     """How the estimators are set (:func:`~privmon.optimal_advantage`'s keywords, checked there;
     :func:`~privmon.analyse` uses the defaults): cells per dimension (None: each method's
-    :func:`~privmon.estimators.estimates.default_bins`), the KDE ``bandwidth``, cross-fitting
-    ``folds``, U_N's importance samples above 2-D and their ``seed``, and the raw scores' grid
-    ``low`` / ``high`` in 1-2 D ((d,) tensors, or None: their robust range)."""
+    :meth:`~privmon.estimators.methods.EstimatorMethod.default_bins`), the KDE ``bandwidth``,
+    cross-fitting ``folds``, U_N's importance samples above 2-D and their ``seed``, and the raw
+    scores' grid ``low`` / ``high`` in 1-2 D ((d,) tensors, or None: their robust range)."""
 
     bins: int | None = None
     bandwidth: str | float = "scott"
@@ -64,7 +64,7 @@ class EstimatorOptions:
 
     def bins_of(self, method: str, d: int) -> int:
         """The cells per dimension of ``method``'s grid for ``d``-dimensional scores."""
-        return self.bins if self.bins is not None else default_bins(method, d)
+        return self.bins if self.bins is not None else estimator_method(method).default_bins(d)
 
 
 # -- 0. finite scores ------------------------------------------------------------------------
@@ -165,31 +165,32 @@ def bin_scores(
 ) -> Binned:
     """Stage 1: bin every record once on each grid ``methods`` read (1-2 dimensions).
 
-    ``per_record``: the histogram's rule is binned first even when it is not among
-    ``methods`` (the per-record risks read it). In 1-D every method reads one pass, whose one
-    sort gives the ranks the rules read, the raw scores' grid for the paper's plug-ins and the
-    ROC's ranking; the KDE's finer grid serves the histogram too, summed. In 2-D each method
-    bins on its own grid over the same range, except a KDE whose bandwidth is below a grid
-    cell, which reads the scores in memory (exact kernel sums); above 2-D every method does.
+    ``per_record``: the rule the per-record risks read (:data:`~privmon.estimators.methods.
+    RISK_METHOD`) is binned first even when it is not among ``methods``. In 1-D every method
+    reads one pass, whose one sort gives the ranks the rules read, the raw scores' grid for the
+    paper's plug-ins and the ROC's ranking; the finest grid serves the others, summed. In 2-D
+    each method bins on its own grid over the same range, except one whose rule reads the
+    scores in memory (:meth:`~privmon.estimators.methods.EstimatorMethod.reads_memory`: a KDE
+    whose bandwidth is below a grid cell); above 2-D every method does.
     ``skip_errors``: a pass after the first that fails is reported in ``failures``."""
     d = scores.dim
     if d > 2:
         return Binned((), tuple(methods), {})
-    wanted = {*methods, *(["histogram"] if per_record else [])}
-    grid_methods = [m for m in METHODS if m in wanted]  # the histogram first
+    wanted = {*methods, *([RISK_METHOD] if per_record else [])}
+    grid_methods = [m for m in registered_methods() if m in wanted]  # the risks' rule first
     x, n1 = scores.x, scores.n_members
     if d == 1:  # one pass: the rules read the pooled ranks, the plug-ins the scores
-        shared = len(grid_methods) > 1  # the KDE's fine grid serves the histogram
+        bins = {m: options.bins_of(m, d) for m in grid_methods}
         records = bin_records(
             x,
             n1,
-            bins=options.bins_of(grid_methods[0], d),
-            fine_bins=options.bins_of("kde", d) if shared else None,
+            bins=bins[grid_methods[0]],
+            fine_bins=max(bins.values()) if len(grid_methods) > 1 else None,
             folds=options.folds,
             low=options.low,
             high=options.high,
         )
-        return Binned((GridPass(records, record_selections(records, grid_methods)),), (), {})
+        return Binned((GridPass(records, record_selections(records, bins)),), (), {})
     low, high = options.low, options.high
     if low is None:  # one range for every grid
         low, high = robust_range(x)
@@ -198,12 +199,14 @@ def bin_scores(
     failures: dict[str, str] = {}
     for method in grid_methods:
         try:
-            if method == "kde" and _kde_grid_too_coarse(scores, options):
+            bins_2d = options.bins_of(method, d)
+            if estimator_method(method).reads_memory(
+                scores.members, scores.nonmembers, bins=bins_2d, bandwidth=options.bandwidth
+            ):
                 in_memory.append(method)
                 continue
-            bins = options.bins_of(method, d)
-            records = bin_records(x, n1, bins=bins, folds=options.folds, low=low, high=high)
-            passes.append(GridPass(records, record_selections(records, [method])))
+            records = bin_records(x, n1, bins=bins_2d, folds=options.folds, low=low, high=high)
+            passes.append(GridPass(records, record_selections(records, {method: bins_2d})))
         except Exception as err:
             if not (skip_errors and passes):
                 raise
@@ -211,29 +214,27 @@ def bin_scores(
     return Binned(tuple(passes), tuple(in_memory), failures)
 
 
-def _kde_grid_too_coarse(scores: FiniteScores, options: EstimatorOptions) -> bool:
-    """Whether a class's KDE bandwidth is below a cell of the KDE's 2-D grid over the pooled
-    data range (:func:`~privmon.estimators.smoothing.kde_grid_too_coarse`)."""
-    m, h = scores.members, scores.nonmembers
-    if m.shape[0] < 2 or h.shape[0] < 2:
-        return False
-    d = scores.dim
-    pooled = scores.x
-    width = (pooled.amax(dim=0) - pooled.amin(dim=0)) / options.bins_of("kde", d)
-    covs = torch.stack([torch.cov(m.T).reshape(d, d), torch.cov(h.T).reshape(d, d)])
-    ns = torch.tensor([m.shape[0], h.shape[0]], dtype=m.dtype, device=m.device)
-    return kde_grid_too_coarse(ns, covs, width, options.bandwidth)
-
-
 # -- 2-3. smooth, plug-ins, rule + certificate -----------------------------------------------
 class Advantages(NamedTuple):
     """What stages 2-3 hand on: each method's estimate, what failed (a method, or
-    ``<method>/plugin`` for a plug-in alone -> the error), and the histogram rules'
-    densities (None above 2-D or when they failed), which the per-record risks read."""
+    ``<method>/plugin`` for a plug-in alone -> the error), and the densities of the rule the
+    per-record risks read (None above 2-D or when they failed)."""
 
     estimates: dict[str, AdvantageEstimate]
     failures: dict[str, str]
     densities: RuleDensities | None
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The arguments every method of one :func:`estimate_advantages` call shares."""
+
+    scores: FiniteScores
+    methods: Sequence[str]
+    prior: float
+    delta: float
+    lower_delta: float
+    options: EstimatorOptions
 
 
 def estimate_advantages(
@@ -252,61 +253,31 @@ def estimate_advantages(
 
     The methods of the first binning pass are estimated together (every figure in one device
     transfer; :func:`grid_figures`), those of the other passes and those reading the scores in
-    memory one by one; above 2-D every method measures the same learned rule, learned once.
-    ``skip_errors``: a method that raises is left out and reported in ``failures`` instead of
-    failing the others."""
+    memory one by one; above 2-D methods that read the same rule (the learned rule) share it,
+    learned once. ``skip_errors``: a method that raises is left out and reported in
+    ``failures`` instead of failing the others."""
+    call = _Call(scores, methods, prior, delta, lower_delta, options)
     estimates: dict[str, AdvantageEstimate] = {}
     densities: dict[str, RuleDensities] = {}
     failures: dict[str, str] = {}
-
-    def on_grid(grid_pass: GridPass, chosen: dict[str, GridSelections]) -> None:
-        raw = None  # 1-D: the rules read ranks, the plug-ins the scores
-        if grid_pass.records.raw is not None:
-            raw = (grid_pass.records, scores.members, scores.nonmembers)
-        found, dens, lost = grid_figures(
-            chosen,
-            prior=prior,
-            delta=delta,
-            bandwidth=options.bandwidth,
-            n_dropped=scores.n_dropped,
-            certify_delta=lower_delta,
-            raw=raw,
-            raw_methods=[m for m in chosen if m in methods],
-            hist_bins=grid_pass.records.grid.allocated().bins[0],
-            n_samples=options.n_samples,
-            seed=options.seed,
-        )
-        estimates.update(found)
-        densities.update(dens)
-        failures.update({f"{m}/plugin": e for m, e in lost.items()})
-
     if binned.passes:
         first = binned.passes[0]
         try:  # every method of the first pass at once (one device transfer)
-            on_grid(first, first.selections)
+            _on_grid(call, first, first.selections, estimates, densities, failures)
         except Exception:
             if not skip_errors:
                 raise
             for method, one in first.selections.items():  # one by one, to isolate the failure
                 try:
-                    on_grid(first, {method: one})
+                    _on_grid(call, first, {method: one}, estimates, densities, failures)
                 except Exception as err:
                     failures[method] = describe_error(err)
-    rule = None
-    if scores.dim > 2 and len(methods) > 1:  # every method measures the same learned rule
-        try:
-            rule = learned_rule(
-                scores.members,
-                scores.nonmembers,
-                prior=prior,
-                folds=options.folds,
-                deltas=(lower_delta, delta),
-                scale=scores.scale,
-            )
-        except Exception as err:
-            if not skip_errors:
-                raise
-            return Advantages({}, dict.fromkeys(methods, describe_error(err)), None)
+    try:
+        rule = _shared_rule(call)
+    except Exception as err:
+        if not skip_errors:
+            raise
+        return Advantages({}, dict.fromkeys(methods, describe_error(err)), None)
     for method in methods:
         if method in estimates or method in failures:
             continue
@@ -316,24 +287,9 @@ def estimate_advantages(
         try:
             grid_pass = binned.pass_of(method)
             if grid_pass is not None:
-                on_grid(grid_pass, grid_pass.selections)
+                _on_grid(call, grid_pass, grid_pass.selections, estimates, densities, failures)
             else:
-                estimates[method] = in_memory_estimate(
-                    scores.members,
-                    scores.nonmembers,
-                    prior=prior,
-                    method=method,
-                    delta=delta,
-                    lower_delta=lower_delta,
-                    bins=options.bins_of(method, scores.dim),
-                    bandwidth=options.bandwidth,
-                    folds=options.folds,
-                    n_samples=options.n_samples,
-                    seed=options.seed,
-                    n_dropped=scores.n_dropped,
-                    scale=scores.scale,
-                    rule=rule,
-                )
+                estimates[method] = _in_memory(call, method, rule)
         except Exception as err:
             if not skip_errors:
                 raise
@@ -341,7 +297,80 @@ def estimate_advantages(
     return Advantages(
         {m: estimates[m] for m in methods if m in estimates},
         {k: e for k, e in failures.items() if k.split("/")[0] in methods},
-        densities.get("histogram"),
+        densities.get(RISK_METHOD),
+    )
+
+
+def _on_grid(
+    call: _Call,
+    grid_pass: GridPass,
+    chosen: dict[str, GridSelections],
+    estimates: dict[str, AdvantageEstimate],
+    densities: dict[str, RuleDensities],
+    failures: dict[str, str],
+) -> None:
+    """:func:`grid_figures` of the ``chosen`` methods of one pass, into the three dicts (the
+    accumulators of :func:`estimate_advantages`)."""
+    scores, options = call.scores, call.options
+    raw = None  # 1-D: the rules read ranks, the plug-ins the scores
+    if grid_pass.records.raw is not None:
+        raw = (grid_pass.records, scores.members, scores.nonmembers)
+    raw_methods = [m for m in chosen if m in call.methods]
+    found, dens, lost = grid_figures(
+        chosen,
+        prior=call.prior,
+        delta=call.delta,
+        bandwidth=options.bandwidth,
+        n_dropped=scores.n_dropped,
+        certify_delta=call.lower_delta,
+        raw=raw,
+        raw_methods=raw_methods,
+        raw_bins={m: options.bins_of(m, scores.dim) for m in raw_methods},
+        n_samples=options.n_samples,
+        seed=options.seed,
+    )
+    estimates.update(found)
+    densities.update(dens)
+    failures.update({f"{m}/plugin": e for m, e in lost.items()})
+
+
+def _shared_rule(call: _Call) -> tuple[float, float, float, float] | None:
+    """Above 2-D, the figures of the rule every method reads when they read the same one (the
+    learned rule), learned once; else None (each method learns its own)."""
+    scores, d = call.scores, call.scores.dim
+    rules = {id(estimator_method(m).memory_rule(d)) for m in call.methods}
+    if d <= 2 or len(call.methods) < 2 or len(rules) > 1:
+        return None
+    return rule_figures(
+        estimator_method(call.methods[0]).memory_rule(d),
+        scores.members,
+        scores.nonmembers,
+        prior=call.prior,
+        folds=call.options.folds,
+        deltas=(call.lower_delta, call.delta),
+        scale=scores.scale,
+        bandwidth=call.options.bandwidth,
+    )
+
+
+def _in_memory(call: _Call, method: str, rule) -> AdvantageEstimate:
+    """One method's estimate from the scores in memory (``rule``: the shared rule's figures)."""
+    scores, options = call.scores, call.options
+    return in_memory_estimate(
+        scores.members,
+        scores.nonmembers,
+        method=estimator_method(method),
+        prior=call.prior,
+        delta=call.delta,
+        lower_delta=call.lower_delta,
+        bins=options.bins_of(method, scores.dim),
+        bandwidth=options.bandwidth,
+        folds=options.folds,
+        n_samples=options.n_samples,
+        seed=options.seed,
+        n_dropped=scores.n_dropped,
+        scale=scores.scale,
+        rule=rule,
     )
 
 
@@ -355,19 +384,19 @@ def grid_figures(
     certify_delta: float | None = None,
     raw: tuple[BinnedRecords, torch.Tensor, torch.Tensor] | None = None,
     raw_methods: Sequence[str] = (),
-    hist_bins: int = 100,
+    raw_bins: dict[str, int] | None = None,
     n_samples: int = 16384,
     seed: int = 0,
 ) -> tuple[dict[str, AdvantageEstimate], dict[str, RuleDensities], dict[str, str]]:
     """Stages 2-3 for several grid methods (arguments already checked), each from the
     :class:`~privmon.estimators.selections.GridSelections` of the same records, in order:
 
-    1. smooth (:mod:`~privmon.estimators.smoothing`) every selection, and in 1-D (``raw``: the
-       binned records with the member and non-member scores) U_N's KDEs on the scores' own
-       scale;
-    2. the plug-ins (:mod:`~privmon.estimators.plugins`): in 1-D those of ``raw_methods`` on the
-       raw scale (the rules read ranks; W_N / U_N are defined on the query as given), else from
-       the grid;
+    1. smooth (:mod:`~privmon.estimators.smoothing`) every selection, with the classes'
+       full-data densities on the extended grid for a plug-in that reads them;
+    2. the plug-ins (:mod:`~privmon.estimators.plugins`): in 1-D (``raw``: the binned records
+       with the member and non-member scores) those of ``raw_methods`` on the raw scale, of
+       ``raw_bins`` cells (the rules read ranks; W_N / U_N are defined on the query as given),
+       else from the grid;
     3. the rules and their certificates (:mod:`~privmon.estimators.rules`).
 
     Returns each method's estimate, its rules' densities, and the plug-ins that could not be
@@ -376,38 +405,33 @@ def grid_figures(
     n1, n2 = ns[:, 0].tolist()
     if n1 == 0 or n2 == 0:
         raise ValueError(f"the state holds no {'member' if n1 == 0 else 'non-member'} scores")
-    kde_rows: torch.Tensor | Exception | None = None
-    if raw is not None and raw[0].raw is not None and "kde" in raw_methods:
-        try:  # scores as extreme as 1e200 overflow a KDE: the plug-in alone is lost
-            kde_rows = smooth_raw(raw[0].raw, bandwidth)
-        except (ValueError, RuntimeError) as err:
-            kde_rows = err
+    objects = {name: estimator_method(name) for name in grids}
     on_raw = raw_methods if raw is not None else ()
     smoothed = {
-        method: smooth_selections(
+        name: smooth_selections(
             grid,
-            method,
+            objects[name],
             bandwidth=bandwidth,
-            extended=method == "kde" and method not in on_raw,
+            extended=objects[name].plugin_reads_density and name not in on_raw,
         )
-        for method, grid in grids.items()
+        for name, grid in grids.items()
     }
     plugins: dict[str, torch.Tensor] = {}
     lost: dict[str, str] = {}
     if raw is not None:
         plugins, lost = raw_plugins(
-            *raw, on_raw, prior=prior, bandwidth=bandwidth, hist_bins=hist_bins,
-            n_samples=n_samples, seed=seed, kde_rows=kde_rows,
+            {name: objects[name] for name in on_raw}, *raw, prior=prior, bandwidth=bandwidth,
+            bins=raw_bins or {}, n_samples=n_samples, seed=seed,
         )  # fmt: skip
-    for method, grid in grids.items():
-        if method not in plugins:
+    for name, grid in grids.items():
+        if name not in plugins:
             total = grid.selected[0][:, 0]
-            plugins[method] = plugin_from(
-                total, smoothed[method][0], method, prior=prior, n=(n1, n2)
+            plugins[name] = objects[name].grid_plugin(
+                total, smoothed[name][0], prior=prior, n=(n1, n2)
             )
     estimates, densities = grid_estimates(
         grids,
-        {method: mass for method, (_, mass) in smoothed.items()},
+        {name: mass for name, (_, mass) in smoothed.items()},
         plugins,
         prior=prior,
         delta=delta,

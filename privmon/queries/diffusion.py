@@ -11,19 +11,17 @@ import torch
 
 from privmon._validation import (
     check_callable,
-    check_choice,
     check_int,
     check_materialized,
     check_positive,
     check_timesteps,
 )
 from privmon.attacks.diffusion import (
-    HIGHER_IS_MEMBER,
-    STATISTICS,
     Statistic,
     alphas_cumprod,
     diffusion_statistic,
     module_of,
+    statistic_of,
 )
 from privmon.queries.base import Query
 from privmon.queries.batches import Batch, Transform, to_device
@@ -118,14 +116,15 @@ class DiffusionQuery(Query):
             check_callable(encode, name="encode")
         self.model = model
         self.encode = encode
-        self.statistic = check_choice(statistic, STATISTICS, name="statistic")
+        stat = statistic_of(statistic)
+        self.statistic = stat.name
         self.alphas_cumprod = alphas_cumprod(scheduler)
         self.interval = check_int(interval, name="interval", minimum=1)
         self.timesteps = check_timesteps(
             timesteps,
             name="timesteps",
             steps=len(self.alphas_cumprod),
-            interval=self.interval if statistic == "secmi" else None,
+            interval=self.interval if stat.strided else None,
         )
         # one column per timestep of a sequence; one timestep (an int, a 0-d array) gives (n,)
         self.columns = not (
@@ -136,8 +135,9 @@ class DiffusionQuery(Query):
         self.max_batch = (
             None if max_batch is None else check_int(max_batch, name="max_batch", minimum=1)
         )
-        self.higher_is_member = HIGHER_IS_MEMBER[statistic]
+        self.higher_is_member = stat.higher_is_member
         self._generator = torch.Generator().manual_seed(self.seed)
+        self._noise = self._generator if stat.noised else None
         owners = {"model": module_of(model), "encode": module_of(encode)}
         modules = [m for m in owners.values() if m is not None]
         for arg, m in owners.items():
@@ -214,7 +214,7 @@ class DiffusionQuery(Query):
             timesteps=self.timesteps,
             interval=self.interval,
             p=self.p,
-            noise=self._generator if self.statistic == "loss" else None,
+            noise=self._noise,
             conditioning=cond,
             max_batch=self.max_batch,
         )

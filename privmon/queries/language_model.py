@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from privmon._validation import (
-    check_choice,
     check_fraction,
     check_int,
     check_materialized,
@@ -17,13 +16,13 @@ from privmon._validation import (
     check_subset,
 )
 from privmon.attacks.language_model import (
-    HIGHER_IS_MEMBER,
     STATISTICS,
     Statistic,
     causal_lm_logits,
     decode_texts,
     lm_statistic,
 )
+from privmon.attacks.lm_statistics import lm_statistic_of, registered_lm_statistics
 from privmon.queries.base import Query
 from privmon.queries.batches import Batch, Transform, split_batch, tensor_digest, to_device
 
@@ -120,24 +119,26 @@ class LanguageModelQuery(Query):
         chunk_tokens: int | None = None,
     ) -> None:
         self.model = check_materialized(check_module(model, name="model"), name="model")
-        self.statistic = check_choice(statistic, STATISTICS, name="statistic")
+        stat = lm_statistic_of(statistic)
+        self.statistic = stat.name
         self.k = check_fraction(k, name="k")
         if chunk_tokens is not None:
             chunk_tokens = check_int(chunk_tokens, name="chunk_tokens", minimum=1)
         self.chunk_tokens = chunk_tokens
-        if statistic == "zlib" and not callable(getattr(tokenizer, "decode", None)):
+        if stat.reads_texts and not callable(getattr(tokenizer, "decode", None)):
             raise ValueError(
-                "statistic 'zlib' needs tokenizer= (with a decode method) to read each text, "
-                f"got {type(tokenizer).__name__}"
+                f"statistic {stat.name!r} needs tokenizer= (with a decode method) to read each "
+                f"text, got {type(tokenizer).__name__}"
             )
-        if statistic == "reference":
+        if stat.reads_reference:
             if reference is None:
-                raise ValueError("statistic 'reference' needs reference= (a reference model)")
+                raise ValueError(f"statistic {stat.name!r} needs reference= (a reference model)")
             check_materialized(check_module(reference, name="reference"), name="reference")
         self.tokenizer = tokenizer
         self._logits = _SharedLogits(shared=False)
-        self.reference = reference if statistic == "reference" else None
-        self.higher_is_member = HIGHER_IS_MEMBER[statistic]
+        self.reference = reference if stat.reads_reference else None
+        self.higher_is_member = stat.higher_is_member
+        self._reads_texts = stat.reads_texts
         modules = (model,) if self.reference is None else (model, self.reference)
         super().__init__(
             name=statistic if name is None else name, modules=modules, transform=transform
@@ -176,7 +177,7 @@ class LanguageModelQuery(Query):
         """The statistic of each text of ``batch``, shape (n,), on the model's device."""
         ids, mask, labels = self._inputs(batch)
         logits = self._logits.get(self.model, ids, mask)
-        texts = decode_texts(self.tokenizer, ids, mask) if self.statistic == "zlib" else None
+        texts = decode_texts(self.tokenizer, ids, mask) if self._reads_texts else None
         reference_logits = (
             causal_lm_logits(self.reference, ids, mask) if self.reference is not None else None
         )
@@ -235,7 +236,7 @@ def language_model_queries(
         >>> for q in queries:
         ...     q.release()
     """
-    names = check_subset(statistics, STATISTICS, name="statistics")
+    names = check_subset(statistics, registered_lm_statistics(), name="statistics")
     queries = [
         LanguageModelQuery(
             model,

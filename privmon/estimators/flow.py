@@ -418,13 +418,11 @@ def fit_flow(
     if not (0.0 < val_fraction < 1.0):
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     mean, std = _moments(x)
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(int(seed))
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
     flow = FlowDensity(d, hidden=hidden, layers=layers, flows=flows, dtype=dtype, device=x.device)
     flow.reset_parameters(gen)
     flow.mean.copy_(mean)
     flow.std.copy_(std)
-
     z = flow.standardize(x)
     perm = torch.randperm(n, generator=gen).to(x.device)
     n_val = min(n - 1, max(1, round(val_fraction * n)))

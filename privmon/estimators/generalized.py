@@ -170,6 +170,15 @@ def _certified_lower(
 
 
 # -- the estimator -----------------------------------------------------------------------------
+def _check_options(*, bins: int | None, seed: int, bandwidth: str | float) -> None:
+    """:func:`generalized_advantage`'s estimator options, checked."""
+    if bins is not None and (isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
+        raise ValueError(f"bins must be a positive integer, got {bins!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    bandwidth_factor(bandwidth, n=2, d=1)
+
+
 def generalized_advantage(
     member_scores: Any,
     nonmember_scores: Any,
@@ -221,11 +230,7 @@ def generalized_advantage(
     delta = check_open_unit(delta, name="delta")
     metric = resolve_metric(metric, prior)
     check_method(method)
-    if bins is not None and (isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    bandwidth_factor(bandwidth, n=2, d=1)
+    _check_options(bins=bins, seed=seed, bandwidth=bandwidth)
     if metric.is_linear and not metric.denominator_at(prior) > 0:
         raise ValueError(
             f"metric {metric.name} has denominator b0 + b11·p + b10·(1−p) = "

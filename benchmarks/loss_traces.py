@@ -1,0 +1,234 @@
+"""LT-IQR and LOSS TNR against LiRA on the same runs: scikit-learn's digits, a small MLP.
+
+The pool is all 1,797 digits; every model trains on a random half of it with one recipe (Adam,
+batches of 64, cross-entropy). The ground truth is privmon's online LiRA (``lira``, per-record
+variances) from ``--models`` reference models trained as one batched ensemble by
+``privmon.audit.train_ensemble``, on the logit-scaled confidence φ = log(p_y / (1 − p_y)).
+
+1. Which records: ``--targets`` target models, each trained alone with the same recipe (the
+   protocol of ``train_ensemble``'s one-by-one loop) while ``LossTraces`` takes the per-sample
+   losses of every batch (no extra forward). A target's vulnerable records are its members
+   that LiRA flags at FPR 1e-3 (the threshold set on the non-members of all targets pooled).
+   Printed: precision at k = 1 % and 5 % of the members (k records ranked highest) of LT-IQR
+   over the whole run and over the trace cut at 25 % / 50 % of training, and of the final
+   loss ranked both ways, averaged over the targets; chance is the vulnerable share.
+2. How much: for models of varying over-fitting (width, epochs, weight decay), LOSS TNR (the
+   mean over the ensemble's models, each on its own members and non-members) beside LiRA's
+   TPR at FPR 1 % and 0.1 % (leave-one-model-out over the ensemble, scores pooled); RMSE.
+
+    OMP_NUM_THREADS=1 python benchmarks/loss_traces.py --models 64 --targets 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
+
+from privmon.attacks import LossTraces, leave_one_out, lira, loss_tnr, lt_iqr
+from privmon.audit import random_halves, train_ensemble
+
+BATCH = 64
+TOP = (0.01, 0.05)
+CUTS = (0.25, 0.5, 1.0)
+
+
+class Recipe(NamedTuple):
+    width: int
+    epochs: int
+    weight_decay: float
+    lr: float = 1e-2
+
+
+MAIN = Recipe(width=256, epochs=60, weight_decay=0.0)
+SWEEP = (
+    Recipe(32, 5, 0.0),
+    Recipe(32, 20, 0.0),
+    Recipe(64, 40, 1e-2),
+    Recipe(128, 20, 0.0),
+    Recipe(128, 60, 1e-3),
+    Recipe(256, 60, 0.0),
+    Recipe(256, 120, 0.0),
+    Recipe(512, 150, 0.0),
+)
+
+
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    d = load_digits()
+    return torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
+
+
+def mlp(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10))
+
+
+def per_record_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def optimizer(recipe: Recipe):
+    return lambda p: torch.optim.Adam(p, lr=recipe.lr, weight_decay=recipe.weight_decay)
+
+
+def phi(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """log(p_y / (1 − p_y)) per record, (..., n), computed stably from the logits."""
+    y = y.expand(logits.shape[:-1])
+    true = logits.gather(-1, y[..., None])[..., 0]
+    others = logits.scatter(-1, y[..., None], -math.inf)
+    return true - torch.logsumexp(others, dim=-1)
+
+
+def references(recipe: Recipe, x, y, *, models: int, seed: int):
+    """φ (k, n), masks (k, n) and the final losses (k, n) of ``models`` reference models."""
+    masks = random_halves(x.shape[0], models, seed=seed)
+    ens = train_ensemble(
+        lambda: mlp(recipe.width),
+        (x, y),
+        masks,
+        loss_fn=per_record_loss,
+        optimizer=optimizer(recipe),
+        epochs=recipe.epochs,
+        batch_size=BATCH,
+        seed=seed,
+    )
+    logits = ens(x)
+    losses = per_record_loss(logits.reshape(-1, 10), y.repeat(len(ens))).reshape(len(ens), -1)
+    return phi(logits, y), masks, losses
+
+
+def traced_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int):
+    """One model trained on ``member`` with the recipe, its loss traces fed by the loop."""
+    torch.manual_seed(seed)
+    model = mlp(recipe.width)
+    opt = optimizer(recipe)(list(model.parameters()))
+    rows = torch.from_numpy(np.flatnonzero(member))
+    traces = LossTraces(n_records=x.shape[0], slots=2 * recipe.epochs, records=rows)
+    g = torch.Generator().manual_seed(seed)
+    step = 0
+    for _ in range(recipe.epochs):
+        for b in torch.randperm(rows.numel(), generator=g).split(BATCH):
+            idx = rows[b]
+            losses = per_record_loss(model(x[idx]), y[idx])
+            traces.update(idx, losses.detach(), step=step)  # what the loop computed anyway
+            opt.zero_grad(set_to_none=True)
+            losses.mean().backward()
+            opt.step()
+            step += 1
+    with torch.no_grad():
+        logits = model(x)
+    return phi(logits, y), per_record_loss(logits, y), traces
+
+
+def threshold_at(nonmember_scores: np.ndarray, fpr: float) -> float:
+    """The score τ with at most ⌊fpr · n⌋ non-members strictly above it."""
+    s = np.sort(nonmember_scores[np.isfinite(nonmember_scores)])[::-1]
+    return float(s[math.floor(fpr * s.size + 1e-9)])
+
+
+def precision_at(ranked: torch.Tensor, vulnerable: set[int], k: int) -> float:
+    return len(set(ranked[:k].tolist()) & vulnerable) / k
+
+
+def which_records(x, y, args) -> None:
+    refs, ref_masks, _ = references(MAIN, x, y, models=args.models, seed=args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    runs = []
+    for t in range(args.targets):
+        member = rng.permutation(np.arange(x.shape[0]) % 2 == 0)
+        target_phi, final_loss, traces = traced_target(MAIN, x, y, member, seed=1000 + t)
+        scores = lira(target_phi, refs, ref_masks)
+        runs.append((member, scores, final_loss, traces))
+    pooled = np.concatenate([s[~m] for m, s, _, _ in runs])
+    tau = threshold_at(pooled, 1e-3)
+    rows: dict[str, list[list[float]]] = {}
+    shares = []
+    for member, scores, final_loss, traces in runs:
+        vulnerable = set(np.flatnonzero(member & (scores > tau)).tolist())
+        shares.append(len(vulnerable) / member.sum())
+        members = traces.records
+        ks = [max(1, round(q * members.numel())) for q in TOP]
+        loss_m = final_loss[members]
+        ranked = {
+            f"LT-IQR, trace to {int(100 * c)} % of training": lt_iqr(traces, stop=c)
+            .most_vulnerable(members.numel())
+            for c in CUTS
+        }
+        ranked["final loss, highest first"] = members[torch.argsort(loss_m, descending=True)]
+        ranked["final loss, lowest first"] = members[torch.argsort(loss_m)]
+        for name, order in ranked.items():
+            rows.setdefault(name, []).append([precision_at(order, vulnerable, k) for k in ks])
+    print(
+        f"Which records: {args.targets} targets (members: {int(runs[0][0].sum())}), "
+        f"{args.models} reference models, recipe {MAIN}; LiRA's vulnerable share of the members "
+        f"at FPR 1e-3: {100 * np.mean(shares):.1f} % (min {100 * min(shares):.1f}, max "
+        f"{100 * max(shares):.1f}): chance precision\n"
+    )
+    print("| ranking | precision@1 % | precision@5 % |")
+    print("|---|---:|---:|")
+    for name, values in rows.items():
+        v = np.asarray(values)
+        sd = v.std(axis=0, ddof=1) if len(v) > 1 else np.zeros(2)
+        cells = " | ".join(f"{m:.2f} ± {s:.2f}" for m, s in zip(v.mean(axis=0), sd, strict=True))
+        print(f"| {name} | {cells} |")
+    print()
+
+
+def tpr_at(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> float:
+    tau = threshold_at(nonmembers, fpr)
+    return float(np.mean(members[np.isfinite(members)] > tau))
+
+
+def how_much(x, y, args) -> None:
+    print(f"How much: LOSS TNR against LiRA (leave-one-model-out over {args.models} models)\n")
+    print("| width | epochs | weight decay | train acc | test acc | LiRA TPR@1 % | LOSS TNR 1 % "
+          "| LiRA TPR@0.1 % | LOSS TNR 0.1 % |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    errors: dict[float, list[float]] = {0.01: [], 0.001: []}
+    for i, recipe in enumerate(SWEEP[: args.recipes]):
+        stat, masks, losses = references(recipe, x, y, models=args.models, seed=args.seed + 7 + i)
+        scores = leave_one_out(stat, masks, attack="lira")
+        correct = (stat > 0).numpy()
+        m = torch.from_numpy(masks)
+        est = [loss_tnr(losses[j][m[j]], losses[j][~m[j]]) for j in range(len(masks))]
+        cells = []
+        for q, position in ((0.01, 1), (0.001, 0)):
+            tpr = tpr_at(scores[masks], scores[~masks], q)
+            tnr = float(np.mean([e.estimate[position] for e in est]))
+            errors[q].append(tnr - tpr)
+            cells += [f"{tpr:.3f}", f"{tnr:.3f}"]
+        print(
+            f"| {recipe.width} | {recipe.epochs} | {recipe.weight_decay:g} | "
+            f"{correct[masks].mean():.3f} | {correct[~masks].mean():.3f} | {' | '.join(cells)} |"
+        )
+    rmse = {q: math.sqrt(np.mean(np.square(e))) for q, e in errors.items()}
+    print(f"\nRMSE of LOSS TNR against LiRA's TPR: {rmse[0.01]:.3f} at FPR 1 %, "
+          f"{rmse[0.001]:.3f} at FPR 0.1 %\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=64, help="reference models per recipe")
+    parser.add_argument("--targets", type=int, default=8, help="traced target models")
+    parser.add_argument("--recipes", type=int, default=len(SWEEP), help="recipes swept (part 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip", choices=("which", "how"), default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x, y = digits()
+    start = time.perf_counter()
+    if args.skip != "which":
+        which_records(x, y, args)
+    if args.skip != "how":
+        how_much(x, y, args)
+    print(f"torch {torch.__version__}, {time.perf_counter() - start:.0f} s, one CPU thread")
+
+
+if __name__ == "__main__":
+    main()

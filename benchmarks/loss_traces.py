@@ -156,8 +156,9 @@ def which_records(x, y, args) -> None:
         ks = [max(1, round(q * members.numel())) for q in TOP]
         loss_m = final_loss[members]
         ranked = {
-            f"LT-IQR, trace to {int(100 * c)} % of training": lt_iqr(traces, stop=c)
-            .most_vulnerable(members.numel())
+            f"LT-IQR, trace to {int(100 * c)} % of training": lt_iqr(
+                traces, stop=c
+            ).most_vulnerable(members.numel())
             for c in CUTS
         }
         ranked["final loss, highest first"] = members[torch.argsort(loss_m, descending=True)]
@@ -187,8 +188,10 @@ def tpr_at(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> float:
 
 def how_much(x, y, args) -> None:
     print(f"How much: LOSS TNR against LiRA (leave-one-model-out over {args.models} models)\n")
-    print("| width | epochs | weight decay | train acc | test acc | LiRA TPR@1 % | LOSS TNR 1 % "
-          "| LiRA TPR@0.1 % | LOSS TNR 0.1 % |")
+    print(
+        "| width | epochs | weight decay | train acc | test acc | LiRA TPR@1 % | LOSS TNR 1 % "
+        "| LiRA TPR@0.1 % | LOSS TNR 0.1 % |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     errors: dict[float, list[float]] = {0.01: [], 0.001: []}
     for i, recipe in enumerate(SWEEP[: args.recipes]):
@@ -208,8 +211,10 @@ def how_much(x, y, args) -> None:
             f"{correct[masks].mean():.3f} | {correct[~masks].mean():.3f} | {' | '.join(cells)} |"
         )
     rmse = {q: math.sqrt(np.mean(np.square(e))) for q, e in errors.items()}
-    print(f"\nRMSE of LOSS TNR against LiRA's TPR: {rmse[0.01]:.3f} at FPR 1 %, "
-          f"{rmse[0.001]:.3f} at FPR 0.1 %\n")
+    print(
+        f"\nRMSE of LOSS TNR against LiRA's TPR: {rmse[0.01]:.3f} at FPR 1 %, "
+        f"{rmse[0.001]:.3f} at FPR 0.1 %\n"
+    )
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ from torch import nn
 
 from privmon.attacks import LossTraces, leave_one_out, lira, loss_tnr, lt_iqr
 from privmon.audit import random_halves, train_ensemble
+from privmon.estimators import analyse
 
 BATCH = 64
 TOP = (0.01, 0.05)
@@ -86,7 +87,8 @@ def phi(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def references(recipe: Recipe, x, y, *, models: int, seed: int):
-    """φ (k, n), masks (k, n) and the final losses (k, n) of ``models`` reference models."""
+    """φ, masks, final losses and whether the prediction is right, each (k, n), of ``models``
+    reference models."""
     masks = random_halves(x.shape[0], models, seed=seed)
     ens = train_ensemble(
         lambda: mlp(recipe.width),
@@ -100,7 +102,7 @@ def references(recipe: Recipe, x, y, *, models: int, seed: int):
     )
     logits = ens(x)
     losses = per_record_loss(logits.reshape(-1, 10), y.repeat(len(ens))).reshape(len(ens), -1)
-    return phi(logits, y), masks, losses
+    return phi(logits, y), masks, losses, (logits.argmax(dim=-1) == y).numpy()
 
 
 def traced_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int):
@@ -136,8 +138,33 @@ def precision_at(ranked: torch.Tensor, vulnerable: set[int], k: int) -> float:
     return len(set(ranked[:k].tolist()) & vulnerable) / k
 
 
+def rankings(
+    member: np.ndarray, final_loss: torch.Tensor, traces: LossTraces, vulnerable: set[int]
+) -> dict[str, torch.Tensor]:
+    """Each ranking of the target's members, most vulnerable first (record indices)."""
+    members = traces.records
+    loss_m = final_loss[members]
+    ranked = {
+        f"LT-IQR, trace to {int(100 * c)} % of training": lt_iqr(traces, stop=c).most_vulnerable(
+            members.numel()
+        )
+        for c in CUTS
+    }
+    ranked["final loss, highest first"] = members[torch.argsort(loss_m, descending=True)]
+    ranked["final loss, lowest first"] = members[torch.argsort(loss_m)]
+    risk = analyse(-loss_m, -final_loss[~torch.from_numpy(member)], methods=("histogram",))
+    posterior = torch.from_numpy(risk.member_posterior)
+    ranked["privmon's per-record risk (posterior of −loss, out of sample)"] = members[
+        torch.sort(posterior, descending=True, stable=True).indices
+    ]
+    ranked["(ceiling: every vulnerable record first)"] = torch.tensor(
+        sorted(members.tolist(), key=lambda r: r not in vulnerable)
+    )
+    return ranked
+
+
 def which_records(x, y, args) -> None:
-    refs, ref_masks, _ = references(MAIN, x, y, models=args.models, seed=args.seed)
+    refs, ref_masks, _, _ = references(MAIN, x, y, models=args.models, seed=args.seed)
     rng = np.random.default_rng(args.seed + 1)
     runs = []
     for t in range(args.targets):
@@ -152,18 +179,8 @@ def which_records(x, y, args) -> None:
     for member, scores, final_loss, traces in runs:
         vulnerable = set(np.flatnonzero(member & (scores > tau)).tolist())
         shares.append(len(vulnerable) / member.sum())
-        members = traces.records
-        ks = [max(1, round(q * members.numel())) for q in TOP]
-        loss_m = final_loss[members]
-        ranked = {
-            f"LT-IQR, trace to {int(100 * c)} % of training": lt_iqr(
-                traces, stop=c
-            ).most_vulnerable(members.numel())
-            for c in CUTS
-        }
-        ranked["final loss, highest first"] = members[torch.argsort(loss_m, descending=True)]
-        ranked["final loss, lowest first"] = members[torch.argsort(loss_m)]
-        for name, order in ranked.items():
+        ks = [max(1, round(q * traces.records.numel())) for q in TOP]
+        for name, order in rankings(member, final_loss, traces, vulnerable).items():
             rows.setdefault(name, []).append([precision_at(order, vulnerable, k) for k in ks])
     print(
         f"Which records: {args.targets} targets (members: {int(runs[0][0].sum())}), "
@@ -195,9 +212,10 @@ def how_much(x, y, args) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     errors: dict[float, list[float]] = {0.01: [], 0.001: []}
     for i, recipe in enumerate(SWEEP[: args.recipes]):
-        stat, masks, losses = references(recipe, x, y, models=args.models, seed=args.seed + 7 + i)
+        stat, masks, losses, correct = references(
+            recipe, x, y, models=args.models, seed=args.seed + 7 + i
+        )
         scores = leave_one_out(stat, masks, attack="lira")
-        correct = (stat > 0).numpy()
         m = torch.from_numpy(masks)
         est = [loss_tnr(losses[j][m[j]], losses[j][~m[j]]) for j in range(len(masks))]
         cells = []

@@ -66,9 +66,9 @@ class LossTraces:
     Slot b holds the sum and the count of the record's losses at steps [b·stride, (b+1)·stride);
     the stride starts at 1 and doubles (neighbouring slots merged) whenever a step falls past
     the last slot, so the slots always cover the whole run seen so far at between half and all
-    of their resolution: a thinned history that needs no planned step count. With more slots
-    than twice the epochs each slot holds about one epoch's loss of its record, the paper's
-    trace. Memory: 8 bytes per slot per tracked record (float32 sum, int32 count), 256 bytes
+    of their resolution: a thinned history that needs no planned step count. With at least
+    twice as many slots as epochs a slot spans less than an epoch, so it holds one epoch's loss
+    of its record (rarely two): the paper's per-epoch trace. Memory: 8 bytes per slot per tracked record (float32 sum, int32 count), 256 bytes
     at the default 32 slots, plus 4 bytes per record of the data set when a subset is tracked.
 
     Args:

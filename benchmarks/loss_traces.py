@@ -105,27 +105,55 @@ def references(recipe: Recipe, x, y, *, models: int, seed: int):
     return phi(logits, y), masks, losses, (logits.argmax(dim=-1) == y).numpy()
 
 
-def traced_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int):
-    """One model trained on ``member`` with the recipe, its loss traces fed by the loop."""
+def trained_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int, traced: bool = True):
+    """One model trained on ``member`` with the recipe, its loss traces fed by the loop (or not:
+    ``traced=False``), and the training's seconds per step."""
     torch.manual_seed(seed)
     model = mlp(recipe.width)
     opt = optimizer(recipe)(list(model.parameters()))
     rows = torch.from_numpy(np.flatnonzero(member))
     traces = LossTraces(n_records=x.shape[0], slots=2 * recipe.epochs, records=rows)
     g = torch.Generator().manual_seed(seed)
-    step = 0
+    step, start = 0, time.perf_counter()
     for _ in range(recipe.epochs):
         for b in torch.randperm(rows.numel(), generator=g).split(BATCH):
             idx = rows[b]
             losses = per_record_loss(model(x[idx]), y[idx])
-            traces.update(idx, losses.detach(), step=step)  # what the loop computed anyway
+            if traced:
+                traces.update(idx, losses.detach(), step=step)  # what the loop computed anyway
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
             opt.step()
             step += 1
+    seconds = (time.perf_counter() - start) / step
+    return model, traces, seconds
+
+
+def traced_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int):
+    """A traced target: φ and the final loss of every record, and its traces."""
+    model, traces, _ = trained_target(recipe, x, y, member, seed=seed)
     with torch.no_grad():
         logits = model(x)
     return phi(logits, y), per_record_loss(logits, y), traces
+
+
+def cost(x, y, args) -> None:
+    """Seconds per step with and without the traces (interleaved, best of ``args.repeats``), and
+    whether the trained weights are the same bit for bit."""
+    member = np.arange(x.shape[0]) % 2 == 0
+    best = {True: math.inf, False: math.inf}
+    weights = {}
+    for _ in range(args.repeats):
+        for traced in (False, True):
+            model, _, seconds = trained_target(MAIN, x, y, member, seed=5, traced=traced)
+            best[traced] = min(best[traced], seconds)
+            weights[traced] = [p.detach().clone() for p in model.parameters()]
+    same = all(torch.equal(a, b) for a, b in zip(weights[True], weights[False], strict=True))
+    print(
+        f"Cost ({MAIN}, batch {BATCH}, CPU): {1e3 * best[False]:.3f} ms a step without traces, "
+        f"{1e3 * best[True]:.3f} ms with ({100 * (best[True] / best[False] - 1):+.1f} %); "
+        f"weights bit-identical: {same}\n"
+    )
 
 
 def threshold_at(nonmember_scores: np.ndarray, fpr: float) -> float:
@@ -241,7 +269,8 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=8, help="traced target models")
     parser.add_argument("--recipes", type=int, default=len(SWEEP), help="recipes swept (part 2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", choices=("which", "how"), default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="timed trainings (cost)")
+    parser.add_argument("--skip", choices=("which", "how", "cost"), default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = digits()
@@ -250,6 +279,8 @@ def main() -> None:
         which_records(x, y, args)
     if args.skip != "how":
         how_much(x, y, args)
+    if args.skip != "cost":
+        cost(x, y, args)
     print(f"torch {torch.__version__}, {time.perf_counter() - start:.0f} s, one CPU thread")
 
 

@@ -158,6 +158,28 @@ def test_most_vulnerable_breaks_ties_by_the_lower_index():
     assert risk.most_vulnerable(3).tolist() == [5, 8, 3]
 
 
+def test_training_is_bit_identical_with_and_without_the_traces():
+    def train(traced: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        gen = torch.Generator().manual_seed(1)
+        x, y = torch.randn(40, 5, generator=gen), torch.randint(0, 3, (40,), generator=gen)
+        traces = LossTraces(n_records=40, slots=4)
+        for step in range(12):
+            idx = torch.randperm(40, generator=gen)[:8]
+            losses = torch.nn.functional.cross_entropy(model(x[idx]), y[idx], reduction="none")
+            if traced:
+                traces.update(idx, losses, step=step)  # not detached by the caller
+            opt.zero_grad()
+            losses.mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(train(True), train(False), strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_state_lives_on_the_losses_device():
     traces = LossTraces(n_records=5, slots=4)

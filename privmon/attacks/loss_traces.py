@@ -68,8 +68,9 @@ class LossTraces:
     the last slot, so the slots always cover the whole run seen so far at between half and all
     of their resolution: a thinned history that needs no planned step count. With at least
     twice as many slots as epochs a slot spans less than an epoch, so it holds one epoch's loss
-    of its record (rarely two): the paper's per-epoch trace. Memory: 8 bytes per slot per tracked record (float32 sum, int32 count), 256 bytes
-    at the default 32 slots, plus 4 bytes per record of the data set when a subset is tracked.
+    of its record (rarely two): the paper's per-epoch trace. Memory: 8 bytes per slot per
+    tracked record (float32 sum, int32 count), 256 bytes at the default 32 slots, plus 4 bytes
+    per record of the data set when a subset is tracked; nothing grows with the steps.
 
     Args:
         n_records: the data set's size; ``update`` takes indices into it.
@@ -146,7 +147,8 @@ class LossTraces:
         """Add one batch: ``losses[i]`` is record ``indices[i]``'s loss at training ``step``.
 
         Args:
-            indices: (b,) integer indices into the data set (repeats allowed: each counts).
+            indices: (b,) integer indices into the data set (repeats allowed: each counts;
+                records outside the tracked subset are ignored).
             losses: (b,) the per-sample losses the loop computed (detached here; any float
                 dtype and device: the state moves to the first batch's device).
             step: the training step, an integer >= 0.

@@ -23,6 +23,8 @@ from privmon.attacks.language_model import (
     token_z_scores,
     zlib_sizes,
 )
+from privmon.attacks.loss_tail import LossTnr, loss_tnr
+from privmon.attacks.loss_traces import LossTraces, LtIqr, lt_iqr
 from privmon.attacks.metric import (
     MetricAttack,
     confidence,
@@ -52,6 +54,9 @@ from privmon.attacks.tables import TableEncoder, TableLayout
 __all__ = [
     "LOMO_ATTACKS",
     "Calibration",
+    "LossTnr",
+    "LossTraces",
+    "LtIqr",
     "MetricAttack",
     "PrivacyRiskScore",
     "SecretSharerCanaries",
@@ -77,7 +82,9 @@ __all__ = [
     "lira",
     "lm_statistic",
     "logan_d1",
+    "loss_tnr",
     "lowest_k_mean",
+    "lt_iqr",
     "metric_values",
     "model_calls",
     "modified_entropy",

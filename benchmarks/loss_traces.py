@@ -1,0 +1,304 @@
+"""LT-IQR and LOSS TNR against LiRA on the same runs: scikit-learn's digits, a small MLP.
+
+The pool is all 1,797 digits; every model trains on a random half of it with one recipe (Adam,
+batches of 64, cross-entropy). The ground truth is privmon's online LiRA (``lira``, per-record
+variances) from ``--models`` reference models trained as one batched ensemble by
+``privmon.audit.train_ensemble``, on the logit-scaled confidence φ = log(p_y / (1 − p_y)).
+
+1. Which records: ``--targets`` target models, each trained alone with the same recipe (the
+   protocol of ``train_ensemble``'s one-by-one loop) while ``LossTraces`` takes the per-sample
+   losses of every batch (no extra forward). A target's vulnerable records are its members
+   that LiRA flags at FPR 1e-3 (the paper's choice; also 1e-2, a larger and steadier set), the
+   threshold set on the non-members of all targets pooled.
+   Printed: precision at k = 1 % and 5 % of the members (k records ranked highest) of LT-IQR
+   over the whole run and over the trace cut at 25 % / 50 % of training, and of the final
+   loss ranked both ways and of privmon's out-of-sample per-record risk (the posterior of
+   −loss), mean ± sd over the targets; chance is the vulnerable share, and the ceiling row is
+   the best any ranking can do (fewer vulnerable records than k cap it).
+2. How much: for models of varying over-fitting (width, epochs, weight decay), LOSS TNR (the
+   mean over the ensemble's models, each on its own members and non-members) beside LiRA's
+   TPR at FPR 1 % and 0.1 % (leave-one-model-out over the ensemble, scores pooled); RMSE.
+3. Cost: a step of the traced target with and without ``update``, and whether the trained
+   weights are the same bit for bit.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/loss_traces.py --models 64 --targets 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
+
+from privmon.attacks import LossTraces, leave_one_out, lira, loss_tnr, lt_iqr
+from privmon.audit import random_halves, train_ensemble
+from privmon.estimators import analyse
+
+BATCH = 64
+TOP = (0.01, 0.05)
+VULNERABLE_AT = (1e-3, 1e-2)  # LiRA's FPR that defines the vulnerable records
+CUTS = (0.25, 0.5, 1.0)
+
+
+class Recipe(NamedTuple):
+    width: int
+    epochs: int
+    weight_decay: float
+    lr: float = 1e-2
+
+
+MAIN = Recipe(width=256, epochs=60, weight_decay=0.0)
+SWEEP = (
+    Recipe(32, 5, 0.0),
+    Recipe(32, 20, 0.0),
+    Recipe(64, 40, 1e-2),
+    Recipe(128, 20, 0.0),
+    Recipe(128, 60, 1e-3),
+    Recipe(256, 60, 0.0),
+    Recipe(256, 120, 0.0),
+    Recipe(512, 150, 0.0),
+)
+
+
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    d = load_digits()
+    return torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
+
+
+def mlp(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10))
+
+
+def per_record_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def optimizer(recipe: Recipe):
+    return lambda p: torch.optim.Adam(p, lr=recipe.lr, weight_decay=recipe.weight_decay)
+
+
+def phi(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """log(p_y / (1 − p_y)) per record, (..., n), computed stably from the logits."""
+    y = y.expand(logits.shape[:-1])
+    true = logits.gather(-1, y[..., None])[..., 0]
+    others = logits.scatter(-1, y[..., None], -math.inf)
+    return true - torch.logsumexp(others, dim=-1)
+
+
+def references(recipe: Recipe, x, y, *, models: int, seed: int):
+    """φ, masks, final losses and whether the prediction is right, each (k, n), of ``models``
+    reference models."""
+    masks = random_halves(x.shape[0], models, seed=seed)
+    ens = train_ensemble(
+        lambda: mlp(recipe.width),
+        (x, y),
+        masks,
+        loss_fn=per_record_loss,
+        optimizer=optimizer(recipe),
+        epochs=recipe.epochs,
+        batch_size=BATCH,
+        seed=seed,
+    )
+    logits = ens(x)
+    losses = per_record_loss(logits.reshape(-1, 10), y.repeat(len(ens))).reshape(len(ens), -1)
+    return phi(logits, y), masks, losses, (logits.argmax(dim=-1) == y).numpy()
+
+
+def trained_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int, traced: bool = True):
+    """One model trained on ``member`` with the recipe, its loss traces fed by the loop (or not:
+    ``traced=False``), and the training's seconds per step."""
+    torch.manual_seed(seed)
+    model = mlp(recipe.width)
+    opt = optimizer(recipe)(list(model.parameters()))
+    rows = torch.from_numpy(np.flatnonzero(member))
+    traces = LossTraces(n_records=x.shape[0], slots=2 * recipe.epochs, records=rows)
+    g = torch.Generator().manual_seed(seed)
+    step, start = 0, time.perf_counter()
+    for _ in range(recipe.epochs):
+        for b in torch.randperm(rows.numel(), generator=g).split(BATCH):
+            idx = rows[b]
+            losses = per_record_loss(model(x[idx]), y[idx])
+            if traced:
+                traces.update(idx, losses.detach(), step=step)  # what the loop computed anyway
+            opt.zero_grad(set_to_none=True)
+            losses.mean().backward()
+            opt.step()
+            step += 1
+    seconds = (time.perf_counter() - start) / step
+    return model, traces, seconds
+
+
+def traced_target(recipe: Recipe, x, y, member: np.ndarray, *, seed: int):
+    """A traced target: φ and the final loss of every record, and its traces."""
+    model, traces, _ = trained_target(recipe, x, y, member, seed=seed)
+    with torch.no_grad():
+        logits = model(x)
+    return phi(logits, y), per_record_loss(logits, y), traces
+
+
+def cost(x, y, args) -> None:
+    """Seconds per step with and without the traces (interleaved, best of ``args.repeats``), and
+    whether the trained weights are the same bit for bit."""
+    member = np.arange(x.shape[0]) % 2 == 0
+    best = {True: math.inf, False: math.inf}
+    weights = {}
+    for _ in range(args.repeats):
+        for traced in (False, True):
+            model, _, seconds = trained_target(MAIN, x, y, member, seed=5, traced=traced)
+            best[traced] = min(best[traced], seconds)
+            weights[traced] = [p.detach().clone() for p in model.parameters()]
+    same = all(torch.equal(a, b) for a, b in zip(weights[True], weights[False], strict=True))
+    print(
+        f"Cost ({MAIN}, batch {BATCH}, CPU): {1e3 * best[False]:.3f} ms a step without traces, "
+        f"{1e3 * best[True]:.3f} ms with ({100 * (best[True] / best[False] - 1):+.1f} %); "
+        f"weights bit-identical: {same}\n"
+    )
+
+
+def threshold_at(nonmember_scores: np.ndarray, fpr: float) -> float:
+    """The score τ with at most ⌊fpr · n⌋ non-members strictly above it."""
+    s = np.sort(nonmember_scores[np.isfinite(nonmember_scores)])[::-1]
+    return float(s[math.floor(fpr * s.size + 1e-9)])
+
+
+def precision_at(ranked: torch.Tensor, vulnerable: set[int], k: int) -> float:
+    return len(set(ranked[:k].tolist()) & vulnerable) / k
+
+
+def rankings(
+    member: np.ndarray, final_loss: torch.Tensor, traces: LossTraces, vulnerable: set[int]
+) -> dict[str, torch.Tensor]:
+    """Each ranking of the target's members, most vulnerable first (record indices)."""
+    members = traces.records
+    loss_m = final_loss[members]
+    ranked = {
+        f"LT-IQR, trace to {int(100 * c)} % of training": lt_iqr(traces, stop=c).most_vulnerable(
+            members.numel()
+        )
+        for c in CUTS
+    }
+    ranked["final loss, highest first"] = members[torch.argsort(loss_m, descending=True)]
+    ranked["final loss, lowest first"] = members[torch.argsort(loss_m)]
+    risk = analyse(-loss_m, -final_loss[~torch.from_numpy(member)], methods=("histogram",))
+    posterior = torch.from_numpy(risk.member_posterior)
+    ranked["privmon's per-record risk (posterior of −loss, out of sample)"] = members[
+        torch.sort(posterior, descending=True, stable=True).indices
+    ]
+    ranked["(ceiling: every vulnerable record first)"] = torch.tensor(
+        sorted(members.tolist(), key=lambda r: r not in vulnerable)
+    )
+    return ranked
+
+
+def which_records(x, y, args) -> None:
+    refs, ref_masks, _, _ = references(MAIN, x, y, models=args.models, seed=args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    runs = []
+    for t in range(args.targets):
+        member = rng.permutation(np.arange(x.shape[0]) % 2 == 0)
+        target_phi, final_loss, traces = traced_target(MAIN, x, y, member, seed=1000 + t)
+        scores = lira(target_phi, refs, ref_masks)
+        runs.append((member, scores, final_loss, traces))
+    pooled = np.concatenate([s[~m] for m, s, _, _ in runs])
+    rows: dict[str, list[list[float]]] = {}
+    shares: dict[float, list[float]] = {f: [] for f in VULNERABLE_AT}
+    for member, scores, final_loss, traces in runs:
+        ks = [max(1, round(q * traces.records.numel())) for q in TOP]
+        cells: dict[str, list[float]] = {}
+        for fpr in VULNERABLE_AT:
+            vulnerable = set(np.flatnonzero(member & (scores > threshold_at(pooled, fpr))).tolist())
+            shares[fpr].append(len(vulnerable) / member.sum())
+            for name, order in rankings(member, final_loss, traces, vulnerable).items():
+                cells.setdefault(name, []).extend(precision_at(order, vulnerable, k) for k in ks)
+        for name, values in cells.items():
+            rows.setdefault(name, []).append(values)
+    print(
+        f"Which records: {args.targets} targets (members: {int(runs[0][0].sum())}), "
+        f"{args.models} reference models, recipe {MAIN}; LiRA's vulnerable records: its members "
+        "above the threshold at FPR 1e-3 (1e-2) of the targets' non-members pooled; their share "
+        "of the members (chance precision): "
+        + ", ".join(
+            f"{100 * np.mean(v):.1f} % at FPR {f:g} (min {100 * min(v):.1f}, max "
+            f"{100 * max(v):.1f})"
+            for f, v in shares.items()
+        )
+        + "\n"
+    )
+    heads = [f"P@{int(100 * q)} % (FPR {f:g})" for f in VULNERABLE_AT for q in TOP]
+    print("| ranking | " + " | ".join(heads) + " |")
+    print("|---|" + "---:|" * len(heads))
+    for name, values in rows.items():
+        v = np.asarray(values)
+        sd = v.std(axis=0, ddof=1) if len(v) > 1 else np.zeros(v.shape[1])
+        cells_ = " | ".join(f"{m:.2f} ± {s:.2f}" for m, s in zip(v.mean(axis=0), sd, strict=True))
+        print(f"| {name} | {cells_} |")
+    print()
+
+
+def tpr_at(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> float:
+    tau = threshold_at(nonmembers, fpr)
+    return float(np.mean(members[np.isfinite(members)] > tau))
+
+
+def how_much(x, y, args) -> None:
+    print(f"How much: LOSS TNR against LiRA (leave-one-model-out over {args.models} models)\n")
+    print(
+        "| width | epochs | weight decay | train acc | test acc | LiRA TPR@1 % | LOSS TNR 1 % "
+        "| LiRA TPR@0.1 % | LOSS TNR 0.1 % |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    errors: dict[float, list[float]] = {0.01: [], 0.001: []}
+    for i, recipe in enumerate(SWEEP[: args.recipes]):
+        stat, masks, losses, correct = references(
+            recipe, x, y, models=args.models, seed=args.seed + 7 + i
+        )
+        scores = leave_one_out(stat, masks, attack="lira")
+        m = torch.from_numpy(masks)
+        est = [loss_tnr(losses[j][m[j]], losses[j][~m[j]]) for j in range(len(masks))]
+        cells = []
+        for q, position in ((0.01, 1), (0.001, 0)):
+            tpr = tpr_at(scores[masks], scores[~masks], q)
+            tnr = float(np.mean([e.estimate[position] for e in est]))
+            errors[q].append(tnr - tpr)
+            cells += [f"{tpr:.3f}", f"{tnr:.3f}"]
+        print(
+            f"| {recipe.width} | {recipe.epochs} | {recipe.weight_decay:g} | "
+            f"{correct[masks].mean():.3f} | {correct[~masks].mean():.3f} | {' | '.join(cells)} |"
+        )
+    rmse = {q: math.sqrt(np.mean(np.square(e))) for q, e in errors.items()}
+    print(
+        f"\nRMSE of LOSS TNR against LiRA's TPR: {rmse[0.01]:.3f} at FPR 1 %, "
+        f"{rmse[0.001]:.3f} at FPR 0.1 %\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=64, help="reference models per recipe")
+    parser.add_argument("--targets", type=int, default=8, help="traced target models")
+    parser.add_argument("--recipes", type=int, default=len(SWEEP), help="recipes swept (part 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="timed trainings (cost)")
+    parser.add_argument("--skip", choices=("which", "how", "cost"), default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x, y = digits()
+    start = time.perf_counter()
+    if args.skip != "which":
+        which_records(x, y, args)
+    if args.skip != "how":
+        how_much(x, y, args)
+    if args.skip != "cost":
+        cost(x, y, args)
+    print(f"torch {torch.__version__}, {time.perf_counter() - start:.0f} s, one CPU thread")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,8 +1,8 @@
 """The architecture page's "Where a new part goes", shown: a query and a sink added as a user
 adds them, each in one module of its own (here, this test) and nothing else changed; the
 monitor's figures for the new query are the estimators' on its scores, and the new sink gets
-every report and the budget's outcome. (A new estimator method: tests/test_estimator_method_toy.py;
-a diffusion statistic: tests/test_diffusion_statistic_toy.py; a DP check: tests/test_dp_check_toy.py.)"""
+every report and the budget's outcome. (A new estimator method: test_estimator_method_toy.py; a
+diffusion statistic: test_diffusion_statistic_toy.py; a DP check: test_dp_check_toy.py.)"""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from privmon.estimators.methods import METHODS
+from privmon.estimators.methods import registered_methods
 from privmon.report import tags
 from privmon.report.formatting import fmt
 from privmon.report.runs import Checks
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # one colour per line of the advantage chart: estimate and bound of each method (in the order
-# of METHODS), each ceiling
+# methods are registered), each ceiling
 _VALUE_COLORS = ("#1f77b4", "#d62728")
 _LOWER_COLORS = ("#17becf", "#ff7f0e")
 _RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "0.4")
@@ -43,8 +43,8 @@ _CEILINGS = (
 
 def _colors(method: str) -> tuple[str, str]:
     """The colours of ``method``'s estimate and certified lower bound (by its place in
-    :data:`~privmon.estimators.methods.METHODS`; grey tones beyond the palette)."""
-    i = METHODS.index(method)
+    :func:`~privmon.estimators.methods.registered_methods`; grey tones beyond the palette)."""
+    i = registered_methods().index(method)
     return (_VALUE_COLORS[i], _LOWER_COLORS[i]) if i < len(_VALUE_COLORS) else ("k", "0.3")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from privmon._validation import check_optional_str, check_writable_dir
-from privmon.estimators.methods import METHODS
+from privmon.estimators.methods import registered_methods
 from privmon.report import tags
 from privmon.report.check import Report
 from privmon.report.read_jsonl import BadLine, JsonlChecks, check_record, check_stopping, read_jsonl
@@ -136,7 +136,7 @@ class Checks:
                 if parsed is not None:
                     found.setdefault(parsed[0], set()).add(parsed[1])
         index: dict[str, list[str]] = {
-            q: [m for m in METHODS if m in ms] for q, ms in found.items()
+            q: [m for m in registered_methods() if m in ms] for q, ms in found.items()
         }
         self._qm = (len(self.records), index)
         return index

@@ -11,7 +11,7 @@ checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_va
 stopping's decision (``privacy/stopping/…``). The sinks' own names (TensorBoard's run-id,
 DP-causes, stopping and most-exposed texts, histograms, PR curves, the named series of its
 first charts; MLflow's run tags; W&B's step axis, run keys, ROC and ε charts) are here too. The
-method list is the estimators' (:data:`privmon.estimators.methods.METHODS`).
+method list is the estimators' registry (:func:`privmon.estimators.methods.registered_methods`).
 
 Examples:
     >>> from privmon.report import tags
@@ -23,11 +23,12 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 
-from privmon.estimators.methods import METHODS
+from privmon.estimators.methods import registered_methods
 
 # fmt: off
 __all__ = [
@@ -200,8 +201,6 @@ def band_edges(query: str, method: str) -> tuple[str, str]:
     return f"{where}: lower edge", f"{where}: upper edge"
 
 
-_METHODS = "|".join(re.escape(m) for m in METHODS)
-_ADVANTAGE = re.compile(rf"^privacy/(.+)/({_METHODS})/({'|'.join(ADVANTAGE_FIELDS)})$")
 _CANARY = re.compile(r"^privacy/canaries/(.+)/epsilon_lower_bound$")
 _DP_CHECK = re.compile(r"^privacy/dp_checks/([^/]+)/(?:fired|([^/]+)/p_value)$")
 _SOURCE_KINDS = {  # the name of a canaries object, by its class, when it has no ``name``
@@ -488,9 +487,16 @@ def ceilings(scalars: Mapping[str, float]) -> dict[str, float]:
     }
 
 
+@functools.lru_cache(maxsize=8)
+def _advantage_pattern(methods: tuple[str, ...]) -> re.Pattern[str]:
+    names = "|".join(re.escape(m) for m in methods)
+    return re.compile(rf"^privacy/(.+)/({names})/({'|'.join(ADVANTAGE_FIELDS)})$")
+
+
 def parse_advantage(tag: str) -> tuple[str, str, str] | None:
-    """(query, method, field) of a per-method figure, else None."""
-    m = _ADVANTAGE.match(tag)
+    """(query, method, field) of a per-method figure of a registered estimator method
+    (:func:`~privmon.estimators.methods.registered_methods`), else None."""
+    m = _advantage_pattern(registered_methods()).match(tag)
     return None if m is None else (m.group(1), m.group(2), m.group(3))
 
 

@@ -1,8 +1,9 @@
 """PrivacyMonitor: audit a model's membership leakage while it trains. A check collects the
-scores (:mod:`~privmon.callbacks.check_scores`), analyses them
+scores (:mod:`~privmon.callbacks.check_scores`) and, under torch.distributed, exchanges every
+rank's once (:mod:`~privmon.callbacks.check_exchange`); rank 0 analyses them
 (:mod:`~privmon.callbacks.check_analysis`), builds the report (:mod:`~privmon.report.build`),
-publishes it and decides on early stopping; ranks agree at each stage
-(:mod:`~privmon.callbacks.distributed`). Budget: :mod:`~privmon.callbacks.budget`."""
+decides on early stopping and publishes it; one broadcast shares the outcome, which every rank
+applies (:mod:`~privmon.callbacks.check_outcome`). Budget: :mod:`~privmon.callbacks.budget`."""
 
 from __future__ import annotations
 
@@ -11,29 +12,37 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
-from privmon._process_group import rank_and_world
+from privmon._process_group import from_rank_0, rank_and_world
 from privmon._training_guard import begin_check, end_check, warn_if_shuffled
 from privmon._validation import check_int, check_open_unit, check_subset
 from privmon.callbacks import arguments
 from privmon.callbacks import state as saved
 from privmon.callbacks.budget import CertificationBudget
 from privmon.callbacks.canary_audit import CanaryAudits
-from privmon.callbacks.check_analysis import analyse_check
+from privmon.callbacks.check_analysis import CheckAnalysis, analyse_check
+from privmon.callbacks.check_exchange import Scores, exchange
+from privmon.callbacks.check_outcome import (
+    Outcome,
+    failed_on_rank_0,
+    report_of,
+    stopping_state,
+    take_stopping,
+)
 from privmon.callbacks.check_scores import CheckScores
-from privmon.callbacks.distributed import StepDisagreement, agree, agree_on_schedule, agreed_stage
+from privmon.callbacks.distributed import Agreement, StepDisagreement, agree_on_schedule
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.publishing import call_or_log, decided, publish, say_outcome, stopped
 from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps
+from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.estimators.estimates import describe_error
 from privmon.estimators.methods import METHODS
 from privmon.report import Report
-from privmon.report.build import build_report
 from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import Sink
 
@@ -222,12 +231,10 @@ class PrivacyMonitor:
         if global_step % self.every_n_steps != 0:
             return self._stop
         checked = self._last_step is not None and global_step <= self._last_step
-        if rank_and_world()[1] > 1:
-            (checked,) = agree(None, stage="deciding on a check", flags=[checked])
-        if checked:
+        if checked and rank_and_world()[1] == 1:
             self._traps.step_before_last_check(global_step, self._last_step)
-            return self._stop
-        self.check(global_step)
+        else:  # under torch.distributed the ranks skip together, in the check's one exchange
+            self._locked_check(global_step, checked=checked)
         return self._stop
 
     def plan(self, *, total_steps: int) -> int | None:
@@ -264,15 +271,7 @@ class PrivacyMonitor:
     def check(self, global_step: int) -> Report | None:
         """Run one check now: its report, or None when it failed (logged; the run's first failure
         warns) or another check runs in the process (refused, counted in ``n_failed``)."""
-        global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
-        if not begin_check():
-            self.n_failed += 1
-            self._traps.check_refused(global_step, strict=self.strict)
-            return None
-        try:
-            return self._check_and_act(global_step)
-        finally:
-            end_check()
+        return self._locked_check(check_int(global_step, name="global_step"), checked=False)
 
     def top_records(
         self, k: int = 10, *, query: str | None = None, by: str = "max"
@@ -321,54 +320,83 @@ class PrivacyMonitor:
         for sink in self.sinks:
             call_or_log(sink.close, what=f"closing sink {sink!r}", strict=self.strict)
 
-    # -- one check: collect -> analyse -> build the report -> publish -> decide ---------------
-    def _check_and_act(self, global_step: int) -> Report | None:
-        """:meth:`check` holding the check lock: the check, then the sinks and early stopping."""
-        self._last_step = global_step
-        try:
-            report = self._check(global_step)
-        except Exception as err:
+    # -- one check: collect -> one exchange -> (rank 0) analyse, report, decide, publish -> apply
+    def _locked_check(self, step: int, *, checked: bool) -> Report | None:
+        """:meth:`check` holding the check lock (``checked``: this rank checked ``step``)."""
+        if not begin_check():
             self.n_failed += 1
-            if self.strict:
-                raise
-            logger.exception("privmon: the check at step %s failed and was skipped", global_step)
-            if not self.history:
-                self._traps.check_failed(global_step, describe_error(err))
+            self._traps.check_refused(step, strict=self.strict)
             return None
-        report, stops = decided(report, self.early_stopping, self._traps, self.history, self.strict)
-        self._budget.say_what_can_be_certified(
-            self.n_certified_checks, first=len(self.history) == 1, stopping=self.early_stopping
-        )
-        with agreed_stage("writing the report", flags=[False]) as stop:
-            publish(report, self.sinks, other_runs=self._other_runs, strict=self.strict)
-            stop[0] = stops
-        self._stop = stopped(stop[0], self._stop, self.early_stopping, report.step)
-        return report
+        try:
+            return self._check_and_act(step, checked=checked)
+        finally:
+            end_check()
 
-    def _check(self, step: int) -> Report:
-        """The report of the check at ``step``: collect, analyse, build; then its records."""
+    def _check_and_act(self, step: int, *, checked: bool) -> Report | None:
+        """Collect this rank's part, exchange it (None: a rank had checked ``step``, every rank
+        skips it), conclude on rank 0 and apply the outcome on every rank."""
         t0 = time.perf_counter()
-        settings = saved.settings(  # whatever changes the figures: the ranks' must be the same
-            self._setup(),
-            every_n_steps=self.every_n_steps,
-            top_k=self.top_k,
-            delta=None if self.accountant is None else self.delta,
-            queries=self.queries,
-        )
-        try:  # with canaries, a failure leaves every query out: the canaries need no audit set
-            scores, failed, t_query = self._scores.gathered(
-                step, settings=settings, budget=self._budget, or_none=bool(self._audits)
-            )
+        try:
+            exchanged = exchange(
+                step, checked=checked, scores=self._scores, audits=self._audits,
+                accountant=self.accountant, spent=self._budget.spent, settings=self._settings(),
+                strict=self.strict,
+            )  # fmt: skip
         except StepDisagreement as err:
             # a rank behind must not then enter, alone, the check the others have already left
             self._last_step = max(err.steps)
-            raise
-        analysis = analyse_check(
+            return self._failed(step, err)
+        except Exception as err:
+            self._last_step = step
+            return self._failed(step, err)
+        if exchanged is None:
+            self._traps.step_before_last_check(step, self._last_step)
+            return None
+        rank, world = rank_and_world()
+        outcome, own = self._conclude(step, *exchanged, t0=t0) if rank == 0 else (None, None)
+        return self._apply(step, from_rank_0(outcome, world), own)
+
+    def _conclude(
+        self, step: int, agreed: Agreement, scores: Scores, *, t0: float
+    ) -> tuple[Outcome, Exception | None]:
+        """Rank 0's part, with no collective: the analysis, the report, early stopping's decision
+        and the sinks' writes; the outcome, and the error of the stage that failed."""
+        self._budget.spent = agreed.spent
+        stage, report, stop = "reading ε or the analysis", None, False
+        try:
+            analysis = self._analysed(step, agreed, scores)
+            self._budget.spent += 1
+            stage = "building the report"
+            report = report_of(
+                step, analysis, scores, budget=self._budget, traps=self._traps,
+                queries=self.queries, prior=self.prior, delta=self.delta, run_id=self.run_id,
+                seconds=time.perf_counter() - t0, query_seconds=agreed.forward,
+            )  # fmt: skip
+            _say_violations(report)
+            first, stage = not self.history, "early stopping"
+            report, stop = decided(report, self.early_stopping, self._traps, strict=self.strict)
+            self._budget.say_what_can_be_certified(
+                self._budget.spent, first=first, stopping=self.early_stopping
+            )
+            stage = "writing the report"
+            publish(report, self.sinks, other_runs=self._other_runs, strict=self.strict)
+            error = None
+        except Exception as err:
+            error = err
+        return Outcome(
+            report=report, stop=stop, spent=self._budget.spent,
+            audit_sizes=dict(self._budget.audit_sizes),
+            stopping=stopping_state(self.early_stopping),
+            failure=None if error is None else failed_on_rank_0(stage, error),
+        ), error  # fmt: skip
+
+    def _analysed(self, step: int, agreed: Agreement, scores: Scores) -> CheckAnalysis:
+        return analyse_check(
             step,
             queries=self.queries,
             scores=scores,
-            failed=failed,
-            certify_delta=lambda: self._budget.certify_delta(self._budget.spent + 1),
+            failed=agreed.left_out,
+            certify_delta=self._budget.certify_delta(self._budget.spent + 1),
             methods=self.methods,
             prior=self.prior,
             interval_delta=self.interval_delta,
@@ -376,34 +404,52 @@ class PrivacyMonitor:
             accountant=self.accountant,
             delta=self.delta,
             canaries=self._audits,
+            findings=agreed.findings,
             strict=self.strict,
         )
-        self._budget.spent += 1
-        with agreed_stage("building the report"):
-            detectable = self._budget.audited(analysis.results, scores, analysis.certify_delta)
-            self._traps.check_directions(step, self.queries, analysis.results, scores)
-            report = build_report(
-                step=step,
-                results=analysis.results,
-                detectable=detectable,
-                epsilon=analysis.epsilon,
-                canaries=analysis.canaries,
-                prior=self.prior,
-                delta=self.delta,
-                certify_delta=analysis.certify_delta,
-                run_id=self.run_id,
-                seconds=time.perf_counter() - t0,
-                query_seconds=t_query,
-            )
-            if not report.queries:
-                self._traps.queries_failed(step, report.failures)
-            for message in report.messages:
-                logger.warning(message)
-                warnings.warn(message, PrivacyViolationWarning, stacklevel=3)
-        for name, result in report.queries.items():  # once every rank has its report
+
+    def _apply(self, step: int, outcome: Outcome, own: Exception | None) -> Report | None:
+        """The outcome, on every rank: the budget, the history and records, early stopping's
+        state and the stop; a failure raised (rank 0 its own error, the others a RankFailure)
+        or, when the check itself failed, logged (``strict``: raised)."""
+        self._last_step = step
+        self._budget.spent, self._budget.audit_sizes = outcome.spent, dict(outcome.audit_sizes)
+        error = own or (None if outcome.failure is None else outcome.failure.error())
+        report = outcome.report
+        if report is None:
+            return self._failed(step, cast(Exception, error))
+        self.history.append(report)
+        for name, result in report.queries.items():
             if result.member_posterior is not None:
                 self.records.update(name, step, result.member_posterior)
+        if rank_and_world()[0] != 0:  # rank 0 decided and warned
+            take_stopping(self.early_stopping, outcome.stopping)
+            _say_violations(report)
+        if error is not None:  # strict: early stopping or a sink failed after the check
+            raise error
+        self._stop = stopped(outcome.stop, self._stop, self.early_stopping, report.step)
         return report
+
+    def _failed(self, step: int, error: Exception) -> Report | None:
+        """A check that failed: counted, logged (the run's first failure warns), or raised."""
+        self.n_failed += 1
+        if self.strict:
+            raise error
+        logger.error("privmon: the check at step %s failed and was skipped", step, exc_info=error)
+        if not self.history:
+            self._traps.check_failed(step, describe_error(error))
+        return None
+
+    def _settings(self) -> str:
+        """Whatever changes the figures: the ranks' must be the same."""
+        return saved.settings(
+            self._setup(),
+            every_n_steps=self.every_n_steps,
+            top_k=self.top_k,
+            delta=None if self.accountant is None else self.delta,
+            queries=self.queries,
+            stopping=self.early_stopping,
+        )
 
     def _setup(self) -> dict[str, Any]:
         """What a saved state was measured under (:func:`~privmon.callbacks.state.setup`)."""
@@ -448,3 +494,10 @@ class PrivacyMonitor:
         self.n_failed, self._budget.spent = run.n_failed, run.n_certified_checks
         self.run_id = run.run_id
         self._budget.planned_checks = run.planned_checks
+
+
+def _say_violations(report: Report) -> None:
+    """Each DP-violation message of ``report`` in the log and as a warning at the user's line."""
+    for message in report.messages:
+        logger.warning(message)
+        warnings.warn(message, PrivacyViolationWarning, stacklevel=stacklevel_to_user())

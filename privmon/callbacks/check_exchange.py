@@ -1,0 +1,105 @@
+"""One check's collection and exchange: this rank's part — its queries' scores
+(:class:`~privmon.callbacks.check_scores.CheckScores`), its DP mechanism checks' findings
+(:func:`~privmon.callbacks.mechanism_audit.findings_of`) and what failed — and, under
+torch.distributed, the check's one exchange: every rank's :class:`~privmon.callbacks.distributed.
+Header` (one all-gather of small objects, read the same on every rank) and the scores gathered
+on rank 0 (:func:`~privmon.callbacks.score_exchange.gather_scores`, one tensor collective).
+Outside a process group nothing is exchanged, nor pickled."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from privmon._failure import Failure
+from privmon._process_group import every_rank, rank_and_world
+from privmon.callbacks.canary_audit import CanaryAudits
+from privmon.callbacks.check_scores import CheckScores
+from privmon.callbacks.collection import Collected
+from privmon.callbacks.distributed import (
+    Agreement,
+    Header,
+    StageFailure,
+    agree_on_headers,
+    failed_stage,
+    layout_of,
+)
+from privmon.callbacks.mechanism_audit import Local, findings_of
+from privmon.callbacks.score_exchange import gather_scores
+
+__all__ = ["Scores", "exchange"]
+
+logger = logging.getLogger("privmon")
+
+Scores = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+_NOTHING = Collected(scores={}, failed={}, forward=0.0, digests=None)
+
+
+def _collected(
+    step: int, *, scores: CheckScores, audits: CanaryAudits, accountant: Any, strict: bool
+) -> tuple[Collected, Local, StageFailure | None, Exception | None]:
+    """This rank's scores, its DP mechanism findings and what failed (the stage, and the
+    error itself): with canaries (not strict) a failed collection leaves every query out,
+    logged, and the check goes on (the canaries need no audit set)."""
+    try:
+        collected = scores.collect()
+    except Exception as err:
+        if not audits or strict:
+            return _NOTHING, {}, failed_stage("collecting the scores", err), err
+        logger.exception("privmon: collecting the scores failed at step %s", step)
+        failed = {q.name: Failure.of(err) for q in scores.queries}
+        collected = Collected(scores={}, failed=failed, forward=0.0, digests=None)
+    try:
+        findings = findings_of(
+            audits.sources, accountant=accountant, step=step, strict=strict, said=audits.said
+        )
+    except Exception as err:
+        return collected, {}, failed_stage("the DP mechanism checks", err), err
+    return collected, findings, None, None
+
+
+def exchange(
+    step: int,
+    *,
+    checked: bool,
+    scores: CheckScores,
+    audits: CanaryAudits,
+    accountant: Any,
+    spent: int,
+    settings: str,
+    strict: bool,
+) -> tuple[Agreement, Scores] | None:
+    """This rank's part of the check at ``step`` (none when it ``checked`` the step already)
+    and, under torch.distributed, every rank's agreed on (None: a rank had checked the step,
+    and every rank skips it) with the scores on rank 0 (the others get none); one process: its
+    own, with no collective. Raises where the check must fail on every rank
+    (:func:`~privmon.callbacks.distributed.agree_on_headers`); ``spent``: this rank's
+    certified checks, ``settings``: whatever changes the figures."""
+    found = (_NOTHING, {}, None, None) if checked else None
+    local, findings, stage, error = found or _collected(
+        step, scores=scores, audits=audits, accountant=accountant, strict=strict
+    )
+    world = rank_and_world()[1]
+    if world == 1:
+        if error is not None:
+            raise error
+        return Agreement({}, {}, dict(local.failed), spent, local.forward, [findings]), local.scores
+    header = Header(
+        step=step,
+        setup=([q.name for q in scores.queries], settings),
+        spent=spent,
+        checked=checked,
+        error=stage,
+        failed=dict(local.failed),
+        layouts={n: layout_of(s) for n, s in local.scores.items()},
+        rows={n: (s[0].shape[0], s[1].shape[0]) for n, s in local.scores.items()},
+        findings=findings,
+        forward=local.forward,
+    )
+    agreed = agree_on_headers(every_rank(header, world), mine=header, error=error, strict=strict)
+    if agreed is None:
+        return None
+    return agreed, gather_scores(local.scores, agreed) or {}

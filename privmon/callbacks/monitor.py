@@ -367,13 +367,13 @@ class PrivacyMonitor:
             analysis = self._analysed(step, agreed, scores)
             self._budget.spent += 1
             stage = "building the report"
-            report = report_of(
+            built = report_of(
                 step, analysis, scores, budget=self._budget, traps=self._traps,
                 queries=self.queries, prior=self.prior, delta=self.delta, run_id=self.run_id,
                 seconds=time.perf_counter() - t0, query_seconds=agreed.forward,
             )  # fmt: skip
-            _say_violations(report)
-            first, stage = not self.history, "early stopping"
+            _say_violations(built)  # a filter that makes it an error fails the check
+            report, first, stage = built, not self.history, "early stopping"
             report, stop = decided(report, self.early_stopping, self._traps, strict=self.strict)
             self._budget.say_what_can_be_certified(
                 self._budget.spent, first=first, stopping=self.early_stopping

@@ -78,9 +78,10 @@ def exchange(
     own, with no collective. Raises where the check must fail on every rank
     (:func:`~privmon.callbacks.distributed.agree_on_headers`); ``spent``: this rank's
     certified checks, ``settings``: whatever changes the figures."""
-    found = (_NOTHING, {}, None, None) if checked else None
-    local, findings, stage, error = found or _collected(
-        step, scores=scores, audits=audits, accountant=accountant, strict=strict
+    local, findings, stage, error = (
+        (_NOTHING, {}, None, None)
+        if checked
+        else _collected(step, scores=scores, audits=audits, accountant=accountant, strict=strict)
     )
     world = rank_and_world()[1]
     if world == 1:

@@ -6,7 +6,8 @@ state — so that every rank keeps the same history, records and state."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,22 +15,20 @@ import torch
 
 from privmon._failure import Failure
 from privmon.callbacks.budget import CertificationBudget
-from privmon.callbacks.check_analysis import CheckAnalysis
-from privmon.callbacks.distributed import StageFailure
+from privmon.callbacks.canary_audit import CanaryAudits
+from privmon.callbacks.check_analysis import CheckAnalysis, analyse_check
+from privmon.callbacks.distributed import Agreement, StageFailure
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.publishing import decided, publish
 from privmon.callbacks.traps import Traps
 from privmon.report import Report
 from privmon.report.build import build_report
 from privmon.report.stopping import StoppingDecision
+from privmon.sinks.base import Sink
 
-__all__ = [
-    "Outcome",
-    "StoppingState",
-    "failed_on_rank_0",
-    "report_of",
-    "stopping_state",
-    "take_stopping",
-]
+__all__ = ["CheckParts", "Outcome", "StoppingState", "conclude", "report_of", "take_stopping"]
+
+Scores = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
 
 StoppingState = tuple[dict[str, Any], StoppingDecision | None]
 """Early stopping's counters (``state_dict()``) and its last decision."""
@@ -54,14 +53,83 @@ class Outcome:
     or a sink after the report (every rank keeps the report, then raises)."""
 
 
-def failed_on_rank_0(stage: str, error: BaseException) -> StageFailure:
-    """``stage`` failed on rank 0 with ``error``, as the outcome tells every rank."""
-    return StageFailure(stage, 0, Failure.of(error))
+@dataclass(frozen=True)
+class CheckParts:
+    """What rank 0's conclusion of a check reads of its monitor (as it is at that check)."""
+
+    queries: Sequence[Any]
+    methods: Sequence[str]
+    prior: float
+    interval_delta: float
+    top_k: int
+    accountant: Any
+    delta: float
+    audits: CanaryAudits
+    budget: CertificationBudget
+    traps: Traps
+    early_stopping: PrivacyEarlyStopping | None
+    sinks: Sequence[Sink]
+    other_runs: Any
+    run_id: str
+    strict: bool
+    say: Callable[[Report], None]
+    """Says a report's DP violations (a warnings filter that makes them errors fails it)."""
 
 
-def stopping_state(stopping: PrivacyEarlyStopping | None) -> StoppingState | None:
-    """What the other ranks take of rank 0's early stopping."""
-    return None if stopping is None else (stopping.state_dict(), stopping.decision)
+def conclude(
+    step: int, agreed: Agreement, scores: Scores, *, parts: CheckParts, first: bool, t0: float
+) -> tuple[Outcome, Exception | None]:
+    """Rank 0's part of the check at ``step``, with no collective: the analysis, the report,
+    early stopping's decision and the sinks' writes (``first``: the run's first report); the
+    outcome every rank applies, and the error of the stage that failed (rank 0 raises it)."""
+    budget = parts.budget
+    budget.spent = agreed.spent
+    stage, report, stop, error = "reading ε or the analysis", None, False, None
+    try:
+        analysis = _analysed(step, agreed, scores, parts=parts)
+        budget.spent += 1
+        stage = "building the report"
+        built = report_of(
+            step, analysis, scores, budget=budget, traps=parts.traps, queries=parts.queries,
+            prior=parts.prior, delta=parts.delta, run_id=parts.run_id,
+            seconds=time.perf_counter() - t0, query_seconds=agreed.forward,
+        )  # fmt: skip
+        parts.say(built)
+        report, stage = built, "early stopping"
+        report, stop = decided(report, parts.early_stopping, parts.traps, strict=parts.strict)
+        budget.say_what_can_be_certified(budget.spent, first=first, stopping=parts.early_stopping)
+        stage = "writing the report"
+        publish(report, parts.sinks, other_runs=parts.other_runs, strict=parts.strict)
+    except Exception as err:
+        error = err
+    stopping = parts.early_stopping
+    return Outcome(
+        report=report,
+        stop=stop,
+        spent=budget.spent,
+        audit_sizes=dict(budget.audit_sizes),
+        stopping=None if stopping is None else (stopping.state_dict(), stopping.decision),
+        failure=None if error is None else StageFailure(stage, 0, Failure.of(error)),
+    ), error
+
+
+def _analysed(step: int, agreed: Agreement, scores: Scores, *, parts: CheckParts) -> CheckAnalysis:
+    return analyse_check(
+        step,
+        queries=parts.queries,
+        scores=scores,
+        failed=agreed.left_out,
+        certify_delta=parts.budget.certify_delta(parts.budget.spent + 1),
+        methods=parts.methods,
+        prior=parts.prior,
+        interval_delta=parts.interval_delta,
+        top_k=parts.top_k,
+        accountant=parts.accountant,
+        delta=parts.delta,
+        canaries=parts.audits,
+        findings=agreed.findings,
+        strict=parts.strict,
+    )
 
 
 def take_stopping(stopping: PrivacyEarlyStopping | None, state: StoppingState | None) -> None:
@@ -77,7 +145,7 @@ def take_stopping(stopping: PrivacyEarlyStopping | None, state: StoppingState | 
 def report_of(
     step: int,
     analysis: CheckAnalysis,
-    scores: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    scores: Scores,
     *,
     budget: CertificationBudget,
     traps: Traps,

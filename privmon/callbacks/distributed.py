@@ -229,7 +229,7 @@ def _layout_agreed(
 ) -> tuple[Layout, Layout] | Failure:
     """The layout of ``name``'s scores on every rank with rows, or why they differ (logged;
     raised when strict)."""
-    sides = [{layout[i] for layout in layouts if layout[i] is not None} for i in (0, 1)]
+    sides = [{found for found in (layout[i] for layout in layouts) if found} for i in (0, 1)]
     if any(len(found) > 1 for found in sides):
         shown = "; ".join(f"rank {r}: {_show(layout)}" for r, layout in enumerate(layouts))
         reason = f"its scores differ in dtype or shape between ranks ({shown})"

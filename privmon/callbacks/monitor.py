@@ -23,20 +23,13 @@ from privmon.callbacks import arguments
 from privmon.callbacks import state as saved
 from privmon.callbacks.budget import CertificationBudget
 from privmon.callbacks.canary_audit import CanaryAudits
-from privmon.callbacks.check_analysis import CheckAnalysis, analyse_check
-from privmon.callbacks.check_exchange import Scores, exchange
-from privmon.callbacks.check_outcome import (
-    Outcome,
-    failed_on_rank_0,
-    report_of,
-    stopping_state,
-    take_stopping,
-)
+from privmon.callbacks.check_exchange import exchange
+from privmon.callbacks.check_outcome import CheckParts, Outcome, conclude, take_stopping
 from privmon.callbacks.check_scores import CheckScores
-from privmon.callbacks.distributed import Agreement, StepDisagreement, agree_on_schedule
+from privmon.callbacks.distributed import StepDisagreement, agree_on_schedule
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
-from privmon.callbacks.publishing import call_or_log, decided, publish, say_outcome, stopped
+from privmon.callbacks.publishing import call_or_log, say_outcome, stopped
 from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps
 from privmon.callbacks.user_frame import stacklevel_to_user
@@ -175,25 +168,15 @@ class PrivacyMonitor:
         self._traps = Traps()  # silent traps said out loud, once each
         self._schedule_agreed = False  # under torch.distributed: at the first step()
         self._scores = CheckScores(
-            self.queries,
-            members,
-            nonmembers,
-            modules=self.modules,
-            max_batches=max_batches,
-            strict=strict,
-            traps=self._traps,
-        )
+            self.queries, members, nonmembers, modules=self.modules, max_batches=max_batches,
+            strict=strict, traps=self._traps,
+        )  # fmt: skip
         self._budget = CertificationBudget(
-            queries=self.queries,
-            methods=self.methods,
-            canary_figures=self._audits.figures_per_check,
-            prior=self.prior,
-            interval_delta=self.interval_delta,
-            planned_checks=planned_checks,
-            audit_sets=(members, nonmembers),
-            max_batches=max_batches,
-            traps=self._traps,
-        )
+            queries=self.queries, methods=self.methods, prior=self.prior,
+            canary_figures=self._audits.figures_per_check, interval_delta=self.interval_delta,
+            planned_checks=planned_checks, audit_sets=(members, nonmembers),
+            max_batches=max_batches, traps=self._traps,
+        )  # fmt: skip
         self._budget.say_what_can_be_certified(1, first=True, stopping=early_stopping)
 
     @property
@@ -353,60 +336,22 @@ class PrivacyMonitor:
             self._traps.step_before_last_check(step, self._last_step)
             return None
         rank, world = rank_and_world()
-        outcome, own = self._conclude(step, *exchanged, t0=t0) if rank == 0 else (None, None)
-        return self._apply(step, from_rank_0(outcome, world), own)
-
-    def _conclude(
-        self, step: int, agreed: Agreement, scores: Scores, *, t0: float
-    ) -> tuple[Outcome, Exception | None]:
-        """Rank 0's part, with no collective: the analysis, the report, early stopping's decision
-        and the sinks' writes; the outcome, and the error of the stage that failed."""
-        self._budget.spent = agreed.spent
-        stage, report, stop = "reading ε or the analysis", None, False
-        try:
-            analysis = self._analysed(step, agreed, scores)
-            self._budget.spent += 1
-            stage = "building the report"
-            built = report_of(
-                step, analysis, scores, budget=self._budget, traps=self._traps,
-                queries=self.queries, prior=self.prior, delta=self.delta, run_id=self.run_id,
-                seconds=time.perf_counter() - t0, query_seconds=agreed.forward,
-            )  # fmt: skip
-            _say_violations(built)  # a filter that makes it an error fails the check
-            report, first, stage = built, not self.history, "early stopping"
-            report, stop = decided(report, self.early_stopping, self._traps, strict=self.strict)
-            self._budget.say_what_can_be_certified(
-                self._budget.spent, first=first, stopping=self.early_stopping
+        outcome, own = (None, None)
+        if rank == 0:
+            outcome, own = conclude(
+                step, *exchanged, parts=self._parts(), first=not self.history, t0=t0
             )
-            stage = "writing the report"
-            publish(report, self.sinks, other_runs=self._other_runs, strict=self.strict)
-            error = None
-        except Exception as err:
-            error = err
-        return Outcome(
-            report=report, stop=stop, spent=self._budget.spent,
-            audit_sizes=dict(self._budget.audit_sizes),
-            stopping=stopping_state(self.early_stopping),
-            failure=None if error is None else failed_on_rank_0(stage, error),
-        ), error  # fmt: skip
+        return self._apply(step, cast(Outcome, from_rank_0(outcome, world)), own)
 
-    def _analysed(self, step: int, agreed: Agreement, scores: Scores) -> CheckAnalysis:
-        return analyse_check(
-            step,
-            queries=self.queries,
-            scores=scores,
-            failed=agreed.left_out,
-            certify_delta=self._budget.certify_delta(self._budget.spent + 1),
-            methods=self.methods,
-            prior=self.prior,
-            interval_delta=self.interval_delta,
-            top_k=self.top_k,
-            accountant=self.accountant,
-            delta=self.delta,
-            canaries=self._audits,
-            findings=agreed.findings,
-            strict=self.strict,
-        )
+    def _parts(self) -> CheckParts:
+        """What rank 0's conclusion of a check reads of this monitor."""
+        return CheckParts(
+            queries=self.queries, methods=self.methods, prior=self.prior,
+            interval_delta=self.interval_delta, top_k=self.top_k, accountant=self.accountant,
+            delta=self.delta, audits=self._audits, budget=self._budget, traps=self._traps,
+            early_stopping=self.early_stopping, sinks=self.sinks, other_runs=self._other_runs,
+            run_id=self.run_id, strict=self.strict, say=_say_violations,
+        )  # fmt: skip
 
     def _apply(self, step: int, outcome: Outcome, own: Exception | None) -> Report | None:
         """The outcome, on every rank: the budget, the history and records, early stopping's

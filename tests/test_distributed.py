@@ -625,3 +625,18 @@ def test_one_check_is_three_collectives_and_one_analysis_on_rank_0(ranks):
             calls, analysed = out["count"][how]
             assert calls == ["all_gather_object", "gather", "broadcast_object_list"], (rank, how)
             assert analysed == (["loss", "margin"] if rank == 0 else []), (rank, how)
+
+
+def test_one_process_runs_no_collective(monkeypatch):
+    """Outside a process group a check exchanges nothing (nor builds a header to pickle)."""
+    calls = []
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            monkeypatch.setattr(dist, name, lambda *a, _name=name, **k: calls.append(_name))
+    monkeypatch.setattr(
+        "privmon.callbacks.check_exchange.Header", lambda **kw: calls.append("header")
+    )
+    model, members, nonmembers = _audit()
+    mon = _monitor(model, members, nonmembers)
+    assert mon.step(100) is True and mon.check(200) is not None
+    assert calls == []

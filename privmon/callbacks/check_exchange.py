@@ -11,13 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
-
 from privmon._failure import Failure
 from privmon._process_group import every_rank, rank_and_world
 from privmon.callbacks.canary_audit import CanaryAudits
 from privmon.callbacks.check_scores import CheckScores
-from privmon.callbacks.collection import Collected
+from privmon.callbacks.collection import Collected, Scores
 from privmon.callbacks.distributed import (
     Agreement,
     Header,
@@ -29,11 +27,9 @@ from privmon.callbacks.distributed import (
 from privmon.callbacks.mechanism_audit import Local, findings_of
 from privmon.callbacks.score_exchange import gather_scores
 
-__all__ = ["Scores", "exchange"]
+__all__ = ["exchange"]
 
 logger = logging.getLogger("privmon")
-
-Scores = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 _NOTHING = Collected(scores={}, failed={}, forward=0.0, digests=None)
 

@@ -7,16 +7,15 @@ state — so that every rank keeps the same history, records and state."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from privmon._failure import Failure
 from privmon.callbacks.budget import CertificationBudget
 from privmon.callbacks.canary_audit import CanaryAudits
 from privmon.callbacks.check_analysis import CheckAnalysis, analyse_check
+from privmon.callbacks.collection import Scores
 from privmon.callbacks.distributed import Agreement, StageFailure
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.publishing import decided, publish
@@ -27,8 +26,6 @@ from privmon.report.stopping import StoppingDecision
 from privmon.sinks.base import Sink
 
 __all__ = ["CheckParts", "Outcome", "StoppingState", "conclude", "report_of", "take_stopping"]
-
-Scores = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
 
 StoppingState = tuple[dict[str, Any], StoppingDecision | None]
 """Early stopping's counters (``state_dict()``) and its last decision."""

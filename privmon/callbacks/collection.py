@@ -23,16 +23,19 @@ from privmon._training_guard import TrainingGuard
 from privmon.queries.base import check_scores
 from privmon.queries.batches import batch_digests, count_records
 
-__all__ = ["Collected", "collect_scores"]
+__all__ = ["Collected", "Scores", "collect_scores"]
 
 logger = logging.getLogger("privmon")
+
+Scores = dict[str, tuple[torch.Tensor, torch.Tensor]]
+"""Per query: its member and non-member scores."""
 
 
 @dataclass(frozen=True)
 class Collected:
     """What :func:`collect_scores` gathered."""
 
-    scores: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    scores: Scores
     """Per query scored: its member and non-member scores (a side that yielded no batch, where
     allowed, has zero rows)."""
     failed: dict[str, Failure]
@@ -118,7 +121,7 @@ class _Scoring:
             except Exception as err:  # this query only: the others go on
                 self.fail(q, err, f"query {q.name!r}")
 
-    def joined(self, device: torch.device) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def joined(self, device: torch.device) -> Scores:
         """Each query still in, its batches joined per side."""
         scores = {}
         for q in self.queries:

@@ -6,16 +6,14 @@ layouts and rows (:class:`~privmon.callbacks.distributed.Agreement`), in rank or
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 
 from privmon._process_group import collective_device, rank_and_world
+from privmon.callbacks.collection import Scores
 from privmon.callbacks.distributed import Agreement
 
 __all__ = ["gather_scores"]
-
-Scores = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 def _itemsize(dtype: str) -> int:
@@ -44,9 +42,7 @@ def _packed(scores: Scores, agreed: Agreement, *, size: int) -> torch.Tensor:
     return torch.cat([*parts, torch.zeros(size - used, dtype=torch.uint8, device=device)])
 
 
-def _unpacked(
-    buffers: list[torch.Tensor], agreed: Agreement, *, like: Scores
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _unpacked(buffers: list[torch.Tensor], agreed: Agreement, *, like: Scores) -> Scores:
     """Every rank's bytes (``buffers``, in rank order) as each query's scores, the ranks' rows
     joined in rank order, on the device of this rank's own (``like``)."""
     pieces: dict[str, list[list[torch.Tensor]]] = {name: [[], []] for name in agreed.layouts}
@@ -70,9 +66,7 @@ def _unpacked(
     }
 
 
-def gather_scores(
-    scores: Scores, agreed: Agreement
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+def gather_scores(scores: Scores, agreed: Agreement) -> Scores | None:
     """Every rank's rows of each query in ``agreed.layouts``, concatenated in rank order, on
     rank 0 (None on the others): one ``gather`` of each rank's bytes. Every rank must call it
     (with nothing to exchange, none does and rank 0 gets no scores)."""

@@ -367,12 +367,14 @@ class PrivacyMonitor:
         for name, result in report.queries.items():
             if result.member_posterior is not None:
                 self.records.update(name, step, result.member_posterior)
-        if rank_and_world()[0] != 0:  # rank 0 decided and warned
+        elsewhere = rank_and_world()[0] != 0  # rank 0 decided and warned
+        if elsewhere:
             take_stopping(self.early_stopping, outcome.stopping)
-            _say_violations(report)
         if error is not None:  # strict: early stopping or a sink failed after the check
             raise error
         self._stop = stopped(outcome.stop, self._stop, self.early_stopping, report.step)
+        if elsewhere:  # last: a warnings filter raising here leaves the state the others' too
+            _say_violations(report)
         return report
 
     def _failed(self, step: int, error: Exception) -> Report | None:

@@ -19,13 +19,12 @@ from privmon.callbacks.collection import Collected, Scores
 from privmon.callbacks.distributed import (
     Agreement,
     Header,
-    StageFailure,
     agree_on_headers,
     failed_stage,
     layout_of,
 )
 from privmon.callbacks.mechanism_audit import Local, findings_of
-from privmon.callbacks.score_exchange import gather_scores
+from privmon.callbacks.score_exchange import Packed, gather_scores, packed
 
 __all__ = ["exchange"]
 
@@ -36,15 +35,15 @@ _NOTHING = Collected(scores={}, failed={}, forward=0.0, digests=None)
 
 def _collected(
     step: int, *, scores: CheckScores, audits: CanaryAudits, accountant: Any, strict: bool
-) -> tuple[Collected, Local, StageFailure | None, Exception | None]:
-    """This rank's scores, its DP mechanism findings and what failed (the stage, and the
-    error itself): with canaries (not strict) a failed collection leaves every query out,
-    logged, and the check goes on (the canaries need no audit set)."""
+) -> tuple[Collected, Local, Exception | None, str]:
+    """This rank's scores, its DP mechanism findings, and what failed with the stage's name:
+    with canaries (not strict) a failed collection leaves every query out, logged, and the
+    check goes on (the canaries need no audit set)."""
     try:
         collected = scores.collect()
     except Exception as err:
         if not audits or strict:
-            return _NOTHING, {}, failed_stage("collecting the scores", err), err
+            return _NOTHING, {}, err, "collecting the scores"
         logger.exception("privmon: collecting the scores failed at step %s", step)
         failed = {q.name: Failure.of(err) for q in scores.queries}
         collected = Collected(scores={}, failed=failed, forward=0.0, digests=None)
@@ -53,8 +52,16 @@ def _collected(
             audits.sources, accountant=accountant, step=step, strict=strict, said=audits.said
         )
     except Exception as err:
-        return collected, {}, failed_stage("the DP mechanism checks", err), err
-    return collected, findings, None, None
+        return collected, {}, err, "the DP mechanism checks"
+    return collected, findings, None, ""
+
+
+def _packed(collected: Collected) -> tuple[Packed | None, Exception | None]:
+    """This rank's scores as the bytes it sends, or why they could not be packed."""
+    try:
+        return packed(collected.scores), None
+    except Exception as err:  # e.g. out of memory on the collective device
+        return None, err
 
 
 def exchange(
@@ -74,8 +81,8 @@ def exchange(
     own, with no collective. Raises where the check must fail on every rank
     (:func:`~privmon.callbacks.distributed.agree_on_headers`); ``spent``: this rank's
     certified checks, ``settings``: whatever changes the figures."""
-    local, findings, stage, error = (
-        (_NOTHING, {}, None, None)
+    local, findings, error, stage = (
+        (_NOTHING, {}, None, "")
         if checked
         else _collected(step, scores=scores, audits=audits, accountant=accountant, strict=strict)
     )
@@ -83,20 +90,26 @@ def exchange(
     if world == 1:
         if error is not None:
             raise error
-        return Agreement({}, {}, dict(local.failed), spent, local.forward, [findings]), local.scores
+        alone = Agreement({}, {}, dict(local.failed), spent, local.forward, [findings], [])
+        return alone, local.scores
+    mine, failed = _packed(local) if error is None else (None, None)
+    if failed is not None:
+        local, error, stage = _NOTHING, failed, "collecting the scores"
     header = Header(
         step=step,
         setup=([q.name for q in scores.queries], settings),
         spent=spent,
         checked=checked,
-        error=stage,
+        error=None if error is None else failed_stage(stage, error),
         failed=dict(local.failed),
         layouts={n: layout_of(s) for n, s in local.scores.items()},
         rows={n: (s[0].shape[0], s[1].shape[0]) for n, s in local.scores.items()},
         findings=findings,
         forward=local.forward,
+        sent={} if mine is None else mine[1],
     )
     agreed = agree_on_headers(every_rank(header, world), mine=header, error=error, strict=strict)
     if agreed is None:
         return None
-    return agreed, gather_scores(local.scores, agreed) or {}
+    assert mine is not None  # the agreement raises where a rank failed
+    return agreed, gather_scores(mine[0], agreed, like=local.scores) or {}

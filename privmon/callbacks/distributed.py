@@ -98,6 +98,8 @@ class Header:
     """This rank's DP mechanism checks' findings."""
     forward: float
     """Seconds this rank spent in the queries."""
+    sent: dict[str, tuple[int, int]]
+    """Per query scored, in the order this rank sends them: the bytes of each side."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class Agreement:
     """The longest any rank spent in the queries."""
     findings: list[Local]
     """Every rank's mechanism findings, in rank order."""
+    sent: list[dict[str, tuple[int, int]]]
+    """What each rank sends of its scores (:attr:`Header.sent`), in rank order."""
 
 
 def layout_of(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[Layout | None, Layout | None]:
@@ -197,6 +201,7 @@ def agree_on_headers(
         spent=max(spents),
         forward=max(h.forward for h in headers),
         findings=[h.findings for h in headers],
+        sent=[h.sent for h in headers],
     )
 
 

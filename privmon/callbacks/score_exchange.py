@@ -1,11 +1,12 @@
-"""The scores of one check moved to rank 0 in one tensor collective: each rank's scores, every
-query and side in the agreed order, as their bytes (a uint8 view: bit exact for any dtype),
-joined and padded to the longest rank's, gathered on rank 0 and rebuilt there from the agreed
-layouts and rows (:class:`~privmon.callbacks.distributed.Agreement`), in rank order."""
+"""The scores of one check moved to rank 0 in one tensor collective. Each rank packs its scores,
+before the check's headers are exchanged, as their bytes (a uint8 view of every query's sides,
+in its own order: bit exact for any dtype) on the collective device — so that a rank that
+cannot pack them says so in its header, and none allocates anything before the collective
+but rank 0, which receives — then one ``all_to_all_single`` sends each rank's bytes to rank 0
+alone, where each query's scores are rebuilt from the agreed layouts and rows
+(:class:`~privmon.callbacks.distributed.Agreement`), the ranks' rows in rank order."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -13,70 +14,66 @@ from privmon._process_group import collective_device, rank_and_world
 from privmon.callbacks.collection import Scores
 from privmon.callbacks.distributed import Agreement
 
-__all__ = ["gather_scores"]
+__all__ = ["Packed", "gather_scores", "packed"]
+
+Packed = tuple[torch.Tensor, dict[str, tuple[int, int]]]
+"""A rank's scores as bytes, and per query the bytes of each side, in the order packed."""
 
 
-def _itemsize(dtype: str) -> int:
-    return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-
-
-def _nbytes(agreed: Agreement, rank: int) -> int:
-    """The bytes of ``rank``'s scores, every query and side."""
-    return sum(
-        agreed.rows[name][side][rank] * math.prod(trailing) * _itemsize(dtype)
-        for name, layouts in agreed.layouts.items()
-        for side, (dtype, trailing) in enumerate(layouts)
-    )
-
-
-def _packed(scores: Scores, agreed: Agreement, *, size: int) -> torch.Tensor:
-    """This rank's scores as ``size`` bytes on the collective device (zeros after them)."""
+def packed(scores: Scores) -> Packed:
+    """``scores`` as one uint8 tensor on the collective device, and each side's bytes."""
     device = collective_device()
-    parts = [
-        t.contiguous().reshape(-1).view(torch.uint8).to(device)
-        for name in agreed.layouts
-        for t in scores[name]
-        if t.shape[0] > 0
-    ]
-    used = sum(p.numel() for p in parts)
-    return torch.cat([*parts, torch.zeros(size - used, dtype=torch.uint8, device=device)])
+    parts = {
+        name: [t.contiguous().reshape(-1).view(torch.uint8).to(device) for t in sides]
+        for name, sides in scores.items()
+    }
+    flat = [p for sides in parts.values() for p in sides]
+    mine = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)
+    return mine, {name: (m.numel(), n.numel()) for name, (m, n) in parts.items()}
 
 
-def _unpacked(buffers: list[torch.Tensor], agreed: Agreement, *, like: Scores) -> Scores:
-    """Every rank's bytes (``buffers``, in rank order) as each query's scores, the ranks' rows
-    joined in rank order, on the device of this rank's own (``like``)."""
-    pieces: dict[str, list[list[torch.Tensor]]] = {name: [[], []] for name in agreed.layouts}
-    for rank, buffer in enumerate(buffers):
-        offset = 0
-        for name, layouts in agreed.layouts.items():
-            for side, (dtype, trailing) in enumerate(layouts):
-                rows = agreed.rows[name][side][rank]
-                size = rows * math.prod(trailing) * _itemsize(dtype)
-                chunk = buffer[offset : offset + size].clone()  # aligned for the view
-                pieces[name][side].append(
-                    chunk.view(getattr(torch, dtype)).reshape(rows, *trailing)
+def _rebuilt(rank: int, buffer: torch.Tensor, agreed: Agreement) -> dict[str, list[torch.Tensor]]:
+    """``rank``'s bytes as its rows of each agreed query, per side (what it sent of the queries
+    left out skipped)."""
+    out, offset = {}, 0
+    for name, sizes in agreed.sent[rank].items():
+        if name in agreed.layouts:
+            out[name] = [
+                buffer[start : start + size].clone().view(getattr(torch, dtype))  # aligned
+                .reshape(agreed.rows[name][side][rank], *trailing)
+                for side, (start, size, (dtype, trailing)) in enumerate(
+                    zip((offset, offset + sizes[0]), sizes, agreed.layouts[name], strict=True)
                 )
-                offset += size
+            ]  # fmt: skip
+        offset += sum(sizes)
+    return out
+
+
+def gather_scores(mine: torch.Tensor, agreed: Agreement, *, like: Scores) -> Scores | None:
+    """Every rank's rows of each query in ``agreed.layouts``, concatenated in rank order, on
+    rank 0, on the devices of its own scores (``like``); None on the others. ``mine``: this
+    rank's :func:`packed` bytes. One ``all_to_all_single``, each rank to rank 0 only; every rank
+    calls it (with nothing to exchange none does, and rank 0 gets no scores)."""
+    rank, world = rank_and_world()
+    if not agreed.layouts:
+        return {} if rank == 0 else None
+    totals = [sum(map(sum, sent.values())) for sent in agreed.sent]
+    into = totals if rank == 0 else [0] * world
+    received = torch.empty(sum(into), dtype=torch.uint8, device=mine.device)
+    torch.distributed.all_to_all_single(
+        received,
+        mine,
+        output_split_sizes=into,
+        input_split_sizes=[totals[rank]] + [0] * (world - 1),
+    )
+    if rank != 0:
+        return None
+    buffers = received.split(totals)
+    ranks = [_rebuilt(r, buffer, agreed) for r, buffer in enumerate(buffers)]
     return {
         name: (
-            torch.cat(sides[0]).to(like[name][0].device),
-            torch.cat(sides[1]).to(like[name][1].device),
+            torch.cat([r[name][0] for r in ranks]).to(like[name][0].device),
+            torch.cat([r[name][1] for r in ranks]).to(like[name][1].device),
         )
-        for name, sides in pieces.items()
+        for name in agreed.layouts
     }
-
-
-def gather_scores(scores: Scores, agreed: Agreement) -> Scores | None:
-    """Every rank's rows of each query in ``agreed.layouts``, concatenated in rank order, on
-    rank 0 (None on the others): one ``gather`` of each rank's bytes. Every rank must call it
-    (with nothing to exchange, none does and rank 0 gets no scores)."""
-    if not agreed.layouts:
-        return {} if rank_and_world()[0] == 0 else None
-    rank, world = rank_and_world()
-    size = max(1, *(_nbytes(agreed, r) for r in range(world)))
-    mine = _packed(scores, agreed, size=size)
-    buffers = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
-    torch.distributed.gather(mine, gather_list=buffers, dst=0)
-    if buffers is None:
-        return None
-    return _unpacked(buffers, agreed, like=scores)

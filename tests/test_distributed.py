@@ -378,10 +378,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _spawn(worker, tmp):
-    """Run ``worker`` on 2 ranks; fail, never hang, when they outlive DEADLINE_S."""
+def _spawn(worker, tmp, world=2):
+    """Run ``worker`` on ``world`` ranks; fail, never hang, when they outlive DEADLINE_S."""
     ctx = mp.start_processes(
-        worker, args=(2, _free_port(), str(tmp)), nprocs=2, join=False, start_method="spawn"
+        worker, args=(world, _free_port(), str(tmp)), nprocs=world, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -677,3 +677,63 @@ def test_the_scores_travel_as_their_bytes_in_any_dtype():
         for a, b in zip(sides, back[name], strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape, name
             assert a.view(torch.uint8).tolist() == b.view(torch.uint8).tolist(), name
+
+
+def _thirds(rank, batches):
+    """Contiguous shards over 3 ranks, uneven when the batches do not split evenly."""
+    return batches[rank * len(batches) // 3 : (rank + 1) * len(batches) // 3]
+
+
+def _three_ranks_run(model, members, nonmembers):
+    """A monitor of two queries (one 2-D, float64) with early stopping, checked three times."""
+    mon = PrivacyMonitor(
+        [LossQuery(model), CallableQuery(lambda b: model(b[0]).double(), name="logits")],
+        members,
+        nonmembers,
+        every_n_steps=100,
+        early_stopping=PrivacyEarlyStopping("loss/histogram", 0.2, patience=1),
+    )
+    for step in (100, 200, 300):
+        mon.step(step)
+    reports = [(r.step, r.scalars, r.failures, r.stopping) for r in mon.history]
+    last = mon.last_report.queries
+    posteriors = {n: r.member_posterior.tobytes() for n, r in last.items()}
+    return {"reports": reports, "posteriors": posteriors, "state": mon.state_dict()}
+
+
+def _three_worker(rank, world, port, tmp):
+    torch.set_num_threads(1)
+    model, members, nonmembers = _audit()
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+    try:
+        out = _three_ranks_run(model, _thirds(rank, members), _thirds(rank, nonmembers))
+    finally:
+        dist.destroy_process_group()
+    with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
+        pickle.dump(out, f)
+
+
+def test_three_gloo_ranks_equal_one_process_and_keep_one_state(tmp_path):
+    _spawn(_three_worker, tmp_path, world=3)
+    outs = []
+    for rank in range(3):
+        with open(tmp_path / f"rank{rank}.pkl", "rb") as f:
+            outs.append(pickle.load(f))
+    alone = _three_ranks_run(*_audit())
+    for out in outs:  # the same figures, bit for bit, and the same state on every rank
+        assert out["reports"] == alone["reports"] and out["posteriors"] == alone["posteriors"]
+        assert _same(out["state"], outs[0]["state"])  # run id, timings and digest too
+
+
+def _same(a, b):
+    """Equal, tensors byte for byte (NaN and all), through dicts and lists."""
+    if isinstance(a, torch.Tensor):
+        return (
+            a.dtype == b.dtype and a.shape == b.shape and a.numpy().tobytes() == b.numpy().tobytes()
+        )
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b

@@ -191,8 +191,8 @@ class PrivacyMonitor:
 
     @property
     def run_id(self) -> str:
-        """The run's id, on every line and event it writes (fresh per monitor unless given, kept
-        across a resume by :meth:`state_dict`): a non-empty string other than ``"latest"``."""
+        """The run's id on every line and event it writes (fresh unless given; rank 0's on every
+        rank once a check ran; kept by :meth:`state_dict`): a non-empty string, not ``"latest"``."""
         return self._run_id
 
     @run_id.setter
@@ -357,10 +357,9 @@ class PrivacyMonitor:
         """The outcome, on every rank: the budget, the history and records, early stopping's
         state and the stop; a failure raised (rank 0 its own error, the others a RankFailure)
         or, when the check itself failed, logged (``strict``: raised)."""
-        self._last_step = step
+        self._last_step, report = step, outcome.report
         self._budget.spent, self._budget.audit_sizes = outcome.spent, dict(outcome.audit_sizes)
         error = own or (None if outcome.failure is None else outcome.failure.error())
-        report = outcome.report
         if report is None:
             return self._failed(step, cast(Exception, error))
         self.history.append(report)
@@ -368,7 +367,8 @@ class PrivacyMonitor:
             if result.member_posterior is not None:
                 self.records.update(name, step, result.member_posterior)
         elsewhere = rank_and_world()[0] != 0  # rank 0 decided and warned
-        if elsewhere:
+        if elsewhere:  # the run's id is rank 0's, which its reports carry and its sinks write
+            self.run_id = report.run_id
             take_stopping(self.early_stopping, outcome.stopping)
         if error is not None:  # strict: early stopping or a sink failed after the check
             raise error

@@ -1,6 +1,7 @@
 """The default torch.distributed process group as the monitor and the audits see it: this
-process's rank and the world size, and an exchange of one picklable object per rank. Outside an
-initialised group everything behaves as one process (rank 0 of 1)."""
+process's rank and the world size, an exchange of one picklable object per rank, and one object
+sent from rank 0 to every rank. Outside an initialised group everything behaves as one process
+(rank 0 of 1)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["collective_device", "every_rank", "rank_and_world"]
+__all__ = ["collective_device", "every_rank", "from_rank_0", "rank_and_world"]
 
 T = TypeVar("T")
 
@@ -30,6 +31,16 @@ def every_rank(obj: T, world: int) -> list[T]:
     out: list[Any] = [None] * world
     torch.distributed.all_gather_object(out, obj)
     return out
+
+
+def from_rank_0(obj: T, world: int) -> T:
+    """Rank 0's picklable ``obj`` on every rank (what the others pass is ignored; ``obj``
+    itself when ``world`` is 1): one broadcast. Under NCCL through the current CUDA device."""
+    if world == 1:
+        return obj
+    box: list[Any] = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def collective_device() -> torch.device:

@@ -1,6 +1,8 @@
 """Real 2-process gloo groups: each rank audits its shard and the figures equal one process's; a
 failure or a disagreement on one rank skips the check (or the query) on every rank, so that no
-rank is left waiting in a collective, and the group stays usable.
+rank is left waiting in a collective, and the group stays usable. A check is one exchange (the
+ranks' headers, then their scores to rank 0), the analysis on rank 0 alone, and one broadcast of
+its outcome: three collectives.
 
 The ranks run every case in one spawn (starting processes is the slow part); each case is
 followed by a healthy check on the same group. Collectives time out after 30 s instead of the
@@ -9,6 +11,7 @@ followed by a healthy check on the same group. Collectives time out after 30 s i
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -27,8 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import privmon.callbacks.check_analysis as analysis_module
+from privmon._failure import Failure
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
-from privmon.callbacks.distributed import agree_on_scores
+from privmon.callbacks.distributed import Header, RankFailure, StageFailure, agree_on_headers
 from privmon.callbacks.monitor import PrivacyViolationWarning
 from privmon.queries import CallableQuery, LossQuery
 from privmon.sinks import JsonlSink
@@ -147,8 +151,8 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         def run():
             original = analysis_module.analyse
 
-            def out_of_memory(*args, name, **kw):  # rank 1 runs out of memory on one query
-                if rank == 1 and name == "margin":
+            def out_of_memory(*args, name, **kw):  # rank 0, which analyses, runs out of memory
+                if rank == 0 and name == "margin":
                     raise MemoryError("simulated: out of memory analysing 'margin'")
                 return original(*args, name=name, **kw)
 
@@ -162,17 +166,17 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
 
     def accountant(strict):
         return check(
-            make(LossQuery(model), accountant=_Accountant(2.0, broken=rank == 1), strict=strict)
+            make(LossQuery(model), accountant=_Accountant(2.0, broken=rank == 0), strict=strict)
         )
 
     def building():
-        # rank 1 turns warnings into errors: the DP-violation warning raises there while it
+        # rank 0 turns warnings into errors: the DP-violation warning raises there while it
         # builds the report (ε = 0 leaves no room for the leak)
         mon = make(LossQuery(model), accountant=_Accountant(0.0))
 
         def run():
             with warnings.catch_warnings():
-                warnings.simplefilter("error" if rank else "ignore", PrivacyViolationWarning)
+                warnings.simplefilter("ignore" if rank else "error", PrivacyViolationWarning)
                 return mon.check(10)
 
         return mon, run
@@ -203,10 +207,14 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
     def settings():  # the same queries, another prior on rank 1
         return check(make(LossQuery(model), prior=0.5 + 0.1 * rank))
 
-    def stopping(strict):
-        metric = "privacy/loss/auc" if rank == 0 else "privacy/loss/acu"  # a typo on rank 1
-        stopper = PrivacyEarlyStopping(metric, 0.0)  # an AUC above 0 trips it
+    def stopping(strict):  # a typo on every rank: deciding fails on rank 0, which decides
+        stopper = PrivacyEarlyStopping("privacy/loss/acu", 0.0)
         return check(make(LossQuery(model), early_stopping=stopper, strict=strict))
+
+    def stopping_differs():  # a typo on rank 1: the ranks' budgets differ
+        metric = "privacy/loss/auc" if rank == 0 else "privacy/loss/acu"
+        stopper = PrivacyEarlyStopping(metric, 0.0)  # an AUC above 0 trips it
+        return check(make(LossQuery(model), early_stopping=stopper))
 
     def schedule(strict):  # rank 1 checks every 50 steps, rank 0 every 100
         mon = make(LossQuery(model), every_n_steps=100 if rank == 0 else 50, strict=strict)
@@ -242,6 +250,7 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         "settings": settings,
         "stopping": lambda: stopping(False),
         "stopping_strict": lambda: stopping(True),
+        "stopping_differs": stopping_differs,
         "sink_strict": sink,
         "schedule": lambda: schedule(False),
         "schedule_strict": lambda: schedule(True),
@@ -253,6 +262,63 @@ def _broken_on(rank, bad, scores):
     if rank == bad:
         raise RuntimeError(f"scorer broke on rank {bad}")
     return scores
+
+
+COLLECTIVES = (
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "gather", "gather_object", "irecv", "isend", "monitored_barrier", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
+)  # fmt: skip
+
+
+def _counted(run):
+    """``run()`` with every torch.distributed collective privmon calls and every query analysed
+    on this rank listed, in order."""
+    calls, analysed = [], []
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    analyse = analysis_module.analyse
+
+    def counting(name, fn):
+        def counted(*args, **kw):
+            calls.append(name)
+            return fn(*args, **kw)
+
+        return counted
+
+    def analysing(*args, name, **kw):
+        analysed.append(name)
+        return analyse(*args, name=name, **kw)
+
+    for name, fn in originals.items():
+        setattr(dist, name, counting(name, fn))
+    analysis_module.analyse = analysing
+    try:
+        run()
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+        analysis_module.analyse = analyse
+    return calls, analysed
+
+
+def _counts(rank, model, members, nonmembers, tmp):
+    """The collectives and analyses of one check by ``step()`` (after the first, which agrees
+    on the schedule once per run) and by ``check()``, with two queries, early stopping and a
+    sink."""
+
+    def loss(b):
+        return F.cross_entropy(model(b[0]), b[1], reduction="none")
+
+    mon = PrivacyMonitor(
+        [LossQuery(model), CallableQuery(loss, name="margin")],
+        *_shard(rank, members, nonmembers),
+        every_n_steps=100,
+        sinks=JsonlSink(f"{tmp}/count{rank}.jsonl"),
+        early_stopping=PrivacyEarlyStopping("loss/histogram", 0.99),
+    )
+    mon.step(100)
+    return {"step": _counted(lambda: mon.step(200)), "check": _counted(lambda: mon.check(300))}
 
 
 def _worker(rank, world, port, tmp):
@@ -281,6 +347,7 @@ def _worker(rank, world, port, tmp):
             "stop": stop,
         }
         mon.close()
+        out["count"] = _counts(rank, model, members, nonmembers, tmp)
         cases = _cases(rank, model, members, nonmembers, restored, tmp)
         for name, case in cases.items():
             log.lines.clear()
@@ -311,10 +378,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _spawn(worker, tmp):
-    """Run ``worker`` on 2 ranks; fail, never hang, when they outlive DEADLINE_S."""
+def _spawn(worker, tmp, world=2):
+    """Run ``worker`` on ``world`` ranks; fail, never hang, when they outlive DEADLINE_S."""
     ctx = mp.start_processes(
-        worker, args=(2, _free_port(), str(tmp)), nprocs=2, join=False, start_method="spawn"
+        worker, args=(world, _free_port(), str(tmp)), nprocs=world, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -375,6 +442,7 @@ CASES = [
     "settings",
     "stopping",
     "stopping_strict",
+    "stopping_differs",
     "sink_strict",
     "schedule",
     "schedule_strict",
@@ -425,39 +493,43 @@ def test_queries_whose_scores_differ_between_ranks_are_left_out_everywhere(ranks
     assert a["n_failed"] == b["n_failed"] == 1
 
 
-def test_accountant_failing_on_one_rank_skips_the_check_on_every_rank(ranks):
+def test_accountant_failing_on_rank_0_skips_the_check_on_every_rank(ranks):
+    """Rank 0 alone reads ε (it alone analyses): its accountant failing fails the check."""
     _, (r0, r1) = ranks
     a, b = r0["accountant"], r1["accountant"]
     assert a["report"] is None and b["report"] is None
     assert a["n_failed"] == b["n_failed"] == 1
-    assert _logged(a, "failed on rank 1: RuntimeError: accountant lost its history")
-    assert _logged(b, "RuntimeError: accountant lost its history")
+    assert _logged(b, "failed on rank 0: RuntimeError: accountant lost its history")
+    assert _logged(a, "RuntimeError: accountant lost its history")
     a, b = r0["accountant_strict"], r1["accountant_strict"]
-    assert b["raised"] == "RuntimeError: accountant lost its history"  # its own error
-    assert a["raised"].startswith("RankFailure: privmon: ") and "failed on rank 1" in a["raised"]
+    assert a["raised"] == "RuntimeError: accountant lost its history"  # its own error
+    assert b["raised"].startswith("RankFailure: privmon: reading ε or the analysis failed on ")
+    assert "failed on rank 0" in b["raised"]
     assert a["n_failed"] == b["n_failed"] == 1
 
 
-def test_analysis_failing_on_one_rank_leaves_the_query_out_everywhere(ranks):
+def test_analysis_failing_on_rank_0_leaves_the_query_out_everywhere(ranks):
     _, (r0, r1) = ranks
     a, b = r0["analysis"], r1["analysis"]
     assert a["report"] == b["report"] and a["n_failed"] == b["n_failed"] == 0
     assert "privacy/loss/histogram/value" in a["report"]
     assert not any("margin" in tag for tag in a["report"])
-    assert "failed on rank 1: MemoryError: simulated" in a["failures"]["margin"]
-    assert _logged(a, "'margin' is left out on every rank")
+    # as one process says it: the analysis ran once, on rank 0
+    assert a["failures"] == b["failures"]
+    assert a["failures"]["margin"] == "MemoryError: simulated: out of memory analysing 'margin'"
+    assert _logged(a, "the analysis of query 'margin' failed")
     a, b = r0["analysis_strict"], r1["analysis_strict"]
-    assert b["raised"].startswith("MemoryError: simulated")
-    assert "failed on rank 1: MemoryError: simulated" in a["raised"]
+    assert a["raised"].startswith("MemoryError: simulated")
+    assert "failed on rank 0: MemoryError: simulated" in b["raised"]
     assert a["n_failed"] == b["n_failed"] == 1
 
 
-def test_building_the_report_failing_on_one_rank_skips_the_check(ranks):
+def test_building_the_report_failing_on_rank_0_skips_the_check(ranks):
     _, (r0, r1) = ranks
     a, b = r0["building"], r1["building"]
     assert a["report"] is None and b["report"] is None
     assert a["n_failed"] == b["n_failed"] == 1
-    assert _logged(a, "building the report failed on rank 1: PrivacyViolationWarning")
+    assert _logged(b, "building the report failed on rank 0: PrivacyViolationWarning")
 
 
 def test_ranks_at_different_steps_skip_then_realign(ranks):
@@ -485,19 +557,24 @@ def test_monitors_set_up_differently_skip_the_check(ranks):
     assert _logged(a, "set up differently") and _logged(b, "'prior': 0.6")
 
 
-def test_stopping_or_a_sink_failing_on_one_rank_raises_on_every_rank_when_strict(ranks):
+def test_stopping_or_a_sink_failing_on_rank_0_raises_on_every_rank_when_strict(ranks):
+    """Rank 0 decides on early stopping and writes: a failure there is every rank's."""
     _, (r0, r1) = ranks
-    a, b = r0["stopping"], r1["stopping"]  # not strict: logged on rank 1, the others stop it
+    a, b = r0["stopping"], r1["stopping"]  # not strict: logged on rank 0, no decision taken
     assert a["report"] == b["report"] and a["report"] is not None
-    assert a["should_stop"] and b["should_stop"]
-    assert _logged(b, "early stopping can never fire")
+    assert not a["should_stop"] and not b["should_stop"]
+    assert _logged(a, "early stopping can never fire")
     a, b = r0["stopping_strict"], r1["stopping_strict"]
-    assert b["raised"].startswith("ValueError: privmon: early stopping can never fire")
-    assert "early stopping failed on rank 1: ValueError" in a["raised"]
+    assert a["raised"].startswith("ValueError: privmon: early stopping can never fire")
+    assert "early stopping failed on rank 0: ValueError" in b["raised"]
     assert a["n_failed"] == b["n_failed"] == 0  # as one process: the check itself succeeded
+    a, b = r0["stopping_differs"], r1["stopping_differs"]  # budgets differ: set up differently
+    assert a["report"] is None and b["report"] is None
+    assert a["n_failed"] == b["n_failed"] == 1
+    assert _logged(a, "set up differently") and _logged(b, "privacy/loss/acu")
     a, b = r0["sink_strict"], r1["sink_strict"]
     assert a["raised"].startswith("ValueError: I/O operation on closed file")
-    assert "failed on rank 0: ValueError: I/O operation on closed file" in b["raised"]
+    assert "writing the report failed on rank 0: ValueError: I/O operation on closed" in b["raised"]
 
 
 def test_ranks_on_different_schedules_take_rank_0s(ranks, expected):
@@ -522,16 +599,141 @@ def test_an_empty_shard_contributes_nothing_instead_of_vetoing(ranks):
 
 
 def test_the_rank_whose_collection_failed_raises_its_own_error():
-    """A one-rank gloo group in this process: the rank whose collection failed raises the error
-    itself (the others a RankFailure naming it, as the spawned cases show)."""
+    """The headers as every rank reads them: the rank whose collection failed raises the error
+    itself, the others a RankFailure naming it (as the spawned cases show)."""
+    own = MemoryError("simulated: out of memory collecting the scores")
+    failed = Header(
+        step=1, setup=(["loss"], ""), spent=0, checked=False,
+        error=StageFailure("collecting the scores", 0, Failure.of(own)), failed={}, layouts={},
+        rows={}, findings={}, forward=0.0, sent={},
+    )  # fmt: skip
+    other = dataclasses.replace(failed, error=None)
+    with pytest.raises(MemoryError) as raised:
+        agree_on_headers([failed, other], mine=failed, error=own, strict=False)
+    assert raised.value is own
+    with pytest.raises(RankFailure, match="collecting the scores failed on rank 0: MemoryError"):
+        agree_on_headers([failed, other], mine=other, error=None, strict=False)
+    # a rank that had checked the step: every rank skips it, failures and all
+    checked = dataclasses.replace(other, checked=True)
+    assert agree_on_headers([failed, checked], mine=failed, error=own, strict=False) is None
+
+
+def test_one_check_is_three_collectives_and_one_analysis_on_rank_0(ranks):
+    _, outs = ranks
+    for rank, out in enumerate(outs):
+        for how in ("step", "check"):
+            calls, analysed = out["count"][how]
+            # the headers, the scores to rank 0, rank 0's outcome
+            expected = ["all_gather_object", "all_to_all_single", "broadcast_object_list"]
+            assert calls == expected, (rank, how)
+            assert analysed == (["loss", "margin"] if rank == 0 else []), (rank, how)
+
+
+def test_one_process_runs_no_collective(monkeypatch):
+    """Outside a process group a check exchanges nothing (nor builds a header to pickle)."""
+    calls = []
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            monkeypatch.setattr(dist, name, lambda *a, _name=name, **k: calls.append(_name))
+    monkeypatch.setattr(
+        "privmon.callbacks.check_exchange.Header", lambda **kw: calls.append("header")
+    )
+    model, members, nonmembers = _audit()
+    mon = _monitor(model, members, nonmembers)
+    assert mon.step(100) is True and mon.check(200) is not None
+    assert calls == []
+
+
+def test_the_scores_travel_as_their_bytes_in_any_dtype():
+    """Packed and rebuilt through the collective on a one-rank gloo group: bit exact, odd
+    sizes and mixed dtypes packed back to back (each rebuilt aligned), NaN payloads included."""
+    from privmon.callbacks.distributed import Agreement, layout_of
+    from privmon.callbacks.score_exchange import gather_scores, packed
+
+    g = torch.Generator().manual_seed(0)
+    nan = torch.tensor([float("nan")], dtype=torch.float64).view(torch.int64) | 12345
+    scores = {
+        "half": (torch.randn(7, generator=g).half(), torch.randn(3, generator=g).half()),
+        "wide": (torch.randn(5, 3, generator=g).double(), nan.view(torch.float64).repeat(2, 3)),
+        "bf16": (torch.randn(1, 2, generator=g).bfloat16(), torch.randn(4, 2).bfloat16()),
+        "flags": (torch.rand(3, generator=g) > 0.5, torch.zeros(0, dtype=torch.bool)),
+        "ints": (torch.arange(9).reshape(9, 1), torch.arange(2).reshape(2, 1)),
+    }
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        own = MemoryError("simulated: out of memory collecting the scores")
-        with pytest.raises(MemoryError) as raised:
-            agree_on_scores(
-                1, names=["loss"], settings="", spent=0, error=own, scores={}, failed={},
-                strict=False,
-            )  # fmt: skip
-        assert raised.value is own
+        mine, sent = packed(scores)
+        layouts = {
+            n: tuple(x or layout_of((s[0], s[0]))[0] for x in layout_of(s))
+            for n, s in scores.items()
+        }
+        agreed = Agreement(
+            rows={n: ([s[0].shape[0]], [s[1].shape[0]]) for n, s in scores.items()},
+            layouts=layouts, left_out={}, spent=0, forward=0.0, findings=[{}], sent=[sent],
+        )  # fmt: skip
+        back = gather_scores(mine, agreed, like=scores)
     finally:
         dist.destroy_process_group()
+    for name, sides in scores.items():
+        for a, b in zip(sides, back[name], strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert a.view(torch.uint8).tolist() == b.view(torch.uint8).tolist(), name
+
+
+def _thirds(rank, batches):
+    """Contiguous shards over 3 ranks, uneven when the batches do not split evenly."""
+    return batches[rank * len(batches) // 3 : (rank + 1) * len(batches) // 3]
+
+
+def _three_ranks_run(model, members, nonmembers):
+    """A monitor of two queries (one 2-D, float64) with early stopping, checked three times."""
+    mon = PrivacyMonitor(
+        [LossQuery(model), CallableQuery(lambda b: model(b[0]).double(), name="logits")],
+        members,
+        nonmembers,
+        every_n_steps=100,
+        early_stopping=PrivacyEarlyStopping("loss/histogram", 0.2, patience=1),
+    )
+    for step in (100, 200, 300):
+        mon.step(step)
+    reports = [(r.step, r.scalars, r.failures, r.stopping) for r in mon.history]
+    last = mon.last_report.queries
+    posteriors = {n: r.member_posterior.tobytes() for n, r in last.items()}
+    return {"reports": reports, "posteriors": posteriors, "state": mon.state_dict()}
+
+
+def _three_worker(rank, world, port, tmp):
+    torch.set_num_threads(1)
+    model, members, nonmembers = _audit()
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+    try:
+        out = _three_ranks_run(model, _thirds(rank, members), _thirds(rank, nonmembers))
+    finally:
+        dist.destroy_process_group()
+    with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
+        pickle.dump(out, f)
+
+
+def test_three_gloo_ranks_equal_one_process_and_keep_one_state(tmp_path):
+    _spawn(_three_worker, tmp_path, world=3)
+    outs = []
+    for rank in range(3):
+        with open(tmp_path / f"rank{rank}.pkl", "rb") as f:
+            outs.append(pickle.load(f))
+    alone = _three_ranks_run(*_audit())
+    for out in outs:  # the same figures, bit for bit, and the same state on every rank
+        assert out["reports"] == alone["reports"] and out["posteriors"] == alone["posteriors"]
+        assert _same(out["state"], outs[0]["state"])  # run id, timings and digest too
+
+
+def _same(a, b):
+    """Equal, tensors byte for byte (NaN and all), through dicts and lists."""
+    if isinstance(a, torch.Tensor):
+        return (
+            a.dtype == b.dtype and a.shape == b.shape and a.numpy().tobytes() == b.numpy().tobytes()
+        )
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b

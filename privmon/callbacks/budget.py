@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import DataLoader
 
+from privmon._failure import Failure
 from privmon._process_group import rank_and_world
 from privmon._validation import check_int, check_open_unit
 from privmon.callbacks.traps import Traps, finite_rows
@@ -165,7 +166,7 @@ class CertificationBudget:
         ``delta``."""
         out = {}
         for name, result in results.items():
-            if isinstance(result, str):
+            if isinstance(result, Failure):
                 continue
             n1, n2 = (finite_rows(side) for side in scores[name])
             self.audit_sizes[name] = (n1, n2, result.dim)

@@ -1,29 +1,25 @@
 """One check's analysis: ε read from the accountant, each query's figures
 (:func:`~privmon.estimators.analysis.analyse`) at the check's share of δ, the canaries' one-run
 ε lower bounds (:mod:`~privmon.callbacks.canary_audit`) and their DP mechanism checks
-(:mod:`~privmon.callbacks.mechanism_audit`). A query or a canaries object failing is logged and
-skips only that part (``strict``: raised). Under torch.distributed every rank runs it on the same
-gathered scores, then the ranks agree on each part's outcome
-(:func:`~privmon.callbacks.distributed.agree_on_outcomes`): a part that fared differently on
-different ranks is left out on all of them; the mechanism checks' findings are combined over
-the ranks instead.
+(:mod:`~privmon.callbacks.mechanism_audit`, every rank's findings combined). A query or a
+canaries object failing is logged and skips only that part (``strict``: raised). A pure step:
+under torch.distributed it runs once per check, on rank 0, on every rank's scores.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from privmon._failure import Failure
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.canary_audit import CanaryAudits, CanarySource, canary_figures
-from privmon.callbacks.distributed import agree_on_outcomes
-from privmon.callbacks.mechanism_audit import DP_CHECKS, Local, findings_of, mechanism_figures
+from privmon.callbacks.mechanism_audit import DP_CHECKS, Local, mechanism_figures
 from privmon.estimators.analysis import QueryResult, analyse
-from privmon.estimators.estimates import describe_error
 from privmon.report.build import CanaryFigures
 
 __all__ = ["CheckAnalysis", "analyse_check"]
@@ -39,16 +35,17 @@ class CheckAnalysis:
     """ε from the accountant (None without one)."""
     certify_delta: float
     """The δ each certified figure of the check holds at."""
-    results: dict[str, QueryResult | str]
+    results: dict[str, QueryResult | Failure]
     """Per query, in the monitor's order: its figures, or why it failed."""
-    canaries: dict[str, CanaryFigures | str]
+    canaries: dict[str, CanaryFigures | Failure]
     """Per part of the canaries' audit (each object's one-run bounds, the mechanism checks),
     its figures or why it failed; empty without canaries."""
 
 
-def _analysed(query: Any, scores: tuple[torch.Tensor, torch.Tensor], *, strict: bool, **options):
-    """One query's figures, or the error (a string) when its analysis failed (logged;
-    re-raised when strict)."""
+def _analysed(
+    query: Any, scores: tuple[torch.Tensor, torch.Tensor], *, strict: bool, options: dict
+) -> QueryResult | Failure:
+    """One query's figures, or why its analysis failed (logged; re-raised when strict)."""
     try:
         result = analyse(
             *scores,
@@ -62,7 +59,7 @@ def _analysed(query: Any, scores: tuple[torch.Tensor, torch.Tensor], *, strict: 
         if strict:
             raise
         logger.exception("privmon: the analysis of query %r failed", query.name)
-        return describe_error(err)
+        return Failure.of(err)
     for what, error in result.failures.items():
         logger.error("privmon: %s of query %r failed: %s", what, query.name, error)
     return result
@@ -70,9 +67,9 @@ def _analysed(query: Any, scores: tuple[torch.Tensor, torch.Tensor], *, strict: 
 
 def _audited(
     source: CanarySource, *, step: int, strict: bool, **options: Any
-) -> CanaryFigures | str:
-    """One canaries object's one-run bounds at this check, or the error (a string) when its
-    scores or bounds failed (logged; re-raised when strict)."""
+) -> CanaryFigures | Failure:
+    """One canaries object's one-run bounds at this check, or why its scores or bounds failed
+    (logged; re-raised when strict)."""
     try:
         in_scores, out_scores = source.canaries.scores()
         return canary_figures(in_scores, out_scores, step=step, source=source.tag_source, **options)
@@ -83,15 +80,7 @@ def _audited(
             logger.exception("privmon: the canary audit failed at step %s", step)
         else:
             logger.exception("privmon: the canary audit of %r failed at step %s", source.name, step)
-        return describe_error(err)
-
-
-def _outcome(result: Any) -> str:
-    """What went wrong with one part on this rank: its error, or its figures' failures joined
-    ("" for nothing)."""
-    if isinstance(result, str):
-        return result
-    return "; ".join(f"{what}: {e}" for what, e in getattr(result, "failures", {}).items())
+        return Failure.of(err)
 
 
 def analyse_check(
@@ -99,8 +88,8 @@ def analyse_check(
     *,
     queries: Sequence[Any],
     scores: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    failed: dict[str, str],
-    certify_delta: Callable[[], float],
+    failed: Mapping[str, Failure],
+    certify_delta: float,
     methods: Sequence[str],
     prior: float,
     interval_delta: float,
@@ -108,63 +97,35 @@ def analyse_check(
     accountant: Any,
     delta: float,
     canaries: CanaryAudits,
+    findings: Sequence[Local],
     strict: bool,
 ) -> CheckAnalysis:
     """The analysis of the check at ``step``: ε from ``accountant`` at ``delta``, each query's
     figures from its ``scores`` (queries in ``failed`` left out, with why), certified at
-    ``certify_delta()``, and the ``canaries``' bounds and mechanism checks; ``failed`` gains the
-    parts the ranks left out. Raises on every rank when reading ε, or the analysis as a whole,
-    failed on any."""
-    eps, analysed, error = None, {}, None
-    audits: dict[str, CanaryFigures | str] = {
-        s.key: "not computed" for s in canaries.sources if s.scores
+    ``certify_delta``, the ``canaries``' bounds, and the mechanism checks' ``findings`` (each
+    rank's, in rank order). Raises when reading ε fails, or a part fails with ``strict``."""
+    eps = None if accountant is None else float(epsilon_from_opacus(accountant, delta=delta))
+    options = dict(
+        methods=methods,
+        prior=prior,
+        delta=interval_delta,
+        certify_delta=certify_delta,
+        top_k=top_k,
+    )
+    results: dict[str, QueryResult | Failure] = {
+        q.name: failed.get(q.name) or _analysed(q, scores[q.name], strict=strict, options=options)
+        for q in queries
     }
-    local: Local = {}
-    lower_delta = 0.0
-    try:
-        if accountant is not None:
-            eps = float(epsilon_from_opacus(accountant, delta=delta))
-        lower_delta = certify_delta()
-        for q in queries:
-            if q.name not in failed:
-                analysed[q.name] = _analysed(
-                    q,
-                    scores[q.name],
-                    strict=strict,
-                    methods=methods,
-                    prior=prior,
-                    delta=interval_delta,
-                    certify_delta=lower_delta,
-                    top_k=top_k,
-                )
-        for source in canaries.sources:
-            if source.scores:
-                audits[source.key] = _audited(
-                    source,
-                    step=step,
-                    strict=strict,
-                    delta=delta,
-                    significance=lower_delta,
-                    epsilon=eps,
-                )
-        local = findings_of(
-            canaries.sources, accountant=accountant, step=step, strict=strict, said=canaries.said
+    parts: dict[str, CanaryFigures | Failure] = {
+        s.key: _audited(
+            s, step=step, strict=strict, delta=delta, significance=certify_delta, epsilon=eps
         )
-    except Exception as err:
-        error = err
-    # what failed on this rank ("" for nothing), per query still in, and each object's bounds
-    outcomes = {q.name: _outcome(analysed.get(q.name, "")) for q in queries if q.name not in failed}
-    outcomes.update({key: a if isinstance(a, str) else "" for key, a in audits.items()})
-    failed.update(agree_on_outcomes(error, outcomes, stage="reading ε or the analysis"))
-    parts = {key: failed.get(key) or audit for key, audit in audits.items()}
-    if local:  # every rank has the same objects with mechanism(), and got here
-        figures, failures = mechanism_figures(local, delta=lower_delta, step=step)
+        for s in canaries.sources
+        if s.scores
+    }
+    if findings and findings[0]:  # every rank has the same objects with mechanism()
+        figures, failures = mechanism_figures(findings, delta=certify_delta, step=step)
         if figures is not None:
             parts[DP_CHECKS] = figures
         parts.update(failures)
-    return CheckAnalysis(
-        epsilon=eps,
-        certify_delta=lower_delta,
-        results={q.name: failed.get(q.name) or analysed[q.name] for q in queries},
-        canaries=parts,
-    )
+    return CheckAnalysis(epsilon=eps, certify_delta=certify_delta, results=results, canaries=parts)

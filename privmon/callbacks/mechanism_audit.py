@@ -5,8 +5,8 @@ its p-value is below the check's δ per certified figure (each statistical test 
 figure of the check: :class:`~privmon.callbacks.budget.CertificationBudget`). Theory, *Spending
 the run's confidence budget*.
 
-Ranks: every rank's findings are exchanged (one all-gather of small objects) and combined the
-same way on every rank, so all of them report the same outcome: a deterministic test fires when
+Ranks: every rank's findings travel to rank 0 in the check's one exchange and are combined
+there, so every rank reports the same outcome: a deterministic test fires when
 it fired on any rank; a statistical test's p-value is the Bonferroni-adjusted minimum
 min(1, k · min_r p_r) over the k ranks that gave one, which is below δ with probability ≤ δ
 under the null whatever the ranks' dependence — so a fault on any rank is seen and the budget
@@ -21,10 +21,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from privmon._process_group import every_rank, rank_and_world
+from privmon._failure import Failure
 from privmon.audit.mechanism import MechanismFinding
 from privmon.callbacks.canary_audit import CanarySource
-from privmon.estimators.estimates import describe_error
 from privmon.report import tags
 from privmon.report.build import CanaryFigures
 from privmon.report.formatting import cause_text
@@ -52,7 +51,7 @@ ASSUMPTIONS = {
 }
 """What the accountant assumes that each of privmon's mechanism checks tests."""
 
-Local = dict[str, "tuple[MechanismFinding, ...] | str"]
+Local = dict[str, "tuple[MechanismFinding, ...] | Failure"]
 
 
 def _finding(found: Any) -> MechanismFinding:
@@ -77,6 +76,30 @@ def _finding(found: Any) -> MechanismFinding:
     )
 
 
+def _declared(
+    source: CanarySource, found: Sequence[MechanismFinding], *, said: set[Any]
+) -> tuple[MechanismFinding, ...]:
+    """``found`` without the statistical findings ``source``'s ``statistical_tests`` do not
+    declare (they had no share of the budget), each said once (``said`` remembers)."""
+    kept = []
+    for f in found:
+        pair = (f.check, f.test)
+        if f.kind == "statistical" and pair not in source.statistical_tests:
+            if (source.name, pair) not in said:
+                said.add((source.name, pair))
+                logger.error(
+                    "privmon: the canaries %r gave a p-value for %s/%s, which their "
+                    "statistical_tests %s do not declare: it has no share of the run's "
+                    "confidence budget and is left out",
+                    source.name,
+                    *pair,
+                    list(source.statistical_tests),
+                )
+            continue
+        kept.append(f)
+    return tuple(kept)
+
+
 def findings_of(
     sources: Sequence[CanarySource], *, accountant: Any, step: int, strict: bool, said: set[Any]
 ) -> Local:
@@ -99,25 +122,9 @@ def findings_of(
                 source.name,
                 step,
             )
-            out[source.name] = describe_error(err)
+            out[source.name] = Failure.of(err)
             continue
-        kept = []
-        for f in found:
-            pair = (f.check, f.test)
-            if f.kind == "statistical" and pair not in source.statistical_tests:
-                if (source.name, pair) not in said:
-                    said.add((source.name, pair))
-                    logger.error(
-                        "privmon: the canaries %r gave a p-value for %s/%s, which their "
-                        "statistical_tests %s do not declare: it has no share of the run's "
-                        "confidence budget and is left out",
-                        source.name,
-                        *pair,
-                        list(source.statistical_tests),
-                    )
-                continue
-            kept.append(f)
-        out[source.name] = tuple(kept)
+        out[source.name] = _declared(source, found, said=said)
     return out
 
 
@@ -148,25 +155,23 @@ def _by_test(found: Iterable[tuple[str, MechanismFinding]]) -> dict[tuple[str, s
     return out
 
 
-def agreed_findings(local: Local) -> tuple[list[MechanismFinding], dict[str, str]]:
-    """Every rank's findings (``local`` on this one), combined as the module docstring says:
-    the same on every rank; and per canaries object whose ``mechanism()`` failed on some rank,
-    why (``dp_checks/<name>``). One all-gather when there are several ranks: every rank must
-    call it."""
-    _, world = rank_and_world()
-    ranks = every_rank(local, world)
+def agreed_findings(ranks: Sequence[Local]) -> tuple[list[MechanismFinding], dict[str, Failure]]:
+    """Every rank's findings (``ranks``: each rank's :func:`findings_of`, in rank order; one
+    for one process), combined as the module docstring says; and per canaries object whose
+    ``mechanism()`` failed on some rank, why (``dp_checks/<name>``)."""
+    several = len(ranks) > 1
     per_source: list[MechanismFinding] = []
-    failures: dict[str, str] = {}
-    for name in local:
+    failures: dict[str, Failure] = {}
+    for name in ranks[0]:
         errors, where = [], []
         for r, found in enumerate(ranks):
             mine = found[name]
-            if isinstance(mine, str):
-                errors.append((f"failed on rank {r}: " if world > 1 else "") + mine)
+            if isinstance(mine, Failure):
+                errors.append(mine.on_rank(r).reason if several else mine.reason)
             else:
-                where += [(f" (rank {r})" if world > 1 else "", f) for f in mine]
+                where += [(f" (rank {r})" if several else "", f) for f in mine]
         if errors:
-            failures[f"{DP_CHECKS}/{name}"] = "; ".join(errors)
+            failures[f"{DP_CHECKS}/{name}"] = Failure("; ".join(errors))
         per_source += [_combined(fs, adjust=True) for fs in _by_test(where).values()]
     # several objects: each of their tests had its own share of the budget
     combined = [
@@ -217,11 +222,11 @@ def decide_findings(
 
 
 def mechanism_figures(
-    local: Local, *, delta: float, step: int
-) -> tuple[CanaryFigures | None, dict[str, str]]:
+    ranks: Sequence[Local], *, delta: float, step: int
+) -> tuple[CanaryFigures | None, dict[str, Failure]]:
     """:func:`agreed_findings` then :func:`decide_findings`: the mechanism checks' figures
     (None when no object gave any) and the failures."""
-    findings, failures = agreed_findings(local)
+    findings, failures = agreed_findings(ranks)
     if not findings:
         return None, failures
     return decide_findings(findings, delta=delta, step=step), failures

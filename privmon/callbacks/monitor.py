@@ -1,8 +1,9 @@
 """PrivacyMonitor: audit a model's membership leakage while it trains. A check collects the
-scores (:mod:`~privmon.callbacks.check_scores`), analyses them
+scores (:mod:`~privmon.callbacks.check_scores`) and, under torch.distributed, exchanges every
+rank's once (:mod:`~privmon.callbacks.check_exchange`); rank 0 analyses them
 (:mod:`~privmon.callbacks.check_analysis`), builds the report (:mod:`~privmon.report.build`),
-publishes it and decides on early stopping; ranks agree at each stage
-(:mod:`~privmon.callbacks.distributed`). Budget: :mod:`~privmon.callbacks.budget`."""
+decides on early stopping and publishes it; one broadcast shares the outcome, which every rank
+applies (:mod:`~privmon.callbacks.check_outcome`). Budget: :mod:`~privmon.callbacks.budget`."""
 
 from __future__ import annotations
 
@@ -11,29 +12,30 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
-from privmon._process_group import rank_and_world
+from privmon._process_group import from_rank_0, rank_and_world
 from privmon._training_guard import begin_check, end_check, warn_if_shuffled
 from privmon._validation import check_int, check_open_unit, check_subset
 from privmon.callbacks import arguments
 from privmon.callbacks import state as saved
 from privmon.callbacks.budget import CertificationBudget
 from privmon.callbacks.canary_audit import CanaryAudits
-from privmon.callbacks.check_analysis import analyse_check
+from privmon.callbacks.check_exchange import exchange
+from privmon.callbacks.check_outcome import CheckParts, Outcome, conclude, take_stopping
 from privmon.callbacks.check_scores import CheckScores
-from privmon.callbacks.distributed import StepDisagreement, agree, agree_on_schedule, agreed_stage
+from privmon.callbacks.distributed import StepDisagreement, agree_on_schedule
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
-from privmon.callbacks.publishing import call_or_log, decided, publish, say_outcome, stopped
+from privmon.callbacks.publishing import call_or_log, say_outcome, stopped
 from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps
+from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.estimators.estimates import describe_error
 from privmon.estimators.methods import METHODS
 from privmon.report import Report
-from privmon.report.build import build_report
 from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import Sink
 
@@ -166,25 +168,15 @@ class PrivacyMonitor:
         self._traps = Traps()  # silent traps said out loud, once each
         self._schedule_agreed = False  # under torch.distributed: at the first step()
         self._scores = CheckScores(
-            self.queries,
-            members,
-            nonmembers,
-            modules=self.modules,
-            max_batches=max_batches,
-            strict=strict,
-            traps=self._traps,
-        )
+            self.queries, members, nonmembers, modules=self.modules, max_batches=max_batches,
+            strict=strict, traps=self._traps,
+        )  # fmt: skip
         self._budget = CertificationBudget(
-            queries=self.queries,
-            methods=self.methods,
-            canary_figures=self._audits.figures_per_check,
-            prior=self.prior,
-            interval_delta=self.interval_delta,
-            planned_checks=planned_checks,
-            audit_sets=(members, nonmembers),
-            max_batches=max_batches,
-            traps=self._traps,
-        )
+            queries=self.queries, methods=self.methods, prior=self.prior,
+            canary_figures=self._audits.figures_per_check, interval_delta=self.interval_delta,
+            planned_checks=planned_checks, audit_sets=(members, nonmembers),
+            max_batches=max_batches, traps=self._traps,
+        )  # fmt: skip
         self._budget.say_what_can_be_certified(1, first=True, stopping=early_stopping)
 
     @property
@@ -199,8 +191,8 @@ class PrivacyMonitor:
 
     @property
     def run_id(self) -> str:
-        """The run's id, on every line and event it writes (fresh per monitor unless given, kept
-        across a resume by :meth:`state_dict`): a non-empty string other than ``"latest"``."""
+        """The run's id on every line and event it writes (fresh unless given; rank 0's on every
+        rank once a check ran; kept by :meth:`state_dict`): a non-empty string, not ``"latest"``."""
         return self._run_id
 
     @run_id.setter
@@ -222,12 +214,10 @@ class PrivacyMonitor:
         if global_step % self.every_n_steps != 0:
             return self._stop
         checked = self._last_step is not None and global_step <= self._last_step
-        if rank_and_world()[1] > 1:
-            (checked,) = agree(None, stage="deciding on a check", flags=[checked])
-        if checked:
+        if checked and rank_and_world()[1] == 1:
             self._traps.step_before_last_check(global_step, self._last_step)
-            return self._stop
-        self.check(global_step)
+        else:  # under torch.distributed the ranks skip together, in the check's one exchange
+            self._locked_check(global_step, checked=checked)
         return self._stop
 
     def plan(self, *, total_steps: int) -> int | None:
@@ -264,15 +254,7 @@ class PrivacyMonitor:
     def check(self, global_step: int) -> Report | None:
         """Run one check now: its report, or None when it failed (logged; the run's first failure
         warns) or another check runs in the process (refused, counted in ``n_failed``)."""
-        global_step = check_int(global_step, name="global_step")  # numpy ints too, as int
-        if not begin_check():
-            self.n_failed += 1
-            self._traps.check_refused(global_step, strict=self.strict)
-            return None
-        try:
-            return self._check_and_act(global_step)
-        finally:
-            end_check()
+        return self._locked_check(check_int(global_step, name="global_step"), checked=False)
 
     def top_records(
         self, k: int = 10, *, query: str | None = None, by: str = "max"
@@ -321,89 +303,100 @@ class PrivacyMonitor:
         for sink in self.sinks:
             call_or_log(sink.close, what=f"closing sink {sink!r}", strict=self.strict)
 
-    # -- one check: collect -> analyse -> build the report -> publish -> decide ---------------
-    def _check_and_act(self, global_step: int) -> Report | None:
-        """:meth:`check` holding the check lock: the check, then the sinks and early stopping."""
-        self._last_step = global_step
-        try:
-            report = self._check(global_step)
-        except Exception as err:
+    # -- one check: collect -> one exchange -> (rank 0) analyse, report, decide, publish -> apply
+    def _locked_check(self, step: int, *, checked: bool) -> Report | None:
+        """:meth:`check` holding the check lock (``checked``: this rank checked ``step``)."""
+        if not begin_check():
             self.n_failed += 1
-            if self.strict:
-                raise
-            logger.exception("privmon: the check at step %s failed and was skipped", global_step)
-            if not self.history:
-                self._traps.check_failed(global_step, describe_error(err))
+            self._traps.check_refused(step, strict=self.strict)
             return None
-        report, stops = decided(report, self.early_stopping, self._traps, self.history, self.strict)
-        self._budget.say_what_can_be_certified(
-            self.n_certified_checks, first=len(self.history) == 1, stopping=self.early_stopping
-        )
-        with agreed_stage("writing the report", flags=[False]) as stop:
-            publish(report, self.sinks, other_runs=self._other_runs, strict=self.strict)
-            stop[0] = stops
-        self._stop = stopped(stop[0], self._stop, self.early_stopping, report.step)
+        try:
+            return self._check_and_act(step, checked=checked)
+        finally:
+            end_check()
+
+    def _check_and_act(self, step: int, *, checked: bool) -> Report | None:
+        """Collect this rank's part, exchange it (None: a rank had checked ``step``, every rank
+        skips it), conclude on rank 0 and apply the outcome on every rank."""
+        t0 = time.perf_counter()
+        try:
+            exchanged = exchange(
+                step, checked=checked, scores=self._scores, audits=self._audits,
+                accountant=self.accountant, spent=self._budget.spent, settings=self._settings(),
+                strict=self.strict,
+            )  # fmt: skip
+        except StepDisagreement as err:
+            # a rank behind must not then enter, alone, the check the others have already left
+            self._last_step = max(err.steps)
+            return self._failed(step, err)
+        except Exception as err:
+            self._last_step = step
+            return self._failed(step, err)
+        if exchanged is None:
+            self._traps.step_before_last_check(step, self._last_step)
+            return None
+        rank, world = rank_and_world()
+        outcome, own = (None, None)
+        if rank == 0:
+            outcome, own = conclude(
+                step, *exchanged, parts=self._parts(), first=not self.history, t0=t0
+            )
+        return self._apply(step, cast(Outcome, from_rank_0(outcome, world)), own)
+
+    def _parts(self) -> CheckParts:
+        """What rank 0's conclusion of a check reads of this monitor."""
+        return CheckParts(
+            queries=self.queries, methods=self.methods, prior=self.prior,
+            interval_delta=self.interval_delta, top_k=self.top_k, accountant=self.accountant,
+            delta=self.delta, audits=self._audits, budget=self._budget, traps=self._traps,
+            early_stopping=self.early_stopping, sinks=self.sinks, other_runs=self._other_runs,
+            run_id=self.run_id, strict=self.strict, say=_say_violations,
+        )  # fmt: skip
+
+    def _apply(self, step: int, outcome: Outcome, own: Exception | None) -> Report | None:
+        """The outcome, on every rank: the budget, the history and records, early stopping's
+        state and the stop; a failure raised (rank 0 its own error, the others a RankFailure)
+        or, when the check itself failed, logged (``strict``: raised)."""
+        self._last_step, report = step, outcome.report
+        self._budget.spent, self._budget.audit_sizes = outcome.spent, dict(outcome.audit_sizes)
+        error = own or (None if outcome.failure is None else outcome.failure.error())
+        if report is None:
+            return self._failed(step, cast(Exception, error))
+        self.history.append(report)
+        for name, result in report.queries.items():
+            if result.member_posterior is not None:
+                self.records.update(name, step, result.member_posterior)
+        elsewhere = rank_and_world()[0] != 0  # rank 0 decided and warned
+        if elsewhere:  # the run's id is rank 0's, which its reports carry and its sinks write
+            self.run_id = report.run_id
+            take_stopping(self.early_stopping, outcome.stopping)
+        if error is not None:  # strict: early stopping or a sink failed after the check
+            raise error
+        self._stop = stopped(outcome.stop, self._stop, self.early_stopping, report.step)
+        if elsewhere:  # last: a warnings filter raising here leaves the state the others' too
+            _say_violations(report)
         return report
 
-    def _check(self, step: int) -> Report:
-        """The report of the check at ``step``: collect, analyse, build; then its records."""
-        t0 = time.perf_counter()
-        settings = saved.settings(  # whatever changes the figures: the ranks' must be the same
+    def _failed(self, step: int, error: Exception) -> Report | None:
+        """A check that failed: counted, logged (the run's first failure warns), or raised."""
+        self.n_failed += 1
+        if self.strict:
+            raise error
+        logger.error("privmon: the check at step %s failed and was skipped", step, exc_info=error)
+        if not self.history:
+            self._traps.check_failed(step, describe_error(error))
+        return None
+
+    def _settings(self) -> str:
+        """Whatever changes the figures: the ranks' must be the same."""
+        return saved.settings(
             self._setup(),
             every_n_steps=self.every_n_steps,
             top_k=self.top_k,
             delta=None if self.accountant is None else self.delta,
             queries=self.queries,
+            stopping=self.early_stopping,
         )
-        try:  # with canaries, a failure leaves every query out: the canaries need no audit set
-            scores, failed, t_query = self._scores.gathered(
-                step, settings=settings, budget=self._budget, or_none=bool(self._audits)
-            )
-        except StepDisagreement as err:
-            # a rank behind must not then enter, alone, the check the others have already left
-            self._last_step = max(err.steps)
-            raise
-        analysis = analyse_check(
-            step,
-            queries=self.queries,
-            scores=scores,
-            failed=failed,
-            certify_delta=lambda: self._budget.certify_delta(self._budget.spent + 1),
-            methods=self.methods,
-            prior=self.prior,
-            interval_delta=self.interval_delta,
-            top_k=self.top_k,
-            accountant=self.accountant,
-            delta=self.delta,
-            canaries=self._audits,
-            strict=self.strict,
-        )
-        self._budget.spent += 1
-        with agreed_stage("building the report"):
-            detectable = self._budget.audited(analysis.results, scores, analysis.certify_delta)
-            self._traps.check_directions(step, self.queries, analysis.results, scores)
-            report = build_report(
-                step=step,
-                results=analysis.results,
-                detectable=detectable,
-                epsilon=analysis.epsilon,
-                canaries=analysis.canaries,
-                prior=self.prior,
-                delta=self.delta,
-                certify_delta=analysis.certify_delta,
-                run_id=self.run_id,
-                seconds=time.perf_counter() - t0,
-                query_seconds=t_query,
-            )
-            if not report.queries:
-                self._traps.queries_failed(step, report.failures)
-            for message in report.messages:
-                logger.warning(message)
-                warnings.warn(message, PrivacyViolationWarning, stacklevel=3)
-        for name, result in report.queries.items():  # once every rank has its report
-            if result.member_posterior is not None:
-                self.records.update(name, step, result.member_posterior)
-        return report
 
     def _setup(self) -> dict[str, Any]:
         """What a saved state was measured under (:func:`~privmon.callbacks.state.setup`)."""
@@ -448,3 +441,10 @@ class PrivacyMonitor:
         self.n_failed, self._budget.spent = run.n_failed, run.n_certified_checks
         self.run_id = run.run_id
         self._budget.planned_checks = run.planned_checks
+
+
+def _say_violations(report: Report) -> None:
+    """Each DP-violation message of ``report`` in the log and as a warning at the user's line."""
+    for message in report.messages:
+        logger.warning(message)
+        warnings.warn(message, PrivacyViolationWarning, stacklevel=stacklevel_to_user())

@@ -12,9 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from privmon._process_group import rank_and_world
-from privmon.callbacks.distributed import agreed_stage
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
-from privmon.callbacks.history import ReportHistory
 from privmon.callbacks.traps import Traps
 from privmon.report import Report
 from privmon.report.stopping import StoppingOutcome
@@ -46,43 +44,22 @@ def call_or_log(
 
 
 def decided(
-    report: Report,
-    stopping: PrivacyEarlyStopping | None,
-    traps: Traps,
-    history: ReportHistory,
-    strict: bool,
+    report: Report, stopping: PrivacyEarlyStopping | None, traps: Traps, *, strict: bool
 ) -> tuple[Report, bool]:
-    """(``report`` with early stopping's decision on it, whether training stops), the report
-    kept in ``history``: the decision on ``report.stopping``, its numbers among the scalars
-    (``stopping.update``, then its ``decision``). Without early stopping, when the check has the
-    canaries' figures alone, or when deciding failed on any rank (logged; ``strict``: raised on
-    every rank), the report stays as it is on every rank (one report on every rank); training
-    stops when any rank says stop.
+    """(``report`` with early stopping's decision on it, whether training stops): the decision
+    on ``report.stopping``, its numbers among the scalars (``stopping.update``, then its
+    ``decision``). Without early stopping, when the check has the canaries' figures alone, or
+    when deciding failed (logged; ``strict``: raised), the report stays as it is. Under
+    torch.distributed rank 0 decides, and every rank takes its decision.
 
     Examples:
-        >>> from privmon.callbacks.history import ReportHistory
         >>> from privmon.callbacks.publishing import decided
         >>> from privmon.callbacks.traps import Traps
         >>> from privmon.report import Report
         >>> report = Report(step=100, scalars={"privacy/loss/histogram/lower": 0.3}, run_id="a")
-        >>> decided(report, None, Traps(), ReportHistory(), False) == (report, False)
+        >>> decided(report, None, Traps(), strict=False) == (report, False)
         True
     """
-    out = report
-    try:
-        with agreed_stage("early stopping", flags=[False, False]) as flags:
-            out, flags[0] = _decided(report, stopping, traps, strict=strict)
-            flags[1] = stopping is not None and bool(report.queries) and out.stopping is None
-        if flags[1]:  # a decision one rank could not take is taken on none
-            out = report
-        return out, flags[0]
-    finally:  # the check itself succeeded, even when deciding failed
-        history.append(out)
-
-
-def _decided(
-    report: Report, stopping: PrivacyEarlyStopping | None, traps: Traps, *, strict: bool
-) -> tuple[Report, bool]:
     if stopping is None or not report.queries:  # the canaries' figures alone: no decision
         return report, False
     if not traps.stopping_checked:
@@ -99,8 +76,8 @@ def _decided(
 
 
 def publish(report: Report, sinks: Sequence[Sink], *, other_runs: Any, strict: bool) -> None:
-    """Every sink writes ``report``, on rank 0 only (every rank holds the same report); another
-    run in a sink's folder is said first (``other_runs.say_once``)."""
+    """Every sink writes ``report``, on rank 0 only (it alone has the report when the sinks
+    write); another run in a sink's folder is said first (``other_runs.say_once``)."""
     if rank_and_world()[0] != 0:
         return
     other_runs.say_once(report.run_id)
@@ -109,10 +86,10 @@ def publish(report: Report, sinks: Sequence[Sink], *, other_runs: Any, strict: b
 
 
 def stopped(stop: bool, before: bool, stopping: PrivacyEarlyStopping | None, step: int) -> bool:
-    """Whether training stops from this check on (all ranks stop together when any says stop):
-    the stop is said on the console once, when it comes."""
+    """Whether training stops from this check on (all ranks stop together, on rank 0's
+    decision): the stop is said on the console once, when it comes."""
     if stop and not before:
-        reason = getattr(stopping, "reason", None) or "another rank said stop"
+        reason = getattr(stopping, "reason", None) or "rank 0 said stop"
         logger.warning("privmon: early stopping at step %s — %s", step, reason)
     return before or stop
 

@@ -78,16 +78,27 @@ def settings(
     top_k: int,
     delta: float | None,
     queries: list[Any],
+    stopping: PrivacyEarlyStopping | None,
 ) -> str:
     """Whatever changes a check's figures, which the ranks of a torch.distributed run compare
     before any scores move: the setup (:func:`setup`), the schedule (ranks that differ never
-    meet in a check), ``top_k``, the DP δ (None without an accountant) and each query's kind."""
+    meet in a check), ``top_k``, the DP δ (None without an accountant), each query's kind and
+    early stopping's budget (rank 0 decides, and every rank takes its decision and state)."""
     return repr(
         {
             **measured_under,
             "every_n_steps": every_n_steps,
             "top_k": top_k,
             "delta": delta,
+            "early_stopping": None
+            if stopping is None
+            else (
+                stopping.metric,
+                stopping.use,
+                stopping.threshold,
+                stopping.patience,
+                stopping.min_checks,
+            ),
             "kinds": [
                 (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
                 for q in queries

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from privmon._failure import Failure
 from privmon.callbacks.user_frame import stacklevel_to_user
 
 __all__ = ["SWAP_Z", "Traps", "audit_overlap", "finite_rows", "swapped_sets_alarm"]
@@ -159,7 +160,7 @@ class Traps:
         for q in queries:
             higher_is_member = getattr(q, "higher_is_member", None)
             result = results[q.name]
-            auc = None if isinstance(result, str) else result.roc.get("auc")
+            auc = None if isinstance(result, Failure) else result.roc.get("auc")
             if higher_is_member is None or auc is None:
                 continue
             n1, n2 = (finite_rows(s) for s in scores[q.name])

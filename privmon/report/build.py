@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from privmon._failure import Failure
 from privmon.bounds import epsilon_lower_bound, tanh_bound
 from privmon.estimators.analysis import QueryResult
 from privmon.report import tags
@@ -52,10 +53,10 @@ def violation_message(step: int, tag: str, lower: float, ceiling: float, eps: fl
 def build_report(
     *,
     step: int,
-    results: Mapping[str, QueryResult | str],
+    results: Mapping[str, QueryResult | Failure],
     detectable: Mapping[str, float],
     epsilon: float | None,
-    canaries: Mapping[str, CanaryFigures | str],
+    canaries: Mapping[str, CanaryFigures | Failure],
     prior: float,
     delta: float,
     certify_delta: float,
@@ -84,53 +85,33 @@ def build_report(
         RuntimeError: when every query's analysis failed and no part of the canaries' audit
             gave figures (with figures, the report holds them and the queries' failures).
     """
+    ceilings = _ceilings(epsilon, prior=prior, delta=delta)
     scalars: dict[str, float] = {}
-    failures: dict[str, str] = {}
-    ceilings: dict[str, float] = {}
     if epsilon is not None:
-        if not math.isnan(epsilon):  # ε = inf gives the trivial ceiling 1
-            ceilings[tags.CEILING_TANH] = float(tanh_bound(epsilon, prior=prior))
-            ceilings[tags.CEILING_EPS_DELTA] = float(tanh_bound(epsilon, prior=prior, delta=delta))
         scalars[tags.EPSILON] = epsilon
         scalars.update(ceilings)
     scalars[tags.CERTIFY_DELTA] = certify_delta
-    messages: list[str] = []
-    causes: list[str] = []
-    violation = False
-    analysed: dict[str, QueryResult] = {}
-    for name, result in results.items():
-        if isinstance(result, str):
-            failures[name] = result
-            continue
-        analysed[name] = result
-        failures.update({f"{name}/{what}": e for what, e in result.failures.items()})
-        scalars.update({tags.query_figure(name, k): v for k, v in result.scalars().items()})
-        scalars[tags.detectable(name)] = detectable[name]
-        # ε implied by each certified lower bound, in one call
-        eps_bounds = epsilon_lower_bound(
-            np.array([est.lower for est in result.estimates.values()]), prior=prior
+    analysed = {n: r for n, r in results.items() if isinstance(r, QueryResult)}
+    parts = [
+        _failed(name, result) if isinstance(result, Failure) else _query_part(
+            step, name, result, detectable=detectable[name], epsilon=epsilon,
+            ceiling=ceilings.get(tags.CEILING_EPS_DELTA), prior=prior,
         )
-        for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
-            scalars[tags.epsilon_lower_bound(name, method)] = eps_bound
-        ceiling = ceilings.get(tags.CEILING_EPS_DELTA)
-        for method, est in result.estimates.items():
-            if epsilon is not None and ceiling is not None and est.lower > ceiling + _ROUNDING:
-                violation = True
-                messages.append(
-                    violation_message(step, f"{name}/{method}", est.lower, ceiling, epsilon)
-                )
-    audited = False
-    for key, figures in canaries.items():
-        if isinstance(figures, str):
-            failures[key] = figures
-            continue
-        audited = True
-        scalars.update(figures.scalars)
-        violation = violation or figures.violation
-        messages.extend(figures.messages)
-        causes.extend(figures.causes)
+        for name, result in results.items()
+    ]  # fmt: skip
+    audited = [f for f in canaries.values() if isinstance(f, CanaryFigures)]
+    parts += [
+        _failed(key, f)
+        if isinstance(f, Failure)
+        else _Part(f.scalars, {}, f.messages, f.causes, f.violation)
+        for key, f in canaries.items()
+    ]
+    failures = {k: v for part in parts for k, v in part.failures.items()}
     if not analysed and not audited:
         raise RuntimeError(f"every query's analysis failed: {failures}")
+    for part in parts:
+        scalars.update(part.scalars)
+    violation = any(part.violation for part in parts)
     if epsilon is not None or any(tags.parse_dp_check(t) for t in scalars):
         scalars[tags.DP_VIOLATION] = float(violation)
     return Report(
@@ -139,10 +120,64 @@ def build_report(
         queries=analysed,
         epsilon=epsilon,
         dp_violation=violation,
-        messages=tuple(messages),
+        messages=tuple(m for part in parts for m in part.messages),
         failures=failures,
         seconds=seconds,
         query_seconds=query_seconds,
         run_id=run_id,
-        dp_causes=tuple(causes),
+        dp_causes=tuple(c for part in parts for c in part.causes),
     )
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What one query or one part of the canaries' audit adds to the report."""
+
+    scalars: dict[str, float]
+    failures: dict[str, str]
+    messages: tuple[str, ...] = ()
+    causes: tuple[str, ...] = ()
+    violation: bool = False
+
+
+def _failed(key: str, failure: Failure) -> _Part:
+    return _Part({}, {key: failure.reason})
+
+
+def _ceilings(epsilon: float | None, *, prior: float, delta: float) -> dict[str, float]:
+    """The ε-DP and (ε, δ)-DP ceilings on the advantage (none without ε, or when it is NaN;
+    ε = inf gives the trivial ceiling 1)."""
+    if epsilon is None or math.isnan(epsilon):
+        return {}
+    return {
+        tags.CEILING_TANH: float(tanh_bound(epsilon, prior=prior)),
+        tags.CEILING_EPS_DELTA: float(tanh_bound(epsilon, prior=prior, delta=delta)),
+    }
+
+
+def _query_part(
+    step: int,
+    name: str,
+    result: QueryResult,
+    *,
+    detectable: float,
+    epsilon: float | None,
+    ceiling: float | None,
+    prior: float,
+) -> _Part:
+    """One analysed query's figures, the ε implied by each certified lower bound (in one call),
+    and a message per certified bound above the (ε, δ)-DP ``ceiling``."""
+    scalars = {tags.query_figure(name, k): v for k, v in result.scalars().items()}
+    scalars[tags.detectable(name)] = detectable
+    eps_bounds = epsilon_lower_bound(
+        np.array([est.lower for est in result.estimates.values()]), prior=prior
+    )
+    for method, eps_bound in zip(result.estimates, eps_bounds.tolist(), strict=True):
+        scalars[tags.epsilon_lower_bound(name, method)] = eps_bound
+    messages = tuple(
+        violation_message(step, f"{name}/{method}", est.lower, ceiling, epsilon)
+        for method, est in result.estimates.items()
+        if epsilon is not None and ceiling is not None and est.lower > ceiling + _ROUNDING
+    )
+    failures = {f"{name}/{what}": e for what, e in result.failures.items()}
+    return _Part(scalars, failures, messages, violation=bool(messages))

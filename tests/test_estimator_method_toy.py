@@ -97,3 +97,27 @@ def test_registering_refuses_a_name_taken_or_an_object_of_another_kind(toy):
 def test_an_unregistered_method_is_refused():
     with pytest.raises(ValueError, match="methods must be"):
         analyse(np.zeros(10), np.ones(10), methods=("histogram25",))
+
+
+def test_the_monitor_reports_it_and_the_run_reader_reads_it(toy, tmp_path):
+    import torch
+
+    from privmon import PrivacyMonitor
+    from privmon.report import tags
+    from privmon.report.runs import read_checks
+    from privmon.sinks import JsonlSink
+
+    m, h = (torch.as_tensor(x) for x in _scores(300, 300, 1, seed=7))
+    path = tmp_path / "checks.jsonl"
+    monitor = PrivacyMonitor(
+        lambda batch: batch, [m], [h], methods=("histogram", toy), sinks=JsonlSink(str(path))
+    )
+    report = monitor.check(1)
+    monitor.close()
+    name = monitor.queries[0].name
+    lower = tags.lower(name, toy)
+    assert tags.parse_advantage(lower) == (name, toy, "lower")
+    certify = report.scalars[tags.CERTIFY_DELTA]
+    peer = analyse(m, h, methods=("histogram", toy), delta=0.05, certify_delta=certify)
+    assert report.scalars[lower] == peer.estimates[toy].lower
+    assert read_checks(str(path)).methods(name) == ["histogram", toy]

@@ -34,7 +34,7 @@ from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps
 from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.estimators.estimates import describe_error
-from privmon.estimators.methods import METHODS
+from privmon.estimators.methods import METHODS, registered_methods
 from privmon.report import Report
 from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import Sink
@@ -68,8 +68,8 @@ class PrivacyMonitor:
             the members themselves (the same object is refused; shared records warn).
         every_n_steps: ``step(global_step)`` runs a check when global_step is a multiple of it.
         prior: P(member) of the membership experiment, in (0, 1).
-        methods: estimators per query, from :data:`~privmon.estimators.methods.METHODS`; KDE is
-            skipped for discrete queries.
+        methods: estimators per query, of :func:`~privmon.estimators.methods.registered_methods`
+            (the built-in ones, and any :func:`~privmon.estimators.register_method` added).
         modules: modules a check must protect besides those the queries declare.
         writer: a ``torch.utils.tensorboard.SummaryWriter`` or a log directory.
         sinks: further sinks (e.g. :class:`privmon.sinks.JsonlSink`): one, a sequence or None.
@@ -141,7 +141,7 @@ class PrivacyMonitor:
         warn_if_shuffled(members, name="members")  # per-record indices follow its order
         self.modules = arguments.as_modules(modules)
         self.every_n_steps = check_int(every_n_steps, name="every_n_steps", minimum=1)
-        self.methods = check_subset(methods, METHODS, name="methods")
+        self.methods = check_subset(methods, registered_methods(), name="methods")
         max_batches = arguments.optional_count(max_batches, name="max_batches")
         planned_checks = arguments.optional_count(planned_checks, name="planned_checks")
         self.top_k = check_int(top_k, name="top_k")

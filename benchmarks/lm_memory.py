@@ -26,9 +26,9 @@ default chunk of 83 positions), is printed beside it.
     python benchmarks/lm_memory.py --vocab 262144 --tokens 64 --batch 2 --steps min_k_plus_plus
 
 The last is issue #31's case (a vocabulary of 262,144, float32 logits (2, 64, V) of 128 MiB;
-``tests/test_reliability_lm.py`` asserts its bound): Min-K%++ adds 31.8-32.0 MiB at peak, the bound
-2 · ⌊2²²/V⌋ · V · 4 bytes = 32.0 MiB (chunks of 16 positions); with ``--chunk-tokens 128`` (a
-chunk constant of 2²⁵, the mutant the test kills) it adds 255.9 MiB, and the whole-block
+``tests/attacks/test_reliability_lm.py`` asserts its bound): Min-K%++ adds 31.8-32.0 MiB at peak,
+the bound 2 · ⌊2²²/V⌋ · V · 4 bytes = 32.0 MiB (chunks of 16 positions); with ``--chunk-tokens 128``
+(a chunk constant of 2²⁵, the mutant the test kills) it adds 255.9 MiB, and the whole-block
 computation 503.9 MiB (2 cores, glibc 2.36, torch 2.13 CPU).
 """
 

@@ -5,10 +5,10 @@ Run from the repository root (one torch thread)::
     OMP_WAIT_POLICY=PASSIVE python benchmarks/reference_query.py                  # 10 seeds
     OMP_WAIT_POLICY=PASSIVE python benchmarks/reference_query.py --references 64
 
-Carlini et al.'s setup on a real over-fit model, as ``tests/test_reference_query.py`` builds it
-for one seed: per seed s, 300 digits (a permutation seeded s), the target MLP 64-32-10 trained
-full batch with Adam (lr 1e-2, 150 epochs) on a random half (the 150 members; the other 150 are
-the non-members), ``--references`` MLPs trained the same way on random halves of all 300
+Carlini et al.'s setup on a real over-fit model, as ``tests/queries/test_reference_query.py`` builds
+it for one seed: per seed s, 300 digits (a permutation seeded s), the target MLP 64-32-10 trained
+full batch with Adam (lr 1e-2, 150 epochs) on a random half (the 150 members; the other 150 are the
+non-members), ``--references`` MLPs trained the same way on random halves of all 300
 (:func:`privmon.audit.train_ensemble`). One ``PrivacyMonitor.check`` reads three queries on the
 members against the non-members: ``ReferenceModelQuery`` online (``reference_data`` = the 300
 records, so each reference's masks are known: Carlini et al. eq. 4), the same query offline
@@ -30,8 +30,8 @@ import torch
 import privmon
 from privmon.queries import LossQuery, ReferenceModelQuery
 
-# the setup of tests/test_reference_query.py (its online-LiRA-against-the-loss test is seed 0)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# the setup of tests/queries/test_reference_query.py (its online-LiRA-against-the-loss test: seed 0)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "queries"))
 from test_reference_query import N, _halves
 
 METHODS = ("histogram", "kde")

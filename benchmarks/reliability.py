@@ -10,7 +10,7 @@ lost beyond the fault itself (a sink's reports are written late, not dropped; a 
 skipped on every rank and the next one succeeds), so "passed" means the README's "lost: none".
 
     python benchmarks/reliability.py                          # every module
-    python benchmarks/reliability.py tests/test_extremes.py   # the rows of some modules
+    python benchmarks/reliability.py tests/estimators/test_extremes.py   # the rows of some modules
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 MODULES = {
-    "tests/test_training_untouched.py": "training untouched",
-    "tests/test_faults.py": "monitor faults and bad input",
-    "tests/test_distributed.py": "torch.distributed (2 gloo ranks)",
+    "tests/callbacks/test_training_untouched.py": "training untouched",
+    "tests/callbacks/test_faults.py": "monitor faults and bad input",
+    "tests/callbacks/test_distributed.py": "torch.distributed (2 gloo ranks)",
     "tests/test_cli_faults.py": "privmon report / demo",
-    "tests/test_sinks.py": "sinks: runs, cut-off lines, concurrency",
+    "tests/sinks/test_sinks.py": "sinks: runs, cut-off lines, concurrency",
     "tests/test_cli.py": "privmon audit / command line",
-    "tests/test_extremes.py": "scores of extreme magnitude",
-    "tests/test_reliability_lm.py": "language-model statistics",
-    "tests/test_reliability_canaries.py": "canaries and one-run ε",
-    "tests/test_reliability_runs.py": "checkpoints, run files and settings",
+    "tests/estimators/test_extremes.py": "scores of extreme magnitude",
+    "tests/attacks/test_reliability_lm.py": "language-model statistics",
+    "tests/audit/test_reliability_canaries.py": "canaries and one-run ε",
+    "tests/report/test_reliability_runs.py": "checkpoints, run files and settings",
 }
 
 

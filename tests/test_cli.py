@@ -256,7 +256,7 @@ def _pt(path, obj):
 
 
 # --- privmon audit --synthetic S --members M --heldout H --reference R (tables) ----------------
-# The figures equal audit_synthetic's: tests/test_audit_synthetic.py, on the CPS 1988 survey.
+# The figures equal audit_synthetic's: tests/audit/test_audit_synthetic.py, on the CPS 1988 survey.
 
 
 @pytest.fixture

@@ -124,7 +124,7 @@ def test_each_run_of_an_example_writes_to_a_fresh_folder(tmp_path, capsys):
     # Issue #32: two runs of an example went into one folder (TensorBoard drew both on one
     # line; privmon report refused it) without a word. Now each run without --logdir takes a
     # fresh version_N folder (a monitor pointed at another run's folder warns:
-    # tests/test_runs_compare.py), and privmon report --compare puts them side by side.
+    # tests/report/test_runs_compare.py), and privmon report --compare puts them side by side.
     from privmon.cli import main
     from privmon.report import runs_in
 

@@ -298,3 +298,14 @@ def test_the_function_check_finds_what_it_looks_for():
     found = _long_functions(trees, max_lines=_MAX_LINES)
     assert found == ["m.py:1 f: 6 lines, depth 5", "m.py:8 g: 51 lines, depth 0"]
     assert _long_functions(trees, max_lines=None) == ["m.py:1 f: 6 lines, depth 5"]
+
+
+def test_tests_mirror_the_packages():
+    # tests/<package>/ holds a package's tests; tests/ itself the whole package's rules (layout,
+    # docs, names, messages), its root modules' (bounds, cli, demo) and the shared helpers
+    tests = pathlib.Path(__file__).parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert folders <= packages, folders - packages
+    assert all(any((tests / f).glob("test_*.py")) for f in folders)
+    assert len(folders) >= 7

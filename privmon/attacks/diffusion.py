@@ -247,7 +247,7 @@ class _Draws:
     in pieces. torch draws a tensor of 16 or more values as uniforms, turned into normals 16 at
     a time, the last 16 drawn again when the size is not a multiple of 16: pieces of whole 16s,
     the last one of 16 or more, give the one draw's values and leave the generator where it
-    would (tests/test_diffusion_memory.py checks it)."""
+    would (tests/queries/test_diffusion_memory.py checks it)."""
 
     def __init__(self, total: int, generator: torch.Generator) -> None:
         self.left, self.generator = total, generator

@@ -1,5 +1,6 @@
 """privmon.analyse: one pure call per query equals the public functions called one by one; a
-failing method or step is isolated (the certificate's formulas: tests/test_certificates.py)."""
+failing method or step is isolated (the certificate's formulas:
+tests/estimators/test_certificates.py)."""
 
 import math
 

@@ -251,7 +251,7 @@ def test_wandb_has_the_budget_in_its_config_each_decision_and_the_outcome(
     budget, tmp_path, monkeypatch
 ):
     wandb = pytest.importorskip("wandb")
-    from test_wandb_sink import OfflineRun, _items, _records
+    from wandb_files import OfflineRun, read_items, read_records
 
     from privmon.sinks import WandbSink
 
@@ -275,9 +275,9 @@ def test_wandb_has_the_budget_in_its_config_each_decision_and_the_outcome(
     assert end[tags.STOPPING_STOPPED] == float(budget == "stop")
     assert end[tags.STOPPING_HIGHEST] == pytest.approx(_highest(monitor)[0], rel=1e-6)
     summary = {}
-    for record in _records(next(run_dir.glob("run-*.wandb"))):
+    for record in read_records(next(run_dir.glob("run-*.wandb"))):
         if record.HasField("summary"):
-            summary.update(_items(record.summary.update))
+            summary.update(read_items(record.summary.update))
     key = tags.WANDB_STOPPING_KEY
     assert summary[f"{key}/outcome"] == monitor.stopping_outcome.sentence()
     last = monitor.history[-1]

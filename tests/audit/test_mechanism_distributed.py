@@ -18,7 +18,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from test_distributed import _spawn
+from ranks import spawn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -106,7 +106,7 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo-checks")
-    _spawn(_worker, tmp)
+    spawn(_worker, tmp)
     out = []
     for rank in (0, 1):
         with open(tmp / f"rank{rank}.pkl", "rb") as f:

@@ -3,7 +3,7 @@ a deterministic test that fired on any rank fires on all, a statistical test's p
 smallest over the ranks times their number (Bonferroni), a rank whose ``mechanism()`` failed is
 said on every rank while the others' findings still count, and ``strict`` raises on every rank.
 Collectives time out after 30 s and the spawn fails the test when it outlives the deadline of
-tests/test_distributed.py."""
+tests/callbacks/test_distributed.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from test_distributed import _spawn
+from ranks import spawn
 
 from privmon import PrivacyMonitor, PrivacyViolationWarning
 from privmon.audit.mechanism import MechanismFinding
@@ -105,7 +105,7 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo_dp")
-    _spawn(_worker, tmp)  # the harness of test_distributed.py: fails, never hangs
+    spawn(_worker, tmp)  # tests/ranks.py: fails, never hangs
     out = []
     for rank in (0, 1):
         with open(tmp / f"rank{rank}.pkl", "rb") as f:

@@ -29,7 +29,7 @@ diffusers = pytest.importorskip("diffusers")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 5
 
 

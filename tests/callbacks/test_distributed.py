@@ -6,7 +6,7 @@ its outcome: three collectives.
 
 The ranks run every case in one spawn (starting processes is the slow part); each case is
 followed by a healthy check on the same group. Collectives time out after 30 s instead of the
-30-minute default, and the spawn fails the tests when it outlives ``DEADLINE_S``.
+30-minute default, and the spawn fails the tests when it outlives ``ranks.DEADLINE_S``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import functools
 import json
 import logging
 import pickle
-import socket
 import time
 import traceback
 import warnings
@@ -25,8 +24,8 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from ranks import spawn
 from torch import nn
 
 import privmon.callbacks.check_analysis as analysis_module
@@ -41,7 +40,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 MEETING_TIMEOUT = datetime.timedelta(seconds=120)
-DEADLINE_S = 240  # generous for 2 loaded cores; a rank stuck in a collective gives up at 30 s
 
 
 def _model():
@@ -372,32 +370,10 @@ def _worker(rank, world, port, tmp):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(worker, tmp, world=2):
-    """Run ``worker`` on ``world`` ranks; fail, never hang, when they outlive DEADLINE_S."""
-    ctx = mp.start_processes(
-        worker, args=(world, _free_port(), str(tmp)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the ranks were still running after {DEADLINE_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo")
-    _spawn(_worker, tmp)
+    spawn(_worker, tmp)
     out = []
     for rank in (0, 1):
         with open(tmp / f"rank{rank}.pkl", "rb") as f:
@@ -715,7 +691,7 @@ def _three_worker(rank, world, port, tmp):
 
 
 def test_three_gloo_ranks_equal_one_process_and_keep_one_state(tmp_path):
-    _spawn(_three_worker, tmp_path, world=3)
+    spawn(_three_worker, tmp_path, world=3)
     outs = []
     for rank in range(3):
         with open(tmp_path / f"rank{rank}.pkl", "rb") as f:

@@ -553,7 +553,7 @@ def test_lm_finetune_example_runs_offline_and_agrees_with_the_per_text_loop():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",

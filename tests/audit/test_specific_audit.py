@@ -29,7 +29,7 @@ from torch.utils.data import TensorDataset
 from privmon.audit.results import AuditResult, SetupComparison, compare
 from privmon.audit.specific import average, default_score, specific
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- planted models -------------------------------------------------------------------------------

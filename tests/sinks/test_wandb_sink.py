@@ -1,22 +1,11 @@
 """WandbSink against real offline W&B runs (``WANDB_MODE=offline``, ``WANDB_DIR`` in tmp_path:
-no server, no key), read back from what the run wrote to disk.
-
-wandb 0.31 ships no Python reader of its ``run-<id>.wandb`` file (``wandb.sdk.internal.
-datastore`` is gone; its Go core reads it), so :func:`_records` reads the format, as the old
-datastore did: a 7-byte file header (``:W&B``, magic, version), then 32 KiB blocks of chunks,
-each with a CRC-32 over its type and data (checked here), its length and its type (full, first,
-middle, last), each record a ``wandb_internal_pb2.Record``. Tables are JSON files under the
-run's ``files/`` folder, named by the history.
-"""
+no server, no key), read back from what the run wrote to disk (tests/wandb_files.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import struct
 import sys
-import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +15,7 @@ import torch
 from conftest import RecordingSink
 from opacus.accountants import RDPAccountant
 from torch import nn
+from wandb_files import OfflineRun
 
 import privmon
 from privmon.queries import LossQuery
@@ -35,70 +25,6 @@ from privmon.sinks.wandb import ROC_POINTS
 
 wandb = pytest.importorskip("wandb")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-_HEADER, _BLOCK = 7, 32768
-_FULL, _LAST = 1, 4
-
-
-def _records(path):
-    """Every Record of a ``.wandb`` file, in order (each chunk's CRC checked)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, pending, out = _HEADER, b"", []
-    while pos + _HEADER <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _HEADER:  # a block's tail too short for a chunk header is padding
-            pos += left
-            continue
-        crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
-        if (crc, length, kind) == (0, 0, 0):  # zero padding to the block's end
-            pos += left
-            continue
-        chunk = data[pos + _HEADER : pos + _HEADER + length]
-        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) == crc
-        pos += _HEADER + length
-        pending += chunk
-        if kind in (_FULL, _LAST):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            out.append(record)
-            pending = b""
-    return out
-
-
-def _items(items):
-    """{key: value} of history / config items (nested keys joined by '/')."""
-    out = {}
-    for item in items:
-        key = item.key or "/".join(item.nested_key)
-        out[key] = json.loads(item.value_json)
-    return out
-
-
-class OfflineRun:
-    """What an offline run wrote: its metric definitions, history rows, config and tables."""
-
-    def __init__(self, run_dir):
-        (path,) = run_dir.glob("run-*.wandb")
-        self.files = run_dir / "files"
-        records = _records(path)
-        self.metrics = [r.metric for r in records if r.HasField("metric")]
-        self.rows = [_items(r.history.item) for r in records if r.HasField("history")]
-        self.config = {}
-        for r in records:
-            if r.HasField("config"):
-                self.config.update(_items(r.config.update))
-
-    def checks(self, step_key=tags.WANDB_STEP):
-        """The history rows that hold a check, by privmon step."""
-        return {row[step_key]: row for row in self.rows if step_key in row}
-
-    def table(self, row, key):
-        """The table logged under ``key`` in ``row``: (columns, data)."""
-        stored = json.loads((self.files / row[f"{key}/path"]).read_text())
-        return stored["columns"], stored["data"]
 
 
 @pytest.fixture
@@ -318,7 +244,7 @@ def test_a_second_privmon_run_in_one_wandb_run_is_said(offline, caplog):
 def test_the_guides_snippet_runs_as_written(offline, tmp_path):
     # the ```python block of the sinks guide that calls wandb.init(), its `...` (the user's
     # training loop) one check; names from the page's own loop defined here
-    page = Path(__file__).resolve().parents[1] / "docs" / "guide" / "training-loop.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "guide" / "training-loop.md"
     (block,) = [
         b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if "wandb.init(" in b
     ]

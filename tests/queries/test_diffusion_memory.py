@@ -20,7 +20,7 @@ from privmon.queries import DiffusionQuery
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ABAR = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), dim=0)
 
 

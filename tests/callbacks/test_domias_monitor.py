@@ -387,7 +387,7 @@ def test_callable_encoder_is_applied_once_to_the_reference(data):
 def test_tabular_example_runs(tmp_path):
     pytest.importorskip("sklearn")
     pytest.importorskip("matplotlib")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     png = tmp_path / "fig3.png"
     args = ["--sizes", "25,100", "--fixed-epochs", "40", "--epochs", "5,40"]
     args += ["--fixed-size", "50", "--seeds", "1", "--no-logan", "--n-synthetic", "500"]

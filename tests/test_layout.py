@@ -309,3 +309,31 @@ def test_tests_mirror_the_packages():
     assert folders <= packages, folders - packages
     assert all(any((tests / f).glob("test_*.py")) for f in folders)
     assert len(folders) >= 7
+
+
+def _private_torch(trees: dict[str, ast.Module]) -> list[str]:
+    """Every ``torch.<…>._name`` reached from the torch module (``torch._foreach_norm``,
+    ``torch._C``, ``torch.nn.utils._x``): torch's private API."""
+    out = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            chain, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                chain.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id == "torch" and chain:
+                if any(part.startswith("_") and not part.startswith("__") for part in chain):
+                    out.append(f"{name}: torch.{'.'.join(reversed(chain))}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                parts = [*(node.module or "").split("."), *(a.name for a in node.names)]
+                if any(p.startswith("_") and not p.startswith("__") for p in parts):
+                    out.append(f"{name}: from {node.module} import ...")
+    return sorted(set(out))
+
+
+def test_no_private_torch_api():
+    # (a tensor's version counter, ``tensor._version``, is read where a write must be told from
+    # no write without a copy of the weights: torch has no public counter)
+    assert _private_torch(_modules()) == []
+    made = {"m": ast.parse("import torch\nx = torch._foreach_norm(t)\nfrom torch._C import y")}
+    assert _private_torch(made) == ["m: from torch._C import ...", "m: torch._foreach_norm"]

@@ -8,6 +8,7 @@ Outside a process group nothing is exchanged, nor pickled."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -112,4 +113,7 @@ def exchange(
     if agreed is None:
         return None
     assert mine is not None  # the agreement raises where a rank failed
-    return agreed, gather_scores(mine[0], agreed, like=local.scores) or {}
+    gathered, failed = gather_scores(mine[0], agreed, like=local.scores)
+    if failed is not None:  # rank 0 only: its outcome says so to the others
+        return dataclasses.replace(agreed, gathered=failed), {}
+    return agreed, gathered or {}

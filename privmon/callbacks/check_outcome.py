@@ -6,6 +6,7 @@ state — so that every rank keeps the same history, records and state."""
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,15 +75,26 @@ class CheckParts:
 
 
 def conclude(
-    step: int, agreed: Agreement, scores: Scores, *, parts: CheckParts, first: bool, t0: float
+    step: int,
+    agreed: Agreement,
+    scores: Scores,
+    *,
+    parts: CheckParts,
+    first: bool,
+    t0: float,
+    world: int,
 ) -> tuple[Outcome, Exception | None]:
     """Rank 0's part of the check at ``step``, with no collective: the analysis, the report,
     early stopping's decision and the sinks' writes (``first``: the run's first report); the
-    outcome every rank applies, and the error of the stage that failed (rank 0 raises it)."""
+    outcome every rank applies, and the error of the stage that failed (rank 0 raises it).
+    Never raises: under torch.distributed (``world`` ranks) the others wait for the outcome."""
     budget = parts.budget
     budget.spent = agreed.spent
-    stage, report, stop, error = "reading ε or the analysis", None, False, None
+    stage, report, stop, error = "gathering the scores", None, False, None
     try:
+        if agreed.gathered is not None:
+            raise agreed.gathered
+        stage = "reading ε or the analysis"
         analysis = _analysed(step, agreed, scores, parts=parts)
         budget.spent += 1
         stage = "building the report"
@@ -99,15 +111,23 @@ def conclude(
         publish(report, parts.sinks, other_runs=parts.other_runs, strict=parts.strict)
     except Exception as err:
         error = err
-    stopping = parts.early_stopping
-    return Outcome(
-        report=report,
-        stop=stop,
-        spent=budget.spent,
-        audit_sizes=dict(budget.audit_sizes),
-        stopping=None if stopping is None else (stopping.state_dict(), stopping.decision),
-        failure=None if error is None else StageFailure(stage, 0, Failure.of(error)),
-    ), error
+    try:  # the broadcast pickles on rank 0 before sending: a failure there is this outcome's
+        stopping = parts.early_stopping
+        outcome = Outcome(
+            report=report,
+            stop=stop,
+            spent=budget.spent,
+            audit_sizes=dict(budget.audit_sizes),
+            stopping=None if stopping is None else (stopping.state_dict(), stopping.decision),
+            failure=None if error is None else StageFailure(stage, 0, Failure.of(error)),
+        )
+        if world > 1:
+            pickle.dumps(outcome)
+    except Exception as err:
+        failure = StageFailure("sending the outcome", 0, Failure.of(err))
+        outcome = Outcome(None, False, budget.spent, dict(budget.audit_sizes), None, failure)
+        error = err
+    return outcome, error
 
 
 def _analysed(step: int, agreed: Agreement, scores: Scores, *, parts: CheckParts) -> CheckAnalysis:

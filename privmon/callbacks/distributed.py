@@ -120,6 +120,9 @@ class Agreement:
     """Every rank's mechanism findings, in rank order."""
     sent: list[dict[str, tuple[int, int]]]
     """What each rank sends of its scores (:attr:`Header.sent`), in rank order."""
+    gathered: Exception | None = None
+    """On rank 0: why rebuilding the gathered scores failed, after the collective (the others
+    already wait for its outcome, which then says so)."""
 
 
 def layout_of(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[Layout | None, Layout | None]:

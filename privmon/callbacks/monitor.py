@@ -325,12 +325,9 @@ class PrivacyMonitor:
                 accountant=self.accountant, spent=self._budget.spent, settings=self._settings(),
                 strict=self.strict,
             )  # fmt: skip
-        except StepDisagreement as err:
-            # a rank behind must not then enter, alone, the check the others have already left
-            self._last_step = max(err.steps)
-            return self._failed(step, err)
         except Exception as err:
-            self._last_step = step
+            # a rank behind must not then enter, alone, the check the others have already left
+            self._last_step = max(err.steps) if isinstance(err, StepDisagreement) else step
             return self._failed(step, err)
         if exchanged is None:
             self._traps.step_before_last_check(step, self._last_step)
@@ -339,7 +336,7 @@ class PrivacyMonitor:
         outcome, own = (None, None)
         if rank == 0:
             outcome, own = conclude(
-                step, *exchanged, parts=self._parts(), first=not self.history, t0=t0
+                step, *exchanged, parts=self._parts(), first=not self.history, t0=t0, world=world
             )
         return self._apply(step, cast(Outcome, from_rank_0(outcome, world)), own)
 
@@ -370,9 +367,11 @@ class PrivacyMonitor:
         if elsewhere:  # the run's id is rank 0's, which its reports carry and its sinks write
             self.run_id = report.run_id
             take_stopping(self.early_stopping, outcome.stopping)
-        if error is not None:  # strict: early stopping or a sink failed after the check
-            raise error
         self._stop = stopped(outcome.stop, self._stop, self.early_stopping, report.step)
+        if error is not None and self.strict:  # early stopping or a sink, after the check
+            raise error
+        if error is not None:  # the check's report stands on every rank
+            logger.error("privmon: at step %s: %s", step, describe_error(error), exc_info=own)
         if elsewhere:  # last: a warnings filter raising here leaves the state the others' too
             _say_violations(report)
         return report

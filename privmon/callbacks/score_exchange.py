@@ -49,14 +49,18 @@ def _rebuilt(rank: int, buffer: torch.Tensor, agreed: Agreement) -> dict[str, li
     return out
 
 
-def gather_scores(mine: torch.Tensor, agreed: Agreement, *, like: Scores) -> Scores | None:
+def gather_scores(
+    mine: torch.Tensor, agreed: Agreement, *, like: Scores
+) -> tuple[Scores | None, Exception | None]:
     """Every rank's rows of each query in ``agreed.layouts``, concatenated in rank order, on
     rank 0, on the devices of its own scores (``like``); None on the others. ``mine``: this
     rank's :func:`packed` bytes. One ``all_to_all_single``, each rank to rank 0 only; every rank
-    calls it (with nothing to exchange none does, and rank 0 gets no scores)."""
+    calls it (with nothing to exchange none does, and rank 0 gets no scores). Rank 0's failure
+    to rebuild the scores after the collective is returned, not raised: the other ranks are
+    already on their way to its outcome."""
     rank, world = rank_and_world()
     if not agreed.layouts:
-        return {} if rank == 0 else None
+        return ({} if rank == 0 else None), None
     totals = [sum(map(sum, sent.values())) for sent in agreed.sent]
     into = totals if rank == 0 else [0] * world
     received = torch.empty(sum(into), dtype=torch.uint8, device=mine.device)
@@ -67,13 +71,16 @@ def gather_scores(mine: torch.Tensor, agreed: Agreement, *, like: Scores) -> Sco
         input_split_sizes=[totals[rank]] + [0] * (world - 1),
     )
     if rank != 0:
-        return None
-    buffers = received.split(totals)
-    ranks = [_rebuilt(r, buffer, agreed) for r, buffer in enumerate(buffers)]
-    return {
-        name: (
-            torch.cat([r[name][0] for r in ranks]).to(like[name][0].device),
-            torch.cat([r[name][1] for r in ranks]).to(like[name][1].device),
-        )
-        for name in agreed.layouts
-    }
+        return None, None
+    try:
+        buffers = received.split(totals)
+        ranks = [_rebuilt(r, buffer, agreed) for r, buffer in enumerate(buffers)]
+        return {
+            name: (
+                torch.cat([r[name][0] for r in ranks]).to(like[name][0].device),
+                torch.cat([r[name][1] for r in ranks]).to(like[name][1].device),
+            )
+            for name in agreed.layouts
+        }, None
+    except Exception as err:
+        return None, err

@@ -29,6 +29,8 @@ from ranks import spawn
 from torch import nn
 
 import privmon.callbacks.check_analysis as analysis_module
+import privmon.callbacks.check_outcome as outcome_module
+import privmon.callbacks.score_exchange as exchange_module
 from privmon._failure import Failure
 from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
 from privmon.callbacks.distributed import Header, RankFailure, StageFailure, agree_on_headers
@@ -162,6 +164,32 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
 
         return mon, run
 
+    def patched(module, name, fake):
+        """A check run with ``module.name`` replaced by ``fake(original)`` on rank 0 only."""
+        mon = make([LossQuery(model), CallableQuery(loss, name="margin")])
+
+        def run():
+            original = getattr(module, name)
+            if rank == 0:
+                setattr(module, name, fake(original))
+            try:
+                return mon.check(10)
+            finally:
+                setattr(module, name, original)
+
+        return mon, run
+
+    def out_of_memory(_original):
+        def rebuilt(*args, **kwargs):  # rank 0 runs out of memory rebuilding what it received
+            raise MemoryError("simulated: out of memory rebuilding the scores")
+
+        return rebuilt
+
+    class Unpicklable:  # rank 0's outcome cannot be pickled for the broadcast
+        @staticmethod
+        def dumps(obj):
+            raise TypeError("simulated: cannot pickle the outcome")
+
     def accountant(strict):
         return check(
             make(LossQuery(model), accountant=_Accountant(2.0, broken=rank == 0), strict=strict)
@@ -253,6 +281,8 @@ def _cases(rank, model, members, nonmembers, restored, tmp):
         "schedule": lambda: schedule(False),
         "schedule_strict": lambda: schedule(True),
         "empty": empty,
+        "gathering": lambda: patched(exchange_module, "_rebuilt", out_of_memory),
+        "sending": lambda: patched(outcome_module, "pickle", lambda _: Unpicklable),
     }
 
 
@@ -423,6 +453,8 @@ CASES = [
     "schedule",
     "schedule_strict",
     "empty",
+    "gathering",
+    "sending",
 ]
 
 
@@ -506,6 +538,23 @@ def test_building_the_report_failing_on_rank_0_skips_the_check(ranks):
     assert a["report"] is None and b["report"] is None
     assert a["n_failed"] == b["n_failed"] == 1
     assert _logged(b, "building the report failed on rank 0: PrivacyViolationWarning")
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("gathering", "gathering the scores failed on rank 0: MemoryError: simulated"),
+        ("sending", "sending the outcome failed on rank 0: TypeError: simulated"),
+    ],
+)
+def test_rank_0_failing_after_the_exchange_still_sends_its_outcome(ranks, case, said):
+    """After the headers the others wait for rank 0's outcome: a failure there (rebuilding the
+    gathered scores, pickling the outcome) is the outcome, so every rank leaves the check."""
+    _, (r0, r1) = ranks
+    a, b = r0[case], r1[case]
+    assert a["report"] is None and b["report"] is None
+    assert a["n_failed"] == b["n_failed"] == 1
+    assert _logged(b, said)
 
 
 def test_ranks_at_different_steps_skip_then_realign(ranks):
@@ -646,7 +695,8 @@ def test_the_scores_travel_as_their_bytes_in_any_dtype():
             rows={n: ([s[0].shape[0]], [s[1].shape[0]]) for n, s in scores.items()},
             layouts=layouts, left_out={}, spent=0, forward=0.0, findings=[{}], sent=[sent],
         )  # fmt: skip
-        back = gather_scores(mine, agreed, like=scores)
+        back, failed = gather_scores(mine, agreed, like=scores)
+        assert failed is None
     finally:
         dist.destroy_process_group()
     for name, sides in scores.items():

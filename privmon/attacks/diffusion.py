@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmon._shown import described, shown
+from privmon._registry import Registry
+from privmon._shown import described
 from privmon._validation import (
     check_alphas_cumprod,
-    check_choice,
     check_int,
     check_positive,
     check_timesteps,
@@ -504,22 +504,23 @@ class _SecMI(DiffusionStatistic):
         )  # fmt: skip
 
 
-_REGISTRY: dict[str, DiffusionStatistic] = {
-    s.name: s
-    for s in (
+_REGISTRY: Registry[DiffusionStatistic] = Registry(
+    DiffusionStatistic,
+    what="statistic",
+    built_in=(
         _Loss(),
         _PIA("pia", normalised=False),
         _PIA("pian", normalised=True),
         _SecMI(),
         _SimA(),
-    )
-}
+    ),
+)
 
-STATISTICS: tuple[str, ...] = tuple(_REGISTRY)
+STATISTICS: tuple[str, ...] = _REGISTRY.built_in
 """The built-in statistics :func:`diffusion_statistic` computes (each an object,
 :func:`statistic_of`; more with :func:`register_statistic`)."""
 
-HIGHER_IS_MEMBER: dict[str, bool] = {name: s.higher_is_member for name, s in _REGISTRY.items()}
+HIGHER_IS_MEMBER: dict[str, bool] = {s.name: s.higher_is_member for s in _REGISTRY.parts()}
 """Score direction of each built-in statistic: all are distances, lower for members."""
 
 
@@ -534,11 +535,7 @@ def register_statistic(statistic: DiffusionStatistic) -> None:
         >>> register_statistic(Norm())
         >>> unregister_statistic("norm")
     """
-    if not isinstance(statistic, DiffusionStatistic):
-        raise TypeError(f"statistic must be a DiffusionStatistic, got {type(statistic).__name__}")
-    if not isinstance(getattr(statistic, "name", None), str) or statistic.name in _REGISTRY:
-        raise ValueError(f"statistic needs a name not yet registered, got {shown(statistic.name)}")
-    _REGISTRY[statistic.name] = statistic
+    _REGISTRY.register(statistic)
 
 
 def unregister_statistic(name: str) -> None:
@@ -551,9 +548,7 @@ def unregister_statistic(name: str) -> None:
         ...
         ValueError: the built-in statistics ('loss', 'pia', 'pian', 'secmi', 'sima') stay registered
     """
-    if name in STATISTICS:
-        raise ValueError(f"the built-in statistics {STATISTICS} stay registered")
-    del _REGISTRY[statistic_of(name).name]
+    _REGISTRY.unregister(name)
 
 
 def statistic_of(name: str) -> DiffusionStatistic:
@@ -564,7 +559,7 @@ def statistic_of(name: str) -> DiffusionStatistic:
         >>> statistic_of("pia").model_calls((20, 40), interval=10)
         3
     """
-    return _REGISTRY[check_choice(name, tuple(_REGISTRY), name="statistic")]
+    return _REGISTRY.get(name)
 
 
 def _secmi(

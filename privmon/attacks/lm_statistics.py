@@ -9,8 +9,7 @@ import abc
 
 import torch
 
-from privmon._shown import shown
-from privmon._validation import check_choice
+from privmon._registry import Registry
 
 __all__ = [
     "STATISTICS",
@@ -111,10 +110,12 @@ class _Reference(LMStatistic):
         return loss - inputs.loss(reference=True).to(loss.dtype)
 
 
-_REGISTRY: dict[str, LMStatistic] = {
-    s.name: s for s in (_Loss(), _Zlib(), _MinK(), _MinKPlusPlus(), _Reference())
-}
-STATISTICS: tuple[str, ...] = tuple(_REGISTRY)
+_REGISTRY: Registry[LMStatistic] = Registry(
+    LMStatistic,
+    what="statistic",
+    built_in=(_Loss(), _Zlib(), _MinK(), _MinKPlusPlus(), _Reference()),
+)
+STATISTICS: tuple[str, ...] = _REGISTRY.built_in
 """The built-in statistics (:mod:`privmon.attacks.language_model`'s docstring)."""
 
 
@@ -129,11 +130,7 @@ def register_lm_statistic(statistic: LMStatistic) -> None:
         >>> register_lm_statistic(Zero())
         >>> unregister_lm_statistic("zero")
     """
-    if not isinstance(statistic, LMStatistic):
-        raise TypeError(f"statistic must be an LMStatistic, got {type(statistic).__name__}")
-    if not isinstance(getattr(statistic, "name", None), str) or statistic.name in _REGISTRY:
-        raise ValueError(f"statistic needs a name not yet registered, got {shown(statistic.name)}")
-    _REGISTRY[statistic.name] = statistic
+    _REGISTRY.register(statistic)
 
 
 def unregister_lm_statistic(name: str) -> None:
@@ -144,11 +141,9 @@ def unregister_lm_statistic(name: str) -> None:
         >>> unregister_lm_statistic("loss")
         Traceback (most recent call last):
         ...
-        ValueError: the built-in statistics stay registered, got 'loss'
+        ValueError: the built-in statistics ('loss', 'zlib', ...) stay registered
     """
-    if name in STATISTICS:
-        raise ValueError(f"the built-in statistics stay registered, got {shown(name)}")
-    del _REGISTRY[lm_statistic_of(name).name]
+    _REGISTRY.unregister(name)
 
 
 def registered_lm_statistics() -> tuple[str, ...]:
@@ -159,7 +154,7 @@ def registered_lm_statistics() -> tuple[str, ...]:
         >>> registered_lm_statistics()[:2]
         ('loss', 'zlib')
     """
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def lm_statistic_of(name: str) -> LMStatistic:
@@ -170,4 +165,4 @@ def lm_statistic_of(name: str) -> LMStatistic:
         >>> lm_statistic_of("reference").reads_reference
         True
     """
-    return _REGISTRY[check_choice(name, tuple(_REGISTRY), name="statistic")]
+    return _REGISTRY.get(name)

@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol, cast
 
 import torch
 
-from privmon._shown import shown
+from privmon._registry import Registry
 from privmon.estimators.record_binning import ClassCounts
 
 __all__ = [
@@ -112,7 +112,7 @@ class EstimatorMethod(abc.ABC):
         member / non-member scores (finite, checked): :func:`~privmon.individual_risk`."""
 
 
-_REGISTRY: dict[str, EstimatorMethod] = {}
+_REGISTRY: Registry[EstimatorMethod] = Registry(EstimatorMethod, what="method", kept=METHODS)
 
 
 def register_method(method: EstimatorMethod) -> None:
@@ -131,11 +131,7 @@ def register_method(method: EstimatorMethod) -> None:
         True
         >>> unregister_method("coarse")
     """
-    if not isinstance(method, EstimatorMethod):
-        raise TypeError(f"method must be an EstimatorMethod, got {type(method).__name__}")
-    if not isinstance(getattr(method, "name", None), str) or method.name in _REGISTRY:
-        raise ValueError(f"method needs a name not yet registered, got {shown(method.name)}")
-    _REGISTRY[method.name] = method
+    _REGISTRY.register(method)
 
 
 def unregister_method(name: str) -> None:
@@ -148,10 +144,7 @@ def unregister_method(name: str) -> None:
         ...
         ValueError: the built-in methods ('histogram', 'kde') stay registered
     """
-    if name in METHODS:
-        raise ValueError(f"the built-in methods {METHODS} stay registered")
-    check_method(name)
-    del _REGISTRY[name]
+    _REGISTRY.unregister(name)
 
 
 def registered_methods() -> tuple[str, ...]:
@@ -162,7 +155,7 @@ def registered_methods() -> tuple[str, ...]:
         >>> registered_methods()
         ('histogram', 'kde')
     """
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def estimator_method(name: str) -> EstimatorMethod:
@@ -173,17 +166,16 @@ def estimator_method(name: str) -> EstimatorMethod:
         >>> estimator_method("histogram").default_bins(1)
         100
     """
-    return _REGISTRY[check_method(name)]
+    return _REGISTRY.get(name)
 
 
 def check_method(method: str) -> Method:
     """``method`` as a :data:`Method`, or a ValueError naming the valid (registered) ones."""
-    if not isinstance(method, str) or method not in _REGISTRY:
-        raise ValueError(f"method must be one of {registered_methods()}, got {shown(method)}")
-    return cast(Method, method)  # a registered name beside the built-in ones
+    return cast(Method, _REGISTRY.check(method))  # a registered name beside the built-in ones
 
 
 def applicable_methods(methods: Sequence[str], *, discrete: bool) -> tuple[str, ...]:
     """The methods of ``methods`` that apply to a query's scores, in the order given: a density
     estimate (the KDE) does not apply to scores taking few values (``discrete``)."""
-    return tuple(m for m in methods if not discrete or getattr(_REGISTRY.get(m), "discrete", True))
+    known = _REGISTRY.names()
+    return tuple(m for m in methods if not discrete or m not in known or _REGISTRY.get(m).discrete)

@@ -15,6 +15,7 @@ from privmon._shown import shown
 from privmon._validation import check_audit_set, check_has_methods, check_int
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.loss_tracking import LossTracing
 from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.queries import CallableQuery
 from privmon.report import tags
@@ -98,6 +99,13 @@ def as_modules(modules: nn.Module | Sequence[nn.Module] | None) -> tuple[nn.Modu
 def optional_count(value: Any, *, name: str) -> int | None:
     """None, or ``value`` as an integer >= 1 (``max_batches``, ``planned_checks``)."""
     return None if value is None else check_int(value, name=name, minimum=1)
+
+
+def check_loss_tracing(tracing: Any) -> LossTracing | None:
+    """``tracing`` when it is a :class:`LossTracing` or None, else a ValueError."""
+    if tracing is not None and not isinstance(tracing, LossTracing):
+        raise ValueError(f"loss_traces must be a LossTracing or None, got {type(tracing).__name__}")
+    return tracing
 
 
 def check_accountant(accountant: Any) -> None:

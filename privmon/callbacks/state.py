@@ -1,12 +1,13 @@
 """A monitor's saved state: one flat, versioned dict of tensors and plain values (loads with
 ``torch.load(..., weights_only=True)``), checked whole before any of it is applied.
 
-Fields (:data:`STATE_VERSION` 2): ``state_version``; the setup the figures were measured under
+Fields (:data:`STATE_VERSION` 3): ``state_version``; the setup the figures were measured under
 (:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``,
 ``planned_checks``, ``canaries``); the run (``run_id``, ``last_step``, ``stop``, ``n_failed``,
-``n_certified_checks``); and the states of the history, early stopping and the record tracker
-(``history``, ``early_stopping``, ``records``); and ``digest``, over all of them: a state
-whose content changed (a damaged file) is refused. A state of another version — version 1,
+``n_certified_checks``); and the states of the history, early stopping, the record tracker and
+the loss traces (``history``, ``early_stopping``, ``records``, ``loss_traces``); and
+``digest``, over all of them: a state whose content changed (a damaged file) is refused. A
+state of another version — version 2, saved before states carried loss traces, version 1,
 saved before states carried a digest, and one saved before states carried a version included —
 is refused with a ValueError naming both versions.
 """
@@ -23,6 +24,7 @@ from privmon._digest import DIGEST_KEY, check_sealed, sealed
 from privmon._validation import check_int
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
+from privmon.callbacks.loss_tracking import LossTracing
 from privmon.callbacks.records import RecordTracker
 
 __all__ = [
@@ -37,14 +39,15 @@ __all__ = [
 
 logger = logging.getLogger("privmon")
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 """The version of the saved state's fields this privmon writes and reads."""
 
 SETUP_FIELDS = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
 """What a state's figures were measured under: a state loads only into the same setup."""
 
+_BEFORE = {1: " (saved before states carried a digest)", 2: " (saved before states carried loss traces)"}
 _RUN_FIELDS = ("run_id", "last_step", "stop", "n_failed", "n_certified_checks")
-_PARTS = ("history", "early_stopping", "records")
+_PARTS = ("history", "early_stopping", "records", "loss_traces")
 _FIELDS = ("state_version", *SETUP_FIELDS, *_RUN_FIELDS, *_PARTS, DIGEST_KEY)
 
 
@@ -79,11 +82,13 @@ def settings(
     delta: float | None,
     queries: list[Any],
     stopping: PrivacyEarlyStopping | None,
+    traces: LossTracing | None = None,
 ) -> str:
     """Whatever changes a check's figures, which the ranks of a torch.distributed run compare
     before any scores move: the setup (:func:`setup`), the schedule (ranks that differ never
     meet in a check), ``top_k``, the DP δ (None without an accountant), each query's kind and
-    early stopping's budget (rank 0 decides, and every rank takes its decision and state)."""
+    early stopping's budget (rank 0 decides, and every rank takes its decision and state) and
+    the loss traces' setup (rank 0 merges the ranks' traces)."""
     return repr(
         {
             **measured_under,
@@ -99,6 +104,7 @@ def settings(
                 stopping.patience,
                 stopping.min_checks,
             ),
+            "loss_traces": None if traces is None else traces.setup(),
             "kinds": [
                 (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
                 for q in queries
@@ -118,6 +124,7 @@ def state_dict(
     history: ReportHistory,
     early_stopping: PrivacyEarlyStopping | None,
     records: RecordTracker,
+    loss_traces: LossTracing | None = None,
 ) -> dict[str, Any]:
     """The saved state of a monitor set up as ``measured_under`` (:func:`setup`), sealed
     with the digest of its content."""
@@ -133,6 +140,7 @@ def state_dict(
             "history": history.state_dict(),
             "early_stopping": None if early_stopping is None else early_stopping.state_dict(),
             "records": records.state_dict(),
+            "loss_traces": None if loss_traces is None else loss_traces.state_dict(),
         }
     )
 
@@ -150,6 +158,7 @@ class SavedRun:
     history: ReportHistory
     records: RecordTracker
     early_stopping: dict[str, Any] | None
+    loss_traces: dict[str, Any] | None = None
 
 
 def _checked_whole(state: Any) -> dict[str, Any]:
@@ -162,7 +171,7 @@ def _checked_whole(state: Any) -> dict[str, Any]:
             "no state_version (saved by a privmon before states carried one)"
             if version is None
             else f"state_version {version!r}"
-            + (" (saved before states carried a digest)" if version == 1 else "")
+            + _BEFORE.get(version if isinstance(version, int) else -1, "")
         )
         raise ValueError(
             f"state has {saved}; this privmon reads state_version {STATE_VERSION} only: resume "
@@ -219,10 +228,12 @@ def read_state(
     measured_under: dict[str, Any],
     user_planned: bool,
     early_stopping: PrivacyEarlyStopping | None,
+    loss_traces: LossTracing | None = None,
 ) -> SavedRun:
     """Every field of ``state`` checked, on its own and against the others, for a monitor set
     up as ``measured_under`` (:func:`setup`; ``user_planned``: its ``planned_checks`` was given,
-    else the saved plan is taken) with ``early_stopping``: a ValueError names the first field
+    else the saved plan is taken) with ``early_stopping`` and ``loss_traces``: a ValueError
+    names the first field
     that does not fit. A certified-check count above the checks the state ran warns (looser
     bounds from then on)."""
     state = _checked_whole(state)
@@ -250,6 +261,11 @@ def read_state(
         copy.deepcopy(early_stopping).load_state_dict(es)  # raises on a bad field
     records = RecordTracker()
     records.load_state_dict(state["records"])
+    traces = state["loss_traces"]
+    if (traces is None) != (loss_traces is None):
+        raise ValueError("state_dict and monitor disagree on whether loss traces are kept")
+    if loss_traces is not None:
+        copy.deepcopy(loss_traces).load_state_dict(traces)  # raises on a bad field
     run_id = state["run_id"]
     if not isinstance(run_id, str) or not run_id:
         raise ValueError(f"state run_id must be a non-empty string, got {run_id!r}")
@@ -273,4 +289,5 @@ def read_state(
         history=history,
         records=records,
         early_stopping=es,
+        loss_traces=traces,
     )

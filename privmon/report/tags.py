@@ -41,15 +41,16 @@ __all__ = [
     "SERIES_THRESHOLD", "STOPPING_EVENT_TAG", "STOPPING_FIGURE", "STOPPING_HIGHEST",
     "STOPPING_HIGHEST_STEP", "STOPPING_OUTCOME_KEY", "STOPPING_RESTORED_STEP", "STOPPING_STOP",
     "STOPPING_STOPPED", "STOPPING_STOPPED_STEP", "STOPPING_TEXT_TAG", "STOPPING_THRESHOLD",
-    "STOPPING_WAIT", "WANDB_FIGURES", "WANDB_RUN_ID_KEY", "WANDB_STEP", "WANDB_STOPPING_KEY",
-    "auc", "band_edges", "canary_count", "canary_epsilon", "canary_source", "ceilings",
-    "console_advantage", "console_lower", "detectable", "dp_check_fired", "dp_check_p_value",
-    "epsilon_lower_bound", "estimate", "fired_checks", "glance_advantage",
-    "is_advantage_estimate", "is_debiased_estimate", "is_epsilon_lower_bound",
-    "is_privacy_figure", "lower", "member_risk", "membership_pr", "most_exposed",
-    "most_exposed_event", "n_dropped", "out_of_range", "parse_advantage", "parse_canary",
-    "parse_dp_check", "parse_membership_pr", "parse_operating_point", "parse_risk", "plugin",
-    "plugin_upper", "query_figure", "roc", "tpr_at_fpr", "valid_range", "value", "watched_tags",
+    "STOPPING_WAIT", "TRAINING_LOOP", "WANDB_FIGURES", "WANDB_RUN_ID_KEY", "WANDB_STEP",
+    "WANDB_STOPPING_KEY", "auc", "band_edges", "canary_count", "canary_epsilon", "canary_source",
+    "ceilings", "console_advantage", "console_lower", "detectable", "dp_check_fired",
+    "dp_check_p_value", "epsilon_lower_bound", "estimate", "fired_checks", "glance_advantage",
+    "is_advantage_estimate", "is_debiased_estimate", "is_epsilon_lower_bound", "is_privacy_figure",
+    "loss_tnr", "lower", "member_risk", "membership_pr", "most_exposed", "most_exposed_event",
+    "most_vulnerable", "n_dropped", "out_of_range", "parse_advantage", "parse_canary",
+    "parse_dp_check", "parse_loss_tnr", "parse_membership_pr", "parse_operating_point",
+    "parse_risk", "plugin", "plugin_upper", "query_figure", "roc", "tpr_at_fpr", "valid_range",
+    "value", "watched_tags",
 ]
 # fmt: on
 
@@ -299,6 +300,29 @@ def most_exposed(query: str) -> str:
     return f"privacy/{query}/most_exposed"
 
 
+TRAINING_LOOP = "training_loop"
+"""The source of the loss traces the training loop fed (``PrivacyMonitor.record_losses``)."""
+_LOSS_TNR = re.compile(r"^privacy/(.+)/loss_tnr@fpr=(.+)$")
+
+
+def loss_tnr(query: str, fpr: float) -> str:
+    """LOSS TNR of ``query``'s losses: an estimate (no confidence level) of LiRA's TPR at FPR
+    ``fpr``; :func:`parse_loss_tnr` reads it back."""
+    return f"privacy/{query}/loss_tnr@fpr={fpr!r}"
+
+
+def parse_loss_tnr(tag: str) -> tuple[str, str] | None:
+    """(query, FPR as written) of a :func:`loss_tnr` figure, else None."""
+    m = _LOSS_TNR.match(tag)
+    return None if m is None else (m.group(1), m.group(2))
+
+
+def most_vulnerable(source: str) -> str:
+    """The table of a check's most vulnerable records by LT-IQR from ``source``'s loss traces
+    (:data:`TRAINING_LOOP` or a query's name): a TensorBoard text summary, a W&B table."""
+    return f"privacy/{source}/lt_iqr/most_vulnerable"
+
+
 def most_exposed_event(query: str) -> str:
     """What TensorBoard stores :func:`most_exposed` under in the event files.
 
@@ -451,6 +475,8 @@ def valid_range(tag: str) -> tuple[float, float, str] | None:
         return 0.0, math.inf, "an ε"
     if parse_dp_check(tag) is not None:
         return 0.0, 1.0, "a p-value or a flag"
+    if parse_loss_tnr(tag) is not None:
+        return 0.0, 1.0, "a LOSS TNR estimate"
     return None
 
 

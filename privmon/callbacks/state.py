@@ -222,6 +222,24 @@ def _checked_last_step(last_step: Any, history: ReportHistory, n_failed: int) ->
     return last_step
 
 
+def _checked_parts(
+    state: dict[str, Any],
+    early_stopping: PrivacyEarlyStopping | None,
+    loss_traces: LossTracing | None,
+) -> tuple[Any, Any]:
+    """The saved states of early stopping and of the loss traces, each checked by loading it
+    into a copy of the monitor's (both present, or neither)."""
+    for key, mine, what in (
+        ("early_stopping", early_stopping, "early stopping is set"),
+        ("loss_traces", loss_traces, "loss traces are kept"),
+    ):
+        if (state[key] is None) != (mine is None):
+            raise ValueError(f"state_dict and monitor disagree on whether {what}")
+        if mine is not None:
+            copy.deepcopy(mine).load_state_dict(state[key])  # raises on a bad field
+    return state["early_stopping"], state["loss_traces"]
+
+
 def read_state(
     state: Any,
     *,
@@ -254,18 +272,9 @@ def read_state(
         raise ValueError(
             f"state n_certified_checks ({n_certified}) is below its {len(history)} checks"
         )
-    es = state["early_stopping"]
-    if (es is None) != (early_stopping is None):
-        raise ValueError("state_dict and monitor disagree on whether early stopping is set")
-    if early_stopping is not None:
-        copy.deepcopy(early_stopping).load_state_dict(es)  # raises on a bad field
+    es, traces = _checked_parts(state, early_stopping, loss_traces)
     records = RecordTracker()
     records.load_state_dict(state["records"])
-    traces = state["loss_traces"]
-    if (traces is None) != (loss_traces is None):
-        raise ValueError("state_dict and monitor disagree on whether loss traces are kept")
-    if loss_traces is not None:
-        copy.deepcopy(loss_traces).load_state_dict(traces)  # raises on a bad field
     run_id = state["run_id"]
     if not isinstance(run_id, str) or not run_id:
         raise ValueError(f"state run_id must be a non-empty string, got {run_id!r}")

@@ -35,7 +35,7 @@ __all__ = [
     "ADVANTAGE_FIELDS", "CANARY_COUNT", "CEILINGS", "CEILING_EPS_DELTA", "CEILING_TANH",
     "CERTIFY_DELTA", "DETAIL_CATEGORY", "DP_CAUSES_EVENT_TAG", "DP_CAUSES_TEXT_TAG",
     "DP_CHECKS_CATEGORY", "DP_VIOLATION", "EPSILON", "EPSILON_CHART", "ESTIMATE_FIGURES",
-    "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_RUN_ID_TAG", "MLFLOW_STOPPING_TAG",
+    "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_LT_IQR_TAG", "MLFLOW_RUN_ID_TAG", "MLFLOW_STOPPING_TAG",
     "PLUGIN_FIELDS", "RUN_ID_EVENT_TAG", "RUN_ID_TEXT_TAG", "SERIES", "SERIES_ACCOUNTANT",
     "SERIES_BLACK_BOX", "SERIES_CANARIES", "SERIES_CEILING", "SERIES_ESTIMATE", "SERIES_LOWER",
     "SERIES_THRESHOLD", "STOPPING_EVENT_TAG", "STOPPING_FIGURE", "STOPPING_HIGHEST",
@@ -138,6 +138,8 @@ STOPPING_EVENT_TAG = STOPPING_TEXT_TAG + "/text_summary"
 """What TensorBoard stores :data:`STOPPING_TEXT_TAG` under in the event files."""
 STOPPING_OUTCOME_KEY = "stopping_outcome"
 """The key of a JSON line holding the run's early-stopping outcome (not a check)."""
+MLFLOW_LT_IQR_TAG = "privmon.lt_iqr"
+"""The MLflow run tags of the last check's most vulnerable records: ``privmon.lt_iqr.<source>``."""
 MLFLOW_STOPPING_TAG = "privmon.stopping"
 """MLflow run tags' prefix: ``.budget``, ``.decision`` (the last check's), ``.outcome``."""
 WANDB_STOPPING_KEY = "privmon_stopping"

@@ -93,7 +93,9 @@ class LossTracing:
         if n_records is None and records is not None:
             raise ValueError("records needs n_records: the training set's size")
         self.loop = (
-            None if n_records is None else LossTraces(n_records=n_records, slots=slots, records=records)
+            None
+            if n_records is None
+            else LossTraces(n_records=n_records, slots=slots, records=records)
         )
         self.slots = LossTraces(n_records=1, slots=slots).slots
         self.checks = check_flag(checks, name="checks")
@@ -186,8 +188,9 @@ class LossTracing:
 
     def _checked(self, name: str, members: torch.Tensor, nonmembers: torch.Tensor) -> dict:
         """LOSS TNR of one loss query, its members' losses added to their traces."""
-        members, nonmembers = members.reshape(members.shape[0], -1), nonmembers.reshape(
-            nonmembers.shape[0], -1
+        members, nonmembers = (
+            members.reshape(members.shape[0], -1),
+            nonmembers.reshape(nonmembers.shape[0], -1),
         )
         if members.shape[1] != 1 or not members.shape[0] or not nonmembers.shape[0]:
             return {}

@@ -57,10 +57,10 @@ def gather_scores(
     """Every rank's rows of each query in ``agreed.layouts``, concatenated in rank order, on
     rank 0, on the devices of its own scores (``like``), and each rank's loss-trace bytes
     (:attr:`~privmon.callbacks.distributed.Agreement.traces`, on the CPU); None and no bytes
-    on the others. ``mine``: this rank's :func:`packed` bytes. One ``all_to_all_single``, each rank to rank 0 only; every rank
-    calls it (with nothing to exchange none does, and rank 0 gets no scores). Rank 0's failure
-    to rebuild the scores after the collective is returned, not raised: the other ranks are
-    already on their way to its outcome."""
+    on the others. ``mine``: this rank's :func:`packed` bytes. One ``all_to_all_single``,
+    each rank to rank 0 only; every rank calls it (with nothing to exchange none does, and
+    rank 0 gets no scores). Rank 0's failure to rebuild the scores after the collective is
+    returned, not raised: the other ranks are already on their way to its outcome."""
     rank, world = rank_and_world()
     if not agreed.layouts and not any(agreed.traces):
         return ({} if rank == 0 else None), [], None
@@ -80,12 +80,16 @@ def gather_scores(
         buffers = received.split(totals)
         ranks = [_rebuilt(r, buffer, agreed) for r, buffer in enumerate(buffers)]
         traces = [b[b.numel() - e :].to("cpu") for b, e in zip(buffers, extras, strict=True)]
-        return {
-            name: (
-                torch.cat([r[name][0] for r in ranks]).to(like[name][0].device),
-                torch.cat([r[name][1] for r in ranks]).to(like[name][1].device),
-            )
-            for name in agreed.layouts
-        }, traces, None
+        return (
+            {
+                name: (
+                    torch.cat([r[name][0] for r in ranks]).to(like[name][0].device),
+                    torch.cat([r[name][1] for r in ranks]).to(like[name][1].device),
+                )
+                for name in agreed.layouts
+            },
+            traces,
+            None,
+        )
     except Exception as err:
         return None, [], err

@@ -45,7 +45,10 @@ STATE_VERSION = 3
 SETUP_FIELDS = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
 """What a state's figures were measured under: a state loads only into the same setup."""
 
-_BEFORE = {1: " (saved before states carried a digest)", 2: " (saved before states carried loss traces)"}
+_BEFORE = {
+    1: " (saved before states carried a digest)",
+    2: " (saved before states carried loss traces)",
+}
 _RUN_FIELDS = ("run_id", "last_step", "stop", "n_failed", "n_certified_checks")
 _PARTS = ("history", "early_stopping", "records", "loss_traces")
 _FIELDS = ("state_version", *SETUP_FIELDS, *_RUN_FIELDS, *_PARTS, DIGEST_KEY)

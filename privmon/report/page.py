@@ -22,11 +22,11 @@ from privmon.report.verdict import EXCHANGEABILITY, certificates, certified_floo
 __all__ = ["REPORT_NAME", "render_html", "write_page", "write_report"]
 
 _LOSS_TRACES_NOTE = (
-    "LOSS TNR (Dodd et al., \"The Tail Tells All\"): the share of held-out records whose loss "
+    'LOSS TNR (Dodd et al., "The Tail Tells All"): the share of held-out records whose loss '
     "exceeds all but a fraction α of the members' losses, an estimate of LiRA's TPR at FPR α "
     "from the losses alone: an estimate, with no confidence level, not a certified bound; "
     "shown beside the advantage and its certified lower bound. Most vulnerable records: the "
-    "highest LT-IQR (Pollock et al., \"Free Record-Level Privacy Risk Evaluation Through "
+    'highest LT-IQR (Pollock et al., "Free Record-Level Privacy Risk Evaluation Through '
     "Artifact-Based Methods\"), the interquartile range of a record's loss over training, "
     "which ranks the records LiRA identifies at low FPR without reference models; beside the "
     "most exposed records above, which rank by the out-of-sample posterior at one check."

@@ -1,6 +1,6 @@
 """Weights & Biases sink: each check's figures (early stopping's decision among them), ROC, ε chart,
-most exposed records and most vulnerable records (LT-IQR) in a W&B run; the budget in its config, each decision and the run's
-early-stopping outcome in its summary.
+most exposed records and most vulnerable records (LT-IQR) in a W&B run; the budget in its config,
+each decision and the run's early-stopping outcome in its summary.
 
 ``wandb`` is imported when the sink is made, never by ``import privmon``:
 ``pip install 'privmon[wandb]'``. The sink never starts, finishes or configures a run beyond

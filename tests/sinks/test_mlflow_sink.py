@@ -14,8 +14,7 @@ from torch import nn
 
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
-from privmon.report import Report
-from privmon.report import tags
+from privmon.report import Report, tags
 from privmon.report.tags import MLFLOW_RUN_ID_TAG
 from privmon.sinks import JsonlSink, MlflowSink, Sink, TensorBoardSink, finite_scalars
 from privmon.sinks.mlflow import mlflow_key
@@ -186,4 +185,6 @@ def test_loss_tnr_and_the_most_vulnerable_records_reach_the_mlflow_run(store):
     run_tags = client.get_run(run_id).data.tags
     for source, top in reports[-1].vulnerable.items():
         listed = run_tags[mlflow_key(f"{tags.MLFLOW_LT_IQR_TAG}.{source}")]
-        assert listed == ", ".join(f"{i} ({v:.4g})" for i, v in zip(top.records, top.scores))
+        assert listed == ", ".join(
+            f"{i} ({v:.4g})" for i, v in zip(top.records, top.scores, strict=True)
+        )

@@ -19,16 +19,19 @@ import torch
 from privmon._failure import Failure
 from privmon._validation import check_flag, check_fprs, check_int
 from privmon.attacks.loss_tail import DEFAULT_FPRS, loss_tnr
-from privmon.attacks.loss_traces import LossTraces, lt_iqr
+from privmon.attacks.loss_traces import LossTraces, checked_batch, lt_iqr
 from privmon.report import Vulnerable, tags
 from privmon.report.build import TraceFigures
 
-__all__ = ["LOSS_TRACES", "LossTracing", "TracesSent"]
+__all__ = ["FLUSH_EVERY", "LOSS_TRACES", "LossTracing", "TracesSent"]
 
 logger = logging.getLogger("privmon")
 
 LOSS_TRACES = "loss_traces"
 """The loss traces' entry among a check's failures."""
+
+FLUSH_EVERY = 64
+"""How many recorded batches are kept before they are added to the traces together."""
 
 TracesSent = tuple[int, int, int, int]
 """What a rank sends of its loop traces: stride, steps, dropped losses, bytes."""
@@ -92,16 +95,23 @@ class LossTracing:
     ) -> None:
         if n_records is None and records is not None:
             raise ValueError("records needs n_records: the training set's size")
-        self.loop = (
+        self._loop = (
             None
             if n_records is None
             else LossTraces(n_records=n_records, slots=slots, records=records)
         )
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self.slots = LossTraces(n_records=1, slots=slots).slots
         self.checks = check_flag(checks, name="checks")
         self.top_k = check_int(top_k, name="top_k", minimum=1)
         self.fpr = tuple(check_fprs(fpr))
         self.at_checks: dict[str, LossTraces] = {}  # per loss query: its members' traces
+
+    @property
+    def loop(self) -> LossTraces | None:
+        """The training loop's traces, every recorded batch in (None: the loop is not traced)."""
+        self._flush()
+        return self._loop
 
     @property
     def bytes_per_record(self) -> int:
@@ -126,16 +136,46 @@ class LossTracing:
         return loop, self.slots, self.checks, self.top_k, self.fpr
 
     def record(self, indices: Any, losses: Any, *, step: int) -> None:
-        """One batch of the loop (:meth:`~privmon.PrivacyMonitor.record_losses`)."""
-        if self.loop is None:
+        """One batch of the loop (:meth:`~privmon.PrivacyMonitor.record_losses`): checked at
+        once where that computes nothing (shapes, dtypes), kept (the losses copied, detached)
+        and added with the next :data:`FLUSH_EVERY` batches in one vectorised update, where the
+        indices' range is checked (a ValueError names the step of the batch out of range)."""
+        if self._loop is None:
             raise ValueError(
                 "record_losses needs LossTracing(n_records=...): the monitor's loss_traces "
                 "trace no training-loop losses"
             )
-        with torch.no_grad():
-            if isinstance(losses, torch.Tensor):
-                losses = losses.detach()
-            self.loop.update(indices, losses, step=step)
+        step = check_int(step, name="step")
+        idx, loss = checked_batch(indices, losses)
+        self._pending.append((idx, loss.detach().clone(), step))
+        if len(self._pending) >= FLUSH_EVERY:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The batches kept, added to the loop's traces in one update (dropped if it fails)."""
+        if not self._pending or self._loop is None:
+            return
+        pending, self._pending = self._pending, []
+        device = pending[0][1].device
+        idx = torch.cat([i.to(device, torch.int64) for i, _, _ in pending])
+        loss = torch.cat([v.to(device, torch.float32) for _, v, _ in pending])
+        sizes = torch.tensor([v.numel() for _, v, _ in pending], device=device)
+        steps = torch.tensor([s for _, _, s in pending], device=device).repeat_interleave(sizes)
+        try:
+            self._loop.update(idx, loss, step=steps)
+        except ValueError:
+            n = self._loop.n_records
+            out = (
+                s for i, _, s in pending if i.numel() and (int(i.min()) < 0 or int(i.max()) >= n)
+            )
+            bad = next(out, None)
+            if bad is None:
+                raise
+            raise ValueError(
+                f"record_losses: the indices of the batch at step {bad} must lie in "
+                f"[0, {n - 1}] (n_records = {n}); its batch and the {len(pending) - 1} kept "
+                "with it were left out"
+            ) from None
 
     def outgoing(self) -> tuple[TracesSent | None, torch.Tensor | None]:
         """What this rank sends of its loop traces, and its bytes (sums, then counts)."""
@@ -227,13 +267,14 @@ class LossTracing:
         """Resume from :meth:`state_dict` of the same setup; ValueError naming what differs."""
         if not isinstance(state, dict) or set(state) != {"loop", "checks"}:
             raise ValueError("state loss_traces must be a LossTracing.state_dict()")
-        if (state["loop"] is None) != (self.loop is None):
+        if (state["loop"] is None) != (self._loop is None):
             raise ValueError("state loss_traces and monitor disagree on tracing the loop")
         checks = {}
         for name, saved in dict(state["checks"]).items():
             n = check_int(int(saved["n_records"]), name="state loss_traces n_records", minimum=1)
             checks[name] = LossTraces(n_records=n, slots=self.slots)
             checks[name].load_state_dict(saved)
-        if self.loop is not None:
-            self.loop.load_state_dict(state["loop"])
+        if self._loop is not None:
+            self._pending = []  # the state replaces every loss recorded
+            self._loop.load_state_dict(state["loop"])
         self.at_checks = checks

@@ -225,11 +225,11 @@ class PrivacyMonitor:
 
     def record_losses(self, indices: Any, losses: Any, *, step: int) -> None:
         """Add a training batch's per-sample losses to the loss traces: ``losses[i]`` (what the
-        loop computed, detached here; any device) is training record ``indices[i]``'s at
-        ``step``. Nothing else is computed or changed; a ValueError names a bad argument."""
+        loop computed, copied detached; any device) is training record ``indices[i]``'s at
+        ``step`` (:meth:`LossTracing.record <privmon.callbacks.LossTracing.record>`)."""
         if self.loss_traces is None:
             raise ValueError("record_losses needs PrivacyMonitor(..., loss_traces=LossTracing(n))")
-        self.loss_traces.record(indices, losses, step=check_int(step, name="step"))
+        self.loss_traces.record(indices, losses, step=step)
 
     def plan(self, *, total_steps: int) -> int | None:
         """Plan the checks from the run's length (adapters call it): ``planned_checks`` =

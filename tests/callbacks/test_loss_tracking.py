@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from privmon import PrivacyMonitor
 from privmon.attacks import LossTraces, loss_tnr, lt_iqr
 from privmon.callbacks import LossTracing
+from privmon.callbacks.loss_tracking import FLUSH_EVERY
 from privmon.queries import LossQuery
 from privmon.report import Report, Vulnerable, checks_from_reports, tags
 from privmon.report.read_jsonl import BadLine, check_record
@@ -93,7 +94,6 @@ def test_the_losses_recorded_are_the_loop_traces():
     [
         (torch.tensor([0.0, 1.0]), torch.ones(2), 0, "indices must be a 1-D integer array"),
         (torch.tensor([0, 1]), torch.ones(3), 0, "indices and losses must have the same length"),
-        (torch.tensor([0, 80]), torch.ones(2), 0, r"indices must lie in \[0, 79\]"),
         (torch.tensor([0, 1]), torch.ones(2, 2), 0, "losses must be a 1-D float array"),
         (torch.tensor([0, 1]), torch.tensor([1, 2]), 0, "losses must be a 1-D float array"),
         (torch.tensor([0, 1]), torch.ones(2), -1, "step must be an integer >= 0"),
@@ -107,6 +107,25 @@ def test_bad_input_to_record_losses_is_refused_naming_the_argument(indices, loss
     with pytest.raises(ValueError, match=match):
         mon.record_losses(indices, losses, step=step)
     assert mon.loss_traces.loop.steps == 0  # nothing was kept
+
+
+def test_indices_out_of_range_are_refused_naming_the_batchs_step():
+    """The range is checked where the kept batches are added together (every FLUSH_EVERY
+    batches, and before a check reads them): the error names the step of the bad batch, and
+    the batches kept with it are left out; the traces go on from there."""
+    x, y = _data()
+    mon = _monitor(_model(), x, y, LossTracing(80))
+    mon.record_losses(torch.tensor([0, 1]), torch.ones(2), step=0)
+    mon.record_losses(torch.tensor([0, 80]), torch.ones(2), step=1)
+    with pytest.raises(ValueError, match=r"indices of the batch at step 1 must lie in \[0, 79\]"):
+        for step in range(2, FLUSH_EVERY + 1):
+            mon.record_losses(torch.tensor([2]), torch.ones(1), step=step)
+    assert mon.loss_traces.loop.steps == 0
+    mon.record_losses(torch.tensor([-1]), torch.ones(1), step=3)
+    with pytest.raises(ValueError, match="indices of the batch at step 3"):
+        mon.check(5)  # strict: the check raises what it could not add
+    mon.record_losses(torch.tensor([5]), torch.tensor([2.0]), step=4)
+    assert mon.loss_traces.loop.means()[5, 4].item() == 2.0
 
 
 @pytest.mark.parametrize(

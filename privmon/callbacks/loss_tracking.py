@@ -157,8 +157,8 @@ class LossTracing:
             return
         pending, self._pending = self._pending, []
         device = pending[0][1].device
-        idx = torch.cat([i.to(device, torch.int64) for i, _, _ in pending])
-        loss = torch.cat([v.to(device, torch.float32) for _, v, _ in pending])
+        idx = torch.cat([i if i.device == device else i.to(device) for i, _, _ in pending])
+        loss = torch.cat([v if v.device == device else v.to(device) for _, v, _ in pending])
         sizes = torch.tensor([v.numel() for _, v, _ in pending], device=device)
         steps = torch.tensor([s for _, _, s in pending], device=device).repeat_interleave(sizes)
         try:

@@ -226,7 +226,9 @@ class LossTracing:
             logger.exception("privmon: the loss traces' figures failed")
             return TraceFigures(failures={LOSS_TRACES: Failure.of(err).reason})
 
-    def _checked(self, name: str, members: torch.Tensor, nonmembers: torch.Tensor) -> dict:
+    def _checked(
+        self, name: str, members: torch.Tensor, nonmembers: torch.Tensor
+    ) -> dict[str, float]:
         """LOSS TNR of one loss query, its members' losses added to their traces."""
         members, nonmembers = (
             members.reshape(members.shape[0], -1),

@@ -542,7 +542,8 @@ class InputCanaries:
         modules = list(getattr(query, "modules", ()))
         parts = []
         try:
-            with TrainingGuard(modules, []) as guard:
+            switches = adapter.grad_sample_modules(modules)
+            with TrainingGuard(modules, [], hook_switches=switches) as guard:
                 getattr(query, "prepare", lambda device: None)(getattr(query, "device", None))
                 for batch in loader:
                     out = query(batch)

@@ -228,9 +228,9 @@ def step_count(counted: int | None, taken: int) -> MechanismFinding:
     )
 
 
-def ledger(unnoised: int, first: int, changed: int | None, last: int) -> MechanismFinding:
+def ledger(unnoised: int, first: int, changed: bool | None, last: int) -> MechanismFinding:
     """``unnoised`` optimizer steps without noise (the first after private step ``first``);
-    ``changed`` parameters since the last private step ``last`` (None: none recorded yet)."""
+    whether the weights ``changed`` since the last private step ``last`` (None: none yet)."""
     said = []
     if unnoised:
         said.append(
@@ -238,7 +238,7 @@ def ledger(unnoised: int, first: int, changed: int | None, last: int) -> Mechani
             f"{first})"
         )
     if changed:
-        said.append(f"{changed} parameters changed after the last private step (step {last})")
+        said.append(f"the weights changed after the last private step (step {last})")
     if said:
         return _finding(
             "ledger/weights", True, None, f"ledger: {'; '.join(said)}: a non-private update"

@@ -2,7 +2,8 @@
 mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's objects an
 optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
 Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
-clipping call, and the LR schedulers already bound to an optimizer.
+clipping call, the LR schedulers already bound to an optimizer, and the ``GradSampleModule``s
+whose per-sample-gradient hooks a check switches off.
 
 Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
 accountant and the sampling rate only in the step hook's closure
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
     "check_canary_optimizer",
     "check_dp_optimizer",
     "claim",
+    "grad_sample_modules",
     "hook_accountant",
     "hook_sample_rate",
     "install",
@@ -335,3 +337,34 @@ def canary_sample_rate(sample_rate: Any, optimizer: Any) -> float:
             f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
         )
     return rate
+
+
+def _switches_hooks(owner: Any) -> bool:
+    return callable(getattr(owner, "disable_hooks", None)) and isinstance(
+        getattr(owner, "hooks_enabled", None), bool
+    )
+
+
+def grad_sample_modules(roots: Sequence[torch.nn.Module]) -> list[Any]:
+    """Opacus ``GradSampleModule``s whose per-sample-gradient hooks fire on these modules, each
+    once: the roots themselves, and the owners of the hooks Opacus lists on the model it wraps
+    (``autograd_grad_sample_hooks``: a query may hold the wrapped model, not the wrapper).
+
+    Examples:
+        >>> import torch
+        >>> from opacus import GradSampleModule
+        >>> from privmon.audit.opacus_adapter import grad_sample_modules
+        >>> model = torch.nn.Linear(3, 2)
+        >>> wrapper = GradSampleModule(model)
+        >>> grad_sample_modules([model]) == [wrapper]
+        True
+    """
+    found: dict[int, Any] = {}
+    for m in (m for root in roots for m in root.modules()):
+        owners: list[Any] = [m]
+        for handle in getattr(m, "autograd_grad_sample_hooks", ()):
+            hooks = handle.hooks_dict_ref()  # torch's RemovableHandle
+            hook = None if hooks is None else hooks.get(handle.id)
+            owners.append(getattr(getattr(hook, "func", hook), "__self__", None))  # a partial
+        found |= {id(owner): owner for owner in owners if _switches_hooks(owner)}
+    return list(found.values())

@@ -255,7 +255,7 @@ FAULTS = {
     "ledger": (  # 10 head steps after the 40 private ones: the last check is at step 50
         lambda: Fault(after_training=fine_tune_head),
         50,
-        "ledger: 2 parameters changed after the last private step (step 40): a non-private update",
+        "ledger: the weights changed after the last private step (step 40): a non-private update",
     ),
     "repeated noise": (
         lambda: Fault(private_options=generator_options(), before_step=reseed_generator),

@@ -312,7 +312,7 @@ def test_non_private_steps_after_training_fire_the_ledger():
         nn.functional.cross_entropy(run.model(x), y).backward()
         head.step()
     assert fired(run) == {
-        "ledger/weights": "ledger: 2 parameters changed after the last private step (step 40): "
+        "ledger/weights": "ledger: the weights changed after the last private step (step 40): "
         "a non-private update"
     }
 

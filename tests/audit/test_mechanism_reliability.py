@@ -287,7 +287,7 @@ def test_a_step_with_every_parameter_frozen_is_no_non_private_update():
         with torch.no_grad():  # a real write after the frozen steps is still seen
             net[2].bias.add_(1.0)
         assert fired(checks) == {
-            "ledger/weights": "ledger: 1 parameters changed after the last private step (step "
+            "ledger/weights": "ledger: the weights changed after the last private step (step "
             "10): a non-private update"
         }
 
@@ -306,7 +306,7 @@ def test_a_step_without_noise_that_moves_the_weights_is_still_found():
         optimizer.original_optimizer.step()  # no noise, every weight moved
         assert fired(checks) == {
             "ledger/weights": "ledger: the optimizer stepped 1 times without noise (first after "
-            "private step 10); 4 parameters changed after the last private step (step 10): a "
+            "private step 10); the weights changed after the last private step (step 10): a "
             "non-private update"
         }
 

@@ -549,7 +549,7 @@ def test_the_guard_alone_restores_what_its_block_changed_even_when_it_raises():
 
     model = _bn_model()
     weight, before = model[0].weight, model[0].weight.detach().clone()
-    with pytest.raises(RuntimeError, match="inside"), TrainingGuard([model], []):
+    with pytest.raises(RuntimeError, match="inside"), TrainingGuard([model], [], hook_switches=()):
         model[0].weight = nn.Parameter(torch.zeros(8, 5))
         torch.set_default_dtype(torch.float64)
         raise RuntimeError("inside")

@@ -16,14 +16,12 @@ import torch
 
 from privmon._digest import check_sealed, sealed
 from privmon.audit.mechanism import MechanismFinding
-from privmon.audit.opacus_adapter import FSDP, PER_LAYER_DDP, OpacusFamily
+from privmon.audit.opacus_adapter import FSDP, OpacusFamily
 
 __all__ = ["MechanismCheck", "StepContext"]
 
 # The Opacus optimizers on which no mechanism check can run: why.
 _NO_CHECK = {
-    PER_LAYER_DDP: "it clips and noises each layer inside the backward pass, with no clipping "
-    "or noise step of the optimizer to look into",
     FSDP: "FSDP shards every tensor over the ranks; the checks read whole tensors",
 }
 
@@ -161,7 +159,7 @@ class MechanismCheck:
     def refusal(self, *, optimizer: Any, family: OpacusFamily | None) -> str | None:
         """Why the check cannot run on ``optimizer`` (of Opacus ``family``, None for flat
         clipping), or None; default: :attr:`refused_on`'s reason for the family, and for the
-        families no check can run on (distributed per-layer clipping, FSDP), theirs."""
+        family no check can run on (FSDP), its own."""
         if family is None:
             return None
         return dict(self.refused_on).get(family) or _NO_CHECK.get(family)

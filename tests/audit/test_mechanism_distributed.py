@@ -3,7 +3,10 @@ gloo group: Opacus' ``DistributedDPOptimizer`` adds the noise on rank 0 and sums
 gradients, so the canaries join on rank 0 only and the noise is tested there; each rank counts
 the rows of its own shard. A correct run fires nothing on either rank and leaves both ranks with
 the same weights and canary scores; halved noise fires rank 0's noise test; the full shard at
-every step, or each rank sampling the whole dataset, fires each rank's sampling test.
+every step, or each rank sampling the whole dataset, fires each rank's sampling test. Per-layer
+clipping under DDP (Opacus' ``SimpleDistributedPerLayerOptimizer``: its steps clip, noise and
+sum as the flat one's do) is checked the same way: a correct run is silent, halved noise fires
+rank 0's noise test, an unclipped layer bound every rank's clipping probe.
 
 The ranks run every case in one spawn (starting processes is the slow part); collectives time
 out after 30 s, and test_distributed's spawn fails the tests when the ranks outlive its deadline.
@@ -28,7 +31,16 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 MEETING_TIMEOUT = datetime.timedelta(seconds=120)
 N, BATCH, STEPS = 200, 20, 30  # q = 0.1; each rank's shard holds 100 records
-CASES = ("correct", "noise-half", "full-shard", "whole-dataset")
+CASES = (
+    "correct",
+    "noise-half",
+    "full-shard",
+    "whole-dataset",
+    "per-layer",
+    "per-layer-noise-half",
+    "per-layer-unclipped",
+)
+LAYER_BOUNDS = [0.5] * 4  # C = 1
 
 
 def _run(case: str, rank: int) -> dict:
@@ -37,22 +49,24 @@ def _run(case: str, rank: int) -> dict:
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
-    from privmon.audit import GradientCanaries
+    from privmon.audit import GradientCanaries, MechanismChecks
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    per_layer = case.startswith("per-layer")
     engine = PrivacyEngine()
     model, optimizer, loader = engine.make_private(
         module=DPDDP(net),
         optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
         data_loader=DataLoader(data, batch_size=BATCH),
         noise_multiplier=1.0,
-        max_grad_norm=1.0,
+        max_grad_norm=LAYER_BOUNDS if per_layer else 1.0,
+        clipping="per_layer" if per_layer else "flat",
     )
-    if case == "noise-half":
+    if case.endswith("noise-half"):
         original = optimizer.add_noise
 
         def add_noise() -> None:
@@ -71,7 +85,10 @@ def _run(case: str, rank: int) -> dict:
         from opacus.data_loader import DPDataLoader
 
         loader = DPDataLoader.from_data_loader(DataLoader(data, batch_size=BATCH))
-    canaries = GradientCanaries(optimizer, 100, seed=0)
+    if case == "per-layer-unclipped":  # the layers' bounds lifted after make_private: C stays 1
+        optimizer.max_grad_norms = [1e6] * 4
+    # (the canaries cannot join a per-layer step: each layer has a bound of its own)
+    canaries = MechanismChecks(optimizer) if per_layer else GradientCanaries(optimizer, 100, seed=0)
     steps = 0
     while steps < STEPS:
         for x, y in loader:
@@ -82,9 +99,10 @@ def _run(case: str, rank: int) -> dict:
             if steps == STEPS:
                 break
     return {
+        "kind": type(optimizer).__name__,
         "findings": {f"{f.check}/{f.test}": f for f in canaries.mechanism()},
-        "scores": canaries.scores(),
-        "counts": canaries.sample_counts,
+        "scores": None if per_layer else canaries.scores(),
+        "counts": None if per_layer else canaries.sample_counts,
         "weights": {k: v.clone() for k, v in net.state_dict().items()},
     }
 
@@ -134,12 +152,15 @@ def test_a_correct_distributed_run_fires_nothing_and_the_ranks_agree(ranks):
     assert rank0["counts"].sum() > 0 and rank1["counts"].sum() == 0  # added on rank 0 only
 
 
-def test_halved_noise_fires_rank_0s_noise_test(ranks):
-    found = ranks[0]["noise-half"]["findings"]["noise/variance"]
+@pytest.mark.parametrize("case", ["noise-half", "per-layer-noise-half"])
+def test_halved_noise_fires_rank_0s_noise_test(ranks, case):
+    found = ranks[0][case]["findings"]["noise/variance"]
     assert found.p_value < 1e-6
     ratio = float(re.search(r"the noise added has ([0-9.]+) ×", found.evidence).group(1))
     assert ratio == pytest.approx(0.5, abs=0.03)
-    assert ranks[1]["noise-half"]["findings"]["noise/variance"].p_value == 1.0
+    assert ranks[1][case]["findings"]["noise/variance"].p_value == 1.0
+    others = [f for name, f in ranks[0][case]["findings"].items() if name != "noise/variance"]
+    assert not any(f.fired or (f.p_value or 1) < 1e-3 for f in others)
 
 
 def test_the_whole_shard_at_every_step_fires_each_ranks_sampling_test(ranks):
@@ -166,3 +187,25 @@ def test_each_rank_sampling_the_whole_dataset_fires_its_sampling_test(ranks):
         )
         assert said, found.evidence
         assert float(said[1]) == pytest.approx(20, abs=2)
+
+
+def test_per_layer_clipping_under_ddp_is_checked_and_a_correct_run_is_silent(ranks):
+    for rank, out in enumerate(ranks):
+        run = out["per-layer"]
+        assert run["kind"] == "SimpleDistributedPerLayerOptimizer"
+        for name, f in run["findings"].items():
+            assert not f.fired, (rank, f.evidence)
+            assert f.p_value is None or f.p_value > 1e-3, (rank, name, f.evidence)
+        assert "contributed at most C" in run["findings"]["clipping/probe"].evidence
+        assert "this rank's shard" in run["findings"]["sampling/mean"].evidence
+    for key, value in ranks[0]["per-layer"]["weights"].items():
+        assert torch.equal(value, ranks[1]["per-layer"]["weights"][key]), key
+
+
+def test_an_unclipped_layer_bound_under_ddp_fires_every_ranks_clipping_probe(ranks):
+    for out in ranks:
+        found = out["per-layer-unclipped"]["findings"]["clipping/probe"]
+        assert found.fired
+        assert found.evidence.startswith(
+            "clipping: a row of norm 100 contributed 100.0, above C = 1.0 (step 1;"
+        )

@@ -104,8 +104,9 @@ class MechanismChecks:
     the weights: training is bit-identical with and without them. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
     cannot run (ghost clipping: clipping, sampling; AdaClip: clipping, noise; FSDP: all); flat
-    and per-layer clipping run on one process and under DDP. Use as a context manager (or call :meth:`detach`).
-    :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``): use either.
+    and per-layer clipping run on one process and under DDP. Use as a context manager (or call
+    :meth:`detach`). :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``):
+    use either.
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.

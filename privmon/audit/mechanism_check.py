@@ -29,10 +29,11 @@ _NO_CHECK = {
 @dataclass
 class StepContext:
     """What the checks on one optimizer share: the optimizer, the canary block (a parameter that
-    is no model parameter, or None), this rank and the world size (distributed Opacus), the
-    sampling rate of the accountant's hook (None: unknown), the parameters the optimizer clips
-    (read at each ``pre_step``), the private steps counted so far, and whether the clipping
-    probe is running (its clipping call is no step's).
+    is no model parameter, or None), the model whose backward pass clips under ghost clipping
+    (the ``GradSampleModule`` make_private returned, or None), this rank and the world size
+    (distributed Opacus), the sampling rate of the accountant's hook (None: unknown), the
+    parameters the optimizer clips (read at each ``pre_step``), the private steps counted so
+    far, and whether the clipping probe is running (its clipping call is no step's).
 
     Examples:
         >>> from privmon.audit import StepContext
@@ -43,6 +44,7 @@ class StepContext:
 
     optimizer: Any
     block: torch.nn.Parameter | None = None
+    module: Any = None
     rank: int = 0
     world: int = 1
     sample_rate: float | None = None
@@ -156,10 +158,10 @@ class MechanismCheck:
             setattr(self, name, _loaded(self._defaults[name][0], state[name]))
 
     # -- the events of a step ------------------------------------------------------------------
-    def refusal(self, *, optimizer: Any, family: OpacusFamily | None) -> str | None:
-        """Why the check cannot run on ``optimizer`` (of Opacus ``family``, None for flat
-        clipping), or None; default: :attr:`refused_on`'s reason for the family, and for the
-        family no check can run on (FSDP), its own."""
+    def refusal(self, context: StepContext, *, family: OpacusFamily | None) -> str | None:
+        """Why the check cannot run on ``context.optimizer`` (of Opacus ``family``, None for
+        flat clipping), or None; default: :attr:`refused_on`'s reason for the family, and for
+        the family no check can run on (FSDP), its own."""
         if family is None:
             return None
         return dict(self.refused_on).get(family) or _NO_CHECK.get(family)

@@ -67,9 +67,24 @@ def clipping(
     steps: int,
     bound: float,
     error: str | None,
+    unclipped: tuple[int, int] = (0, 0),
 ) -> MechanismFinding:
     """The probe's worst contribution (ratio to C, that C, its step) against C; ``over``: the
-    probes whose contribution exceeded C by more than their precision's rounding allows."""
+    probes whose contribution exceeded C by more than their precision's rounding allows;
+    ``unclipped``: (the private steps whose backward pass computed no ghost clipping
+    coefficients, the first of them)."""
+    if unclipped[0]:
+        count, first = unclipped
+        return _finding(
+            "clipping/probe",
+            True,
+            None,
+            (
+                f"clipping: step {first} was not clipped: its backward pass computed no ghost "
+                f"clipping coefficients ({count} of {steps} steps); the loss must be that of "
+                "the criterion make_private returned"
+            ),
+        )
     if worst is None:
         why = f"the probe could not run ({error})" if error else "no private step yet"
         return _finding("clipping/probe", False, None, f"clipping: not tested: {why}")

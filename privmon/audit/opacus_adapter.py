@@ -2,8 +2,9 @@
 mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's objects an
 optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
 Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
-clipping call, the LR schedulers already bound to an optimizer, and the ``GradSampleModule``s
-whose per-sample-gradient hooks a check switches off.
+clipping call, the LR schedulers already bound to an optimizer, the ``GradSampleModule``s
+whose per-sample-gradient hooks a check switches off, and ghost clipping's per-sample norms and
+clipping coefficients.
 
 Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
 accountant and the sampling rate only in the step hook's closure
@@ -38,7 +39,10 @@ __all__ = [
     "canary_sample_rate",
     "check_canary_optimizer",
     "check_dp_optimizer",
+    "check_ghost_module",
     "claim",
+    "ghost_coefficient",
+    "ghost_rows",
     "grad_sample_modules",
     "hook_accountant",
     "hook_sample_rate",
@@ -368,3 +372,57 @@ def grad_sample_modules(roots: Sequence[torch.nn.Module]) -> list[Any]:
             owners.append(getattr(getattr(hook, "func", hook), "__self__", None))  # a partial
         found |= {id(owner): owner for owner in owners if _switches_hooks(owner)}
     return list(found.values())
+
+
+def check_ghost_module(module: Any, optimizer: Any) -> Any:
+    """``module`` if it is the model whose backward pass clips for the ghost-clipping
+    ``optimizer``: an Opacus ``GradSampleModuleFastGradientClipping`` (what ``make_private``
+    returns with ``grad_sample_mode="ghost"``) whose trainable parameters the optimizer steps."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping  # the optimizer's
+
+    if not isinstance(module, GradSampleModuleFastGradientClipping):
+        raise TypeError(
+            "module must be the GradSampleModuleFastGradientClipping that make_private "
+            f"returned with grad_sample_mode='ghost', got {type(module).__name__}"
+        )
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not all(id(p) in stepped for p in module.trainable_parameters):
+        raise ValueError(
+            "module's trainable parameters are not all the optimizer's: pass the model "
+            "make_private returned together with this optimizer"
+        )
+    return module
+
+
+def ghost_rows(params: list[Any]) -> tuple[int, bool] | None:
+    """Under ghost clipping: the rows whose per-sample gradient norms the step's backward pass
+    computed (those of the first parameter with any) and whether the summed gradient restarts
+    (``summed_grad`` None); None when no parameter has them."""
+    for p in params:
+        norms = getattr(p, "_norm_sample", None)
+        if isinstance(norms, torch.Tensor):
+            return len(norms), getattr(p, "summed_grad", None) is None
+    return None
+
+
+def ghost_coefficient(module: Any, share: float) -> float:
+    """The clipping coefficient ghost clipping's ``module.get_clipping_coef()`` gives one row
+    whose per-sample gradient norm on each trainable parameter is ``share`` (each parameter's
+    ``_norm_sample`` and the module's per-sample norms put back after)."""
+    params = list(module.trainable_parameters)
+    saved = [(p, p.__dict__.get("_norm_sample", _ABSENT)) for p in params]
+    norms = module.__dict__.get("_per_sample_gradient_norms")
+    try:
+        for p in params:
+            p._norm_sample = torch.full((1,), share, dtype=p.dtype, device=p.device)
+        return float(module.get_clipping_coef().reshape(-1)[0])
+    finally:
+        for p, value in saved:
+            if value is _ABSENT:
+                p.__dict__.pop("_norm_sample", None)
+            else:
+                p._norm_sample = value
+        module._per_sample_gradient_norms = norms
+
+
+_ABSENT = object()

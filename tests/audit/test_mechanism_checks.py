@@ -553,7 +553,7 @@ def test_bad_arguments_are_refused():
         MechanismChecks(Run().optimizer, checks=("noise", "clip"))
 
 
-def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
+def test_ghost_clipping_without_its_model_refuses_clipping_and_runs_the_others():
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -568,11 +568,11 @@ def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
     )
     with pytest.raises(
         ValueError,
-        match=r"clipping, sampling cannot run .*ghost clipping .*"
-        r"Pass checks=\('noise', 'steps', 'ledger'\)",
+        match=r"clipping cannot run .*ghost clipping .*pass module=.*"
+        r"Pass checks=\('noise', 'sampling', 'steps', 'ledger'\)",
     ):
         MechanismChecks(optimizer)
-    checks = MechanismChecks(optimizer, checks=("noise", "steps", "ledger"))
+    checks = MechanismChecks(optimizer, checks=("noise", "sampling", "steps", "ledger"))
     with_noise_factor(optimizer, 0.5)  # after the checks: outside them, and still seen
     for x, y in loader:
         optimizer.zero_grad()

@@ -103,8 +103,8 @@ class MechanismChecks:
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
-    cannot run (ghost clipping without ``module``: clipping; AdaClip: clipping, noise; FSDP:
-    all); flat and per-layer clipping run on one process and under DDP. Use as a context
+    cannot run (ghost clipping without ``module``: clipping; FSDP: all); flat, per-layer and
+    adaptive clipping run on one process, flat and per-layer under DDP too. Use as a context
     manager (or call :meth:`detach`). :class:`~privmon.audit.GradientCanaries` creates one (its
     ``checks=``): use either.
 

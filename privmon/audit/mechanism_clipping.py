@@ -48,11 +48,6 @@ class ClippingCheck(MechanismCheck):
             "ghost clipping clips inside the loss's backward pass, in the model: pass "
             "module= (the model make_private returned) to probe its clipping coefficients",
         ),
-        (
-            adapter.ADACLIP,
-            "AdaClip moves max_grad_norm after each step's noise, so the bound read after the "
-            "step is not the one the step clipped to",
-        ),
     )
     probes: int
     over: int
@@ -175,7 +170,8 @@ def _flat_probe(context: StepContext, bound: float) -> float:
             p.grad_sample = torch.full((1, *p.shape), value, dtype=p.dtype, device=p.device)
             p.summed_grad = None
         context.probing = True
-        context.optimizer.clip_and_accumulate()
+        with adapter.kept_clipping_counts(context.optimizer):
+            context.optimizer.clip_and_accumulate()
         sums = [p.summed_grad.float() for p in params if p.summed_grad is not None]
         norms = [torch.linalg.vector_norm(s) for s in sums] or [torch.zeros(())]
         total = float(torch.stack(norms).double().square().sum())

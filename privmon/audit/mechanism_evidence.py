@@ -118,9 +118,17 @@ _OTHER_RANK = "Opacus adds the noise on rank 0, which tests it"
 
 
 def noise_variance(
-    squares: float, values: int, steps: int, scale: float, rank: int = 0
+    squares: float,
+    values: int,
+    steps: int,
+    scale: float,
+    rank: int = 0,
+    *,
+    count: tuple[float, int] = (0.0, 0),
 ) -> MechanismFinding:
-    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last)."""
+    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last); and
+    under AdaClip ``count``: (Σ (count noise / σ_u)², steps), its p-value Bonferroni-combined
+    with the gradient's, min(1, 2 min(p_g, p_c))."""
     if rank:
         return _finding(
             "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
@@ -130,15 +138,17 @@ def noise_variance(
             "noise/variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
         )
     ratio = math.sqrt(squares / values)
-    return _finding(
-        "noise/variance",
-        False,
-        noise_p_value(squares, values),
-        (
-            f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
-            f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps)"
-        ),
+    p = noise_p_value(squares, values)
+    said = (
+        f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
+        f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps)"
     )
+    count_squares, count_steps = count
+    if count_steps:
+        p = min(1.0, 2 * min(p, noise_p_value(count_squares, count_steps)))
+        count_ratio = _num(math.sqrt(count_squares / count_steps))
+        said += f"; the noisy count of unclipped rows has {count_ratio} × its σ_u"
+    return _finding("noise/variance", False, p, said)
 
 
 def noise_repeat(digests: bytes, rank: int = 0) -> MechanismFinding:

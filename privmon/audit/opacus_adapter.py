@@ -4,7 +4,8 @@ optimizer carries, the Opacus optimizer families some of them cannot run on (by 
 Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
 clipping call, the LR schedulers already bound to an optimizer, the ``GradSampleModule``s
 whose per-sample-gradient hooks a check switches off, and ghost clipping's per-sample norms and
-clipping coefficients.
+clipping coefficients; AdaClip's gradient noise multiplier and its noisy count of unclipped
+rows.
 
 Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
 accountant and the sampling rate only in the step hook's closure
@@ -14,9 +15,10 @@ are found among the live objects."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +46,12 @@ __all__ = [
     "ghost_coefficient",
     "ghost_rows",
     "grad_sample_modules",
+    "gradient_noise_multiplier",
     "hook_accountant",
     "hook_sample_rate",
     "install",
+    "kept_clipping_counts",
+    "noisy_count",
     "opacus_family",
     "rank_and_world",
     "release",
@@ -426,3 +431,38 @@ def ghost_coefficient(module: Any, share: float) -> float:
 
 
 _ABSENT = object()
+
+
+def gradient_noise_multiplier(optimizer: Any) -> float:
+    """The multiplier of C in the standard deviation of the noise the optimizer adds to the
+    summed gradient: ``noise_multiplier``, or under AdaClip the part the noisy count leaves,
+    σ_g = (σ⁻² − (2 σ_u)⁻²)^(−1/2) (Andrew et al., "Differentially Private Learning with
+    Adaptive Clipping", Theorem 1: what ``AdaClipDPOptimizer.add_noise`` adds)."""
+    sigma = float(optimizer.noise_multiplier)
+    if ADACLIP.matched(optimizer) is None or sigma <= 0:
+        return sigma
+    return float((sigma**-2 - (2 * float(optimizer.unclipped_num_std)) ** -2) ** -0.5)
+
+
+def noisy_count(optimizer: Any) -> tuple[float, float] | None:
+    """Under AdaClip: (the count of unclipped rows as it stands, the standard deviation σ_u of
+    the noise ``add_noise`` adds to it); None for other optimizers."""
+    if ADACLIP.matched(optimizer) is None:
+        return None
+    return float(optimizer.unclipped_num), float(optimizer.unclipped_num_std)
+
+
+@contextlib.contextmanager
+def kept_clipping_counts(optimizer: Any) -> Iterator[None]:
+    """Within the block AdaClip's counts of clipped rows (``sample_size``, ``unclipped_num``,
+    which its ``clip_and_accumulate`` advances, a tensor in place) may change: they are put
+    back after, so a probe of that call leaves the next bound as training would have it."""
+    saved = {
+        name: value.clone() if isinstance(value, torch.Tensor) else value
+        for name, value in optimizer.__dict__.items()
+        if name in ("sample_size", "unclipped_num")
+    }
+    try:
+        yield
+    finally:
+        optimizer.__dict__.update(saved)

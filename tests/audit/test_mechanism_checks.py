@@ -583,7 +583,7 @@ def test_ghost_clipping_without_its_model_refuses_clipping_and_runs_the_others()
     assert not any(f.fired for f in found.values())
 
 
-def test_adaclip_refuses_clipping_and_noise():
+def test_adaclip_takes_every_check():
     from opacus.optimizers import AdaClipDPOptimizer
 
     params = nn.Linear(2, 2).parameters()
@@ -598,9 +598,10 @@ def test_adaclip_refuses_clipping_and_noise():
         max_grad_norm=1.0,
         expected_batch_size=4,
     )
-    with pytest.raises(ValueError, match=r"clipping, noise cannot run .*AdaClip moves"):
-        MechanismChecks(optimizer)
-    MechanismChecks(optimizer, checks=("sampling", "steps", "ledger")).detach()
+    with MechanismChecks(
+        optimizer
+    ) as checks:  # every check runs (tests/audit/test_mechanism_adaclip.py)
+        assert checks.checks == MECHANISM_CHECKS
 
 
 def test_per_layer_clipping_is_checked_and_a_wrong_layer_bound_fires():

@@ -6,7 +6,9 @@ the same weights and canary scores; halved noise fires rank 0's noise test; the 
 every step, or each rank sampling the whole dataset, fires each rank's sampling test. Per-layer
 clipping under DDP (Opacus' ``SimpleDistributedPerLayerOptimizer``: its steps clip, noise and
 sum as the flat one's do) is checked the same way: a correct run is silent, halved noise fires
-rank 0's noise test, an unclipped layer bound every rank's clipping probe.
+rank 0's noise test, an unclipped layer bound every rank's clipping probe. So is ghost clipping
+under DDP (``DistributedDPOptimizerFastGradientClipping``, the model given as ``module=``): a
+correct run is silent, a clip at 10 C with noise for C fires every rank's probe.
 
 The ranks run every case in one spawn (starting processes is the slow part); collectives time
 out after 30 s, and test_distributed's spawn fails the tests when the ranks outlive its deadline.
@@ -39,6 +41,8 @@ CASES = (
     "per-layer",
     "per-layer-noise-half",
     "per-layer-unclipped",
+    "ghost",
+    "ghost-clip-10C",
 )
 LAYER_BOUNDS = [0.5] * 4  # C = 1
 
@@ -56,16 +60,18 @@ def _run(case: str, rank: int) -> dict:
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
-    per_layer = case.startswith("per-layer")
+    per_layer, ghost = case.startswith("per-layer"), case.startswith("ghost")
     engine = PrivacyEngine()
-    model, optimizer, loader = engine.make_private(
+    made = engine.make_private(
         module=DPDDP(net),
         optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
         data_loader=DataLoader(data, batch_size=BATCH),
         noise_multiplier=1.0,
         max_grad_norm=LAYER_BOUNDS if per_layer else 1.0,
         clipping="per_layer" if per_layer else "flat",
+        **({"criterion": nn.CrossEntropyLoss(), "grad_sample_mode": "ghost"} if ghost else {}),
     )
+    model, optimizer, loss_of, loader = made if ghost else (*made[:2], _cross_entropy, made[2])
     if case.endswith("noise-half"):
         original = optimizer.add_noise
 
@@ -87,24 +93,35 @@ def _run(case: str, rank: int) -> dict:
         loader = DPDataLoader.from_data_loader(DataLoader(data, batch_size=BATCH))
     if case == "per-layer-unclipped":  # the layers' bounds lifted after make_private: C stays 1
         optimizer.max_grad_norms = [1e6] * 4
-    # (the canaries cannot join a per-layer step: each layer has a bound of its own)
-    canaries = MechanismChecks(optimizer) if per_layer else GradientCanaries(optimizer, 100, seed=0)
+    if case == "ghost-clip-10C":  # the model clips at 10 C, the noise stays for C
+        model.max_grad_norm = 10.0
+    # (the canaries cannot join a per-layer or ghost step: no per-sample bound of C to add at)
+    canaries = (
+        MechanismChecks(optimizer, module=model if ghost else None)
+        if per_layer or ghost
+        else GradientCanaries(optimizer, 100, seed=0)
+    )
     steps = 0
     while steps < STEPS:
         for x, y in loader:
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            loss_of(model(x), y).backward()
             optimizer.step()
             steps += 1
             if steps == STEPS:
                 break
+    canaries_kept = not (per_layer or ghost)
     return {
         "kind": type(optimizer).__name__,
         "findings": {f"{f.check}/{f.test}": f for f in canaries.mechanism()},
-        "scores": None if per_layer else canaries.scores(),
-        "counts": None if per_layer else canaries.sample_counts,
+        "scores": canaries.scores() if canaries_kept else None,
+        "counts": canaries.sample_counts if canaries_kept else None,
         "weights": {k: v.clone() for k, v in net.state_dict().items()},
     }
+
+
+def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out, y)
 
 
 def _worker(rank, world, port, tmp):
@@ -209,3 +226,19 @@ def test_an_unclipped_layer_bound_under_ddp_fires_every_ranks_clipping_probe(ran
         assert found.evidence.startswith(
             "clipping: a row of norm 100 contributed 100.0, above C = 1.0 (step 1;"
         )
+
+
+def test_ghost_clipping_under_ddp_is_checked_silent_when_correct_and_a_clip_at_10_c_fires(ranks):
+    for rank, out in enumerate(ranks):
+        correct, faulty = out["ghost"], out["ghost-clip-10C"]
+        assert correct["kind"] == "DistributedDPOptimizerFastGradientClipping"
+        for name, f in correct["findings"].items():
+            assert not f.fired, (rank, f.evidence)
+            assert f.p_value is None or f.p_value > 1e-3, (rank, name, f.evidence)
+        found = faulty["findings"]["clipping/probe"]
+        assert found.fired
+        assert found.evidence.startswith(
+            "clipping: a row of norm 100 contributed 10.0, above C = 1.0 (step 1;"
+        ), found.evidence
+    for key, value in ranks[0]["ghost"]["weights"].items():
+        assert torch.equal(value, ranks[1]["ghost"]["weights"][key]), key

@@ -41,6 +41,7 @@ __all__ = [
     "hook_accountant",
     "hook_sample_rate",
     "install",
+    "nonfinite_row",
     "opacus_family",
     "rank_and_world",
     "release",
@@ -108,6 +109,34 @@ def rows_to_clip(params: list[Any]) -> tuple[int, bool] | None:
         if isinstance(samples, list):
             return sum(len(s) for s in samples), getattr(p, "summed_grad", None) is None
     return None
+
+
+def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
+    """After a clipping call: None when every parameter's summed gradient is finite (one
+    reduction a tensor, one copy to the host); else the first row of the call's per-sample
+    gradients (``grad_sample``, a tensor or one per accumulated batch, rows counted across them)
+    that is not finite and whether it holds a NaN ("NaN") or only infinities ("inf") — the row
+    None when every one is finite (the clipping itself made the sum non-finite)."""
+    sums = [s for p in params if isinstance(s := getattr(p, "summed_grad", None), torch.Tensor)]
+    if not sums or bool(torch.stack([s.isfinite().all() for s in sums]).all()):
+        return None
+    rows: list[torch.Tensor] = []  # per row of the call: all entries finite, any entry NaN
+    nans: list[torch.Tensor] = []
+    for p in params:
+        samples = getattr(p, "grad_sample", None)
+        parts = samples if isinstance(samples, list) else [samples]
+        parts = [g.reshape(len(g), -1) for g in parts if isinstance(g, torch.Tensor)]
+        if parts and len(g := torch.cat(parts)) and g.shape[1]:
+            rows.append(g.isfinite().all(dim=1))
+            nans.append(g.isnan().any(dim=1))
+    sizes = {len(r) for r in rows}
+    if len(sizes) != 1:
+        return None, "not finite"
+    bad = torch.nonzero(~torch.stack(rows).all(dim=0)).flatten()
+    if len(bad) == 0:
+        return None, "not finite"
+    slot = int(bad[0])
+    return slot, "NaN" if bool(torch.stack(nans)[:, slot].any()) else "inf"
 
 
 # Which of privmon's objects each optimizer carries: {"canaries": ..., "checks": ...}.

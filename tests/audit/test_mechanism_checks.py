@@ -187,6 +187,74 @@ def test_the_correct_run_fires_nothing(canaries):
         assert_silent(Run(seed, canaries).attach().train())
 
 
+def test_the_correct_run_says_every_per_sample_gradient_was_finite():
+    found = Run().attach().train().findings()["clipping/finite"]
+    assert (found.kind, found.fired, found.p_value) == ("deterministic", False, None)
+    assert found.evidence == (
+        f"clipping: every per-sample gradient that reached the noise was finite ({STEPS} steps)"
+    )
+
+
+@pytest.mark.parametrize("canaries", [0, 1000])
+def test_a_nan_in_one_record_is_its_own_cause_never_repeated_noise(canaries):
+    """One NaN input value in one record (Opacus unmodified): its per-sample gradient is NaN,
+    Opacus' clip factor C / NaN is NaN, the update and every weight after it NaN. The clipping
+    check names the step and the row where it entered; the noise tests leave the non-finite
+    values out, saying so, and stay silent (no NaN p-value, no repeat of NaN digests)."""
+    run = Run(canaries=canaries)
+    run.data.tensors[0][17, 2] = float("nan")  # the DP loader reads this dataset
+    entered: list[tuple[int, int]] = []  # (step, row) of the batches holding the record
+
+    def rows(x, y):
+        if not entered:
+            bad = torch.isnan(x).any(dim=1).nonzero().flatten()
+            if len(bad):
+                entered.append((run.step + 1, int(bad[0])))
+        return x, y
+
+    found = run.attach().train(rows=rows).findings()
+    (step, row), nan_steps = entered[0], STEPS - entered[0][0] + 1  # NaN weights from then on
+    assert torch.isnan(run.net[0].weight).all()
+    assert found["clipping/finite"].fired
+    assert found["clipping/finite"].evidence == (
+        f"clipping: a per-sample gradient of record slot {row} was NaN at step {step}: it "
+        f"passed clipping unbounded ({nan_steps} of {STEPS} steps had a non-finite per-sample "
+        "gradient)"
+    )
+    assert "17" not in found["clipping/finite"].evidence.replace(f"slot {row}", "")
+    noise = found["noise/variance"]
+    assert noise.p_value is not None and LEVEL < noise.p_value <= 1, noise.evidence
+    assert re.search(
+        rf"values of {nan_steps} steps left out: the noised gradient was not finite\)$",
+        noise.evidence,
+    ), noise.evidence
+    assert not found["noise/repeat"].fired, found["noise/repeat"].evidence
+    assert [n for n, f in found.items() if f.fired] == ["clipping/finite"]
+
+
+def test_an_infinite_row_is_named_by_its_slot_and_a_nan_p_value_is_refused():
+    from privmon.audit.mechanism_math import noise_p_value
+    from privmon.audit.opacus_adapter import nonfinite_row
+
+    weight, bias = nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(3))
+    weight.grad_sample, bias.grad_sample = torch.ones(5, 3, 2), torch.ones(5, 3)
+    weight.summed_grad, bias.summed_grad = torch.ones(3, 2), torch.ones(3)
+    assert nonfinite_row([weight, bias]) is None  # a finite sum: no row is read
+    bias.grad_sample[3, 1] = float("inf")
+    bias.summed_grad[1] = float("nan")  # Opacus: C / inf = 0, and 0 · inf = NaN
+    assert nonfinite_row([weight, bias]) == (3, "inf")
+    weight.grad_sample[2, 0, 0] = float("nan")
+    assert nonfinite_row([weight, bias]) == (2, "NaN")
+    bias.grad_sample = [torch.ones(2, 3), torch.ones(3, 3)]  # two accumulated batches
+    bias.grad_sample[1][0, 0] = float("-inf")
+    weight.grad_sample = [torch.ones(2, 3, 2), torch.ones(3, 3, 2)]
+    assert nonfinite_row([weight, bias]) == (2, "inf")  # rows counted across the batches
+    bias.grad_sample = [torch.ones(2, 3), torch.ones(3, 3)]
+    assert nonfinite_row([weight, bias]) == (None, "not finite")
+    with pytest.raises(ValueError, match="scaled_squares must be a number, got NaN"):
+        noise_p_value(float("nan"), 10)
+
+
 @pytest.mark.parametrize("factor", [0.0, 0.5])
 def test_noise_removed_or_halved_fires_the_noise_test(factor):
     run = Run()
@@ -441,6 +509,7 @@ def test_gradient_canaries_forward_to_their_checks():
     )
     assert run.audit.mechanism() == run.audit.mechanism_checks.mechanism()
     assert [f.check for f in run.audit.mechanism()] == [
+        "clipping",
         "clipping",
         "noise",
         "noise",

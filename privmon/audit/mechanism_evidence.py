@@ -101,7 +101,9 @@ def clipping(
     )
 
 
-def finite_gradients(first: tuple[int, int | None, str] | None, hits: int, steps: int) -> MechanismFinding:
+def finite_gradients(
+    first: tuple[int, int | None, str] | None, hits: int, steps: int
+) -> MechanismFinding:
     """Whether a non-finite per-sample gradient reached a noised update: ``hits`` private steps
     of ``steps`` did, the first (step, the row of its batch or None, "NaN" or "inf")."""
     if first is None:

@@ -87,9 +87,7 @@ def _resolved(
     """(Σ z², number of values, number not finite, the digest's values) over the finite
     entries whose sum s the precision resolves; the digest's others are inf."""
     finite = [z.isfinite() & s.isfinite() for z, s, _ in reads]
-    keeps = [
-        f & (s.abs() <= limit) for f, (_, s, limit) in zip(finite, reads, strict=True)
-    ]
+    keeps = [f & (s.abs() <= limit) for f, (_, s, limit) in zip(finite, reads, strict=True)]
     kept = [
         torch.linalg.vector_norm(torch.where(k, z, 0.0))
         for k, (z, *_) in zip(keeps, reads, strict=True)

@@ -652,6 +652,124 @@ def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
     assert not any(f.fired for f in found.values())
 
 
+def _per_sample_grads(net, x, y):
+    """What ``grad_sample_mode="no_op"`` leaves to the user: each record's gradient, set as
+    ``grad_sample`` (torch.func, vmapped)."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in net.named_parameters()}
+
+    def loss(p, xi, yi):
+        return nn.functional.cross_entropy(functional_call(net, p, (xi[None],)), yi[None])
+
+    grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    for name, p in net.named_parameters():
+        p.grad_sample = grads[name]
+
+
+@pytest.mark.parametrize("canaries", [0, 100])
+@pytest.mark.parametrize("mode", ["ew", "functorch", "no_op"])
+def test_flat_clipping_in_every_grad_sample_mode_runs_the_checks_and_the_canaries(mode, canaries):
+    """What the refusals advise runs: flat clipping with every grad_sample_mode but ghost
+    (DistributedDPOptimizer: test_mechanism_distributed.py)."""
+    run = Run(canaries=canaries, private_options={"grad_sample_mode": mode}).attach()
+    if mode == "no_op":
+        for x, y in run.loader:
+            run.optimizer.zero_grad()
+            _per_sample_grads(run.net, x, y)
+            run.optimizer.step()
+            run.step += 1
+    else:
+        run.train(10)
+    assert run.audit.steps == run.step >= 10
+    assert_silent(run)
+    assert "clipping: a row of norm 100 C contributed at most C" in (
+        run.findings()["clipping/probe"].evidence
+    )
+
+
+def _refusal(make) -> str:
+    with pytest.raises(ValueError) as refused:
+        make()
+    return str(refused.value)
+
+
+FLAT = (
+    "flat clipping (make_private(clipping='flat'), grad_sample_mode 'hooks', 'functorch', 'ew' "
+    "or 'no_op', on one process or under DDP: DistributedDPOptimizer)"
+)
+PER_LAYER = "per-layer clipping on one process (clipping='per_layer')"
+
+
+def _private_optimizer(**options):
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
+    made = PrivacyEngine().make_private(
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=LR),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=SIGMA,
+        **{"max_grad_norm": CLIP, **options},
+    )
+    return made[1]
+
+
+def _adaclip():
+    from opacus.optimizers import AdaClipDPOptimizer
+
+    return AdaClipDPOptimizer(
+        torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1),
+        noise_multiplier=0.5,
+        target_unclipped_quantile=0.5,
+        clipbound_learning_rate=0.2,
+        max_clipbound=10,
+        min_clipbound=0.1,
+        unclipped_num_std=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=4,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "refused", "runs"),
+    [
+        (
+            "DPOptimizerFastGradientClipping",
+            {"grad_sample_mode": "ghost", "criterion": nn.CrossEntropyLoss()},
+            ("clipping", "sampling"),
+            ("noise", "steps", "ledger"),
+        ),
+        ("DPPerLayerOptimizer", {"clipping": "per_layer", "max_grad_norm": [0.5] * 4}, (), None),
+        ("AdaClipDPOptimizer", None, ("clipping", "noise"), ("sampling", "steps", "ledger")),
+    ],
+)
+def test_each_refusal_advises_only_what_runs(kind, options, refused, runs):
+    """Each refusal names what does run on the optimizer it refuses (and that runs) and where
+    the refused part runs: flat clipping in any grad_sample_mode but ghost, one process or DDP
+    (each run by the test above), per-layer clipping on one process for the checks."""
+    optimizer = _adaclip() if options is None else _private_optimizer(**options)
+    runs = runs or MECHANISM_CHECKS
+    assert MechanismChecks.runnable(optimizer) == runs
+    if refused:
+        names = ", ".join(refused)
+        said = _refusal(lambda: MechanismChecks(optimizer))
+        assert said.startswith(f"optimizer is an Opacus {kind}, on which the mechanism checks ")
+        assert said.endswith(
+            f"Pass checks={runs!r} to run the others; {names} run with {FLAT} or {PER_LAYER}."
+        )
+        assert "grad_sample_mode='hooks')" not in said
+    MechanismChecks(optimizer, checks=runs).detach()  # what it says runs, runs
+    said = _refusal(lambda: GradientCanaries(optimizer, 10, sample_rate=0.1))
+    assert said.startswith(f"optimizer is an Opacus {kind}, which GradientCanaries do not support")
+    assert said.endswith(
+        f". GradientCanaries run with {FLAT}. On it MechanismChecks(optimizer, checks={runs!r}) "
+        "runs."
+    )
+    if refused:  # where the refused checks run, they run
+        per_layer = _private_optimizer(clipping="per_layer", max_grad_norm=[0.5] * 4)
+        MechanismChecks(per_layer, checks=refused).detach()
+
+
 def test_adaclip_refuses_clipping_and_noise():
     from opacus.optimizers import AdaClipDPOptimizer
 

@@ -164,7 +164,8 @@ def test_a_check_under_expanded_weights_runs_its_queries_and_leaves_training_bit
             samples = [p.grad_sample for p in net.parameters()]
             if with_monitor and between == "backward and step":
                 mon.step(step)
-                seen.append(all(a is b for a, b in zip(samples, [p.grad_sample for p in net.parameters()], strict=True)))  # fmt: skip
+                after = [p.grad_sample for p in net.parameters()]
+                seen.append(all(a is b for a, b in zip(samples, after, strict=True)))
             opt.step()
             if with_monitor and between == "step and zero_grad":
                 mon.step(step)

@@ -134,13 +134,15 @@ def rows_to_clip(params: list[Any]) -> tuple[int, bool] | None:
 
 
 def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
-    """After a clipping call: None when every parameter's summed gradient is finite (one
-    reduction a tensor, one copy to the host); else the first row of the call's per-sample
+    """After a clipping call: None when every parameter's summed gradient is finite (one sum a
+    tensor, in at least float32 so that a correct half-precision sum cannot overflow it, and
+    one copy to the host); else the first row of the call's per-sample
     gradients (``grad_sample``, a tensor or one per accumulated batch, rows counted across them)
     that is not finite and whether it holds a NaN ("NaN") or only infinities ("inf") — the row
     None when every one is finite (the clipping itself made the sum non-finite)."""
     sums = [s for p in params if isinstance(s := getattr(p, "summed_grad", None), torch.Tensor)]
-    if not sums or bool(torch.stack([s.isfinite().all() for s in sums]).all()):
+    totals = [s.sum(dtype=torch.promote_types(s.dtype, torch.float32)) for s in sums]
+    if not sums or bool(torch.stack(totals).isfinite().all()):
         return None
     rows: list[torch.Tensor] = []  # per row of the call: all entries finite, any entry NaN
     nans: list[torch.Tensor] = []

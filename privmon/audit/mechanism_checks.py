@@ -95,7 +95,8 @@ class MechanismChecks:
     - ``clipping`` (deterministic): a synthetic row of norm 100 C, equal on every clipped
       parameter, replayed through the optimizer's own ``clip_and_accumulate`` on scratch state,
       must contribute at most C (as the step read it after its noise), up to the rounding the
-      parameters' dtype allows;
+      parameters' dtype allows; and no non-finite per-sample gradient reached a noised update
+      (``finite``: the step and the row of its batch where one first did);
     - ``noise``: the noise actually added (``p.grad − p.summed_grad`` right after ``add_noise``,
       up to 65,536 values per step, of the model and the canary block, where the gradients'
       dtype resolves it) against N(0, σ²C²) with the σ and C the accountant read (statistical,
@@ -111,8 +112,9 @@ class MechanismChecks:
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
-    cannot run (ghost clipping: clipping, sampling; AdaClip: clipping, noise; distributed
-    Opacus). Use as a context manager (or call :meth:`detach`).
+    cannot run (ghost clipping: clipping, sampling; AdaClip: clipping, noise; per-layer
+    clipping under DDP and FSDP: all), saying which run there (:meth:`runnable`) and where the
+    refused ones run. Use as a context manager (or call :meth:`detach`).
     :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``): use either.
 
     Args:

@@ -114,20 +114,15 @@ def finite_gradients(
         )
         return _finding("clipping/finite", False, None, f"clipping: {said}")
     step, slot, kind = first
-    what = (
-        f"a per-sample gradient of record slot {slot} was {kind}"
+    count = f"({hits} of {steps} steps noised a non-finite clipped sum)"
+    said = (
+        f"a per-sample gradient of record slot {slot} was {kind} at step {step}: it passed "
+        f"clipping unbounded {count}"
         if slot is not None
-        else f"the clipped sum was {kind}, though every per-sample gradient was finite"
+        else f"the clipped sum was not finite at step {step}, though every per-sample gradient "
+        f"of the call was: the clipping made it so {count}"
     )
-    return _finding(
-        "clipping/finite",
-        True,
-        None,
-        (
-            f"clipping: {what} at step {step}: it passed clipping unbounded ({hits} of {steps} "
-            "steps had a non-finite per-sample gradient)"
-        ),
-    )
+    return _finding("clipping/finite", True, None, f"clipping: {said}")
 
 
 _OTHER_RANK = "Opacus adds the noise on rank 0, which tests it"

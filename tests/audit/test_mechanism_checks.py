@@ -218,8 +218,8 @@ def test_a_nan_in_one_record_is_its_own_cause_never_repeated_noise(canaries):
     assert found["clipping/finite"].fired
     assert found["clipping/finite"].evidence == (
         f"clipping: a per-sample gradient of record slot {row} was NaN at step {step}: it "
-        f"passed clipping unbounded ({nan_steps} of {STEPS} steps had a non-finite per-sample "
-        "gradient)"
+        f"passed clipping unbounded ({nan_steps} of {STEPS} steps noised a non-finite clipped "
+        "sum)"
     )
     assert "17" not in found["clipping/finite"].evidence.replace(f"slot {row}", "")
     noise = found["noise/variance"]
@@ -233,6 +233,7 @@ def test_a_nan_in_one_record_is_its_own_cause_never_repeated_noise(canaries):
 
 
 def test_an_infinite_row_is_named_by_its_slot_and_a_nan_p_value_is_refused():
+    from privmon.audit import mechanism_evidence as evidence
     from privmon.audit.mechanism_math import noise_p_value
     from privmon.audit.opacus_adapter import nonfinite_row
 
@@ -251,6 +252,10 @@ def test_an_infinite_row_is_named_by_its_slot_and_a_nan_p_value_is_refused():
     assert nonfinite_row([weight, bias]) == (2, "inf")  # rows counted across the batches
     bias.grad_sample = [torch.ones(2, 3), torch.ones(3, 3)]
     assert nonfinite_row([weight, bias]) == (None, "not finite")
+    assert evidence.finite_gradients((4, None, "not finite"), 2, 9).evidence == (
+        "clipping: the clipped sum was not finite at step 4, though every per-sample gradient "
+        "of the call was: the clipping made it so (2 of 9 steps noised a non-finite clipped sum)"
+    )
     with pytest.raises(ValueError, match="scaled_squares must be a number, got NaN"):
         noise_p_value(float("nan"), 10)
 

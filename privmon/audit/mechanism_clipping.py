@@ -29,7 +29,14 @@ _MISSING = object()
 
 
 class ClippingCheck(MechanismCheck):
-    """Each record's gradient clipped to C: the probe's worst contribution against C.
+    """Each record's gradient clipped to C: the probe's worst contribution against C; and no
+    non-finite per-sample gradient reaching a noised update (``finite``).
+
+    The second test is the clipping check's because a NaN or infinite row is a contribution no
+    clipping bounds (Opacus' clip factor C / ‖g‖ is NaN or 0, and 0 · inf is NaN): one record
+    then decides the whole update — NaN weights or not — which no noise hides. It is read from
+    what the clipping call produced (its summed gradient; the row from its per-sample
+    gradients, only when the sum is not finite), never from the noise, which was added right.
 
     Examples:
         >>> from privmon.audit.mechanism_check import StepContext
@@ -58,6 +65,9 @@ class ClippingCheck(MechanismCheck):
     worst: tuple[float, float, int] | None
     key: tuple[Any, ...]
     error: str | None
+    nonfinite: int
+    first_nonfinite: tuple[int, int | None, str] | None
+    pending: tuple[int | None, str] | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -67,8 +77,24 @@ class ClippingCheck(MechanismCheck):
         self.add_state("worst", None)  # (ratio, bound, step)
         self.add_state("key", (), persistent=False)  # what the last probe ran with
         self.add_state("error", None, persistent=False)  # why the probe could not run
+        self.add_state("nonfinite", 0)  # private steps a non-finite per-sample gradient reached
+        self.add_state("first_nonfinite", None)  # (step, row, "NaN" | "inf") of the first
+        self.add_state("pending", None, persistent=False)  # the current step's (row, kind)
+
+    def clipped(self, context: StepContext, *, rows: int, fresh: bool) -> None:
+        """A clipping call that left the summed gradient non-finite marks the step (its first
+        non-finite row); the mark counts once the step reaches the noise."""
+        if fresh:
+            self.pending = None
+        if self.pending is None and rows:
+            self.pending = adapter.nonfinite_row(context.params)
 
     def private_step(self, context: StepContext) -> None:
+        if self.pending is not None:
+            self.nonfinite += 1
+            if self.first_nonfinite is None:
+                self.first_nonfinite = (context.steps, *self.pending)
+            self.pending = None
         opt = context.optimizer
         bound = float(opt.max_grad_norm)
         key = (bound, type(opt), opt.__dict__.get("clip_and_accumulate"))
@@ -125,7 +151,8 @@ class ClippingCheck(MechanismCheck):
         return [
             evidence.clipping(
                 self.worst, self.probes, self.over, context.steps, self.bound, self.error
-            )
+            ),
+            evidence.finite_gradients(self.first_nonfinite, self.nonfinite, context.steps),
         ]
 
 

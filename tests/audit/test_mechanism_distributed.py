@@ -89,6 +89,40 @@ def _run(case: str, rank: int) -> dict:
     }
 
 
+def _refusals() -> dict:
+    """What the checks and the canaries say on per-layer clipping under DDP (Opacus'
+    SimpleDistributedPerLayerOptimizer, which clips and noises inside the backward pass), and
+    that what they advise runs: flat clipping under DDP."""
+    import warnings
+
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+    from privmon.audit import GradientCanaries, MechanismChecks
+
+    warnings.simplefilter("ignore")
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
+    _, optimizer, _ = PrivacyEngine().make_private(
+        module=DPDDP(net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=[0.5] * 4,
+        clipping="per_layer",
+    )
+    said = {"kind": type(optimizer).__name__, "runnable": MechanismChecks.runnable(optimizer)}
+    for name, make in (
+        ("checks", lambda: MechanismChecks(optimizer)),
+        ("canaries", lambda: GradientCanaries(optimizer, 10, sample_rate=0.1)),
+    ):
+        try:
+            make()
+        except ValueError as e:
+            said[name] = str(e)
+    return said
+
+
 def _worker(rank, world, port, tmp):
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
@@ -97,6 +131,7 @@ def _worker(rank, world, port, tmp):
     try:
         for case in CASES:
             out[case] = _run(case, rank)
+        out["refusals"] = _refusals()
     finally:
         with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
             pickle.dump(out, f)
@@ -166,3 +201,30 @@ def test_each_rank_sampling_the_whole_dataset_fires_its_sampling_test(ranks):
         )
         assert said, found.evidence
         assert float(said[1]) == pytest.approx(20, abs=2)
+
+
+def test_per_layer_clipping_under_ddp_is_refused_advising_only_what_runs(ranks):
+    """All five checks are refused there: the refusal does not say "pass checks=() to run the
+    others", and names where they run (flat clipping under DDP: the cases above)."""
+    flat = (
+        "flat clipping (make_private(clipping='flat'), grad_sample_mode 'hooks', 'functorch', "
+        "'ew' or 'no_op', on one process or under DDP: DistributedDPOptimizer)"
+    )
+    for out in ranks:
+        said = out["refusals"]
+        assert said["kind"] == "SimpleDistributedPerLayerOptimizer"
+        assert said["runnable"] == ()
+        assert said["checks"].startswith(
+            "optimizer is an Opacus SimpleDistributedPerLayerOptimizer, on which the mechanism "
+            "checks clipping, noise, sampling, steps, ledger cannot run (clipping: it clips and "
+            "noises each layer inside the backward pass"
+        )
+        assert said["checks"].endswith(
+            ". None of the checks asked for runs on it (checks=('clipping', 'noise', "
+            "'sampling', 'steps', 'ledger')); clipping, noise, sampling, steps, ledger run with "
+            f"{flat} or per-layer clipping on one process (clipping='per_layer')."
+        )
+        assert "to run the others" not in said["checks"]
+        assert said["canaries"].endswith(
+            f". GradientCanaries run with {flat}. No mechanism check runs on it either."
+        )

@@ -130,7 +130,9 @@ class TrainingGuard:
     - the per-sample-gradient hooks of ``hook_switches`` (Opacus' ``GradSampleModule``s:
       :func:`~privmon.audit.opacus_adapter.grad_sample_modules`), disabled inside the block, so
       a query's backward pass neither consumes the training step's captured activations nor
-      leaves partial per-sample gradients that make the next training step fail;
+      leaves partial per-sample gradients that make the next training step fail; and the step's
+      per-sample gradients (``grad_sample``), hidden inside the block (torch's Expanded Weights,
+      Opacus' ``grad_sample_mode="ew"``, refuses a forward while a parameter holds them);
     - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
       ``p.data = …`` are put back); a lazy parameter not yet materialised has neither and is
       passed by.
@@ -167,6 +169,11 @@ class TrainingGuard:
             if not is_lazy(b)
         ]
         self._opacus = [(m, m.hooks_enabled) for m in self.hook_switches]
+        self._grad_samples = [  # Opacus' per-sample gradients of the step (a plain attribute)
+            (p.tensor, p.tensor.__dict__["grad_sample"])
+            for p in self._params
+            if p.tensor.__dict__.get("grad_sample") is not None
+        ]
         try:
             self._set_check_state()
         except BaseException:
@@ -185,6 +192,8 @@ class TrainingGuard:
             p.tensor.requires_grad_(p.requires_grad)
         for m, _ in self._opacus:
             m.disable_hooks()
+        for tensor, _ in self._grad_samples:  # Expanded Weights refuses a forward over them
+            tensor.grad_sample = None  # type: ignore[attr-defined]
         for root in self.roots:
             root.eval()
         torch.set_default_dtype(self._dtype)
@@ -249,6 +258,8 @@ class TrainingGuard:
         self._restore_buffers()
         for m, enabled in self._opacus:
             m.hooks_enabled = enabled
+        for tensor, samples in self._grad_samples:
+            tensor.grad_sample = samples  # type: ignore[attr-defined]
         for g, state in self._generators:
             g.set_state(state)
         _restore_rng(self._rng)

@@ -127,7 +127,9 @@ class GradientCanaries:
         checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
         enabled = check_names(checks, MECHANISM_CHECKS, name="checks")
-        self._optimizer = adapter.check_canary_optimizer(optimizer, enabled)
+        self._optimizer = adapter.check_canary_optimizer(
+            optimizer, enabled, runnable=MechanismChecks.runnable(optimizer)
+        )
         self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)
         self._sample_rate = adapter.canary_sample_rate(sample_rate, optimizer)

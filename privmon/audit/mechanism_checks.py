@@ -54,24 +54,30 @@ def _chosen(checks: Any) -> list[MechanismCheck]:
 
 
 def _refuse_unsupported(context: StepContext, checks: list[MechanismCheck]) -> None:
+    """Refuse the checks that cannot run on ``context.optimizer``, saying which of the others
+    do run on it and with which configurations of Opacus the refused ones run."""
     found = adapter.opacus_family(context.optimizer)
     family, kind = found if found is not None else (None, "")
-    reasons = [(c.name, c.refusal(context, family=family)) for c in checks]
-    blocked = [(name, why) for name, why in reasons if why]
+    reasons = [(c, c.refusal(context, family=family)) for c in checks]
+    blocked = [(c, why) for c, why in reasons if why]
     if not blocked:
         return
-    rest = tuple(name for name, why in reasons if not why)
-    names = ", ".join(name for name, _ in blocked)
-    why = "; ".join(f"{name}: {why}" for name, why in blocked)
+    rest = tuple(c.name for c, why in reasons if not why)
+    names = ", ".join(c.name for c, _ in blocked)
+    why = "; ".join(f"{c.name}: {why}" for c, why in blocked)
+    others = (
+        f"Pass checks={rest!r} to run the others"
+        if rest
+        else f"None of the checks asked for runs on it (checks={tuple(c.name for c in checks)!r})"
+    )
     if family is None:
         raise ValueError(
-            f"on this optimizer, the mechanism checks {names} cannot run ({why}). Pass "
-            f"checks={rest!r} to run the others."
+            f"on this optimizer, the mechanism checks {names} cannot run ({why}). {others}."
         )
+    where = adapter.runs_with(lambda f: any(c.refusal(context, family=f) for c, _ in blocked))
     raise ValueError(
         f"optimizer is an Opacus {kind}, on which the mechanism checks {names} cannot run "
-        f"({why}). Pass checks={rest!r} to run the others, or use flat clipping on one process "
-        "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+        f"({why}). {others}; {names} run with {where}."
     )
 
 
@@ -87,7 +93,8 @@ class MechanismChecks:
     - ``clipping`` (deterministic): a synthetic row of norm 100 C, equal on every clipped
       parameter, replayed through the optimizer's own ``clip_and_accumulate`` on scratch state,
       must contribute at most C (as the step read it after its noise), up to the rounding the
-      parameters' dtype allows;
+      parameters' dtype allows; and no non-finite per-sample gradient reached a noised update
+      (``finite``: the step and the row of its batch where one first did);
     - ``noise``: the noise actually added (``p.grad − p.summed_grad`` right after ``add_noise``,
       up to 65,536 values per step, of the model and the canary block, where the gradients'
       dtype resolves it) against N(0, σ²C²) with the σ and C the accountant read (statistical,
@@ -103,10 +110,11 @@ class MechanismChecks:
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
-    cannot run (ghost clipping without ``module``: clipping; FSDP: all); flat, per-layer and
-    adaptive clipping run on one process, flat and per-layer under DDP too. Use as a context
-    manager (or call :meth:`detach`). :class:`~privmon.audit.GradientCanaries` creates one (its
-    ``checks=``): use either.
+    cannot run (ghost clipping without ``module``: clipping; FSDP: all), saying which run there
+    (:meth:`runnable`) and where the refused ones run; flat, per-layer and adaptive clipping
+    run on one process, flat and per-layer under DDP too. Use as a context manager (or call
+    :meth:`detach`). :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``):
+    use either.
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
@@ -209,6 +217,29 @@ class MechanismChecks:
             for check in self._checks:
                 check.attach(self._context)
             adapter.claim(optimizer, "checks", self)
+
+    @staticmethod
+    def runnable(optimizer: Any) -> tuple[str, ...]:
+        """The built-in checks (of :data:`~privmon.audit.MECHANISM_CHECKS`) that run on
+        ``optimizer``: ``MechanismChecks(optimizer, checks=MechanismChecks.runnable(optimizer))``
+        is never refused for its family.
+
+        Examples:
+            >>> import torch
+            >>> from opacus.optimizers import DPOptimizer
+            >>> from privmon.audit import MechanismChecks
+            >>> params = torch.nn.Linear(2, 2).parameters()
+            >>> flat = DPOptimizer(torch.optim.SGD(params, lr=0.1), noise_multiplier=1.0,
+            ...                    max_grad_norm=1.0, expected_batch_size=4)
+            >>> MechanismChecks.runnable(flat)
+            ('clipping', 'noise', 'sampling', 'steps', 'ledger')
+        """
+        found = adapter.opacus_family(optimizer)
+        family = found[0] if found is not None else None
+        return tuple(
+            name for name, check in _BUILT_IN.items()
+            if not check().refusal(StepContext(optimizer=optimizer), family=family)
+        )  # fmt: skip
 
     # -- the optimizer's step: the checks' events ----------------------------------------
     def _clip_and_accumulate(self, original: Any) -> None:

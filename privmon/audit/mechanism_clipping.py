@@ -31,7 +31,14 @@ _MISSING = object()
 
 
 class ClippingCheck(MechanismCheck):
-    """Each record's gradient clipped to C: the probe's worst contribution against C.
+    """Each record's gradient clipped to C: the probe's worst contribution against C; and no
+    non-finite per-sample gradient reaching a noised update (``finite``).
+
+    The second test is the clipping check's because a NaN or infinite row is a contribution no
+    clipping bounds (Opacus' clip factor C / ‖g‖ is NaN or 0, and 0 · inf is NaN): one record
+    then decides the whole update — NaN weights or not — which no noise hides. It is read from
+    what the clipping call produced (its summed gradient; the row from its per-sample
+    gradients, only when the sum is not finite), never from the noise, which was added right.
 
     Examples:
         >>> from privmon.audit.mechanism_check import StepContext
@@ -55,6 +62,9 @@ class ClippingCheck(MechanismCheck):
     worst: tuple[float, float, int] | None
     key: tuple[Any, ...]
     error: str | None
+    nonfinite: int
+    first_nonfinite: tuple[int, int | None, str] | None
+    pending: tuple[int | None, str] | None
     unclipped: int
     first_unclipped: int
     coefficients: int
@@ -68,6 +78,9 @@ class ClippingCheck(MechanismCheck):
         self.add_state("worst", None)  # (ratio, bound, step)
         self.add_state("key", (), persistent=False)  # what the last probe ran with
         self.add_state("error", None, persistent=False)  # why the probe could not run
+        self.add_state("nonfinite", 0)  # private steps a non-finite per-sample gradient reached
+        self.add_state("first_nonfinite", None)  # (step, row, "NaN" | "inf") of the first
+        self.add_state("pending", None, persistent=False)  # the current step's (row, kind)
         # ghost clipping: private steps whose backward computed no clipping coefficients
         self.add_state("unclipped", 0)
         self.add_state("first_unclipped", 0)
@@ -98,12 +111,23 @@ class ClippingCheck(MechanismCheck):
         return original()
 
     def clipped(self, context: StepContext, *, rows: int, fresh: bool) -> None:
-        """Under ghost clipping, a step's sum restarting closes its backward passes: clipped
-        when they computed coefficients."""
-        if context.module is not None and fresh:
-            self.step_clipped, self.coefficients = self.coefficients > 0, 0
+        """A clipping call that left the summed gradient non-finite marks the step (its first
+        non-finite row); the mark counts once the step reaches the noise. Under ghost clipping,
+        a step's sum restarting closes its backward passes: clipped when they computed
+        coefficients."""
+        if fresh:
+            self.pending = None
+            if context.module is not None:
+                self.step_clipped, self.coefficients = self.coefficients > 0, 0
+        if self.pending is None and rows:
+            self.pending = adapter.nonfinite_row(context.params)
 
     def private_step(self, context: StepContext) -> None:
+        if self.pending is not None:
+            self.nonfinite += 1
+            if self.first_nonfinite is None:
+                self.first_nonfinite = (context.steps, *self.pending)
+            self.pending = None
         if not self.step_clipped:
             if self.unclipped == 0:
                 self.first_unclipped = context.steps
@@ -153,7 +177,8 @@ class ClippingCheck(MechanismCheck):
         return [
             evidence.clipping(
                 self.worst, self.probes, self.over, context.steps, self.bound, self.error, unclipped
-            )
+            ),
+            evidence.finite_gradients(self.first_nonfinite, self.nonfinite, context.steps),
         ]
 
 

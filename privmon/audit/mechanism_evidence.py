@@ -23,6 +23,7 @@ __all__ = [
     "PROBE_NORM",
     "TESTS",
     "clipping",
+    "finite_gradients",
     "kinds_of",
     "ledger",
     "noise_repeat",
@@ -35,6 +36,7 @@ PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
 # (check, test, kind) in the order the findings come.
 TESTS = (
     ("clipping", "probe", "deterministic"),
+    ("clipping", "finite", "deterministic"),
     ("noise", "variance", "statistical"),
     ("noise", "repeat", "deterministic"),
     ("sampling", "mean", "statistical"),
@@ -114,6 +116,30 @@ def clipping(
     )
 
 
+def finite_gradients(
+    first: tuple[int, int | None, str] | None, hits: int, steps: int
+) -> MechanismFinding:
+    """Whether a non-finite per-sample gradient reached a noised update: ``hits`` private steps
+    of ``steps`` did, the first (step, the row of its batch or None, "NaN" or "inf")."""
+    if first is None:
+        said = (
+            f"every per-sample gradient that reached the noise was finite ({steps} steps)"
+            if steps
+            else "no private step yet"
+        )
+        return _finding("clipping/finite", False, None, f"clipping: {said}")
+    step, slot, kind = first
+    count = f"({hits} of {steps} steps noised a non-finite clipped sum)"
+    said = (
+        f"a per-sample gradient of record slot {slot} was {kind} at step {step}: it passed "
+        f"clipping unbounded {count}"
+        if slot is not None
+        else f"the clipped sum was not finite at step {step}, though every per-sample gradient "
+        f"of the call was: the clipping made it so {count}"
+    )
+    return _finding("clipping/finite", True, None, f"clipping: {said}")
+
+
 _OTHER_RANK = "Opacus adds the noise on rank 0, which tests it"
 
 
@@ -123,25 +149,33 @@ def noise_variance(
     steps: int,
     scale: float,
     rank: int = 0,
+    left_out: tuple[int, int] = (0, 0),
     *,
     count: tuple[float, int] = (0.0, 0),
 ) -> MechanismFinding:
-    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last); and
-    under AdaClip ``count``: (Σ (count noise / σ_u)², steps), its p-value Bonferroni-combined
-    with the gradient's, min(1, 2 min(p_g, p_c))."""
+    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last);
+    ``left_out``: the (values, steps) read where the noised gradient was not finite, which the
+    test leaves out (a non-finite value has no χ² term); under AdaClip ``count``: (Σ (count
+    noise / σ_u)², steps), its p-value Bonferroni-combined with the gradient's,
+    min(1, 2 min(p_g, p_c))."""
     if rank:
         return _finding(
             "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
         )
+    bad, bad_steps = left_out
+    out = (
+        f"; {bad:,} values of {bad_steps} steps left out: the noised gradient was not finite"
+        if bad
+        else ""
+    )
     if values == 0:
-        return _finding(
-            "noise/variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
-        )
+        why = "every value read was not finite" if bad else "no noised step with σ·C > 0 yet"
+        return _finding("noise/variance", False, 1.0, f"noise: not tested: {why}{out}")
     ratio = math.sqrt(squares / values)
     p = noise_p_value(squares, values)
     said = (
         f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
-        f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps)"
+        f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps{out})"
     )
     count_squares, count_steps = count
     if count_steps:

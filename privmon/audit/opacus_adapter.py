@@ -52,10 +52,12 @@ __all__ = [
     "install",
     "kept_clipping_counts",
     "noisy_count",
+    "nonfinite_row",
     "opacus_family",
     "rank_and_world",
     "release",
     "rows_to_clip",
+    "runs_with",
     "uninstall",
 ]
 
@@ -89,6 +91,19 @@ PER_LAYER = OpacusFamily(("DPPerLayerOptimizer",))
 ADACLIP = OpacusFamily(("AdaClipDPOptimizer",))
 # most derived first: an optimizer belongs to the first family it matches
 _FAMILIES = (FSDP, PER_LAYER_DDP, GHOST, PER_LAYER, ADACLIP)
+# How a user gets each family (None: flat clipping, DPOptimizer and DistributedDPOptimizer), in
+# the order a refusal's advice lists where the refused part runs.
+_HOW = {
+    None: (
+        "flat clipping (make_private(clipping='flat'), grad_sample_mode 'hooks', 'functorch', "
+        "'ew' or 'no_op', on one process or under DDP: DistributedDPOptimizer)"
+    ),
+    PER_LAYER: "per-layer clipping on one process (clipping='per_layer')",
+    ADACLIP: "adaptive clipping (clipping='adaptive')",
+    GHOST: "ghost clipping (grad_sample_mode='ghost')",
+    PER_LAYER_DDP: "per-layer clipping under DDP",
+    FSDP: "FSDP (grad_sample_mode='ghost_fsdp')",
+}
 # the families whose step the gradient canaries cannot join as a record: why
 _NO_CANARIES = {
     PER_LAYER_DDP: "per-layer clipping bounds each parameter separately",
@@ -97,6 +112,14 @@ _NO_CANARIES = {
     GHOST: "ghost clipping keeps no per-sample gradients",
     ADACLIP: "adaptive clipping changes the noise multiplier and the bound per step",
 }
+
+
+def runs_with(refused: Callable[[OpacusFamily | None], bool]) -> str:
+    """Where a part runs, for a refusal's advice: how a user gets each Opacus family (None:
+    flat clipping) that ``refused`` does not refuse, joined by "or"; "no configuration of
+    Opacus" when it refuses them all."""
+    places = [how for family, how in _HOW.items() if not refused(family)]
+    return " or ".join(places) or "no configuration of Opacus"
 
 
 def opacus_family(optimizer: Any) -> tuple[OpacusFamily, str] | None:
@@ -119,6 +142,36 @@ def rows_to_clip(params: list[Any]) -> tuple[int, bool] | None:
         if isinstance(samples, list):
             return sum(len(s) for s in samples), getattr(p, "summed_grad", None) is None
     return None
+
+
+def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
+    """After a clipping call: None when every parameter's summed gradient is finite (one sum a
+    tensor, in at least float32 so that a correct half-precision sum cannot overflow it, and
+    one copy to the host); else the first row of the call's per-sample
+    gradients (``grad_sample``, a tensor or one per accumulated batch, rows counted across them)
+    that is not finite and whether it holds a NaN ("NaN") or only infinities ("inf") — the row
+    None when every one is finite (the clipping itself made the sum non-finite)."""
+    sums = [s for p in params if isinstance(s := getattr(p, "summed_grad", None), torch.Tensor)]
+    totals = [s.sum(dtype=torch.promote_types(s.dtype, torch.float32)) for s in sums]
+    if not sums or bool(torch.stack(totals).isfinite().all()):
+        return None
+    rows: list[torch.Tensor] = []  # per row of the call: all entries finite, any entry NaN
+    nans: list[torch.Tensor] = []
+    for p in params:
+        samples = getattr(p, "grad_sample", None)
+        found = samples if isinstance(samples, list) else [samples]
+        parts = [g.reshape(len(g), -1) for g in found if isinstance(g, torch.Tensor)]
+        if parts and len(g := torch.cat(parts)) and g.shape[1]:
+            rows.append(g.isfinite().all(dim=1))
+            nans.append(g.isnan().any(dim=1))
+    sizes = {len(r) for r in rows}
+    if len(sizes) != 1:
+        return None, "not finite"
+    bad = torch.nonzero(~torch.stack(rows).all(dim=0)).flatten()
+    if len(bad) == 0:
+        return None, "not finite"
+    slot = int(bad[0])
+    return slot, "NaN" if bool(torch.stack(nans)[:, slot].any()) else "inf"
 
 
 # Which of privmon's objects each optimizer carries: {"canaries": ..., "checks": ...}.
@@ -293,17 +346,23 @@ def bound_schedulers(optimizer: Any) -> list[str]:
     return found
 
 
-def check_canary_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
+def check_canary_optimizer(
+    optimizer: Any, checks: tuple[str, ...], *, runnable: tuple[str, ...]
+) -> Any:
     """``optimizer`` if GradientCanaries (with mechanism ``checks``) can join it: an Opacus
-    flat-clipping ``DPOptimizer`` carrying no canaries, no other checks and no LR scheduler."""
+    flat-clipping ``DPOptimizer`` carrying no canaries, no other checks and no LR scheduler.
+    ``runnable``: the mechanism checks that run on it, which a refusal names."""
     check_dp_optimizer(optimizer, who="GradientCanaries")
     found = opacus_family(optimizer)
     if found is not None and found[0] in _NO_CANARIES:
         family, name = found
+        here = "No mechanism check runs on it either"
+        if runnable:
+            here = f"On it MechanismChecks(optimizer, checks={runnable!r}) runs"
         raise ValueError(
             f"optimizer is an Opacus {name}, which GradientCanaries do not support: "
-            f"{_NO_CANARIES[family]}. Use flat clipping on one process "
-            "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+            f"{_NO_CANARIES[family]}. GradientCanaries run with "
+            f"{runs_with(lambda f: f in _NO_CANARIES)}. {here}."
         )
     if attached(optimizer, "canaries") is not None:
         raise ValueError(

@@ -124,6 +124,36 @@ def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y)
 
 
+def _refusals() -> dict:
+    """What the canaries say on per-layer clipping under DDP (Opacus'
+    SimpleDistributedPerLayerOptimizer: each layer has a bound of its own), and which
+    mechanism checks run there (all five)."""
+    import warnings
+
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+    from privmon.audit import GradientCanaries, MechanismChecks
+
+    warnings.simplefilter("ignore")
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
+    _, optimizer, _ = PrivacyEngine().make_private(
+        module=DPDDP(net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=[0.5] * 4,
+        clipping="per_layer",
+    )
+    said = {"kind": type(optimizer).__name__, "runnable": MechanismChecks.runnable(optimizer)}
+    try:
+        GradientCanaries(optimizer, 10, sample_rate=0.1)
+    except ValueError as e:
+        said["canaries"] = str(e)
+    return said
+
+
 def _worker(rank, world, port, tmp):
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
@@ -132,6 +162,7 @@ def _worker(rank, world, port, tmp):
     try:
         for case in CASES:
             out[case] = _run(case, rank)
+        out["refusals"] = _refusals()
     finally:
         with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
             pickle.dump(out, f)
@@ -242,3 +273,19 @@ def test_ghost_clipping_under_ddp_is_checked_silent_when_correct_and_a_clip_at_1
         ), found.evidence
     for key, value in ranks[0]["ghost"]["weights"].items():
         assert torch.equal(value, ranks[1]["ghost"]["weights"][key]), key
+
+
+def test_the_canaries_refuse_per_layer_clipping_under_ddp_advising_what_runs(ranks):
+    flat = (
+        "flat clipping (make_private(clipping='flat'), grad_sample_mode 'hooks', 'functorch', "
+        "'ew' or 'no_op', on one process or under DDP: DistributedDPOptimizer)"
+    )
+    for out in ranks:
+        said = out["refusals"]
+        assert said["kind"] == "SimpleDistributedPerLayerOptimizer"
+        assert said["runnable"] == ("clipping", "noise", "sampling", "steps", "ledger")
+        assert f"GradientCanaries run with {flat}." in said["canaries"]
+        assert said["canaries"].endswith(
+            "On it MechanismChecks(optimizer, checks=('clipping', 'noise', 'sampling', 'steps', "
+            "'ledger')) runs."
+        ), said["canaries"]

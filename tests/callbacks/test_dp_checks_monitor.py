@@ -417,3 +417,55 @@ def test_the_verdict_names_the_mechanism_check_first_and_reads_scalars_alone():
     quiet = verdict(checks_from_reports([report(10)]))
     assert quiet.level == "none"
     assert "DP mechanism checks (sampling): none fired at any of the 1 checks." in quiet.details
+
+
+def test_a_nan_in_one_record_alarms_with_its_own_cause_through_the_monitor():
+    """One NaN input value in one training record, Opacus unmodified: the monitor's alarm names
+    the clipping check's finding (the row and the step it entered), not repeated noise, and no
+    p-value it reports is NaN."""
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privmon.audit import GradientCanaries
+    from privmon.queries import LossQuery
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 6, generator=g), torch.randint(0, 2, (300,), generator=g)
+    train = x[:200].clone()
+    train[17, 2] = float("nan")
+    engine, model = PrivacyEngine(), nn.Linear(6, 2)
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(train, y[:200]), batch_size=20),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    canaries = GradientCanaries(optimizer, 500, seed=1)
+    monitor = PrivacyMonitor(
+        LossQuery(model), [(x[:50], y[:50])], [(x[200:250], y[200:250])], every_n_steps=40,
+        methods=("histogram",), accountant=engine, canaries=canaries,
+    )  # fmt: skip
+    step = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(xb), yb).backward()
+                optimizer.step()
+                step += 1
+                monitor.step(step)
+    report = monitor.last_report
+    assert report.dp_violation
+    assert len(report.dp_causes) == 1 and report.dp_causes[0].startswith(
+        "clipping: a per-sample gradient of record slot "
+    )
+    assert "passed clipping unbounded" in report.dp_causes[0]
+    assert not any("repeats the noise" in cause for cause in report.dp_causes)
+    p_values = [v for t, v in report.scalars.items() if (T.parse_dp_check(t) or (0, None))[1]]
+    assert p_values and not any(math.isnan(v) for v in p_values)
+    assert any(issubclass(w.category, PrivacyViolationWarning) for w in caught)

@@ -760,7 +760,8 @@ def test_each_refusal_advises_only_what_runs(kind, options, refused, runs):
         said = _refusal(lambda: MechanismChecks(optimizer))
         assert said.startswith(f"optimizer is an Opacus {kind}, on which the mechanism checks ")
         assert said.endswith(
-            f"Pass checks={runs!r} to run the others; {names} run with {FLAT} or {PER_LAYER}."
+            f"Pass checks={runs!r} to run the others; {names} run with {FLAT} or {PER_LAYER} or "
+            "adaptive clipping (clipping='adaptive') or per-layer clipping under DDP."
         )
         assert "grad_sample_mode='hooks')" not in said
     MechanismChecks(optimizer, checks=runs).detach()  # what it says runs, runs

@@ -69,9 +69,24 @@ def clipping(
     steps: int,
     bound: float,
     error: str | None,
+    unclipped: tuple[int, int] = (0, 0),
 ) -> MechanismFinding:
     """The probe's worst contribution (ratio to C, that C, its step) against C; ``over``: the
-    probes whose contribution exceeded C by more than their precision's rounding allows."""
+    probes whose contribution exceeded C by more than their precision's rounding allows;
+    ``unclipped``: (the private steps whose backward pass computed no ghost clipping
+    coefficients, the first of them)."""
+    if unclipped[0]:
+        count, first = unclipped
+        return _finding(
+            "clipping/probe",
+            True,
+            None,
+            (
+                f"clipping: step {first} was not clipped: its backward pass computed no ghost "
+                f"clipping coefficients ({count} of {steps} steps); the loss must be that of "
+                "the criterion make_private returned"
+            ),
+        )
     if worst is None:
         why = f"the probe could not run ({error})" if error else "no private step yet"
         return _finding("clipping/probe", False, None, f"clipping: not tested: {why}")
@@ -135,10 +150,14 @@ def noise_variance(
     scale: float,
     rank: int = 0,
     left_out: tuple[int, int] = (0, 0),
+    *,
+    count: tuple[float, int] = (0.0, 0),
 ) -> MechanismFinding:
     """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last);
     ``left_out``: the (values, steps) read where the noised gradient was not finite, which the
-    test leaves out (a non-finite value has no χ² term)."""
+    test leaves out (a non-finite value has no χ² term); under AdaClip ``count``: (Σ (count
+    noise / σ_u)², steps), its p-value Bonferroni-combined with the gradient's,
+    min(1, 2 min(p_g, p_c))."""
     if rank:
         return _finding(
             "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
@@ -153,15 +172,17 @@ def noise_variance(
         why = "every value read was not finite" if bad else "no noised step with σ·C > 0 yet"
         return _finding("noise/variance", False, 1.0, f"noise: not tested: {why}{out}")
     ratio = math.sqrt(squares / values)
-    return _finding(
-        "noise/variance",
-        False,
-        noise_p_value(squares, values),
-        (
-            f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
-            f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps{out})"
-        ),
+    p = noise_p_value(squares, values)
+    said = (
+        f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
+        f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps{out})"
     )
+    count_squares, count_steps = count
+    if count_steps:
+        p = min(1.0, 2 * min(p, noise_p_value(count_squares, count_steps)))
+        count_ratio = _num(math.sqrt(count_squares / count_steps))
+        said += f"; the noisy count of unclipped rows has {count_ratio} × its σ_u"
+    return _finding("noise/variance", False, p, said)
 
 
 def noise_repeat(digests: bytes, rank: int = 0) -> MechanismFinding:

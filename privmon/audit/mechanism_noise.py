@@ -101,8 +101,10 @@ def _resolved(
 
 
 class NoiseCheck(MechanismCheck):
-    """Fresh N(0, σ²C²) noise at every step: the noise added against the σ and C the accountant
-    read (statistical, one-sided), and no step repeating another's (a digest per step).
+    """Fresh N(0, σ²C²) noise at every step: the noise added against the σ the accountant read
+    and the C the step clipped to (statistical, one-sided), and no step repeating another's (a
+    digest per step). Under AdaClip, the gradient's noise against σ_g C (the part of σ its noisy
+    count leaves) and the count's against its σ_u, the two p-values Bonferroni-combined.
 
     Examples:
         >>> from privmon.audit.mechanism_check import StepContext
@@ -113,13 +115,6 @@ class NoiseCheck(MechanismCheck):
 
     name = "noise"
     tests = evidence.kinds_of("noise")
-    refused_on = (
-        (
-            adapter.ADACLIP,
-            "AdaClip splits the noise between the gradient and a noisy count of unclipped rows: "
-            "the gradient's noise is not N(0, σ²C²)",
-        ),
-    )
     squares: float
     values: int
     steps: int
@@ -127,7 +122,11 @@ class NoiseCheck(MechanismCheck):
     digests: bytearray
     nonfinite: int
     nonfinite_steps: int
+    count_squares: float
+    count_values: int
     reading: Reading | None
+    clip_bound: float
+    count_before: tuple[float, float] | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,7 +137,17 @@ class NoiseCheck(MechanismCheck):
         self.add_state("digests", bytearray())  # 8 bytes per step: the noise's digest
         self.add_state("nonfinite", 0)  # values left out: the noised gradient not finite
         self.add_state("nonfinite_steps", 0)  # the steps they come from
+        self.add_state("count_squares", 0.0)  # AdaClip: Σ (count noise / σ_u)²
+        self.add_state("count_values", 0)
         self.add_state("reading", None, persistent=False)  # what add_noise left for the step
+        self.add_state("clip_bound", math.nan, persistent=False)  # the C the step clipped to
+        self.add_state("count_before", None, persistent=False)  # AdaClip's count, σ_u
+
+    def clipped(self, context: StepContext, *, rows: int, fresh: bool) -> None:
+        """The bound the step clipped to (AdaClip moves it after the noise), and AdaClip's
+        count of unclipped rows before its noise."""
+        self.clip_bound = float(context.optimizer.max_grad_norm)
+        self.count_before = adapter.noisy_count(context.optimizer)
 
     def noised(self, context: StepContext) -> None:
         """Read the noise just added (rank 0 only: Opacus adds it there): a fixed tensor
@@ -148,10 +157,20 @@ class NoiseCheck(MechanismCheck):
 
     def private_step(self, context: StepContext) -> None:
         reading, self.reading = self.reading, None
+        bound, self.clip_bound = self.clip_bound, math.nan
+        # AdaClip's count as the step left it (what its next bound was computed from)
+        before, after = self.count_before, adapter.noisy_count(context.optimizer)
+        self.count_before = None
+        if reading is not None and before is not None and after is not None and after[1] > 0:
+            count = ((after[0] - before[0]) / after[1]) ** 2
+            if math.isfinite(count):
+                self.count_squares += count
+                self.count_values += 1
         if reading is None:
             return
         opt = context.optimizer
-        sigma, bound = float(opt.noise_multiplier), float(opt.max_grad_norm)
+        sigma = adapter.gradient_noise_multiplier(opt)
+        bound = bound if math.isfinite(bound) else float(opt.max_grad_norm)
         squares, values, digest, nonfinite = reading
         self.digests += digest or context.steps.to_bytes(8, "little")
         if nonfinite:
@@ -172,6 +191,7 @@ class NoiseCheck(MechanismCheck):
                 math.prod(self.scale),
                 context.rank,
                 (self.nonfinite, self.nonfinite_steps),
+                count=(self.count_squares, self.count_values),
             ),
             evidence.noise_repeat(bytes(self.digests), context.rank),
         ]
@@ -179,7 +199,7 @@ class NoiseCheck(MechanismCheck):
 
 def _read(context: StepContext) -> Reading:
     opt, block, params = context.optimizer, context.block, context.params
-    scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+    scale = adapter.gradient_noise_multiplier(opt) * float(opt.max_grad_norm)
     if not params or scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to test
         return 0.0, 0, b"", 0
     fixed = fixed_tensor([block, *params] if block is not None else params)

@@ -2,8 +2,10 @@
 mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's objects an
 optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
 Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
-clipping call, the LR schedulers already bound to an optimizer, and the ``GradSampleModule``s
-whose per-sample-gradient hooks a check switches off.
+clipping call, the LR schedulers already bound to an optimizer, the ``GradSampleModule``s
+whose per-sample-gradient hooks a check switches off, and ghost clipping's per-sample norms and
+clipping coefficients; AdaClip's gradient noise multiplier and its noisy count of unclipped
+rows.
 
 Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
 accountant and the sampling rate only in the step hook's closure
@@ -13,9 +15,10 @@ are found among the live objects."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +41,17 @@ __all__ = [
     "canary_sample_rate",
     "check_canary_optimizer",
     "check_dp_optimizer",
+    "check_ghost_module",
     "claim",
+    "ghost_coefficient",
+    "ghost_rows",
     "grad_sample_modules",
+    "gradient_noise_multiplier",
     "hook_accountant",
     "hook_sample_rate",
     "install",
+    "kept_clipping_counts",
+    "noisy_count",
     "nonfinite_row",
     "opacus_family",
     "rank_and_world",
@@ -427,3 +436,92 @@ def grad_sample_modules(roots: Sequence[torch.nn.Module]) -> list[Any]:
             owners.append(getattr(getattr(hook, "func", hook), "__self__", None))  # a partial
         found |= {id(owner): owner for owner in owners if _switches_hooks(owner)}
     return list(found.values())
+
+
+def check_ghost_module(module: Any, optimizer: Any) -> Any:
+    """``module`` if it is the model whose backward pass clips for the ghost-clipping
+    ``optimizer``: an Opacus ``GradSampleModuleFastGradientClipping`` (what ``make_private``
+    returns with ``grad_sample_mode="ghost"``) whose trainable parameters the optimizer steps."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping  # the optimizer's
+
+    if not isinstance(module, GradSampleModuleFastGradientClipping):
+        raise TypeError(
+            "module must be the GradSampleModuleFastGradientClipping that make_private "
+            f"returned with grad_sample_mode='ghost', got {type(module).__name__}"
+        )
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not all(id(p) in stepped for p in module.trainable_parameters):
+        raise ValueError(
+            "module's trainable parameters are not all the optimizer's: pass the model "
+            "make_private returned together with this optimizer"
+        )
+    return module
+
+
+def ghost_rows(params: list[Any]) -> tuple[int, bool] | None:
+    """Under ghost clipping: the rows whose per-sample gradient norms the step's backward pass
+    computed (those of the first parameter with any) and whether the summed gradient restarts
+    (``summed_grad`` None); None when no parameter has them."""
+    for p in params:
+        norms = getattr(p, "_norm_sample", None)
+        if isinstance(norms, torch.Tensor):
+            return len(norms), getattr(p, "summed_grad", None) is None
+    return None
+
+
+def ghost_coefficient(module: Any, share: float) -> float:
+    """The clipping coefficient ghost clipping's ``module.get_clipping_coef()`` gives one row
+    whose per-sample gradient norm on each trainable parameter is ``share`` (each parameter's
+    ``_norm_sample`` and the module's per-sample norms put back after)."""
+    params = list(module.trainable_parameters)
+    saved = [(p, p.__dict__.get("_norm_sample", _ABSENT)) for p in params]
+    norms = module.__dict__.get("_per_sample_gradient_norms")
+    try:
+        for p in params:
+            p._norm_sample = torch.full((1,), share, dtype=p.dtype, device=p.device)
+        return float(module.get_clipping_coef().reshape(-1)[0])
+    finally:
+        for p, value in saved:
+            if value is _ABSENT:
+                p.__dict__.pop("_norm_sample", None)
+            else:
+                p._norm_sample = value
+        module._per_sample_gradient_norms = norms
+
+
+_ABSENT = object()
+
+
+def gradient_noise_multiplier(optimizer: Any) -> float:
+    """The multiplier of C in the standard deviation of the noise the optimizer adds to the
+    summed gradient: ``noise_multiplier``, or under AdaClip the part the noisy count leaves,
+    σ_g = (σ⁻² − (2 σ_u)⁻²)^(−1/2) (Andrew et al., "Differentially Private Learning with
+    Adaptive Clipping", Theorem 1: what ``AdaClipDPOptimizer.add_noise`` adds)."""
+    sigma = float(optimizer.noise_multiplier)
+    if ADACLIP.matched(optimizer) is None or sigma <= 0:
+        return sigma
+    return float((sigma**-2 - (2 * float(optimizer.unclipped_num_std)) ** -2) ** -0.5)
+
+
+def noisy_count(optimizer: Any) -> tuple[float, float] | None:
+    """Under AdaClip: (the count of unclipped rows as it stands, the standard deviation σ_u of
+    the noise ``add_noise`` adds to it); None for other optimizers."""
+    if ADACLIP.matched(optimizer) is None:
+        return None
+    return float(optimizer.unclipped_num), float(optimizer.unclipped_num_std)
+
+
+@contextlib.contextmanager
+def kept_clipping_counts(optimizer: Any) -> Iterator[None]:
+    """Within the block AdaClip's counts of clipped rows (``sample_size``, ``unclipped_num``,
+    which its ``clip_and_accumulate`` advances, a tensor in place) may change: they are put
+    back after, so a probe of that call leaves the next bound as training would have it."""
+    saved = {
+        name: value.clone() if isinstance(value, torch.Tensor) else value
+        for name, value in optimizer.__dict__.items()
+        if name in ("sample_size", "unclipped_num")
+    }
+    try:
+        yield
+    finally:
+        optimizer.__dict__.update(saved)

@@ -627,7 +627,7 @@ def test_bad_arguments_are_refused():
         MechanismChecks(Run().optimizer, checks=("noise", "clip"))
 
 
-def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
+def test_ghost_clipping_without_its_model_refuses_clipping_and_runs_the_others():
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -642,11 +642,11 @@ def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
     )
     with pytest.raises(
         ValueError,
-        match=r"clipping, sampling cannot run .*ghost clipping .*"
-        r"Pass checks=\('noise', 'steps', 'ledger'\)",
+        match=r"clipping cannot run .*ghost clipping .*pass module=.*"
+        r"Pass checks=\('noise', 'sampling', 'steps', 'ledger'\)",
     ):
         MechanismChecks(optimizer)
-    checks = MechanismChecks(optimizer, checks=("noise", "steps", "ledger"))
+    checks = MechanismChecks(optimizer, checks=("noise", "sampling", "steps", "ledger"))
     with_noise_factor(optimizer, 0.5)  # after the checks: outside them, and still seen
     for x, y in loader:
         optimizer.zero_grad()
@@ -741,11 +741,11 @@ def _adaclip():
         (
             "DPOptimizerFastGradientClipping",
             {"grad_sample_mode": "ghost", "criterion": nn.CrossEntropyLoss()},
-            ("clipping", "sampling"),
-            ("noise", "steps", "ledger"),
+            ("clipping",),
+            ("noise", "sampling", "steps", "ledger"),
         ),
         ("DPPerLayerOptimizer", {"clipping": "per_layer", "max_grad_norm": [0.5] * 4}, (), None),
-        ("AdaClipDPOptimizer", None, ("clipping", "noise"), ("sampling", "steps", "ledger")),
+        ("AdaClipDPOptimizer", None, (), None),
     ],
 )
 def test_each_refusal_advises_only_what_runs(kind, options, refused, runs):
@@ -760,7 +760,8 @@ def test_each_refusal_advises_only_what_runs(kind, options, refused, runs):
         said = _refusal(lambda: MechanismChecks(optimizer))
         assert said.startswith(f"optimizer is an Opacus {kind}, on which the mechanism checks ")
         assert said.endswith(
-            f"Pass checks={runs!r} to run the others; {names} run with {FLAT} or {PER_LAYER}."
+            f"Pass checks={runs!r} to run the others; {names} run with {FLAT} or {PER_LAYER} or "
+            "adaptive clipping (clipping='adaptive') or per-layer clipping under DDP."
         )
         assert "grad_sample_mode='hooks')" not in said
     MechanismChecks(optimizer, checks=runs).detach()  # what it says runs, runs
@@ -773,26 +774,6 @@ def test_each_refusal_advises_only_what_runs(kind, options, refused, runs):
     if refused:  # where the refused checks run, they run
         per_layer = _private_optimizer(clipping="per_layer", max_grad_norm=[0.5] * 4)
         MechanismChecks(per_layer, checks=refused).detach()
-
-
-def test_adaclip_refuses_clipping_and_noise():
-    from opacus.optimizers import AdaClipDPOptimizer
-
-    params = nn.Linear(2, 2).parameters()
-    optimizer = AdaClipDPOptimizer(
-        torch.optim.SGD(params, lr=0.1),
-        noise_multiplier=0.5,
-        target_unclipped_quantile=0.5,
-        clipbound_learning_rate=0.2,
-        max_clipbound=10,
-        min_clipbound=0.1,
-        unclipped_num_std=1.0,
-        max_grad_norm=1.0,
-        expected_batch_size=4,
-    )
-    with pytest.raises(ValueError, match=r"clipping, noise cannot run .*AdaClip moves"):
-        MechanismChecks(optimizer)
-    MechanismChecks(optimizer, checks=("sampling", "steps", "ledger")).detach()
 
 
 def test_per_layer_clipping_is_checked_and_a_wrong_layer_bound_fires():

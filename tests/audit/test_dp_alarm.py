@@ -312,7 +312,7 @@ def test_the_correct_run_and_the_non_faults_raise_nothing(fault):
     for check in MECHANISM_CHECKS:
         assert last.scalars[T.dp_check_fired(check)] == 0.0
     for test in ("mean", "dispersion"):
-        assert last.scalars[T.dp_check_p_value("sampling", test)] > last.scalars[T.CERTIFY_DELTA]
+        assert last.scalars[T.dp_check_p_value("sampling", test)] > last.scalars[T.DP_ALARM_DELTA]
     assert last.scalars[T.canary_epsilon("fdp")] <= last.epsilon
 
 

@@ -71,7 +71,7 @@ def _outcome(monitor, step):
         "causes": report.dp_causes,
         "failures": report.failures,
         "warned": warned,
-        "delta": report.scalars[T.CERTIFY_DELTA],
+        "level": report.scalars[T.DP_ALARM_DELTA],
     }
 
 
@@ -119,7 +119,7 @@ def test_a_check_that_fired_on_one_rank_fires_on_every_rank(ranks):
     assert a["violation"] and a["causes"] == (f"{CLIPPING} (rank 1)",)
     assert a["scalars"] == {
         T.dp_check_fired("clipping"): 1.0,
-        T.dp_check_fired("sampling"): float(0.02 < a["delta"]),
+        T.dp_check_fired("sampling"): float(0.02 < a["level"]),
         T.dp_check_p_value("sampling", "mean"): 0.02,  # min over 2 ranks (0.01) × 2
         T.dp_check_p_value("sampling", "dispersion"): 1.0,  # min(1, 0.9 × 2)
     }

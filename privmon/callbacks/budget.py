@@ -1,17 +1,17 @@
 """The run's confidence budget, and what it can certify.
 
 Check k certifies each of its figures at its share δ_k of ``interval_delta``
-(:mod:`privmon.estimators.spending`: evenly over the planned checks when the run's length is
-known, else the sequence for runs of unknown length), split evenly over its certified figures —
-one per query and method it applies to, one per canary bound of each canaries object — so that
-every figure called certified holds over the whole run (union bound). The statistical tests of
-the DP mechanism checks spend the alarm's own level, ``dp_alarm_delta``, the same way: its share
-at check k, split evenly over the check's statistical tests (:meth:`CertificationBudget.alarm_level`),
-so that a false "DP violation" from any of them over the whole run has probability at most
-``dp_alarm_delta``. What that share
-detects at a query's audit sizes (:func:`~privmon.estimators.certificate.detectable_advantage`)
-is said at construction and at the first check, with a warning when early stopping watches a
-bound that cannot reach its threshold, and once when a run outlives its planned checks.
+(:mod:`privmon.estimators.spending`: evenly over the planned checks when the run's length is known,
+else the sequence for runs of unknown length), split evenly over its certified figures — one per
+query and method it applies to, one per canary bound of each canaries object — so that every figure
+called certified holds over the whole run (union bound). The statistical tests of the DP mechanism
+checks spend the alarm's own level, ``dp_alarm_delta``, the same way: its share at check k, split
+evenly over the check's statistical tests (:meth:`CertificationBudget.alarm_level`), so that a false
+"DP violation" from any of them over the whole run has probability at most ``dp_alarm_delta``. What
+that share detects at a query's audit sizes
+(:func:`~privmon.estimators.certificate.detectable_advantage`) is said at construction and at the
+first check, with a warning when early stopping watches a bound that cannot reach its threshold, and
+once when a run outlives its planned checks.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ Steinke et al., Mahloujifar et al.) at the share of the run's confidence budget 
 it: an audited ε above the accountant's is a DP violation, whatever the audit sets (the
 canaries' inclusion is randomised by design). An object with ``mechanism()`` gives the findings of
 the checks of each assumption of the accountant; ``statistical_tests`` (read once, here) are the
-p-values it gives, each deciding at its share of the alarm's level (``dp_alarm_delta``). Derivations: Theory, *One-run ε lower bounds*
-and *Spending the run's confidence budget*.
+p-values it gives, each deciding at its share of the alarm's level (``dp_alarm_delta``).
+Derivations: Theory, *One-run ε lower bounds* and *Spending the run's confidence budget*.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ def analyse_check(
     """The analysis of the check at ``step``: ε from ``accountant`` at ``delta``, each query's
     figures from its ``scores`` (queries in ``failed`` left out, with why), certified at
     ``certify_delta``, the ``canaries``' bounds, and the mechanism checks' ``findings`` (each
-    rank's, in rank order), their statistical tests decided at ``alarm_delta``. Raises when reading ε fails, or a part fails with ``strict``."""
+    rank's, in rank order), their statistical tests decided at ``alarm_delta``. Raises when
+    reading ε fails, or a part fails with ``strict``."""
     eps = None if accountant is None else float(epsilon_from_opacus(accountant, delta=delta))
     options = dict(
         methods=methods,

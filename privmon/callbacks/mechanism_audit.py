@@ -132,8 +132,9 @@ def findings_of(
     return out
 
 
-def _has_p(f: MechanismFinding) -> bool:
-    return f.p_value is not None and not math.isnan(f.p_value)
+def _p(f: MechanismFinding) -> float:
+    """A finding's p-value, NaN for none."""
+    return math.nan if f.p_value is None else f.p_value
 
 
 def _combined(found: Sequence[tuple[str, MechanismFinding]], *, adjust: bool) -> MechanismFinding:
@@ -146,7 +147,7 @@ def _combined(found: Sequence[tuple[str, MechanismFinding]], *, adjust: bool) ->
         return MechanismFinding(
             first.check, first.test, first.kind, bool(fired), None, shown.evidence + where
         )
-    with_p = [(f.p_value, w, f) for w, f in found if _has_p(f)]
+    with_p = [(p, w, f) for w, f in found if not math.isnan(p := _p(f))]
     if not with_p:
         return MechanismFinding(first.check, first.test, first.kind, False, None, first.evidence)
     p, where, shown = min(with_p, key=lambda x: x[0])
@@ -161,7 +162,7 @@ def _say_partly_undecided(
     statistical test gave no p-value while others gave one — decided on those; a test no place
     decided is :func:`decide_findings`' to say."""
     first = found[0][1]
-    missing = [w.strip(" ()") for w, f in found if not _has_p(f)]
+    missing = [w.strip(" ()") for w, f in found if math.isnan(_p(f))]
     if first.kind != "statistical" or not missing or len(missing) == len(found):
         return
     key = f"{DP_CHECKS}/{first.check}/{first.test}"
@@ -250,7 +251,7 @@ def decide_findings(
     for f in findings:
         hit = f.fired
         if f.kind == "statistical":
-            p = f.p_value if _has_p(f) else math.nan
+            p = _p(f)
             p_values.setdefault(f.check, {})[f.test] = p
             hit = p < alarm_delta
             if math.isnan(p):

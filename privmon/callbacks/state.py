@@ -2,14 +2,14 @@
 ``torch.load(..., weights_only=True)``), checked whole before any of it is applied.
 
 Fields (:data:`STATE_VERSION` 3): ``state_version``; the setup the figures were measured under
-(:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``,
-``dp_alarm_delta``, ``planned_checks``, ``canaries``); the run (``run_id``, ``last_step``, ``stop``, ``n_failed``,
+(:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``, ``dp_alarm_delta``,
+``planned_checks``, ``canaries``); the run (``run_id``, ``last_step``, ``stop``, ``n_failed``,
 ``n_certified_checks``); and the states of the history, early stopping and the record tracker
-(``history``, ``early_stopping``, ``records``); and ``digest``, over all of them: a state
-whose content changed (a damaged file) is refused. A state of another version — version 2,
-saved before the DP alarm had its own level (its mechanism checks spent ``interval_delta``),
-version 1, saved before states carried a digest, and one saved before states carried a version
-— is refused with a ValueError naming both versions.
+(``history``, ``early_stopping``, ``records``); and ``digest``, over all of them: a state whose
+content changed (a damaged file) is refused. A state of another version — version 2, saved before
+the DP alarm had its own level (its mechanism checks spent ``interval_delta``), version 1, saved
+before states carried a digest, and one saved before states carried a version — is refused with a
+ValueError naming both versions.
 """
 
 from __future__ import annotations

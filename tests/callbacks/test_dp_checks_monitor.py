@@ -27,6 +27,7 @@ from privmon.estimators.spending import check_delta
 from privmon.queries import CallableQuery
 from privmon.report import read_checks, verdict
 from privmon.report import tags as T
+from privmon.report.formatting import fmt
 from privmon.sinks import JsonlSink
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -145,6 +146,11 @@ def test_a_check_that_fires_sets_the_violation_and_names_its_cause_everywhere(tm
     page = (tmp_path / "privacy_report.html").read_text()
     assert headline in page and "DP mechanism checks" in page
     assert "at 2 of 3 checks (first at step 200)" in page
+    smallest = fmt(_alarm_level(3, tests=2), 3)  # the level of the last of the 3 checks
+    assert (
+        f"false alarms over the whole run stay below dp_alarm_delta; the smallest level of "
+        f"the run: {smallest}." in page
+    )
     (tmp_path / "checks.jsonl").unlink()
     assert verdict(read_checks(tmp_path)).headline == headline  # the event files' text
 

@@ -360,8 +360,12 @@ def faults_table(
         for seed in range(seeds):
             data = digits(seed)
             for key in ["correct", *[k for k in faults if k != "correct"]]:
-                results.setdefault(key, []).append(
-                    run_once(FAULTS[key], kind, seed, steps=steps, data=data, checks=checks)
+                r = run_once(FAULTS[key], kind, seed, steps=steps, data=data, checks=checks)
+                results.setdefault(key, []).append(r)
+                print(  # progress, so that a run cut short still says what it measured
+                    f"faults {name} seed {seed} {key}: alarm steps {r['alarm_steps']}, "
+                    f"fired {r['fired']}",
+                    file=sys.stderr,
                 )
         minutes = (time.perf_counter() - t0) / 60
         which = (

@@ -245,7 +245,7 @@ FAULTS = {
         lambda: Fault(after_private=own_loader),
         10,
         "sampling: 200 rows in each of 40 steps, the accountant assumes Binomial(200, 0.1) "
-        "(mean test: p = 0, below the δ of each certified figure,",
+        "(mean test: p = 0, below the alarm level of each statistical test,",
     ),
     "steps": (  # checkpointed at step 20; the resumed run's first check is at step 30
         lambda: Fault(resume_at=STEPS // 2),

@@ -80,6 +80,8 @@ class PrivacyMonitor:
             :class:`~privmon.audit.GradientCanaries`) or ``mechanism()`` the checks' findings.
         interval_delta: the run's confidence budget, in (0, 1): every certified figure of the
             run holds together with probability ≥ 1 − interval_delta (``…/lower_check``: one check).
+        dp_alarm_delta: the DP alarm's own level, in (0, 1), which the mechanism checks'
+            statistical tests spend as interval_delta is: P(a false alarm in the run) ≤ it.
         planned_checks: the checks the run is expected to have, if known: the budget is then
             spent evenly over them (see :meth:`plan`); a value given here is never changed.
         early_stopping: a :class:`PrivacyEarlyStopping`, decided at each check before the sinks
@@ -129,6 +131,7 @@ class PrivacyMonitor:
         delta: float = 1e-5,
         canaries: Any = None,
         interval_delta: float = 0.05,
+        dp_alarm_delta: float = 1e-4,
         planned_checks: int | None = None,
         early_stopping: PrivacyEarlyStopping | None = None,
         max_batches: int | None = None,
@@ -160,6 +163,7 @@ class PrivacyMonitor:
         if accountant is not None:
             arguments.check_epsilon_readable(accountant, delta=self.delta)
         self.interval_delta = check_open_unit(interval_delta, name="interval_delta")
+        self.dp_alarm_delta = check_open_unit(dp_alarm_delta, name="dp_alarm_delta")
         self.early_stopping, self.max_batches, self.strict = early_stopping, max_batches, strict
         self.history, self.records = ReportHistory(), RecordTracker()
         self.n_failed, self._stop = 0, False
@@ -172,10 +176,10 @@ class PrivacyMonitor:
             strict=strict, traps=self._traps,
         )  # fmt: skip
         self._budget = CertificationBudget(
-            queries=self.queries, methods=self.methods, prior=self.prior,
+            queries=self.queries, methods=self.methods, prior=self.prior, max_batches=max_batches,
             canary_figures=self._audits.figures_per_check, interval_delta=self.interval_delta,
-            planned_checks=planned_checks, audit_sets=(members, nonmembers),
-            max_batches=max_batches, traps=self._traps,
+            alarm_tests=self._audits.alarm_tests, alarm_delta=self.dp_alarm_delta,
+            planned_checks=planned_checks, audit_sets=(members, nonmembers), traps=self._traps,
         )  # fmt: skip
         self._budget.say_what_can_be_certified(1, first=True, stopping=early_stopping)
 
@@ -400,13 +404,10 @@ class PrivacyMonitor:
     def _setup(self) -> dict[str, Any]:
         """What a saved state was measured under (:func:`~privmon.callbacks.state.setup`)."""
         return saved.setup(
-            queries=[q.name for q in self.queries],
-            methods=self.methods,
-            prior=self.prior,
-            interval_delta=self.interval_delta,
-            planned_checks=self.planned_checks,
-            canaries=self._audits.setup,
-        )
+            queries=[q.name for q in self.queries], methods=self.methods, prior=self.prior,
+            interval_delta=self.interval_delta, dp_alarm_delta=self.dp_alarm_delta,
+            planned_checks=self.planned_checks, canaries=self._audits.setup,
+        )  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs: a flat, versioned dict of tensors and plain values
@@ -424,8 +425,8 @@ class PrivacyMonitor:
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` of a monitor with the same queries, methods, prior,
-        ``interval_delta`` and ``planned_checks`` if given; every field is checked first."""
+        """Resume from :meth:`state_dict` of a monitor with the same setup (queries, methods,
+        prior, both δ, ``planned_checks`` if given); every field is checked first."""
         run = saved.read_state(
             state,
             measured_under=self._setup(),

@@ -245,7 +245,7 @@ FAULTS = {
         lambda: Fault(after_private=own_loader),
         10,
         "sampling: 200 rows in each of 40 steps, the accountant assumes Binomial(200, 0.1) "
-        "(mean test: p = 0, below the δ of each certified figure,",
+        "(mean test: p = 0, below the alarm level of each statistical test,",
     ),
     "steps": (  # checkpointed at step 20; the resumed run's first check is at step 30
         lambda: Fault(resume_at=STEPS // 2),
@@ -312,7 +312,7 @@ def test_the_correct_run_and_the_non_faults_raise_nothing(fault):
     for check in MECHANISM_CHECKS:
         assert last.scalars[T.dp_check_fired(check)] == 0.0
     for test in ("mean", "dispersion"):
-        assert last.scalars[T.dp_check_p_value("sampling", test)] > last.scalars[T.CERTIFY_DELTA]
+        assert last.scalars[T.dp_check_p_value("sampling", test)] > last.scalars[T.DP_ALARM_DELTA]
     assert last.scalars[T.canary_epsilon("fdp")] <= last.epsilon
 
 

@@ -258,6 +258,7 @@ def _saved(mon):
         ({"methods": ("histogram",)}, "methods"),
         ({"prior": 0.3}, "prior"),
         ({"interval_delta": 0.01}, "interval_delta"),
+        ({"dp_alarm_delta": 1e-3}, "dp_alarm_delta"),
         ({"planned_checks": 10}, "planned_checks"),
     ],
 )
@@ -322,7 +323,7 @@ def _corrupt(state, path, value):
         (("history", "notes"), {0: []}, "notes must map"),
         (("history", "notes"), [], "notes must map"),
         (("history",), [{"step": 1}], "history must hold run_id, fields"),
-        (("state_version",), 3, "state has state_version 3; this privmon reads state_version 2"),
+        (("state_version",), 4, "state has state_version 4; this privmon reads state_version 3"),
         (("run_id",), "", "run_id must be a non-empty string"),
         (("early_stopping", "wait"), -1, "wait"),
         (("early_stopping", "threshold"), 0.5, "threshold"),
@@ -373,13 +374,14 @@ def test_a_state_saved_before_states_carried_a_version_is_refused_naming_the_ver
     mon = _checked_monitor()
     mon.step(1)
     state = _saved(mon)
-    assert state["state_version"] == 2
+    assert state["state_version"] == 3
     # the state as privmon saved it before: its setup nested under "config", no version
     setup = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
-    before = {k: v for k, v in state.items() if k not in (*setup, "state_version")}
+    newer = ("state_version", "dp_alarm_delta")  # fields of later versions
+    before = {k: v for k, v in state.items() if k not in (*setup, *newer)}
     before["config"] = {k: state[k] for k in setup}
     fresh = _checked_monitor()
-    with pytest.raises(ValueError, match=r"no state_version .* reads state_version 2 only"):
+    with pytest.raises(ValueError, match=r"no state_version .* reads state_version 3 only"):
         fresh.load_state_dict(before)
     assert fresh.history == [] and fresh.n_certified_checks == 0
 

@@ -32,8 +32,10 @@ Parts (``--parts``, comma-separated):
 * ``faults``: seeds × faults and non-faults × canary kinds → true ε, accountant ε, test accuracy,
   alarms (runs), the checks that fired, the audited ε (median), whether the canaries' scores are
   bit-identical to the correct run's, the mechanism checks' figures at the last check;
-* ``null``: the false-alarm rate over many correct runs of a cheaper model (nn.Linear(64, 10),
-  fewer steps), with its Clopper-Pearson 95 % interval, and how often each p-value is < 0.05;
+* ``null``: the false-alarm rate over many correct runs (1,000 by default) of a cheaper model
+  (nn.Linear(64, 10), 100 steps, about 1.5 s of CPU a run), at the monitor's default
+  ``dp_alarm_delta``, with its Clopper-Pearson 95 % interval, how often each p-value is < 0.05
+  and the smallest p / level any statistical test reached at any check (below 1: it fired);
 * ``timing``: CPU time per step of the correct MLP run with today's ``GradientCanaries``
   (``checks=()``) and with the checks on, at 1e3 and 1e5 canaries (and without canaries);
   interleaved repeats (the order reversed every other repeat), median and quartiles, and the
@@ -51,9 +53,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import logging
 import math
 import statistics
+import sys
 import time
 import warnings
 from collections import Counter
@@ -78,6 +82,7 @@ from privmon.report import tags
 
 N_AUDIT = 200  # members and held-out records of the loss query
 CHECKS = 4  # per run: three during training, one at the end
+DP_ALARM_DELTA = inspect.signature(PrivacyMonitor).parameters["dp_alarm_delta"].default
 # Opacus' warnings are filtered by dp_canaries (imported above).
 warnings.simplefilter("ignore", PrivacyViolationWarning)  # read from the reports instead
 logging.getLogger("privmon").setLevel(logging.ERROR)  # the alarms' log lines: idem
@@ -264,6 +269,19 @@ def dp_check_figures(scalars: dict[str, float]) -> dict[str, dict[str, float]]:
     return out
 
 
+def closest_to_alarm(scalars: dict[str, float]) -> float:
+    """The smallest p / level of the statistical tests of a check (``inf`` without one): below
+    1, the test fired."""
+    level = scalars.get(tags.DP_ALARM_DELTA)
+    ratios = [
+        v / level
+        for checks in dp_check_figures(scalars).values()
+        for k, v in checks.items()
+        if level and k.endswith("/p_value") and not math.isnan(v)
+    ]
+    return min(ratios, default=math.inf)
+
+
 def run_once(
     fault: Fault,
     kind: CanaryKind,
@@ -313,6 +331,7 @@ def run_once(
             method: v for tag, v in last.scalars.items() if (method := tags.parse_canary(tag))
         },
         "dp_checks": dp_check_figures(last.scalars),
+        "closest": min((closest_to_alarm(r.scalars) for r in reports), default=math.inf),
         "scores_digest": None
         if scores is None
         else hashlib.sha256(scores[0].tobytes() + b"|" + scores[1].tobytes()).hexdigest(),
@@ -343,8 +362,12 @@ def faults_table(
         for seed in range(seeds):
             data = digits(seed)
             for key in ["correct", *[k for k in faults if k != "correct"]]:
-                results.setdefault(key, []).append(
-                    run_once(FAULTS[key], kind, seed, steps=steps, data=data, checks=checks)
+                r = run_once(FAULTS[key], kind, seed, steps=steps, data=data, checks=checks)
+                results.setdefault(key, []).append(r)
+                print(  # progress, so that a run cut short still says what it measured
+                    f"faults {name} seed {seed} {key}: alarm steps {r['alarm_steps']}, "
+                    f"fired {r['fired']}",
+                    file=sys.stderr,
                 )
         minutes = (time.perf_counter() - t0) / 60
         which = (
@@ -415,11 +438,14 @@ def mechanism_table(results: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def null_table(runs: int, steps: int, kind_names: list[str]) -> None:
-    """False alarms over ``runs`` correct runs of a linear model (seeds 1000 + i), per kind;
-    and how often each statistical test's p-value at the last check is below 0.05."""
+    """False alarms over ``runs`` correct runs of a linear model (seeds 1000 + i), per kind; how
+    often each statistical test's p-value at the last check is below 0.05, and the smallest
+    ratio p / level any test reached at any check (below 1: an alarm). Progress every 100 runs
+    on stderr, so that a run cut short still says its exact count."""
     for kind_name in kind_names:
         t0 = time.perf_counter()
         alarms, fired, low = 0, Counter[str](), Counter[str]()
+        closest = math.inf
         for i in range(runs):
             r = run_once(
                 FAULTS["correct"],
@@ -431,28 +457,34 @@ def null_table(runs: int, steps: int, kind_names: list[str]) -> None:
             )
             alarms += r["alarm"]
             fired.update(r["fired"])
+            closest = min(closest, r["closest"])
             for check, figures in r["dp_checks"].items():
                 low.update(
                     f"{check}/{k.removesuffix('/p_value')}"
                     for k, p in figures.items()
                     if k.endswith("/p_value") and p < 0.05
                 )
+            if (i + 1) % 100 == 0:
+                print(f"null {kind_name}: {i + 1} runs, {alarms} alarms", file=sys.stderr)
         minutes = (time.perf_counter() - t0) / 60
         lo = float(clopper_pearson_lower(alarms, runs, 0.025))
         hi = float(clopper_pearson_upper(alarms, runs, 0.025))
         print(
             f"\n## False alarms over {runs} correct runs (linear 64-10, {steps} steps, canaries "
-            f"{kind_name}, {CHECKS} checks, interval_delta 0.05; {minutes:.1f} min)\n"
+            f"{kind_name}, {CHECKS} checks, interval_delta 0.05, dp_alarm_delta "
+            f"{DP_ALARM_DELTA:g}; {minutes:.1f} min)\n"
         )
         print(
-            "| runs | alarms | rate | Clopper-Pearson 95 % | fired | p < 0.05 at the last check |"
+            "| runs | alarms | rate | Clopper-Pearson 95 % | fired | p < 0.05 at the last check "
+            "| smallest p / level |"
         )
-        print("|---:|---:|---:|---|---|---|")
+        print("|---:|---:|---:|---|---|---|---:|")
         said = ", ".join(f"{c} {n}" for c, n in sorted(fired.items())) or "-"
         tests = ("noise/variance", "sampling/mean", "sampling/dispersion")
         share = ", ".join(f"{t} {low[t]}" for t in tests)
         print(
-            f"| {runs} | {alarms} | {alarms / runs:.3f} | [{lo:.3f}, {hi:.3f}] | {said} | {share} |"
+            f"| {runs} | {alarms} | {alarms / runs:.4f} | [{lo:.4f}, {hi:.4f}] | {said} | {share} "
+            f"| {closest:.3g} |"
         )
 
 
@@ -512,7 +544,7 @@ def main() -> None:
         help="the mechanism checks the faults part runs: all, none (the canaries alone, as "
         "before issue #29) or names, comma-separated",
     )
-    parser.add_argument("--null-runs", type=int, default=200)
+    parser.add_argument("--null-runs", type=int, default=1000)
     parser.add_argument("--null-steps", type=int, default=100)
     parser.add_argument("--null-kinds", default="1e3", help="comma-separated")
     parser.add_argument("--repeats", type=int, default=11, help="timing repeats")

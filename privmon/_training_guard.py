@@ -23,6 +23,8 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
+from privmon._inplace_writes import InPlaceWrites
+
 __all__ = [
     "TrainingGuard",
     "audit_view",
@@ -67,22 +69,6 @@ def _loader_generators(loaders: Iterable[Any]) -> list[torch.Generator]:
     return list(found.values())
 
 
-def _opacus_modules(roots: Sequence[nn.Module]) -> list[Any]:
-    """Opacus ``GradSampleModule``s whose hooks fire on these modules: the roots themselves, and
-    the owners of the hooks Opacus attached to their submodules (a query may hold the wrapped
-    model rather than the wrapper)."""
-    found: dict[int, Any] = {}
-    for root in roots:
-        for m in root.modules():
-            owners = [m, *(getattr(h, "__self__", None) for h in m._forward_hooks.values())]
-            for owner in owners:
-                if callable(getattr(owner, "disable_hooks", None)) and isinstance(
-                    getattr(owner, "hooks_enabled", None), bool
-                ):
-                    found[id(owner)] = owner
-    return list(found.values())
-
-
 _CHECK_LOCK = threading.Lock()
 
 
@@ -120,7 +106,6 @@ class _Buffer(NamedTuple):
     owner: nn.Module
     name: str
     tensor: torch.Tensor
-    version: int
     saved: torch.Tensor
 
 
@@ -142,9 +127,12 @@ class TrainingGuard:
     - every buffer's values (BatchNorm statistics: a query that calls ``.train()`` changes
       them), a copy of each taken on entry;
     - the default dtype and the grad mode;
-    - Opacus' per-sample-gradient hooks, disabled inside the block, so a query's backward pass
-      neither consumes the training step's captured activations nor leaves partial per-sample
-      gradients that make the next training step fail;
+    - the per-sample-gradient hooks of ``hook_switches`` (Opacus' ``GradSampleModule``s:
+      :func:`~privmon.audit.opacus_adapter.grad_sample_modules`), disabled inside the block, so
+      a query's backward pass neither consumes the training step's captured activations nor
+      leaves partial per-sample gradients that make the next training step fail; and the step's
+      per-sample gradients (``grad_sample``), hidden inside the block (torch's Expanded Weights,
+      Opacus' ``grad_sample_mode="ew"``, refuses a forward while a parameter holds them);
     - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
       ``p.data = …`` are put back); a lazy parameter not yet materialised has neither and is
       passed by.
@@ -154,13 +142,17 @@ class TrainingGuard:
     when the call changed a parameter: one written to in place cannot be restored without a copy
     of the model (nor can the optimizer state, which only changes with a step that writes the
     weights), so the call's result is refused instead. In-place writes are seen through the
-    parameters' version counters, which every in-place torch operation and optimizer step
-    updates; a write through ``.data`` (``p.data.add_(…)``) bypasses them and is not seen.
+    parameters' version counters (:class:`~privmon._inplace_writes.InPlaceWrites`), which every
+    in-place torch operation and optimizer step updates; a write through ``.data``
+    (``p.data.add_(…)``) bypasses them and is not seen.
     """
 
-    def __init__(self, roots: Sequence[nn.Module], loaders: Sequence[Any]) -> None:
+    def __init__(
+        self, roots: Sequence[nn.Module], loaders: Sequence[Any], *, hook_switches: Sequence[Any]
+    ) -> None:
         self.roots = list({id(root): root for root in roots}.values())
         self.loaders = list(loaders)
+        self.hook_switches = list(hook_switches)
 
     def __enter__(self) -> TrainingGuard:
         self._rng = _save_rng()
@@ -169,14 +161,19 @@ class TrainingGuard:
         modules = list({id(m): m for root in self.roots for m in root.modules()}.values())
         self._modes = [(m, m.training) for m in modules]
         self._params = _parameters(self.roots)
-        self._versions = [p.tensor._version for p in self._params]  # advanced after a write
+        self._writes = [InPlaceWrites([p.tensor]) for p in self._params]  # renewed after one
         self._buffers = [
-            _Buffer(m, name, b, b._version, b.detach().clone())
+            _Buffer(m, name, b, b.detach().clone())
             for m in modules
-            for name, b in m._buffers.items()
-            if b is not None and not is_lazy(b)
+            for name, b in m.named_buffers(recurse=False)
+            if not is_lazy(b)
         ]
-        self._opacus = [(m, m.hooks_enabled) for m in _opacus_modules(self.roots)]
+        self._opacus = [(m, m.hooks_enabled) for m in self.hook_switches]
+        self._grad_samples = [  # Opacus' per-sample gradients of the step (a plain attribute)
+            (p.tensor, p.tensor.__dict__["grad_sample"])
+            for p in self._params
+            if p.tensor.__dict__.get("grad_sample") is not None
+        ]
         try:
             self._set_check_state()
         except BaseException:
@@ -195,6 +192,8 @@ class TrainingGuard:
             p.tensor.requires_grad_(p.requires_grad)
         for m, _ in self._opacus:
             m.disable_hooks()
+        for tensor, _ in self._grad_samples:  # Expanded Weights refuses a forward over them
+            tensor.grad_sample = None  # type: ignore[attr-defined]
         for root in self.roots:
             root.eval()
         torch.set_default_dtype(self._dtype)
@@ -205,18 +204,12 @@ class TrainingGuard:
         buffers, ``requires_grad``, gradients, hooks, default dtype, grad mode); return why its
         result must be refused — the parameters it wrote to in place — or None."""
         changed = self._restore_parameters()
-        written = [
-            p.qualified for p, v in zip(self._params, self._versions, strict=True)
-            if p.tensor._version != v
-        ]  # fmt: skip
-        if written:  # later calls are judged on their own writes
-            self._versions = [p.tensor._version for p in self._params]
-        changed += [name for name in written if name not in changed]
-        if any(m.training for m, _ in self._modes) or any(
-            b.owner._buffers.get(b.name) is not b.tensor or b.tensor._version != b.version
-            for b in self._buffers
-        ):  # BatchNorm in training mode updates its statistics without a version bump
-            self._restore_buffers()
+        written = [i for i, w in enumerate(self._writes) if w.any()]
+        for i in written:  # later calls are judged on their own writes
+            self._writes[i] = InPlaceWrites([self._params[i].tensor])
+        changed += [self._params[i].qualified for i in written]
+        changed = list(dict.fromkeys(changed))
+        self._restore_buffers()  # by value: BatchNorm in training mode writes them
         self._set_check_state()
         if not changed:
             return None
@@ -233,9 +226,9 @@ class TrainingGuard:
         names."""
         put_back = []
         for p in self._params:
-            moved = p.owner._parameters.get(p.name) is not p.tensor
+            moved = getattr(p.owner, p.name, None) is not p.tensor
             if moved:
-                p.owner._parameters[p.name] = p.tensor
+                setattr(p.owner, p.name, p.tensor)
             if p.tensor.data_ptr() != p.storage.data_ptr() or p.tensor.shape != p.storage.shape:
                 p.tensor.data = p.storage
                 moved = True
@@ -246,15 +239,14 @@ class TrainingGuard:
     def _restore_buffers(self) -> None:
         with torch.no_grad():
             for b in self._buffers:
-                if b.owner._buffers.get(b.name) is not b.tensor:
-                    b.owner._buffers[b.name] = b.tensor
+                if getattr(b.owner, b.name, None) is not b.tensor:
+                    _put_buffer(b)
                 if _unchanged(b.tensor, b.saved):
                     continue  # no needless write: it would bump the version autograd checks
                 if b.tensor.shape == b.saved.shape:
                     b.tensor.copy_(b.saved)
                 else:  # resized in place: back to the saved size, then the saved values
                     b.tensor.resize_(b.saved.shape).copy_(b.saved)
-        self._buffers = [b._replace(version=b.tensor._version) for b in self._buffers]
 
     def _restore(self) -> None:
         for m, training in self._modes:
@@ -266,11 +258,21 @@ class TrainingGuard:
         self._restore_buffers()
         for m, enabled in self._opacus:
             m.hooks_enabled = enabled
+        for tensor, samples in self._grad_samples:
+            tensor.grad_sample = samples  # type: ignore[attr-defined]
         for g, state in self._generators:
             g.set_state(state)
         _restore_rng(self._rng)
         torch.set_default_dtype(self._dtype)
         torch.set_grad_enabled(self._grad_mode)
+
+
+def _put_buffer(b: _Buffer) -> None:
+    """Back in its module: a buffer a query replaced (or removed, then registered again)."""
+    if b.name in dict(b.owner.named_buffers(recurse=False)):
+        setattr(b.owner, b.name, b.tensor)
+    else:
+        b.owner.register_buffer(b.name, b.tensor)
 
 
 def _parameters(roots: Sequence[nn.Module]) -> list[_Param]:
@@ -280,8 +282,8 @@ def _parameters(roots: Sequence[nn.Module]) -> list[_Param]:
     for i, root in enumerate(roots):
         prefix = f"{type(root).__name__}#{i}." if len(roots) > 1 else ""
         for module_name, m in root.named_modules(remove_duplicate=False):
-            for name, p in m._parameters.items():
-                if p is None or is_lazy(p) or id(p) in found:  # a lazy one has no data yet
+            for name, p in m.named_parameters(recurse=False, remove_duplicate=False):
+                if is_lazy(p) or id(p) in found:  # a lazy one has no data yet
                     continue
                 qualified = f"{prefix}{module_name}.{name}" if module_name else prefix + name
                 found[id(p)] = _Param(m, name, qualified, p, p.data, p.grad, p.requires_grad)

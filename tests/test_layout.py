@@ -333,8 +333,45 @@ def _private_torch(trees: dict[str, ast.Module]) -> list[str]:
 
 
 def test_no_private_torch_api():
-    # (a tensor's version counter, ``tensor._version``, is read where a write must be told from
-    # no write without a copy of the weights: torch has no public counter)
     assert _private_torch(_modules()) == []
     made = {"m": ast.parse("import torch\nx = torch._foreach_norm(t)\nfrom torch._C import y")}
     assert _private_torch(made) == ["m: from torch._C import ...", "m: torch._foreach_norm"]
+
+
+def _torch_private_attributes() -> set[str]:
+    """The private attribute names of torch's tensors, parameters, modules and optimizers
+    (``_version``, ``_parameters``, ``_forward_hooks``, …), read off live objects."""
+    import torch
+    from torch import nn
+
+    layer = nn.Linear(1, 1)
+    objects = (torch.zeros(1), layer, layer.weight, torch.optim.SGD(layer.parameters(), lr=1.0))
+    return {n for o in objects for n in dir(o) if n.startswith("_") and not n.startswith("__")}
+
+
+def _private_attribute_reads(trees: dict[str, ast.Module], names: set[str]) -> list[str]:
+    """``x.<name>`` for a torch private attribute ``name`` on anything but ``self`` / ``cls``."""
+    return sorted(
+        f"{module}: {ast.unparse(node)}"
+        for module, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in names
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    )
+
+
+def test_no_private_attribute_of_torch_objects_is_read():
+    # One exception, with no public route in torch: whether a module has forward hooks, which a
+    # stacked ensemble would not run (so a template with any is not stacked).
+    names = _torch_private_attributes()
+    assert {"_version", "_parameters", "_buffers", "_forward_hooks"} <= names
+    hooks = {
+        "privmon.models.linear_stack: layer._forward_hooks",
+        "privmon.models.linear_stack: layer._forward_pre_hooks",
+        "privmon.models.linear_stack: template._forward_hooks",
+        "privmon.models.linear_stack: template._forward_pre_hooks",
+    }
+    assert set(_private_attribute_reads(_modules(), names)) == hooks
+    made = {"m": ast.parse("v = p._version\nself._version = 1\nb = m._buffers")}
+    assert _private_attribute_reads(made, names) == ["m: m._buffers", "m: p._version"]

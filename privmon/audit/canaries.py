@@ -127,7 +127,9 @@ class GradientCanaries:
         checks: Iterable[str] = MECHANISM_CHECKS,
     ) -> None:
         enabled = check_names(checks, MECHANISM_CHECKS, name="checks")
-        self._optimizer = adapter.check_canary_optimizer(optimizer, enabled)
+        self._optimizer = adapter.check_canary_optimizer(
+            optimizer, enabled, runnable=MechanismChecks.runnable(optimizer)
+        )
         self._n = check_int(n_canaries, name="n_canaries", minimum=2)
         self._seed = check_int(seed, name="seed", minimum=0)
         self._sample_rate = adapter.canary_sample_rate(sample_rate, optimizer)
@@ -542,7 +544,8 @@ class InputCanaries:
         modules = list(getattr(query, "modules", ()))
         parts = []
         try:
-            with TrainingGuard(modules, []) as guard:
+            switches = adapter.grad_sample_modules(modules)
+            with TrainingGuard(modules, [], hook_switches=switches) as guard:
                 getattr(query, "prepare", lambda device: None)(getattr(query, "device", None))
                 for batch in loader:
                     out = query(batch)

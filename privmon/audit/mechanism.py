@@ -2,7 +2,7 @@
 accountant makes (Poisson batches at rate q from N records, each per-sample gradient clipped to
 C, the sum plus N(0, σ²C²) noise, T steps, nothing else touching the weights). The hooks of
 :class:`~privmon.audit.GradientCanaries` collect the evidence; the monitor decides the
-statistical findings at its share of the run's confidence budget."""
+statistical findings at its share of the alarm's own level (``dp_alarm_delta``)."""
 
 from __future__ import annotations
 

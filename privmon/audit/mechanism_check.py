@@ -16,14 +16,12 @@ import torch
 
 from privmon._digest import check_sealed, sealed
 from privmon.audit.mechanism import MechanismFinding
-from privmon.audit.opacus_adapter import FSDP, PER_LAYER_DDP, OpacusFamily
+from privmon.audit.opacus_adapter import FSDP, OpacusFamily
 
 __all__ = ["MechanismCheck", "StepContext"]
 
 # The Opacus optimizers on which no mechanism check can run: why.
 _NO_CHECK = {
-    PER_LAYER_DDP: "it clips and noises each layer inside the backward pass, with no clipping "
-    "or noise step of the optimizer to look into",
     FSDP: "FSDP shards every tensor over the ranks; the checks read whole tensors",
 }
 
@@ -31,10 +29,11 @@ _NO_CHECK = {
 @dataclass
 class StepContext:
     """What the checks on one optimizer share: the optimizer, the canary block (a parameter that
-    is no model parameter, or None), this rank and the world size (distributed Opacus), the
-    sampling rate of the accountant's hook (None: unknown), the parameters the optimizer clips
-    (read at each ``pre_step``), the private steps counted so far, and whether the clipping
-    probe is running (its clipping call is no step's).
+    is no model parameter, or None), the model whose backward pass clips under ghost clipping
+    (the ``GradSampleModule`` make_private returned, or None), this rank and the world size
+    (distributed Opacus), the sampling rate of the accountant's hook (None: unknown), the
+    parameters the optimizer clips (read at each ``pre_step``), the private steps counted so
+    far, and whether the clipping probe is running (its clipping call is no step's).
 
     Examples:
         >>> from privmon.audit import StepContext
@@ -45,6 +44,7 @@ class StepContext:
 
     optimizer: Any
     block: torch.nn.Parameter | None = None
+    module: Any = None
     rank: int = 0
     world: int = 1
     sample_rate: float | None = None
@@ -158,10 +158,10 @@ class MechanismCheck:
             setattr(self, name, _loaded(self._defaults[name][0], state[name]))
 
     # -- the events of a step ------------------------------------------------------------------
-    def refusal(self, *, optimizer: Any, family: OpacusFamily | None) -> str | None:
-        """Why the check cannot run on ``optimizer`` (of Opacus ``family``, None for flat
-        clipping), or None; default: :attr:`refused_on`'s reason for the family, and for the
-        families no check can run on (distributed per-layer clipping, FSDP), theirs."""
+    def refusal(self, context: StepContext, *, family: OpacusFamily | None) -> str | None:
+        """Why the check cannot run on ``context.optimizer`` (of Opacus ``family``, None for
+        flat clipping), or None; default: :attr:`refused_on`'s reason for the family, and for
+        the family no check can run on (FSDP), its own."""
         if family is None:
             return None
         return dict(self.refused_on).get(family) or _NO_CHECK.get(family)

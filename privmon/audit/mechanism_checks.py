@@ -53,25 +53,31 @@ def _chosen(checks: Any) -> list[MechanismCheck]:
     return chosen
 
 
-def _refuse_unsupported(optimizer: Any, checks: list[MechanismCheck]) -> None:
-    found = adapter.opacus_family(optimizer)
+def _refuse_unsupported(context: StepContext, checks: list[MechanismCheck]) -> None:
+    """Refuse the checks that cannot run on ``context.optimizer``, saying which of the others
+    do run on it and with which configurations of Opacus the refused ones run."""
+    found = adapter.opacus_family(context.optimizer)
     family, kind = found if found is not None else (None, "")
-    reasons = [(c.name, c.refusal(optimizer=optimizer, family=family)) for c in checks]
-    blocked = [(name, why) for name, why in reasons if why]
+    reasons = [(c, c.refusal(context, family=family)) for c in checks]
+    blocked = [(c, why) for c, why in reasons if why]
     if not blocked:
         return
-    rest = tuple(name for name, why in reasons if not why)
-    names = ", ".join(name for name, _ in blocked)
-    why = "; ".join(f"{name}: {why}" for name, why in blocked)
+    rest = tuple(c.name for c, why in reasons if not why)
+    names = ", ".join(c.name for c, _ in blocked)
+    why = "; ".join(f"{c.name}: {why}" for c, why in blocked)
+    others = (
+        f"Pass checks={rest!r} to run the others"
+        if rest
+        else f"None of the checks asked for runs on it (checks={tuple(c.name for c in checks)!r})"
+    )
     if family is None:
         raise ValueError(
-            f"on this optimizer, the mechanism checks {names} cannot run ({why}). Pass "
-            f"checks={rest!r} to run the others."
+            f"on this optimizer, the mechanism checks {names} cannot run ({why}). {others}."
         )
+    where = adapter.runs_with(lambda f: any(c.refusal(context, family=f) for c, _ in blocked))
     raise ValueError(
         f"optimizer is an Opacus {kind}, on which the mechanism checks {names} cannot run "
-        f"({why}). Pass checks={rest!r} to run the others, or use flat clipping on one process "
-        "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+        f"({why}). {others}; {names} run with {where}."
     )
 
 
@@ -87,7 +93,8 @@ class MechanismChecks:
     - ``clipping`` (deterministic): a synthetic row of norm 100 C, equal on every clipped
       parameter, replayed through the optimizer's own ``clip_and_accumulate`` on scratch state,
       must contribute at most C (as the step read it after its noise), up to the rounding the
-      parameters' dtype allows;
+      parameters' dtype allows; and no non-finite per-sample gradient reached a noised update
+      (``finite``: the step and the row of its batch where one first did);
     - ``noise``: the noise actually added (``p.grad − p.summed_grad`` right after ``add_noise``,
       up to 65,536 values per step, of the model and the canary block, where the gradients'
       dtype resolves it) against N(0, σ²C²) with the σ and C the accountant read (statistical,
@@ -103,9 +110,11 @@ class MechanismChecks:
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
-    cannot run (ghost clipping: clipping, sampling; AdaClip: clipping, noise; distributed
-    Opacus). Use as a context manager (or call :meth:`detach`).
-    :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``): use either.
+    cannot run (ghost clipping without ``module``: clipping; FSDP: all), saying which run there
+    (:meth:`runnable`) and where the refused ones run; flat, per-layer and adaptive clipping
+    run on one process, flat and per-layer under DDP too. Use as a context manager (or call
+    :meth:`detach`). :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``):
+    use either.
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
@@ -116,6 +125,10 @@ class MechanismChecks:
         canary_block: a parameter of the optimizer that is no model parameter and sees only
             noise (GradientCanaries' block): its noise joins the noise test, and the clipping
             probe and the row count leave it out.
+        module: under ghost clipping (``grad_sample_mode="ghost"``), the model
+            ``make_private`` returned: it computes the clipping coefficients in the loss's
+            backward pass, which the clipping check probes and counts (without it, the
+            clipping check is refused there). Only ghost clipping takes it.
 
     Examples:
         >>> import torch
@@ -152,10 +165,28 @@ class MechanismChecks:
         *,
         checks: Iterable[str | MechanismCheck] = MECHANISM_CHECKS,
         canary_block: torch.nn.Parameter | None = None,
+        module: torch.nn.Module | None = None,
     ) -> None:
         self._optimizer = adapter.check_dp_optimizer(optimizer, who="MechanismChecks")
         self._checks = _chosen(checks)
-        _refuse_unsupported(optimizer, self._checks)
+        found = adapter.opacus_family(optimizer)
+        ghost = found is not None and found[0] is adapter.GHOST
+        if module is not None and not ghost:
+            raise ValueError(
+                "module is read under ghost clipping only (it clips in the loss's backward "
+                "pass there); this optimizer clips in its own step: leave module out"
+            )
+        # distributed Opacus: noise added on rank 0, each rank samples its shard
+        rank, world = adapter.rank_and_world(optimizer)
+        self._context = StepContext(
+            optimizer=optimizer,
+            block=canary_block,
+            module=None if module is None else adapter.check_ghost_module(module, optimizer),
+            rank=rank,
+            world=world,
+            sample_rate=adapter.hook_sample_rate(optimizer),
+        )
+        _refuse_unsupported(self._context, self._checks)
         if self._checks and adapter.attached(optimizer, "checks") is not None:
             raise ValueError(
                 "optimizer already carries mechanism checks (a MechanismChecks, or "
@@ -166,15 +197,6 @@ class MechanismChecks:
                 "optimizer carries GradientCanaries: their checks= runs the mechanism checks "
                 "(they know the canary block); detach() them or pass checks= to them"
             )
-        # distributed Opacus: noise added on rank 0, each rank samples its shard
-        rank, world = adapter.rank_and_world(optimizer)
-        self._context = StepContext(
-            optimizer=optimizer,
-            block=canary_block,
-            rank=rank,
-            world=world,
-            sample_rate=adapter.hook_sample_rate(optimizer),
-        )
         self._noised = False  # add_noise came back within the current pre_step
         self._frozen: tuple[MechanismFinding, ...] | None = None  # the findings at detach
         self._hooks: list[adapter.Hook] = []
@@ -184,21 +206,57 @@ class MechanismChecks:
                 {
                     "add_noise": self._add_noise,
                     "pre_step": self._pre_step,
-                    "clip_and_accumulate": self._clip_and_accumulate,
+                    # ghost clipping clips in the backward pass; its step accumulates the sums
+                    **(
+                        {"accumulate": self._accumulate}
+                        if ghost
+                        else {"clip_and_accumulate": self._clip_and_accumulate}
+                    ),
                 },
             )
             for check in self._checks:
                 check.attach(self._context)
             adapter.claim(optimizer, "checks", self)
 
+    @staticmethod
+    def runnable(optimizer: Any) -> tuple[str, ...]:
+        """The built-in checks (of :data:`~privmon.audit.MECHANISM_CHECKS`) that run on
+        ``optimizer``: ``MechanismChecks(optimizer, checks=MechanismChecks.runnable(optimizer))``
+        is never refused for its family.
+
+        Examples:
+            >>> import torch
+            >>> from opacus.optimizers import DPOptimizer
+            >>> from privmon.audit import MechanismChecks
+            >>> params = torch.nn.Linear(2, 2).parameters()
+            >>> flat = DPOptimizer(torch.optim.SGD(params, lr=0.1), noise_multiplier=1.0,
+            ...                    max_grad_norm=1.0, expected_batch_size=4)
+            >>> MechanismChecks.runnable(flat)
+            ('clipping', 'noise', 'sampling', 'steps', 'ledger')
+        """
+        found = adapter.opacus_family(optimizer)
+        family = found[0] if found is not None else None
+        return tuple(
+            name for name, check in _BUILT_IN.items()
+            if not check().refusal(StepContext(optimizer=optimizer), family=family)
+        )  # fmt: skip
+
     # -- the optimizer's step: the checks' events ----------------------------------------
     def _clip_and_accumulate(self, original: Any) -> None:
         """Opacus' clipping; then the checks hear how many rows it clipped (not the probe's)."""
+        self._clipping(original, adapter.rows_to_clip)
+
+    def _accumulate(self, original: Any) -> None:
+        """Ghost clipping's sum of the step's clipped gradient; then the checks hear how many
+        rows its backward pass clipped."""
+        self._clipping(original, adapter.ghost_rows)
+
+    def _clipping(self, original: Any, rows_of: Any) -> None:
         context = self._context
         if context.probing:
             original()
             return
-        counted = adapter.rows_to_clip(context.params)
+        counted = rows_of(context.params)
         done = False
         try:
             original()

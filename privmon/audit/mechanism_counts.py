@@ -17,7 +17,8 @@ __all__ = ["SamplingCheck", "StepsCheck"]
 
 class SamplingCheck(MechanismCheck):
     """Poisson batches at rate q from N records: the rows of each logical step (those the
-    clipping calls clipped since the summed gradient restarted) against Binomial(N, q t).
+    clipping calls clipped since the summed gradient restarted; under ghost clipping, those its
+    backward pass computed norms for) against Binomial(N, q t).
 
     Examples:
         >>> from privmon.audit.mechanism_check import StepContext
@@ -30,12 +31,6 @@ class SamplingCheck(MechanismCheck):
 
     name = "sampling"
     tests = evidence.kinds_of("sampling")
-    refused_on = (
-        (
-            adapter.GHOST,
-            "ghost clipping keeps no per-sample gradients to count the rows of a step with",
-        ),
-    )
     counts: RowCounts
     rows: int
 

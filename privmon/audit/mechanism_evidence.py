@@ -23,6 +23,7 @@ __all__ = [
     "PROBE_NORM",
     "TESTS",
     "clipping",
+    "finite_gradients",
     "kinds_of",
     "ledger",
     "noise_repeat",
@@ -35,6 +36,7 @@ PROBE_NORM = 100.0  # the clipping probe's norm, in units of C
 # (check, test, kind) in the order the findings come.
 TESTS = (
     ("clipping", "probe", "deterministic"),
+    ("clipping", "finite", "deterministic"),
     ("noise", "variance", "statistical"),
     ("noise", "repeat", "deterministic"),
     ("sampling", "mean", "statistical"),
@@ -67,9 +69,24 @@ def clipping(
     steps: int,
     bound: float,
     error: str | None,
+    unclipped: tuple[int, int] = (0, 0),
 ) -> MechanismFinding:
     """The probe's worst contribution (ratio to C, that C, its step) against C; ``over``: the
-    probes whose contribution exceeded C by more than their precision's rounding allows."""
+    probes whose contribution exceeded C by more than their precision's rounding allows;
+    ``unclipped``: (the private steps whose backward pass computed no ghost clipping
+    coefficients, the first of them)."""
+    if unclipped[0]:
+        count, first = unclipped
+        return _finding(
+            "clipping/probe",
+            True,
+            None,
+            (
+                f"clipping: step {first} was not clipped: its backward pass computed no ghost "
+                f"clipping coefficients ({count} of {steps} steps); the loss must be that of "
+                "the criterion make_private returned"
+            ),
+        )
     if worst is None:
         why = f"the probe could not run ({error})" if error else "no private step yet"
         return _finding("clipping/probe", False, None, f"clipping: not tested: {why}")
@@ -99,31 +116,73 @@ def clipping(
     )
 
 
+def finite_gradients(
+    first: tuple[int, int | None, str] | None, hits: int, steps: int
+) -> MechanismFinding:
+    """Whether a non-finite per-sample gradient reached a noised update: ``hits`` private steps
+    of ``steps`` did, the first (step, the row of its batch or None, "NaN" or "inf")."""
+    if first is None:
+        said = (
+            f"every per-sample gradient that reached the noise was finite ({steps} steps)"
+            if steps
+            else "no private step yet"
+        )
+        return _finding("clipping/finite", False, None, f"clipping: {said}")
+    step, slot, kind = first
+    count = f"({hits} of {steps} steps noised a non-finite clipped sum)"
+    said = (
+        f"a per-sample gradient of record slot {slot} was {kind} at step {step}: it passed "
+        f"clipping unbounded {count}"
+        if slot is not None
+        else f"the clipped sum was not finite at step {step}, though every per-sample gradient "
+        f"of the call was: the clipping made it so {count}"
+    )
+    return _finding("clipping/finite", True, None, f"clipping: {said}")
+
+
 _OTHER_RANK = "Opacus adds the noise on rank 0, which tests it"
 
 
 def noise_variance(
-    squares: float, values: int, steps: int, scale: float, rank: int = 0
+    squares: float,
+    values: int,
+    steps: int,
+    scale: float,
+    rank: int = 0,
+    left_out: tuple[int, int] = (0, 0),
+    *,
+    count: tuple[float, int] = (0.0, 0),
 ) -> MechanismFinding:
-    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last)."""
+    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last);
+    ``left_out``: the (values, steps) read where the noised gradient was not finite, which the
+    test leaves out (a non-finite value has no χ² term); under AdaClip ``count``: (Σ (count
+    noise / σ_u)², steps), its p-value Bonferroni-combined with the gradient's,
+    min(1, 2 min(p_g, p_c))."""
     if rank:
         return _finding(
             "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
         )
-    if values == 0:
-        return _finding(
-            "noise/variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"
-        )
-    ratio = math.sqrt(squares / values)
-    return _finding(
-        "noise/variance",
-        False,
-        noise_p_value(squares, values),
-        (
-            f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
-            f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps)"
-        ),
+    bad, bad_steps = left_out
+    out = (
+        f"; {bad:,} values of {bad_steps} steps left out: the noised gradient was not finite"
+        if bad
+        else ""
     )
+    if values == 0:
+        why = "every value read was not finite" if bad else "no noised step with σ·C > 0 yet"
+        return _finding("noise/variance", False, 1.0, f"noise: not tested: {why}{out}")
+    ratio = math.sqrt(squares / values)
+    p = noise_p_value(squares, values)
+    said = (
+        f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
+        f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps{out})"
+    )
+    count_squares, count_steps = count
+    if count_steps:
+        p = min(1.0, 2 * min(p, noise_p_value(count_squares, count_steps)))
+        count_ratio = _num(math.sqrt(count_squares / count_steps))
+        said += f"; the noisy count of unclipped rows has {count_ratio} × its σ_u"
+    return _finding("noise/variance", False, p, said)
 
 
 def noise_repeat(digests: bytes, rank: int = 0) -> MechanismFinding:
@@ -228,9 +287,9 @@ def step_count(counted: int | None, taken: int) -> MechanismFinding:
     )
 
 
-def ledger(unnoised: int, first: int, changed: int | None, last: int) -> MechanismFinding:
+def ledger(unnoised: int, first: int, changed: bool | None, last: int) -> MechanismFinding:
     """``unnoised`` optimizer steps without noise (the first after private step ``first``);
-    ``changed`` parameters since the last private step ``last`` (None: none recorded yet)."""
+    whether the weights ``changed`` since the last private step ``last`` (None: none yet)."""
     said = []
     if unnoised:
         said.append(
@@ -238,7 +297,7 @@ def ledger(unnoised: int, first: int, changed: int | None, last: int) -> Mechani
             f"{first})"
         )
     if changed:
-        said.append(f"{changed} parameters changed after the last private step (step {last})")
+        said.append(f"the weights changed after the last private step (step {last})")
     if said:
         return _finding(
             "ledger/weights", True, None, f"ledger: {'; '.join(said)}: a non-private update"

@@ -1,34 +1,44 @@
 """The mechanism checks' weights ledger (:class:`~privmon.audit.MechanismChecks`): the weights
-at a check are those the last private step left (version counters and storage, no copy), and no
-optimizer step without noise changed a value (told by a copy of the parameters with a gradient,
-taken before such a step only). Derivations: docs, Theory page, *Mechanism checks*."""
+at a check are those the last private step left (no in-place write and the same storage since,
+no copy), and no optimizer step without noise changed a value (told by a copy of the parameters
+with a gradient, taken before such a step only). Derivations: docs, Theory page, *Mechanism
+checks*."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from privmon._inplace_writes import InPlaceWrites
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.mechanism_check import MechanismCheck, StepContext
 
 __all__ = ["LedgerCheck"]
 
-Entry = tuple[torch.Tensor, int, int]  # a parameter, its version counter, its storage
+
+class _Weights(NamedTuple):
+    """The parameters as a point of training left them: their storage, and a witness of the
+    in-place writes since."""
+
+    params: list[torch.Tensor]
+    storage: list[int]
+    writes: InPlaceWrites
+
+    @classmethod
+    def of(cls, optimizer: Any) -> _Weights:
+        params = [p for g in optimizer.original_optimizer.param_groups for p in g["params"]]
+        return cls(params, [p.data_ptr() for p in params], InPlaceWrites(params))
+
+    def changed(self) -> bool:
+        """Written in place, or given other storage, since."""
+        return self.writes.any() or [p.data_ptr() for p in self.params] != self.storage
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape and values (NaN where the other is NaN)."""
     return a.shape == b.shape and bool(torch.where(a.isnan(), b.isnan(), a == b).all())
-
-
-def _fingerprint(optimizer: Any) -> list[Entry]:
-    return [
-        (p, p._version, p.data_ptr())
-        for group in optimizer.original_optimizer.param_groups
-        for p in group["params"]
-    ]
 
 
 class LedgerCheck(MechanismCheck):
@@ -46,18 +56,20 @@ class LedgerCheck(MechanismCheck):
     tests = evidence.kinds_of("ledger")
     unnoised: int
     first_unnoised: int
-    ledger: list[Entry] | None
+    ledger: _Weights | None
     ledger_step: int
-    before: list[tuple[torch.Tensor, int, int, torch.Tensor | None]]
+    moved: bool
+    before: tuple[_Weights, list[torch.Tensor | None], InPlaceWrites] | None
     private: bool
 
     def __init__(self) -> None:
         super().__init__()
         self.add_state("unnoised", 0)  # optimizer steps that ran without noise
         self.add_state("first_unnoised", 0)  # the private steps before the first of them
-        self.add_state("ledger", None, persistent=False)  # the last private step's entries
+        self.add_state("ledger", None, persistent=False)  # as the last private step left them
         self.add_state("ledger_step", 0, persistent=False)
-        self.add_state("before", [], persistent=False)  # entries and copies before a step
+        self.add_state("moved", False, persistent=False)  # changed since, seen before a step
+        self.add_state("before", None, persistent=False)  # before a step, with value copies
         self.add_state("private", False, persistent=False)  # a private step's update is due
         self._context: StepContext | None = None
         self._handles: list[Any] = []
@@ -79,46 +91,42 @@ class LedgerCheck(MechanismCheck):
         self.private = True
 
     def _before_step(self, *_: Any) -> None:
-        """Before a step of the underlying optimizer that no noised ``pre_step`` preceded: the
-        parameters' version counters, and a copy of those with a gradient (the ones a step may
-        write), to tell whether it changed a value."""
+        """Before a step of the underlying optimizer that no noised ``pre_step`` preceded:
+        whether the weights already moved since the last private step, and the parameters with
+        a copy of those with a gradient (the ones a step may write), to tell whether it changed
+        a value."""
         if not self.private and self._context is not None:
-            self.before = [
-                (p, v, ptr, None if p.grad is None else p.detach().clone())
-                for p, v, ptr in _fingerprint(self._context.optimizer)
-            ]
+            self.moved = self.moved or (self.ledger is not None and self.ledger.changed())
+            weights = _Weights.of(self._context.optimizer)
+            copies = [None if p.grad is None else p.detach().clone() for p in weights.params]
+            frozen = [p for p, c in zip(weights.params, copies, strict=True) if c is None]
+            self.before = (weights, copies, InPlaceWrites(frozen))
 
     def _after_step(self, *_: Any) -> None:
-        """After every step of the underlying optimizer: a private one updates the ledger; any
+        """After every step of the underlying optimizer: a private one renews the ledger; any
         other that changed a parameter's value is a non-private update (one that wrote the
         values they had, as a step on zero gradients does, leaves the ledger as it was)."""
         assert self._context is not None
         if self.private:
-            self.private, self.before = False, []
-            self.ledger = _fingerprint(self._context.optimizer)
+            self.private, self.before, self.moved = False, None, False
+            self.ledger = _Weights.of(self._context.optimizer)
             self.ledger_step = self._context.steps
             return
-        before, self.before = self.before, []
-        kept, wrote = {}, False
-        for p, version, ptr, copy in before:
-            if (p._version, p.data_ptr()) == (version, ptr):
-                continue
-            if copy is not None and _same_values(copy, p):
-                kept[id(p)] = (version, ptr)
-            else:
-                wrote = True
-        if self.ledger is not None:  # entries still those of the last private step follow
-            self.ledger = [
-                (q, q._version, q.data_ptr()) if kept.get(id(q)) == (v, ptr) else (q, v, ptr)
-                for q, v, ptr in self.ledger
-            ]
-        if wrote:
+        if self.before is None:
+            return
+        (weights, copies, frozen), self.before = self.before, None
+        if not weights.changed():
+            return
+        rows = zip(weights.params, copies, weights.storage, strict=True)
+        if frozen.any() or any(
+            p.data_ptr() != ptr if c is None else not _same_values(c, p) for p, c, ptr in rows
+        ):
             if self.unnoised == 0:
                 self.first_unnoised = self._context.steps
             self.unnoised += 1
+        elif self.ledger is not None:  # the same values: the ledger follows the writes
+            self.ledger = _Weights.of(self._context.optimizer)
 
     def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
-        changed = None
-        if self.ledger is not None:
-            changed = sum((p._version, p.data_ptr()) != (v, ptr) for p, v, ptr in self.ledger)
+        changed = None if self.ledger is None else self.moved or self.ledger.changed()
         return [evidence.ledger(self.unnoised, self.first_unnoised, changed, self.ledger_step)]

@@ -69,6 +69,8 @@ def noise_p_value(scaled_squares: float, values: int) -> float:
         >>> noise_p_value(250.0, 1000) < 1e-100  # half the standard deviation
         True
     """
+    if math.isnan(scaled_squares):
+        raise ValueError("scaled_squares must be a number, got NaN (leave non-finite noise out)")
     if values <= 0:
         return 1.0
     return float(special.chdtr(values, max(scaled_squares, 0.0)))

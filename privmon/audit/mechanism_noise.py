@@ -19,7 +19,7 @@ from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.mechanism_check import MechanismCheck, StepContext
 from privmon.audit.mechanism_math import resolved_sum
 
-__all__ = ["NoiseCheck", "fixed_tensor", "read_noise"]
+__all__ = ["NoiseCheck", "Reading", "fixed_tensor", "read_noise"]
 
 NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
 DIGEST_VALUES = 64  # a step's digest: the first noise values of the fixed tensor
@@ -33,64 +33,78 @@ def fixed_tensor(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return next((p for p in tensors if p.numel() >= DIGEST_VALUES), max(tensors, key=torch.numel))
 
 
-def read_noise(tensors: Sequence[torch.Tensor], scale: float) -> tuple[float, int, bytes]:
-    """(Σ z², number of values, the step's digest) of the noise z = grad − summed_grad just
-    added at std ``scale`` = σ C > 0, on up to NOISE_VALUES values of each tensor (the first
-    makes the digest). Only entries whose summed gradient s the tensor's precision resolves
+Reading = tuple[float, int, bytes, int]  # Σ z², values, the digest, values not finite
+
+
+def read_noise(tensors: Sequence[torch.Tensor], scale: float) -> Reading:
+    """(Σ z², number of values, the step's digest, number of values left out as not finite) of
+    the noise z = grad − summed_grad just added at std ``scale`` = σ C > 0, on up to
+    NOISE_VALUES values of each tensor (the first makes the digest). Only finite entries whose
+    summed gradient s the tensor's precision resolves
     (:func:`~privmon.audit.mechanism_math.resolved_sum`) count: where it is coarser, rounding
     s + noise may remove the noise from z (not from the rounded s + noise, a function of the
-    mechanism's output). The digest hashes the first DIGEST_VALUES of the fixed tensor, rounded
-    to σ C / DIGEST_GRID (the unresolved ones inf), and needs DIGEST_RESOLVED resolved values.
-    Few operations and one copy to the host: this runs at every step."""
+    mechanism's output); where s or z is NaN or infinite (a non-finite gradient reached the
+    noise: the clipping check's finding) there is no noise to read. The digest hashes the first
+    DIGEST_VALUES of the fixed tensor, rounded to σ C / DIGEST_GRID (the others inf), and needs
+    DIGEST_RESOLVED of them. Few operations and one copy to the host: this runs at every
+    step."""
     reads = []  # (z, s, the largest |s| the precision resolves)
     for p in tensors:
         if p.numel() == 0:
             continue
         grad, summed = p.grad, getattr(p, "summed_grad", None)
         if grad is None or summed is None:
-            return 0.0, 0, b""
+            return 0.0, 0, b"", 0
         sums = summed.detach().reshape(-1)[:NOISE_VALUES]
         wide = torch.promote_types(sums.dtype, torch.float32)  # z = fl(s + n) − s exactly
         z = grad.detach().reshape(-1)[:NOISE_VALUES].to(wide) - sums.to(wide)
         info = torch.finfo(sums.dtype)
         reads.append((z, sums, resolved_sum(scale, info.eps, info.tiny)))
     if not reads:
-        return 0.0, 0, b""
+        return 0.0, 0, b"", 0
     head = torch.round(reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
     stats = [x for z, s, _ in reads for x in (torch.linalg.vector_norm(z), *torch.aminmax(s))]
     host = torch.cat([torch.stack(stats).double(), head]).cpu().numpy()
     n = 3 * len(reads)
     norms, lows, highs, head_values = host[0:n:3], host[1:n:3], host[2:n:3], host[n:]
-    peaks = np.maximum(-lows, highs)
-    if all(peak <= limit for peak, (*_, limit) in zip(peaks, reads, strict=True)):
+    peaks = np.maximum(-lows, highs)  # NaN when a sum is; a NaN norm: some z is not finite
+    nonfinite = 0
+    if np.isfinite(norms).all() and all(
+        peak <= limit for peak, (*_, limit) in zip(peaks, reads, strict=True)
+    ):
         squares, values = float(np.square(norms).sum()), sum(len(z) for z, *_ in reads)
-    else:  # rare: some sums too large for their precision to resolve the noise: left out
-        squares, values, head_values = _resolved(reads, head)
+    else:  # rare: sums too large for their precision, or values not finite: left out
+        squares, values, nonfinite, head_values = _resolved(reads, head)
     if int(np.isfinite(head_values).sum()) < DIGEST_RESOLVED:
-        return squares, values, b""
-    return squares, values, hashlib.blake2b(head_values.tobytes(), digest_size=8).digest()
+        return squares, values, b"", nonfinite
+    digest = hashlib.blake2b(head_values.tobytes(), digest_size=8).digest()
+    return squares, values, digest, nonfinite
 
 
 def _resolved(
     reads: list[tuple[torch.Tensor, torch.Tensor, float]], head: torch.Tensor
-) -> tuple[float, int, np.ndarray]:
-    """(Σ z², number of values, the digest's values) over the entries whose sum s the precision
-    resolves; the digest's others are inf."""
-    keeps = [s.abs() <= limit for _, s, limit in reads]
+) -> tuple[float, int, int, np.ndarray]:
+    """(Σ z², number of values, number not finite, the digest's values) over the finite
+    entries whose sum s the precision resolves; the digest's others are inf."""
+    finite = [z.isfinite() & s.isfinite() for z, s, _ in reads]
+    keeps = [f & (s.abs() <= limit) for f, (_, s, limit) in zip(finite, reads, strict=True)]
     kept = [
         torch.linalg.vector_norm(torch.where(k, z, 0.0))
         for k, (z, *_) in zip(keeps, reads, strict=True)
     ]
     marked = torch.where(keeps[0][: len(head)], head, math.inf)
-    counts = [k.sum() for k in keeps]
+    counts = [k.sum() for k in keeps] + [(~f).sum() for f in finite]
     host = torch.cat([torch.stack([*kept, *counts]).double(), marked]).cpu().numpy()
     n = len(reads)
-    return float(np.square(host[:n]).sum()), int(host[n : 2 * n].sum()), host[2 * n :]
+    squares, values = float(np.square(host[:n]).sum()), int(host[n : 2 * n].sum())
+    return squares, values, int(host[2 * n : 3 * n].sum()), host[3 * n :]
 
 
 class NoiseCheck(MechanismCheck):
-    """Fresh N(0, σ²C²) noise at every step: the noise added against the σ and C the accountant
-    read (statistical, one-sided), and no step repeating another's (a digest per step).
+    """Fresh N(0, σ²C²) noise at every step: the noise added against the σ the accountant read
+    and the C the step clipped to (statistical, one-sided), and no step repeating another's (a
+    digest per step). Under AdaClip, the gradient's noise against σ_g C (the part of σ its noisy
+    count leaves) and the count's against its σ_u, the two p-values Bonferroni-combined.
 
     Examples:
         >>> from privmon.audit.mechanism_check import StepContext
@@ -101,19 +115,18 @@ class NoiseCheck(MechanismCheck):
 
     name = "noise"
     tests = evidence.kinds_of("noise")
-    refused_on = (
-        (
-            adapter.ADACLIP,
-            "AdaClip splits the noise between the gradient and a noisy count of unclipped rows: "
-            "the gradient's noise is not N(0, σ²C²)",
-        ),
-    )
     squares: float
     values: int
     steps: int
     scale: tuple[float, float]
     digests: bytearray
-    reading: tuple[float, int, bytes] | None
+    nonfinite: int
+    nonfinite_steps: int
+    count_squares: float
+    count_values: int
+    reading: Reading | None
+    clip_bound: float
+    count_before: tuple[float, float] | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -122,7 +135,19 @@ class NoiseCheck(MechanismCheck):
         self.add_state("steps", 0)  # steps they come from
         self.add_state("scale", (math.nan, math.nan))  # last (σ, C) of the test
         self.add_state("digests", bytearray())  # 8 bytes per step: the noise's digest
+        self.add_state("nonfinite", 0)  # values left out: the noised gradient not finite
+        self.add_state("nonfinite_steps", 0)  # the steps they come from
+        self.add_state("count_squares", 0.0)  # AdaClip: Σ (count noise / σ_u)²
+        self.add_state("count_values", 0)
         self.add_state("reading", None, persistent=False)  # what add_noise left for the step
+        self.add_state("clip_bound", math.nan, persistent=False)  # the C the step clipped to
+        self.add_state("count_before", None, persistent=False)  # AdaClip's count, σ_u
+
+    def clipped(self, context: StepContext, *, rows: int, fresh: bool) -> None:
+        """The bound the step clipped to (AdaClip moves it after the noise), and AdaClip's
+        count of unclipped rows before its noise."""
+        self.clip_bound = float(context.optimizer.max_grad_norm)
+        self.count_before = adapter.noisy_count(context.optimizer)
 
     def noised(self, context: StepContext) -> None:
         """Read the noise just added (rank 0 only: Opacus adds it there): a fixed tensor
@@ -132,12 +157,25 @@ class NoiseCheck(MechanismCheck):
 
     def private_step(self, context: StepContext) -> None:
         reading, self.reading = self.reading, None
+        bound, self.clip_bound = self.clip_bound, math.nan
+        # AdaClip's count as the step left it (what its next bound was computed from)
+        before, after = self.count_before, adapter.noisy_count(context.optimizer)
+        self.count_before = None
+        if reading is not None and before is not None and after is not None and after[1] > 0:
+            count = ((after[0] - before[0]) / after[1]) ** 2
+            if math.isfinite(count):
+                self.count_squares += count
+                self.count_values += 1
         if reading is None:
             return
         opt = context.optimizer
-        sigma, bound = float(opt.noise_multiplier), float(opt.max_grad_norm)
-        squares, values, digest = reading
+        sigma = adapter.gradient_noise_multiplier(opt)
+        bound = bound if math.isfinite(bound) else float(opt.max_grad_norm)
+        squares, values, digest, nonfinite = reading
         self.digests += digest or context.steps.to_bytes(8, "little")
+        if nonfinite:
+            self.nonfinite += nonfinite
+            self.nonfinite_steps += 1
         if values and sigma * bound > 0:
             self.squares += squares / (sigma * bound) ** 2
             self.values += values
@@ -147,17 +185,23 @@ class NoiseCheck(MechanismCheck):
     def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
         return [
             evidence.noise_variance(
-                self.squares, self.values, self.steps, math.prod(self.scale), context.rank
+                self.squares,
+                self.values,
+                self.steps,
+                math.prod(self.scale),
+                context.rank,
+                (self.nonfinite, self.nonfinite_steps),
+                count=(self.count_squares, self.count_values),
             ),
             evidence.noise_repeat(bytes(self.digests), context.rank),
         ]
 
 
-def _read(context: StepContext) -> tuple[float, int, bytes]:
+def _read(context: StepContext) -> Reading:
     opt, block, params = context.optimizer, context.block, context.params
-    scale = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+    scale = adapter.gradient_noise_multiplier(opt) * float(opt.max_grad_norm)
     if not params or scale <= 0:  # σ·C = 0 is accounted (ε = ∞): no noise to test
-        return 0.0, 0, b""
+        return 0.0, 0, b"", 0
     fixed = fixed_tensor([block, *params] if block is not None else params)
     turn = params[context.steps % len(params)]
     return read_noise((fixed,) if turn is fixed else (fixed, turn), scale)

@@ -2,7 +2,10 @@
 mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's objects an
 optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
 Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
-clipping call, and the LR schedulers already bound to an optimizer.
+clipping call, the LR schedulers already bound to an optimizer, the ``GradSampleModule``s
+whose per-sample-gradient hooks a check switches off, and ghost clipping's per-sample norms and
+clipping coefficients; AdaClip's gradient noise multiplier and its noisy count of unclipped
+rows.
 
 Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
 accountant and the sampling rate only in the step hook's closure
@@ -12,9 +15,10 @@ are found among the live objects."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,14 +41,23 @@ __all__ = [
     "canary_sample_rate",
     "check_canary_optimizer",
     "check_dp_optimizer",
+    "check_ghost_module",
     "claim",
+    "ghost_coefficient",
+    "ghost_rows",
+    "grad_sample_modules",
+    "gradient_noise_multiplier",
     "hook_accountant",
     "hook_sample_rate",
     "install",
+    "kept_clipping_counts",
+    "noisy_count",
+    "nonfinite_row",
     "opacus_family",
     "rank_and_world",
     "release",
     "rows_to_clip",
+    "runs_with",
     "uninstall",
 ]
 
@@ -78,6 +91,19 @@ PER_LAYER = OpacusFamily(("DPPerLayerOptimizer",))
 ADACLIP = OpacusFamily(("AdaClipDPOptimizer",))
 # most derived first: an optimizer belongs to the first family it matches
 _FAMILIES = (FSDP, PER_LAYER_DDP, GHOST, PER_LAYER, ADACLIP)
+# How a user gets each family (None: flat clipping, DPOptimizer and DistributedDPOptimizer), in
+# the order a refusal's advice lists where the refused part runs.
+_HOW = {
+    None: (
+        "flat clipping (make_private(clipping='flat'), grad_sample_mode 'hooks', 'functorch', "
+        "'ew' or 'no_op', on one process or under DDP: DistributedDPOptimizer)"
+    ),
+    PER_LAYER: "per-layer clipping on one process (clipping='per_layer')",
+    ADACLIP: "adaptive clipping (clipping='adaptive')",
+    GHOST: "ghost clipping (grad_sample_mode='ghost')",
+    PER_LAYER_DDP: "per-layer clipping under DDP",
+    FSDP: "FSDP (grad_sample_mode='ghost_fsdp')",
+}
 # the families whose step the gradient canaries cannot join as a record: why
 _NO_CANARIES = {
     PER_LAYER_DDP: "per-layer clipping bounds each parameter separately",
@@ -86,6 +112,14 @@ _NO_CANARIES = {
     GHOST: "ghost clipping keeps no per-sample gradients",
     ADACLIP: "adaptive clipping changes the noise multiplier and the bound per step",
 }
+
+
+def runs_with(refused: Callable[[OpacusFamily | None], bool]) -> str:
+    """Where a part runs, for a refusal's advice: how a user gets each Opacus family (None:
+    flat clipping) that ``refused`` does not refuse, joined by "or"; "no configuration of
+    Opacus" when it refuses them all."""
+    places = [how for family, how in _HOW.items() if not refused(family)]
+    return " or ".join(places) or "no configuration of Opacus"
 
 
 def opacus_family(optimizer: Any) -> tuple[OpacusFamily, str] | None:
@@ -108,6 +142,36 @@ def rows_to_clip(params: list[Any]) -> tuple[int, bool] | None:
         if isinstance(samples, list):
             return sum(len(s) for s in samples), getattr(p, "summed_grad", None) is None
     return None
+
+
+def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
+    """After a clipping call: None when every parameter's summed gradient is finite (one sum a
+    tensor, in at least float32 so that a correct half-precision sum cannot overflow it, and
+    one copy to the host); else the first row of the call's per-sample
+    gradients (``grad_sample``, a tensor or one per accumulated batch, rows counted across them)
+    that is not finite and whether it holds a NaN ("NaN") or only infinities ("inf") — the row
+    None when every one is finite (the clipping itself made the sum non-finite)."""
+    sums = [s for p in params if isinstance(s := getattr(p, "summed_grad", None), torch.Tensor)]
+    totals = [s.sum(dtype=torch.promote_types(s.dtype, torch.float32)) for s in sums]
+    if not sums or bool(torch.stack(totals).isfinite().all()):
+        return None
+    rows: list[torch.Tensor] = []  # per row of the call: all entries finite, any entry NaN
+    nans: list[torch.Tensor] = []
+    for p in params:
+        samples = getattr(p, "grad_sample", None)
+        found = samples if isinstance(samples, list) else [samples]
+        parts = [g.reshape(len(g), -1) for g in found if isinstance(g, torch.Tensor)]
+        if parts and len(g := torch.cat(parts)) and g.shape[1]:
+            rows.append(g.isfinite().all(dim=1))
+            nans.append(g.isnan().any(dim=1))
+    sizes = {len(r) for r in rows}
+    if len(sizes) != 1:
+        return None, "not finite"
+    bad = torch.nonzero(~torch.stack(rows).all(dim=0)).flatten()
+    if len(bad) == 0:
+        return None, "not finite"
+    slot = int(bad[0])
+    return slot, "NaN" if bool(torch.stack(nans)[:, slot].any()) else "inf"
 
 
 # Which of privmon's objects each optimizer carries: {"canaries": ..., "checks": ...}.
@@ -282,17 +346,23 @@ def bound_schedulers(optimizer: Any) -> list[str]:
     return found
 
 
-def check_canary_optimizer(optimizer: Any, checks: tuple[str, ...]) -> Any:
+def check_canary_optimizer(
+    optimizer: Any, checks: tuple[str, ...], *, runnable: tuple[str, ...]
+) -> Any:
     """``optimizer`` if GradientCanaries (with mechanism ``checks``) can join it: an Opacus
-    flat-clipping ``DPOptimizer`` carrying no canaries, no other checks and no LR scheduler."""
+    flat-clipping ``DPOptimizer`` carrying no canaries, no other checks and no LR scheduler.
+    ``runnable``: the mechanism checks that run on it, which a refusal names."""
     check_dp_optimizer(optimizer, who="GradientCanaries")
     found = opacus_family(optimizer)
     if found is not None and found[0] in _NO_CANARIES:
         family, name = found
+        here = "No mechanism check runs on it either"
+        if runnable:
+            here = f"On it MechanismChecks(optimizer, checks={runnable!r}) runs"
         raise ValueError(
             f"optimizer is an Opacus {name}, which GradientCanaries do not support: "
-            f"{_NO_CANARIES[family]}. Use flat clipping on one process "
-            "(make_private(clipping='flat'), grad_sample_mode='hooks')."
+            f"{_NO_CANARIES[family]}. GradientCanaries run with "
+            f"{runs_with(lambda f: f in _NO_CANARIES)}. {here}."
         )
     if attached(optimizer, "canaries") is not None:
         raise ValueError(
@@ -335,3 +405,123 @@ def canary_sample_rate(sample_rate: Any, optimizer: Any) -> float:
             f"({hooked!r}): canaries must be sampled like records; leave sample_rate=None"
         )
     return rate
+
+
+def _switches_hooks(owner: Any) -> bool:
+    return callable(getattr(owner, "disable_hooks", None)) and isinstance(
+        getattr(owner, "hooks_enabled", None), bool
+    )
+
+
+def grad_sample_modules(roots: Sequence[torch.nn.Module]) -> list[Any]:
+    """Opacus ``GradSampleModule``s whose per-sample-gradient hooks fire on these modules, each
+    once: the roots themselves, and the owners of the hooks Opacus lists on the model it wraps
+    (``autograd_grad_sample_hooks``: a query may hold the wrapped model, not the wrapper).
+
+    Examples:
+        >>> import torch
+        >>> from opacus import GradSampleModule
+        >>> from privmon.audit.opacus_adapter import grad_sample_modules
+        >>> model = torch.nn.Linear(3, 2)
+        >>> wrapper = GradSampleModule(model)
+        >>> grad_sample_modules([model]) == [wrapper]
+        True
+    """
+    found: dict[int, Any] = {}
+    for m in (m for root in roots for m in root.modules()):
+        owners: list[Any] = [m]
+        for handle in getattr(m, "autograd_grad_sample_hooks", ()):
+            hooks = handle.hooks_dict_ref()  # torch's RemovableHandle
+            hook = None if hooks is None else hooks.get(handle.id)
+            owners.append(getattr(getattr(hook, "func", hook), "__self__", None))  # a partial
+        found |= {id(owner): owner for owner in owners if _switches_hooks(owner)}
+    return list(found.values())
+
+
+def check_ghost_module(module: Any, optimizer: Any) -> Any:
+    """``module`` if it is the model whose backward pass clips for the ghost-clipping
+    ``optimizer``: an Opacus ``GradSampleModuleFastGradientClipping`` (what ``make_private``
+    returns with ``grad_sample_mode="ghost"``) whose trainable parameters the optimizer steps."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping  # the optimizer's
+
+    if not isinstance(module, GradSampleModuleFastGradientClipping):
+        raise TypeError(
+            "module must be the GradSampleModuleFastGradientClipping that make_private "
+            f"returned with grad_sample_mode='ghost', got {type(module).__name__}"
+        )
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not all(id(p) in stepped for p in module.trainable_parameters):
+        raise ValueError(
+            "module's trainable parameters are not all the optimizer's: pass the model "
+            "make_private returned together with this optimizer"
+        )
+    return module
+
+
+def ghost_rows(params: list[Any]) -> tuple[int, bool] | None:
+    """Under ghost clipping: the rows whose per-sample gradient norms the step's backward pass
+    computed (those of the first parameter with any) and whether the summed gradient restarts
+    (``summed_grad`` None); None when no parameter has them."""
+    for p in params:
+        norms = getattr(p, "_norm_sample", None)
+        if isinstance(norms, torch.Tensor):
+            return len(norms), getattr(p, "summed_grad", None) is None
+    return None
+
+
+def ghost_coefficient(module: Any, share: float) -> float:
+    """The clipping coefficient ghost clipping's ``module.get_clipping_coef()`` gives one row
+    whose per-sample gradient norm on each trainable parameter is ``share`` (each parameter's
+    ``_norm_sample`` and the module's per-sample norms put back after)."""
+    params = list(module.trainable_parameters)
+    saved = [(p, p.__dict__.get("_norm_sample", _ABSENT)) for p in params]
+    norms = module.__dict__.get("_per_sample_gradient_norms")
+    try:
+        for p in params:
+            p._norm_sample = torch.full((1,), share, dtype=p.dtype, device=p.device)
+        return float(module.get_clipping_coef().reshape(-1)[0])
+    finally:
+        for p, value in saved:
+            if value is _ABSENT:
+                p.__dict__.pop("_norm_sample", None)
+            else:
+                p._norm_sample = value
+        module._per_sample_gradient_norms = norms
+
+
+_ABSENT = object()
+
+
+def gradient_noise_multiplier(optimizer: Any) -> float:
+    """The multiplier of C in the standard deviation of the noise the optimizer adds to the
+    summed gradient: ``noise_multiplier``, or under AdaClip the part the noisy count leaves,
+    σ_g = (σ⁻² − (2 σ_u)⁻²)^(−1/2) (Andrew et al., "Differentially Private Learning with
+    Adaptive Clipping", Theorem 1: what ``AdaClipDPOptimizer.add_noise`` adds)."""
+    sigma = float(optimizer.noise_multiplier)
+    if ADACLIP.matched(optimizer) is None or sigma <= 0:
+        return sigma
+    return float((sigma**-2 - (2 * float(optimizer.unclipped_num_std)) ** -2) ** -0.5)
+
+
+def noisy_count(optimizer: Any) -> tuple[float, float] | None:
+    """Under AdaClip: (the count of unclipped rows as it stands, the standard deviation σ_u of
+    the noise ``add_noise`` adds to it); None for other optimizers."""
+    if ADACLIP.matched(optimizer) is None:
+        return None
+    return float(optimizer.unclipped_num), float(optimizer.unclipped_num_std)
+
+
+@contextlib.contextmanager
+def kept_clipping_counts(optimizer: Any) -> Iterator[None]:
+    """Within the block AdaClip's counts of clipped rows (``sample_size``, ``unclipped_num``,
+    which its ``clip_and_accumulate`` advances, a tensor in place) may change: they are put
+    back after, so a probe of that call leaves the next bound as training would have it."""
+    saved = {
+        name: value.clone() if isinstance(value, torch.Tensor) else value
+        for name, value in optimizer.__dict__.items()
+        if name in ("sample_size", "unclipped_num")
+    }
+    try:
+        yield
+    finally:
+        optimizer.__dict__.update(saved)

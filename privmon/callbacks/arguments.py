@@ -32,8 +32,10 @@ __all__ = [
     "check_audit_sets",
     "check_early_stopping",
     "check_epsilon_readable",
+    "check_loss_tracing",
     "check_run_id",
     "optional_count",
+    "traces_for_losses",
 ]
 
 logger = logging.getLogger("privmon")
@@ -105,6 +107,13 @@ def check_loss_tracing(tracing: Any) -> LossTracing | None:
     """``tracing`` when it is a :class:`LossTracing` or None, else a ValueError."""
     if tracing is not None and not isinstance(tracing, LossTracing):
         raise ValueError(f"loss_traces must be a LossTracing or None, got {type(tracing).__name__}")
+    return tracing
+
+
+def traces_for_losses(tracing: LossTracing | None) -> LossTracing:
+    """The monitor's loss traces for ``record_losses``; a ValueError when it has none."""
+    if tracing is None:
+        raise ValueError("record_losses needs PrivacyMonitor(..., loss_traces=LossTracing(n))")
     return tracing
 
 

@@ -1,14 +1,17 @@
 """The run's confidence budget, and what it can certify.
 
 Check k certifies each of its figures at its share δ_k of ``interval_delta``
-(:mod:`privmon.estimators.spending`: evenly over the planned checks when the run's length is
-known, else the sequence for runs of unknown length), split evenly over its certified figures —
-one per query and method it applies to, one per canary bound of each canaries object, and one
-per statistical test of the DP mechanism checks — so that every figure called certified, and
-every alarm a statistical test raises, holds over the whole run (union bound). What that share
-detects at a query's audit sizes (:func:`~privmon.estimators.certificate.detectable_advantage`)
-is said at construction and at the first check, with a warning when early stopping watches a
-bound that cannot reach its threshold, and once when a run outlives its planned checks.
+(:mod:`privmon.estimators.spending`: evenly over the planned checks when the run's length is known,
+else the sequence for runs of unknown length), split evenly over its certified figures — one per
+query and method it applies to, one per canary bound of each canaries object — so that every figure
+called certified holds over the whole run (union bound). The statistical tests of the DP mechanism
+checks spend the alarm's own level, ``dp_alarm_delta``, the same way: its share at check k, split
+evenly over the check's statistical tests (:meth:`CertificationBudget.alarm_level`), so that a false
+"DP violation" from any of them over the whole run has probability at most ``dp_alarm_delta``. What
+that share detects at a query's audit sizes
+(:func:`~privmon.estimators.certificate.detectable_advantage`) is said at construction and at the
+first check, with a warning when early stopping watches a bound that cannot reach its threshold, and
+once when a run outlives its planned checks.
 """
 
 from __future__ import annotations
@@ -86,15 +89,17 @@ def expected_records(data: Any, max_batches: int | None) -> int | None:
 
 
 class CertificationBudget:
-    """How a monitor spends ``interval_delta`` over its checks, and what each check can certify.
+    """How a monitor spends ``interval_delta`` (and the alarm's ``dp_alarm_delta``) over its
+    checks, and what each check can certify.
 
     Args:
         queries: the monitor's queries (their ``name`` and ``discrete``).
         methods: the advantage estimators of each query.
-        canary_figures: the canaries' certified figures per check: their ε bounds and their
-            mechanism checks' statistical tests (0: no canaries).
+        canary_figures: the canaries' certified figures per check, their ε bounds (0: none).
+        alarm_tests: the statistical tests of the DP mechanism checks per check (0: none).
         prior: P(member).
         interval_delta: the run's confidence budget.
+        alarm_delta: the alarm's level over the run, spent by the statistical tests.
         planned_checks: the checks the run is expected to have (None: unknown).
         audit_sets: the members and non-members, whose records a check will audit are known
             before any check when they have a length (:func:`expected_records`; not under
@@ -109,8 +114,10 @@ class CertificationBudget:
         queries: Sequence[Any],
         methods: Sequence[str],
         canary_figures: int,
+        alarm_tests: int,
         prior: float,
         interval_delta: float,
+        alarm_delta: float,
         planned_checks: int | None,
         audit_sets: tuple[Any, Any],
         max_batches: int | None,
@@ -118,6 +125,7 @@ class CertificationBudget:
     ) -> None:
         self.queries, self.methods, self.canary_figures = queries, methods, canary_figures
         self.prior, self.interval_delta = prior, interval_delta
+        self.alarm_tests, self.alarm_delta = alarm_tests, alarm_delta
         self.planned_checks = planned_checks
         self.user_planned = planned_checks is not None  # never changed by plan()
         self.planned_steps: int | None = None  # the run length plan() was given
@@ -134,7 +142,7 @@ class CertificationBudget:
 
     def figures_per_check(self) -> int:
         """Certified figures per check: one per query and method it applies to, and the
-        canaries' (their bounds, their statistical tests)."""
+        canaries' bounds."""
         return self.canary_figures + sum(
             len(applicable_methods(self.methods, discrete=getattr(q, "discrete", False)))
             for q in self.queries
@@ -144,6 +152,13 @@ class CertificationBudget:
         """The δ check ``k`` certifies each of its figures at."""
         share = check_delta(k, delta=self.interval_delta, planned_checks=self.planned_checks)
         return share / self.figures_per_check()
+
+    def alarm_level(self, k: int) -> float:
+        """The level each statistical test of the DP mechanism checks fires at, at check ``k``:
+        the check's share of ``alarm_delta``, spent as ``interval_delta`` is, split evenly over
+        its statistical tests."""
+        share = check_delta(k, delta=self.alarm_delta, planned_checks=self.planned_checks)
+        return share / max(self.alarm_tests, 1)
 
     def sizes(self, query: str) -> tuple[int, int, int] | None:
         """(members, non-members, dimensions) of ``query``'s audit: its last check's, else the

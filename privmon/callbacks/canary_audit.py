@@ -9,8 +9,8 @@ Steinke et al., Mahloujifar et al.) at the share of the run's confidence budget 
 it: an audited ε above the accountant's is a DP violation, whatever the audit sets (the
 canaries' inclusion is randomised by design). An object with ``mechanism()`` gives the findings of
 the checks of each assumption of the accountant; ``statistical_tests`` (read once, here) are the
-p-values it gives, one more certified figure each. Derivations: Theory, *One-run ε lower bounds*
-and *Spending the run's confidence budget*.
+p-values it gives, each deciding at its share of the alarm's level (``dp_alarm_delta``).
+Derivations: Theory, *One-run ε lower bounds* and *Spending the run's confidence budget*.
 """
 
 from __future__ import annotations
@@ -144,10 +144,15 @@ class CanaryAudits:
 
     @property
     def figures_per_check(self) -> int:
-        """The certified figures the canaries add to each check: the one-run bounds of each
-        object with ``scores()``, and each statistical test of each object with
-        ``mechanism()``."""
-        return sum(len(CANARY_METHODS) * s.scores + len(s.statistical_tests) for s in self.sources)
+        """The certified figures the canaries add to each check (shares of ``interval_delta``):
+        the one-run bounds of each object with ``scores()``."""
+        return sum(len(CANARY_METHODS) * s.scores for s in self.sources)
+
+    @property
+    def alarm_tests(self) -> int:
+        """The statistical tests of the objects with ``mechanism()``, at each check: each takes
+        a share of the alarm's own level (``dp_alarm_delta``), not of ``interval_delta``."""
+        return sum(len(s.statistical_tests) for s in self.sources)
 
     @property
     def setup(self) -> bool | list[str]:

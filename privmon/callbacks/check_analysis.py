@@ -1,7 +1,8 @@
 """One check's analysis: ε read from the accountant, each query's figures
 (:func:`~privmon.estimators.analysis.analyse`) at the check's share of δ, the canaries' one-run
 ε lower bounds (:mod:`~privmon.callbacks.canary_audit`) and their DP mechanism checks
-(:mod:`~privmon.callbacks.mechanism_audit`, every rank's findings combined). A query or a
+(:mod:`~privmon.callbacks.mechanism_audit`, every rank's findings combined, decided at the
+alarm's own level). A query or a
 canaries object failing is logged and skips only that part (``strict``: raised). A pure step:
 under torch.distributed it runs once per check, on rank 0, on every rank's scores.
 """
@@ -90,6 +91,7 @@ def analyse_check(
     scores: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     failed: Mapping[str, Failure],
     certify_delta: float,
+    alarm_delta: float,
     methods: Sequence[str],
     prior: float,
     interval_delta: float,
@@ -103,7 +105,8 @@ def analyse_check(
     """The analysis of the check at ``step``: ε from ``accountant`` at ``delta``, each query's
     figures from its ``scores`` (queries in ``failed`` left out, with why), certified at
     ``certify_delta``, the ``canaries``' bounds, and the mechanism checks' ``findings`` (each
-    rank's, in rank order). Raises when reading ε fails, or a part fails with ``strict``."""
+    rank's, in rank order), their statistical tests decided at ``alarm_delta``. Raises when
+    reading ε fails, or a part fails with ``strict``."""
     eps = None if accountant is None else float(epsilon_from_opacus(accountant, delta=delta))
     options = dict(
         methods=methods,
@@ -124,7 +127,7 @@ def analyse_check(
         if s.scores
     }
     if findings and findings[0]:  # every rank has the same objects with mechanism()
-        figures, failures = mechanism_figures(findings, delta=certify_delta, step=step)
+        figures, failures = mechanism_figures(findings, alarm_delta=alarm_delta, step=step)
         if figures is not None:
             parts[DP_CHECKS] = figures
         parts.update(failures)

@@ -141,6 +141,7 @@ def _analysed(step: int, agreed: Agreement, scores: Scores, *, parts: CheckParts
         scores=scores,
         failed=agreed.left_out,
         certify_delta=parts.budget.certify_delta(parts.budget.spent + 1),
+        alarm_delta=parts.budget.alarm_level(parts.budget.spent + 1),
         methods=parts.methods,
         prior=parts.prior,
         interval_delta=parts.interval_delta,

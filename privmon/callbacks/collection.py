@@ -20,6 +20,7 @@ from torch import nn
 
 from privmon._failure import Failure
 from privmon._training_guard import TrainingGuard
+from privmon.audit.opacus_adapter import grad_sample_modules
 from privmon.queries.base import check_scores
 from privmon.queries.batches import batch_digests, count_records
 
@@ -181,7 +182,8 @@ def collect_scores(
     transforms = (getattr(q, "transform", None) for q in queries)
     transform = next((t for t in transforms if t is not None), None)
     try:
-        with TrainingGuard(roots, audit_sets) as guard:
+        switches = grad_sample_modules(roots)
+        with TrainingGuard(roots, audit_sets, hook_switches=switches) as guard:
             scoring = _Scoring(queries, guard, strict=strict)
             scoring.prepare(device)
             scoring.seen = [[], []] if digests else None

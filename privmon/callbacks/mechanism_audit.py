@@ -1,17 +1,21 @@
 """The DP mechanism checks at a check: each canaries object's findings (``mechanism()``: one
 :class:`~privmon.audit.mechanism.MechanismFinding` per test), every rank's combined under
 torch.distributed, and decided: a deterministic test fires when ``fired``, a statistical one when
-its p-value is below the check's δ per certified figure (each statistical test is one certified
-figure of the check: :class:`~privmon.callbacks.budget.CertificationBudget`). Theory, *Spending
-the run's confidence budget*.
+its p-value is below the check's alarm level — its share of the monitor's ``dp_alarm_delta``,
+spent over the checks as ``interval_delta`` is and split over the check's statistical tests
+(:meth:`~privmon.callbacks.budget.CertificationBudget.alarm_level`), so that any false alarm of
+these tests over the whole run has probability ≤ ``dp_alarm_delta``. A statistical test without
+a p-value (NaN or None) is undecided: never a DP violation, never silent — logged and said in
+the report's failures (``dp_checks/<check>/<test>``). Theory, *Spending the run's confidence
+budget*.
 
 Ranks: every rank's findings travel to rank 0 in the check's one exchange and are combined
 there, so every rank reports the same outcome: a deterministic test fires when
 it fired on any rank; a statistical test's p-value is the Bonferroni-adjusted minimum
 min(1, k · min_r p_r) over the k ranks that gave one, which is below δ with probability ≤ δ
 under the null whatever the ranks' dependence — so a fault on any rank is seen and the budget
-holds without a share per rank. A rank whose ``mechanism()`` failed is said in the failures; the
-others' findings still count.
+holds without a share per rank; the ranks that gave none are said as undecided. A rank whose
+``mechanism()`` failed is said in the failures; the others' findings still count.
 """
 
 from __future__ import annotations
@@ -128,6 +132,11 @@ def findings_of(
     return out
 
 
+def _p(f: MechanismFinding) -> float:
+    """A finding's p-value, NaN for none."""
+    return math.nan if f.p_value is None else f.p_value
+
+
 def _combined(found: Sequence[tuple[str, MechanismFinding]], *, adjust: bool) -> MechanismFinding:
     """One test's findings from several places (``(where, finding)``, ``where`` "" or " (rank
     r)"): fired anywhere; the smallest p-value, times their number when ``adjust``."""
@@ -138,14 +147,31 @@ def _combined(found: Sequence[tuple[str, MechanismFinding]], *, adjust: bool) ->
         return MechanismFinding(
             first.check, first.test, first.kind, bool(fired), None, shown.evidence + where
         )
-    with_p = [
-        (f.p_value, w, f) for w, f in found if f.p_value is not None and not math.isnan(f.p_value)
-    ]
+    with_p = [(p, w, f) for w, f in found if not math.isnan(p := _p(f))]
     if not with_p:
         return MechanismFinding(first.check, first.test, first.kind, False, None, first.evidence)
     p, where, shown = min(with_p, key=lambda x: x[0])
     p = min(1.0, p * len(with_p)) if adjust else p
     return MechanismFinding(first.check, first.test, first.kind, False, p, shown.evidence + where)
+
+
+def _say_partly_undecided(
+    found: Sequence[tuple[str, MechanismFinding]], failures: dict[str, Failure]
+) -> None:
+    """Into ``failures``: the places (``where`` of ``found``, as :func:`_combined`'s) whose
+    statistical test gave no p-value while others gave one — decided on those; a test no place
+    decided is :func:`decide_findings`' to say."""
+    first = found[0][1]
+    missing = [w.strip(" ()") for w, f in found if math.isnan(_p(f))]
+    if first.kind != "statistical" or not missing or len(missing) == len(found):
+        return
+    key = f"{DP_CHECKS}/{first.check}/{first.test}"
+    said = (
+        f"the {first.test} test of the {first.check} check gave no p-value on "
+        f"{', '.join(missing)}: decided on the others' alone"
+    )
+    earlier = failures.get(key)
+    failures[key] = Failure(said if earlier is None else f"{earlier.reason}; {said}")
 
 
 def _by_test(found: Iterable[tuple[str, MechanismFinding]]) -> dict[tuple[str, str], list[Any]]:
@@ -158,9 +184,10 @@ def _by_test(found: Iterable[tuple[str, MechanismFinding]]) -> dict[tuple[str, s
 def agreed_findings(ranks: Sequence[Local]) -> tuple[list[MechanismFinding], dict[str, Failure]]:
     """Every rank's findings (``ranks``: each rank's :func:`findings_of`, in rank order; one
     for one process), combined as the module docstring says; and per canaries object whose
-    ``mechanism()`` failed on some rank, why (``dp_checks/<name>``)."""
+    ``mechanism()`` failed on some rank, why (``dp_checks/<name>``); and per statistical test
+    that some ranks or objects gave no p-value for, which (``dp_checks/<check>/<test>``)."""
     several = len(ranks) > 1
-    per_source: list[MechanismFinding] = []
+    per_source: list[tuple[str, MechanismFinding]] = []  # (the object, its finding)
     failures: dict[str, Failure] = {}
     for name in ranks[0]:
         errors, where = [], []
@@ -172,41 +199,67 @@ def agreed_findings(ranks: Sequence[Local]) -> tuple[list[MechanismFinding], dic
                 where += [(f" (rank {r})" if several else "", f) for f in mine]
         if errors:
             failures[f"{DP_CHECKS}/{name}"] = Failure("; ".join(errors))
-        per_source += [_combined(fs, adjust=True) for fs in _by_test(where).values()]
-    # several objects: each of their tests had its own share of the budget
-    combined = [
-        _combined(fs, adjust=False) for fs in _by_test(("", f) for f in per_source).values()
-    ]
+        for fs in _by_test(where).values():
+            per_source.append((f"canaries {name!r}", _combined(fs, adjust=True)))
+            _say_partly_undecided(fs, failures)
+    combined = []  # several objects: each of their tests had its own share of the budget
+    for fs in _by_test(per_source).values():
+        combined.append(_combined([("", f) for _, f in fs], adjust=False))
+        _say_partly_undecided(fs, failures)
     return combined, failures
 
 
+def _cause(f: MechanismFinding, alarm_delta: float) -> str:
+    """What a test that fired says: its evidence, naming its check first; a statistical test's
+    p-value beside the level it fired at."""
+    cause = f.evidence or f"the {f.test} test failed"
+    if not cause.startswith(f"{f.check}: "):  # the cause names its check first
+        cause = f"{f.check}: {cause}"
+    if f.kind == "statistical":
+        cause += (
+            f" ({f.test} test: p = {f.p_value:.3g}, below the alarm level of each statistical "
+            f"test, {alarm_delta:.3g}: this check's share of dp_alarm_delta)"
+        )
+    return cause
+
+
+def _undecided(f: MechanismFinding, *, step: int) -> Failure:
+    """A statistical test without a p-value at the check at ``step``: undecided, said."""
+    said = (
+        f"the {f.test} test of the {f.check} check gave no p-value (NaN or none) at step "
+        f"{step}: undecided, not a DP violation"
+    )
+    if f.evidence:
+        said += f"; its evidence: {f.evidence}"
+    logger.warning("privmon: %s", said)
+    return Failure(said)
+
+
 def decide_findings(
-    findings: Sequence[MechanismFinding], *, delta: float, step: int
-) -> CanaryFigures:
-    """The figures of the combined ``findings`` at the check's δ per certified figure
-    (``delta``): per check a 0/1 flag (any of its tests fired) and its tests' p-values; the
-    cause and the message of each test that fired."""
+    findings: Sequence[MechanismFinding], *, alarm_delta: float, step: int
+) -> tuple[CanaryFigures, dict[str, Failure]]:
+    """The figures of the combined ``findings`` at the check's alarm level per statistical
+    test (``alarm_delta``): per check a 0/1 flag (any of its tests fired) and its tests'
+    p-values, the level (:data:`~privmon.report.tags.DP_ALARM_DELTA`) when a test is
+    statistical; the cause and the message of each test that fired. A statistical test
+    without a p-value (NaN or None) fires not, and is logged and returned among the failures
+    (``dp_checks/<check>/<test>``): undecided, never a DP violation."""
     fired: dict[str, bool] = {}
     p_values: dict[str, dict[str, float]] = {}
     causes: list[tuple[str, str]] = []  # (check, cause)
+    undecided: dict[str, Failure] = {}
     for f in findings:
         hit = f.fired
         if f.kind == "statistical":
-            p = math.nan if f.p_value is None else f.p_value
+            p = _p(f)
             p_values.setdefault(f.check, {})[f.test] = p
-            hit = p < delta
+            hit = p < alarm_delta
+            if math.isnan(p):
+                undecided[f"{DP_CHECKS}/{f.check}/{f.test}"] = _undecided(f, step=step)
         fired[f.check] = fired.get(f.check, False) or hit
         if hit:
-            cause = f.evidence or f"the {f.test} test failed"
-            if not cause.startswith(f"{f.check}: "):  # the cause names its check first
-                cause = f"{f.check}: {cause}"
-            if f.kind == "statistical":
-                cause += (
-                    f" ({f.test} test: p = {f.p_value:.3g}, below the δ of each certified "
-                    f"figure, {delta:.3g})"
-                )
-            causes.append((f.check, cause))
-    scalars: dict[str, float] = {}
+            causes.append((f.check, _cause(f, alarm_delta)))
+    scalars: dict[str, float] = {tags.DP_ALARM_DELTA: alarm_delta} if p_values else {}
     for check, hit in fired.items():
         scalars[tags.dp_check_fired(check)] = float(hit)
         for test, p in p_values.get(check, {}).items():
@@ -218,15 +271,18 @@ def decide_findings(
         + ", so its ε does not hold for this run"
         for check, cause in causes
     )
-    return CanaryFigures(scalars, bool(causes), messages, tuple(c for _, c in causes))
+    figures = CanaryFigures(scalars, bool(causes), messages, tuple(c for _, c in causes))
+    return figures, undecided
 
 
 def mechanism_figures(
-    ranks: Sequence[Local], *, delta: float, step: int
+    ranks: Sequence[Local], *, alarm_delta: float, step: int
 ) -> tuple[CanaryFigures | None, dict[str, Failure]]:
-    """:func:`agreed_findings` then :func:`decide_findings`: the mechanism checks' figures
-    (None when no object gave any) and the failures."""
+    """:func:`agreed_findings` then :func:`decide_findings` at ``alarm_delta``: the mechanism
+    checks' figures (None when no object gave any) and the failures (undecided tests
+    included)."""
     findings, failures = agreed_findings(ranks)
     if not findings:
         return None, failures
-    return decide_findings(findings, delta=delta, step=step), failures
+    figures, undecided = decide_findings(findings, alarm_delta=alarm_delta, step=step)
+    return figures, {**failures, **undecided}

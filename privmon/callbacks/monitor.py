@@ -81,6 +81,8 @@ class PrivacyMonitor:
             :class:`~privmon.audit.GradientCanaries`) or ``mechanism()`` the checks' findings.
         interval_delta: the run's confidence budget, in (0, 1): every certified figure of the
             run holds together with probability ≥ 1 − interval_delta (``…/lower_check``: one check).
+        dp_alarm_delta: the DP alarm's own level, in (0, 1), which the mechanism checks'
+            statistical tests spend as interval_delta is: P(a false alarm in the run) ≤ it.
         planned_checks: the checks the run is expected to have, if known: the budget is then
             spent evenly over them (see :meth:`plan`); a value given here is never changed.
         early_stopping: a :class:`PrivacyEarlyStopping`, decided at each check before the sinks
@@ -131,6 +133,7 @@ class PrivacyMonitor:
         delta: float = 1e-5,
         canaries: Any = None,
         interval_delta: float = 0.05,
+        dp_alarm_delta: float = 1e-4,
         planned_checks: int | None = None,
         early_stopping: PrivacyEarlyStopping | None = None,
         max_batches: int | None = None,
@@ -163,6 +166,7 @@ class PrivacyMonitor:
         if accountant is not None:
             arguments.check_epsilon_readable(accountant, delta=self.delta)
         self.interval_delta = check_open_unit(interval_delta, name="interval_delta")
+        self.dp_alarm_delta = check_open_unit(dp_alarm_delta, name="dp_alarm_delta")
         self.early_stopping, self.max_batches, self.strict = early_stopping, max_batches, strict
         self.history, self.records = ReportHistory(), RecordTracker()
         self.loss_traces = arguments.check_loss_tracing(loss_traces)
@@ -175,10 +179,10 @@ class PrivacyMonitor:
             strict=strict, traps=self._traps,
         )  # fmt: skip
         self._budget = CertificationBudget(
-            queries=self.queries, methods=self.methods, prior=self.prior,
+            queries=self.queries, methods=self.methods, prior=self.prior, max_batches=max_batches,
             canary_figures=self._audits.figures_per_check, interval_delta=self.interval_delta,
-            planned_checks=planned_checks, audit_sets=(members, nonmembers),
-            max_batches=max_batches, traps=self._traps,
+            alarm_tests=self._audits.alarm_tests, alarm_delta=self.dp_alarm_delta,
+            planned_checks=planned_checks, audit_sets=(members, nonmembers), traps=self._traps,
         )  # fmt: skip
         self._budget.say_what_can_be_certified(1, first=True, stopping=early_stopping)
 
@@ -224,12 +228,9 @@ class PrivacyMonitor:
         return self._stop
 
     def record_losses(self, indices: Any, losses: Any, *, step: int) -> None:
-        """Add a training batch's per-sample losses to the loss traces: ``losses[i]`` (what the
-        loop computed, copied detached; any device) is training record ``indices[i]``'s at
-        ``step`` (:meth:`LossTracing.record <privmon.callbacks.LossTracing.record>`)."""
-        if self.loss_traces is None:
-            raise ValueError("record_losses needs PrivacyMonitor(..., loss_traces=LossTracing(n))")
-        self.loss_traces.record(indices, losses, step=step)
+        """Trace a training batch's per-sample losses (copied detached): ``losses[i]`` is record
+        ``indices[i]``'s at ``step`` (:meth:`privmon.callbacks.LossTracing.record`)."""
+        arguments.traces_for_losses(self.loss_traces).record(indices, losses, step=step)
 
     def plan(self, *, total_steps: int) -> int | None:
         """Plan the checks from the run's length (adapters call it): ``planned_checks`` =
@@ -400,17 +401,17 @@ class PrivacyMonitor:
     def _settings(self) -> str:
         """Whatever changes the figures: the ranks' must be the same."""
         return saved.settings(
-            self._setup(), every_n_steps=self.every_n_steps, top_k=self.top_k,
-            delta=None if self.accountant is None else self.delta, queries=self.queries,
-            stopping=self.early_stopping, traces=self.loss_traces,
+            self._setup(), every_n_steps=self.every_n_steps, top_k=self.top_k, queries=self.queries,
+            delta=None if self.accountant is None else self.delta, stopping=self.early_stopping,
+            traces=self.loss_traces,
         )  # fmt: skip
 
     def _setup(self) -> dict[str, Any]:
         """What a saved state was measured under (:func:`~privmon.callbacks.state.setup`)."""
         return saved.setup(
             queries=[q.name for q in self.queries], methods=self.methods, prior=self.prior,
-            interval_delta=self.interval_delta, planned_checks=self.planned_checks,
-            canaries=self._audits.setup,
+            interval_delta=self.interval_delta, dp_alarm_delta=self.dp_alarm_delta,
+            planned_checks=self.planned_checks, canaries=self._audits.setup,
         )  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
@@ -424,8 +425,8 @@ class PrivacyMonitor:
         )  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` of a monitor with the same queries, methods, prior,
-        ``interval_delta`` and ``planned_checks`` if given; every field is checked first."""
+        """Resume from :meth:`state_dict` of a monitor with the same setup (queries, methods,
+        prior, both δ, ``planned_checks`` if given); every field is checked first."""
         run = saved.read_state(
             state, measured_under=self._setup(), user_planned=self._budget.user_planned,
             early_stopping=self.early_stopping, loss_traces=self.loss_traces,

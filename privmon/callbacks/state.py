@@ -2,14 +2,15 @@
 ``torch.load(..., weights_only=True)``), checked whole before any of it is applied.
 
 Fields (:data:`STATE_VERSION` 3): ``state_version``; the setup the figures were measured under
-(:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``,
+(:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``, ``dp_alarm_delta``,
 ``planned_checks``, ``canaries``); the run (``run_id``, ``last_step``, ``stop``, ``n_failed``,
 ``n_certified_checks``); and the states of the history, early stopping, the record tracker and
 the loss traces (``history``, ``early_stopping``, ``records``, ``loss_traces``); and
 ``digest``, over all of them: a state whose content changed (a damaged file) is refused. A
-state of another version — version 2, saved before states carried loss traces, version 1,
-saved before states carried a digest, and one saved before states carried a version included —
-is refused with a ValueError naming both versions.
+state of another version — version 2, saved before the DP alarm had its own level (its
+mechanism checks spent ``interval_delta``) and before states carried loss traces, version 1,
+saved before states carried a digest, and one saved before states carried a version — is
+refused with a ValueError naming both versions.
 """
 
 from __future__ import annotations
@@ -42,12 +43,22 @@ logger = logging.getLogger("privmon")
 STATE_VERSION = 3
 """The version of the saved state's fields this privmon writes and reads."""
 
-SETUP_FIELDS = ("queries", "methods", "prior", "interval_delta", "planned_checks", "canaries")
+SETUP_FIELDS = (
+    "queries",
+    "methods",
+    "prior",
+    "interval_delta",
+    "dp_alarm_delta",
+    "planned_checks",
+    "canaries",
+)
 """What a state's figures were measured under: a state loads only into the same setup."""
 
-_BEFORE = {
+_SAVED_BEFORE = {  # what an older version lacks
     1: " (saved before states carried a digest)",
-    2: " (saved before states carried loss traces)",
+    2: " (saved before the DP alarm had its own level, dp_alarm_delta: its statistical tests "
+    "spent interval_delta, so its figures were decided otherwise; and before states carried "
+    "loss traces)",
 }
 _RUN_FIELDS = ("run_id", "last_step", "stop", "n_failed", "n_certified_checks")
 _PARTS = ("history", "early_stopping", "records", "loss_traces")
@@ -60,18 +71,20 @@ def setup(
     methods: tuple[str, ...],
     prior: float,
     interval_delta: float,
+    dp_alarm_delta: float,
     planned_checks: int | None,
     canaries: bool | list[str],
 ) -> dict[str, Any]:
     """The :data:`SETUP_FIELDS` of a monitor (``canaries``: whether it audits canaries, which
     take a share of every check's δ; with several canaries objects or mechanism checks, each
-    object's name and certified figures:
+    object's name and certified figures and statistical tests:
     :attr:`~privmon.callbacks.canary_audit.CanaryAudits.setup`)."""
     return {
         "queries": queries,
         "methods": list(methods),
         "prior": prior,
         "interval_delta": interval_delta,
+        "dp_alarm_delta": dp_alarm_delta,
         "planned_checks": planned_checks,
         "canaries": canaries,
     }
@@ -174,7 +187,7 @@ def _checked_whole(state: Any) -> dict[str, Any]:
             "no state_version (saved by a privmon before states carried one)"
             if version is None
             else f"state_version {version!r}"
-            + _BEFORE.get(version if isinstance(version, int) else -1, "")
+            + _SAVED_BEFORE.get(version if isinstance(version, int) else -1, "")
         )
         raise ValueError(
             f"state has {saved}; this privmon reads state_version {STATE_VERSION} only: resume "

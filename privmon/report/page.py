@@ -165,6 +165,8 @@ def _dp_checks_html(checks: Checks) -> str:
             elif test is not None and not math.isnan(v):
                 tests = p_values.setdefault(check, {})
                 tests[test] = min(v, tests.get(test, math.inf))
+    levels = [r["scalars"][tags.DP_ALARM_DELTA] for r in checks.records
+              if tags.DP_ALARM_DELTA in r["scalars"]]  # fmt: skip
     n = len(checks.records)
     rows = [
         [
@@ -178,8 +180,11 @@ def _dp_checks_html(checks: Checks) -> str:
         "<p class='caption'>Each check tests one assumption of the accountant on the optimizer "
         "itself (clipping, noise, sampling, steps counted, no update but the private steps). A "
         "deterministic test never fires on a correct run; a statistical test fires when its "
-        "p-value falls below the δ of each certified figure of its check (its share of the "
-        "run's confidence budget), so that false alarms over the whole run stay below it.</p>"
+        "p-value falls below its check's alarm level (privacy/dp_alarm_delta: the check's share "
+        "of the monitor's dp_alarm_delta, split over its statistical tests), so that their "
+        "false alarms over the whole run stay below dp_alarm_delta"
+        + (f"; the smallest level of the run: {fmt(min(levels), 3)}" if levels else "")
+        + ".</p>"
     )
 
 

@@ -7,7 +7,8 @@ names for its figures (:meth:`privmon.estimators.analysis.QueryResult.scalars`: 
 ``tpr@fpr=…``, ``risk/q50``, ``n_dropped`` …) and ``detectable``; per check: ε, the DP ceilings,
 the δ the check certifies at, ``dp_violation``, the canaries' one-run bounds
 (``privacy/canaries/…``; several canaries objects: :func:`canary_source`) and the DP mechanism
-checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``); early
+checks' outcomes (``privacy/dp_checks/<check>/fired``, ``…/<check>/<test>/p_value``) with the
+level their statistical tests fire below (``privacy/dp_alarm_delta``); early
 stopping's decision (``privacy/stopping/…``). The sinks' own names (TensorBoard's run-id,
 DP-causes, stopping and most-exposed texts, histograms, PR curves, the named series of its
 first charts; MLflow's run tags; W&B's step axis, run keys, ROC and ε charts) are here too. The
@@ -33,24 +34,24 @@ from privmon.estimators.methods import registered_methods
 # fmt: off
 __all__ = [
     "ADVANTAGE_FIELDS", "CANARY_COUNT", "CEILINGS", "CEILING_EPS_DELTA", "CEILING_TANH",
-    "CERTIFY_DELTA", "DETAIL_CATEGORY", "DP_CAUSES_EVENT_TAG", "DP_CAUSES_TEXT_TAG",
-    "DP_CHECKS_CATEGORY", "DP_VIOLATION", "EPSILON", "EPSILON_CHART", "ESTIMATE_FIGURES",
-    "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_LT_IQR_TAG", "MLFLOW_RUN_ID_TAG",
-    "MLFLOW_STOPPING_TAG", "PLUGIN_FIELDS", "RUN_ID_EVENT_TAG", "RUN_ID_TEXT_TAG", "SERIES",
-    "SERIES_ACCOUNTANT", "SERIES_BLACK_BOX", "SERIES_CANARIES", "SERIES_CEILING",
-    "SERIES_ESTIMATE", "SERIES_LOWER", "SERIES_THRESHOLD", "STOPPING_EVENT_TAG", "STOPPING_FIGURE",
-    "STOPPING_HIGHEST", "STOPPING_HIGHEST_STEP", "STOPPING_OUTCOME_KEY", "STOPPING_RESTORED_STEP",
-    "STOPPING_STOP", "STOPPING_STOPPED", "STOPPING_STOPPED_STEP", "STOPPING_TEXT_TAG",
-    "STOPPING_THRESHOLD", "STOPPING_WAIT", "TRAINING_LOOP", "WANDB_FIGURES", "WANDB_RUN_ID_KEY",
-    "WANDB_STEP", "WANDB_STOPPING_KEY", "auc", "band_edges", "canary_count", "canary_epsilon",
-    "canary_source", "ceilings", "console_advantage", "console_lower", "detectable",
-    "dp_check_fired", "dp_check_p_value", "epsilon_lower_bound", "estimate", "fired_checks",
-    "glance_advantage", "is_advantage_estimate", "is_debiased_estimate", "is_epsilon_lower_bound",
-    "is_privacy_figure", "loss_tnr", "lower", "member_risk", "membership_pr", "most_exposed",
-    "most_exposed_event", "most_vulnerable", "n_dropped", "out_of_range", "parse_advantage",
-    "parse_canary", "parse_dp_check", "parse_loss_tnr", "parse_membership_pr",
-    "parse_operating_point", "parse_risk", "plugin", "plugin_upper", "query_figure", "roc",
-    "tpr_at_fpr", "valid_range", "value", "watched_tags",
+    "CERTIFY_DELTA", "DETAIL_CATEGORY", "DP_ALARM_DELTA", "DP_CAUSES_EVENT_TAG",
+    "DP_CAUSES_TEXT_TAG", "DP_CHECKS_CATEGORY", "DP_VIOLATION", "EPSILON", "EPSILON_CHART",
+    "ESTIMATE_FIGURES", "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_LT_IQR_TAG",
+    "MLFLOW_RUN_ID_TAG", "MLFLOW_STOPPING_TAG", "PLUGIN_FIELDS", "RUN_ID_EVENT_TAG",
+    "RUN_ID_TEXT_TAG", "SERIES", "SERIES_ACCOUNTANT", "SERIES_BLACK_BOX", "SERIES_CANARIES",
+    "SERIES_CEILING", "SERIES_ESTIMATE", "SERIES_LOWER", "SERIES_THRESHOLD", "STOPPING_EVENT_TAG",
+    "STOPPING_FIGURE", "STOPPING_HIGHEST", "STOPPING_HIGHEST_STEP", "STOPPING_OUTCOME_KEY",
+    "STOPPING_RESTORED_STEP", "STOPPING_STOP", "STOPPING_STOPPED", "STOPPING_STOPPED_STEP",
+    "STOPPING_TEXT_TAG", "STOPPING_THRESHOLD", "STOPPING_WAIT", "TRAINING_LOOP", "WANDB_FIGURES",
+    "WANDB_RUN_ID_KEY", "WANDB_STEP", "WANDB_STOPPING_KEY", "auc", "band_edges", "canary_count",
+    "canary_epsilon", "canary_source", "ceilings", "console_advantage", "console_lower",
+    "detectable", "dp_check_fired", "dp_check_p_value", "epsilon_lower_bound", "estimate",
+    "fired_checks", "glance_advantage", "is_advantage_estimate", "is_debiased_estimate",
+    "is_epsilon_lower_bound", "is_privacy_figure", "loss_tnr", "lower", "member_risk",
+    "membership_pr", "most_exposed", "most_exposed_event", "most_vulnerable", "n_dropped",
+    "out_of_range", "parse_advantage", "parse_canary", "parse_dp_check", "parse_loss_tnr",
+    "parse_membership_pr", "parse_operating_point", "parse_risk", "plugin", "plugin_upper",
+    "query_figure", "roc", "tpr_at_fpr", "valid_range", "value", "watched_tags",
 ]
 # fmt: on
 
@@ -61,6 +62,9 @@ EPSILON = "privacy/epsilon"
 """ε read from the accountant at the monitor's δ."""
 CERTIFY_DELTA = "privacy/certify_delta"
 """The δ each certified figure of the check holds at (its share of ``interval_delta``)."""
+DP_ALARM_DELTA = "privacy/dp_alarm_delta"
+"""The level each statistical test of the DP mechanism checks fires below at the check (its
+share of the monitor's ``dp_alarm_delta``); written when a test is statistical."""
 DP_VIOLATION = "privacy/dp_violation"
 """1.0 when the check found a DP violation (a certified figure above what the accountant's ε
 allows, or a DP mechanism check that fired), else 0.0."""
@@ -308,8 +312,7 @@ _LOSS_TNR = re.compile(r"^privacy/(.+)/loss_tnr@fpr=(.+)$")
 
 
 def loss_tnr(query: str, fpr: float) -> str:
-    """LOSS TNR of ``query``'s losses: an estimate (no confidence level) of LiRA's TPR at FPR
-    ``fpr``; :func:`parse_loss_tnr` reads it back."""
+    """LOSS TNR of ``query``'s losses: an estimate (no confidence) of LiRA's TPR at ``fpr``."""
     return f"privacy/{query}/loss_tnr@fpr={fpr!r}"
 
 
@@ -320,8 +323,7 @@ def parse_loss_tnr(tag: str) -> tuple[str, str] | None:
 
 
 def most_vulnerable(source: str) -> str:
-    """The table of a check's most vulnerable records by LT-IQR from ``source``'s loss traces
-    (:data:`TRAINING_LOOP` or a query's name): a TensorBoard text summary, a W&B table."""
+    """The table (TensorBoard text, W&B table) of the records most vulnerable by LT-IQR."""
     return f"privacy/{source}/lt_iqr/most_vulnerable"
 
 

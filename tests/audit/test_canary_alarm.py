@@ -195,10 +195,12 @@ def test_a_correct_dp_sgd_run_stays_under_the_accountant():
         assert 0.0 < audited < eps
     assert report.scalars["privacy/dp_violation"] == 0.0 and not report.dp_violation
     assert report.dp_causes == ()
-    # the check's δ is split over one query's figure, the canaries' two bounds and the three
+    # the check's δ is split over one query's figure and the canaries' two bounds; the three
     # statistical tests of their mechanism checks (noise variance, sampling mean and dispersion)
+    # split the check's share of the alarm's own level, dp_alarm_delta (1e-4)
     assert len(monitor.canaries.statistical_tests) == 3
-    assert report.scalars["privacy/certify_delta"] == check_delta(2, delta=0.05) / 6
+    assert report.scalars["privacy/certify_delta"] == check_delta(2, delta=0.05) / 3
+    assert report.scalars["privacy/dp_alarm_delta"] == check_delta(2, delta=1e-4) / 3
 
 
 @ignore_opacus_warnings

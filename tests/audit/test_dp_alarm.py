@@ -245,7 +245,7 @@ FAULTS = {
         lambda: Fault(after_private=own_loader),
         10,
         "sampling: 200 rows in each of 40 steps, the accountant assumes Binomial(200, 0.1) "
-        "(mean test: p = 0, below the δ of each certified figure,",
+        "(mean test: p = 0, below the alarm level of each statistical test,",
     ),
     "steps": (  # checkpointed at step 20; the resumed run's first check is at step 30
         lambda: Fault(resume_at=STEPS // 2),
@@ -255,7 +255,7 @@ FAULTS = {
     "ledger": (  # 10 head steps after the 40 private ones: the last check is at step 50
         lambda: Fault(after_training=fine_tune_head),
         50,
-        "ledger: 2 parameters changed after the last private step (step 40): a non-private update",
+        "ledger: the weights changed after the last private step (step 40): a non-private update",
     ),
     "repeated noise": (
         lambda: Fault(private_options=generator_options(), before_step=reseed_generator),
@@ -312,7 +312,7 @@ def test_the_correct_run_and_the_non_faults_raise_nothing(fault):
     for check in MECHANISM_CHECKS:
         assert last.scalars[T.dp_check_fired(check)] == 0.0
     for test in ("mean", "dispersion"):
-        assert last.scalars[T.dp_check_p_value("sampling", test)] > last.scalars[T.CERTIFY_DELTA]
+        assert last.scalars[T.dp_check_p_value("sampling", test)] > last.scalars[T.DP_ALARM_DELTA]
     assert last.scalars[T.canary_epsilon("fdp")] <= last.epsilon
 
 

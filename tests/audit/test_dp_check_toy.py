@@ -127,10 +127,10 @@ class Float32Bound(SameBound):
 
     name = "bound32"
 
-    def refusal(self, *, optimizer: Any, family: Any) -> str | None:
-        if any(p.dtype != torch.float32 for p in optimizer.params):
+    def refusal(self, context: StepContext, *, family: Any) -> str | None:
+        if any(p.dtype != torch.float32 for p in context.optimizer.params):
             return "it reads float32 parameters only"
-        return super().refusal(optimizer=optimizer, family=family)
+        return super().refusal(context, family=family)
 
 
 def test_the_toy_check_says_when_it_cannot_run():

@@ -187,6 +187,79 @@ def test_the_correct_run_fires_nothing(canaries):
         assert_silent(Run(seed, canaries).attach().train())
 
 
+def test_the_correct_run_says_every_per_sample_gradient_was_finite():
+    found = Run().attach().train().findings()["clipping/finite"]
+    assert (found.kind, found.fired, found.p_value) == ("deterministic", False, None)
+    assert found.evidence == (
+        f"clipping: every per-sample gradient that reached the noise was finite ({STEPS} steps)"
+    )
+
+
+@pytest.mark.parametrize("canaries", [0, 1000])
+def test_a_nan_in_one_record_is_its_own_cause_never_repeated_noise(canaries):
+    """One NaN input value in one record (Opacus unmodified): its per-sample gradient is NaN,
+    Opacus' clip factor C / NaN is NaN, the update and every weight after it NaN. The clipping
+    check names the step and the row where it entered; the noise tests leave the non-finite
+    values out, saying so, and stay silent (no NaN p-value, no repeat of NaN digests)."""
+    run = Run(canaries=canaries)
+    run.data.tensors[0][17, 2] = float("nan")  # the DP loader reads this dataset
+    entered: list[tuple[int, int]] = []  # (step, row) of the batches holding the record
+
+    def rows(x, y):
+        if not entered:
+            bad = torch.isnan(x).any(dim=1).nonzero().flatten()
+            if len(bad):
+                entered.append((run.step + 1, int(bad[0])))
+        return x, y
+
+    found = run.attach().train(rows=rows).findings()
+    (step, row), nan_steps = entered[0], STEPS - entered[0][0] + 1  # NaN weights from then on
+    assert torch.isnan(run.net[0].weight).all()
+    assert found["clipping/finite"].fired
+    assert found["clipping/finite"].evidence == (
+        f"clipping: a per-sample gradient of record slot {row} was NaN at step {step}: it "
+        f"passed clipping unbounded ({nan_steps} of {STEPS} steps noised a non-finite clipped "
+        "sum)"
+    )
+    assert "17" not in found["clipping/finite"].evidence.replace(f"slot {row}", "")
+    noise = found["noise/variance"]
+    assert noise.p_value is not None and LEVEL < noise.p_value <= 1, noise.evidence
+    assert re.search(
+        rf"values of {nan_steps} steps left out: the noised gradient was not finite\)$",
+        noise.evidence,
+    ), noise.evidence
+    assert not found["noise/repeat"].fired, found["noise/repeat"].evidence
+    assert [n for n, f in found.items() if f.fired] == ["clipping/finite"]
+
+
+def test_an_infinite_row_is_named_by_its_slot_and_a_nan_p_value_is_refused():
+    from privmon.audit import mechanism_evidence as evidence
+    from privmon.audit.mechanism_math import noise_p_value
+    from privmon.audit.opacus_adapter import nonfinite_row
+
+    weight, bias = nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(3))
+    weight.grad_sample, bias.grad_sample = torch.ones(5, 3, 2), torch.ones(5, 3)
+    weight.summed_grad, bias.summed_grad = torch.ones(3, 2), torch.ones(3)
+    assert nonfinite_row([weight, bias]) is None  # a finite sum: no row is read
+    bias.grad_sample[3, 1] = float("inf")
+    bias.summed_grad[1] = float("nan")  # Opacus: C / inf = 0, and 0 · inf = NaN
+    assert nonfinite_row([weight, bias]) == (3, "inf")
+    weight.grad_sample[2, 0, 0] = float("nan")
+    assert nonfinite_row([weight, bias]) == (2, "NaN")
+    bias.grad_sample = [torch.ones(2, 3), torch.ones(3, 3)]  # two accumulated batches
+    bias.grad_sample[1][0, 0] = float("-inf")
+    weight.grad_sample = [torch.ones(2, 3, 2), torch.ones(3, 3, 2)]
+    assert nonfinite_row([weight, bias]) == (2, "inf")  # rows counted across the batches
+    bias.grad_sample = [torch.ones(2, 3), torch.ones(3, 3)]
+    assert nonfinite_row([weight, bias]) == (None, "not finite")
+    assert evidence.finite_gradients((4, None, "not finite"), 2, 9).evidence == (
+        "clipping: the clipped sum was not finite at step 4, though every per-sample gradient "
+        "of the call was: the clipping made it so (2 of 9 steps noised a non-finite clipped sum)"
+    )
+    with pytest.raises(ValueError, match="scaled_squares must be a number, got NaN"):
+        noise_p_value(float("nan"), 10)
+
+
 @pytest.mark.parametrize("factor", [0.0, 0.5])
 def test_noise_removed_or_halved_fires_the_noise_test(factor):
     run = Run()
@@ -312,7 +385,7 @@ def test_non_private_steps_after_training_fire_the_ledger():
         nn.functional.cross_entropy(run.model(x), y).backward()
         head.step()
     assert fired(run) == {
-        "ledger/weights": "ledger: 2 parameters changed after the last private step (step 40): "
+        "ledger/weights": "ledger: the weights changed after the last private step (step 40): "
         "a non-private update"
     }
 
@@ -442,6 +515,7 @@ def test_gradient_canaries_forward_to_their_checks():
     assert run.audit.mechanism() == run.audit.mechanism_checks.mechanism()
     assert [f.check for f in run.audit.mechanism()] == [
         "clipping",
+        "clipping",
         "noise",
         "noise",
         "sampling",
@@ -553,7 +627,7 @@ def test_bad_arguments_are_refused():
         MechanismChecks(Run().optimizer, checks=("noise", "clip"))
 
 
-def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
+def test_ghost_clipping_without_its_model_refuses_clipping_and_runs_the_others():
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -568,11 +642,11 @@ def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
     )
     with pytest.raises(
         ValueError,
-        match=r"clipping, sampling cannot run .*ghost clipping .*"
-        r"Pass checks=\('noise', 'steps', 'ledger'\)",
+        match=r"clipping cannot run .*ghost clipping .*pass module=.*"
+        r"Pass checks=\('noise', 'sampling', 'steps', 'ledger'\)",
     ):
         MechanismChecks(optimizer)
-    checks = MechanismChecks(optimizer, checks=("noise", "steps", "ledger"))
+    checks = MechanismChecks(optimizer, checks=("noise", "sampling", "steps", "ledger"))
     with_noise_factor(optimizer, 0.5)  # after the checks: outside them, and still seen
     for x, y in loader:
         optimizer.zero_grad()
@@ -583,12 +657,73 @@ def test_ghost_clipping_runs_the_checks_it_can_and_refuses_the_others():
     assert not any(f.fired for f in found.values())
 
 
-def test_adaclip_refuses_clipping_and_noise():
+def _per_sample_grads(net, x, y):
+    """What ``grad_sample_mode="no_op"`` leaves to the user: each record's gradient, set as
+    ``grad_sample`` (torch.func, vmapped)."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in net.named_parameters()}
+
+    def loss(p, xi, yi):
+        return nn.functional.cross_entropy(functional_call(net, p, (xi[None],)), yi[None])
+
+    grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    for name, p in net.named_parameters():
+        p.grad_sample = grads[name]
+
+
+@pytest.mark.parametrize("canaries", [0, 100])
+@pytest.mark.parametrize("mode", ["ew", "functorch", "no_op"])
+def test_flat_clipping_in_every_grad_sample_mode_runs_the_checks_and_the_canaries(mode, canaries):
+    """What the refusals advise runs: flat clipping with every grad_sample_mode but ghost
+    (DistributedDPOptimizer: test_mechanism_distributed.py)."""
+    run = Run(canaries=canaries, private_options={"grad_sample_mode": mode}).attach()
+    if mode == "no_op":
+        for x, y in run.loader:
+            run.optimizer.zero_grad()
+            _per_sample_grads(run.net, x, y)
+            run.optimizer.step()
+            run.step += 1
+    else:
+        run.train(10)
+    assert run.audit.steps == run.step >= 10
+    assert_silent(run)
+    assert "clipping: a row of norm 100 C contributed at most C" in (
+        run.findings()["clipping/probe"].evidence
+    )
+
+
+def _refusal(make) -> str:
+    with pytest.raises(ValueError) as refused:
+        make()
+    return str(refused.value)
+
+
+FLAT = (
+    "flat clipping (make_private(clipping='flat'), grad_sample_mode 'hooks', 'functorch', 'ew' "
+    "or 'no_op', on one process or under DDP: DistributedDPOptimizer)"
+)
+PER_LAYER = "per-layer clipping on one process (clipping='per_layer')"
+
+
+def _private_optimizer(**options):
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    data = TensorDataset(torch.randn(N, 6), torch.randint(0, 3, (N,)))
+    made = PrivacyEngine().make_private(
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=LR),
+        data_loader=DataLoader(data, batch_size=BATCH),
+        noise_multiplier=SIGMA,
+        **{"max_grad_norm": CLIP, **options},
+    )
+    return made[1]
+
+
+def _adaclip():
     from opacus.optimizers import AdaClipDPOptimizer
 
-    params = nn.Linear(2, 2).parameters()
-    optimizer = AdaClipDPOptimizer(
-        torch.optim.SGD(params, lr=0.1),
+    return AdaClipDPOptimizer(
+        torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1),
         noise_multiplier=0.5,
         target_unclipped_quantile=0.5,
         clipbound_learning_rate=0.2,
@@ -598,9 +733,47 @@ def test_adaclip_refuses_clipping_and_noise():
         max_grad_norm=1.0,
         expected_batch_size=4,
     )
-    with pytest.raises(ValueError, match=r"clipping, noise cannot run .*AdaClip moves"):
-        MechanismChecks(optimizer)
-    MechanismChecks(optimizer, checks=("sampling", "steps", "ledger")).detach()
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "refused", "runs"),
+    [
+        (
+            "DPOptimizerFastGradientClipping",
+            {"grad_sample_mode": "ghost", "criterion": nn.CrossEntropyLoss()},
+            ("clipping",),
+            ("noise", "sampling", "steps", "ledger"),
+        ),
+        ("DPPerLayerOptimizer", {"clipping": "per_layer", "max_grad_norm": [0.5] * 4}, (), None),
+        ("AdaClipDPOptimizer", None, (), None),
+    ],
+)
+def test_each_refusal_advises_only_what_runs(kind, options, refused, runs):
+    """Each refusal names what does run on the optimizer it refuses (and that runs) and where
+    the refused part runs: flat clipping in any grad_sample_mode but ghost, one process or DDP
+    (each run by the test above), per-layer clipping on one process for the checks."""
+    optimizer = _adaclip() if options is None else _private_optimizer(**options)
+    runs = runs or MECHANISM_CHECKS
+    assert MechanismChecks.runnable(optimizer) == runs
+    if refused:
+        names = ", ".join(refused)
+        said = _refusal(lambda: MechanismChecks(optimizer))
+        assert said.startswith(f"optimizer is an Opacus {kind}, on which the mechanism checks ")
+        assert said.endswith(
+            f"Pass checks={runs!r} to run the others; {names} run with {FLAT} or {PER_LAYER} or "
+            "adaptive clipping (clipping='adaptive') or per-layer clipping under DDP."
+        )
+        assert "grad_sample_mode='hooks')" not in said
+    MechanismChecks(optimizer, checks=runs).detach()  # what it says runs, runs
+    said = _refusal(lambda: GradientCanaries(optimizer, 10, sample_rate=0.1))
+    assert said.startswith(f"optimizer is an Opacus {kind}, which GradientCanaries do not support")
+    assert said.endswith(
+        f". GradientCanaries run with {FLAT}. On it MechanismChecks(optimizer, checks={runs!r}) "
+        "runs."
+    )
+    if refused:  # where the refused checks run, they run
+        per_layer = _private_optimizer(clipping="per_layer", max_grad_norm=[0.5] * 4)
+        MechanismChecks(per_layer, checks=refused).detach()
 
 
 def test_per_layer_clipping_is_checked_and_a_wrong_layer_bound_fires():

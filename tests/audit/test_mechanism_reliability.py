@@ -258,8 +258,9 @@ def test_correct_clipping_of_any_shape_and_bound_stays_within_the_rounding(dtype
         model, optimizer, loader, *_ = private(net=nn.Sequential(*layers), dtype=dtype, clip=clip)
         with MechanismChecks(optimizer, checks=("clipping",)) as checks:
             train(model, optimizer, loader, 1)
-            (finding,) = checks.mechanism()
+            finding, finite = checks.mechanism()
         assert not finding.fired, finding.evidence
+        assert not finite.fired, finite.evidence  # a correct run's gradients: finite in any dtype
         said = re.search(r"contributed at most ([0-9.]+) C", finding.evidence)
         worst = max(worst, float(said.group(1)) - 1 if said else 0.0)
     assert 0 < worst < 4 * u  # the probe did round above C, and far less than the bound
@@ -287,7 +288,7 @@ def test_a_step_with_every_parameter_frozen_is_no_non_private_update():
         with torch.no_grad():  # a real write after the frozen steps is still seen
             net[2].bias.add_(1.0)
         assert fired(checks) == {
-            "ledger/weights": "ledger: 1 parameters changed after the last private step (step "
+            "ledger/weights": "ledger: the weights changed after the last private step (step "
             "10): a non-private update"
         }
 
@@ -306,7 +307,7 @@ def test_a_step_without_noise_that_moves_the_weights_is_still_found():
         optimizer.original_optimizer.step()  # no noise, every weight moved
         assert fired(checks) == {
             "ledger/weights": "ledger: the optimizer stepped 1 times without noise (first after "
-            "private step 10); 4 parameters changed after the last private step (step 10): a "
+            "private step 10); the weights changed after the last private step (step 10): a "
             "non-private update"
         }
 
@@ -430,6 +431,7 @@ def test_the_findings_before_any_step_are_all_there():
             (f.check, f.test, f.fired, f.p_value, f.evidence) for f in canaries.mechanism()
         ] == [
             ("clipping", "probe", False, None, "clipping: not tested: no private step yet"),
+            ("clipping", "finite", False, None, "clipping: no private step yet"),
             ("noise", "variance", False, 1.0, "noise: not tested: no noised step with σ·C > 0 yet"),
             ("noise", "repeat", False, None, "noise: no noised step yet"),
             (
@@ -464,7 +466,7 @@ def test_a_step_hook_that_is_no_accountant_s_leaves_sampling_and_steps_untested(
         train(model, optimizer, loader, 5)
     assert_silent(checks)
     found = findings(checks)
-    assert len(found) == 7
+    assert len(found) == 8
     for test in ("mean", "dispersion"):
         assert (found[f"sampling/{test}"].p_value, found[f"sampling/{test}"].evidence) == (
             1.0,
@@ -482,7 +484,7 @@ def test_an_optimizer_without_expected_batch_size_leaves_sampling_untested():
         train(model, optimizer, loader, 5)
     assert_silent(checks)
     found = findings(checks)
-    assert len(found) == 7
+    assert len(found) == 8
     for test in ("mean", "dispersion"):
         assert (found[f"sampling/{test}"].p_value, found[f"sampling/{test}"].evidence) == (
             1.0,

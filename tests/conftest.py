@@ -46,6 +46,35 @@ class RecordingSink:
         pass
 
 
+def traced_run(sinks, *, writer=None, steps=6):
+    """A small classifier trained ``steps`` steps on 60 of 120 records, a check every 2 steps,
+    its per-sample losses recorded into a monitor's loss traces (``top_k`` 4); the monitor and
+    every report, whole."""
+    from privmon import PrivacyMonitor
+    from privmon.callbacks import LossTracing
+    from privmon.queries import LossQuery
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    x, y = torch.randn(120, 5), torch.randint(0, 2, (120,))
+    members, nonmembers = [(x[:60], y[:60])], [(x[60:], y[60:])]
+    keep = RecordingSink()
+    monitor = PrivacyMonitor(
+        LossQuery(model), members, nonmembers, every_n_steps=2, methods=("histogram",),
+        writer=writer, sinks=[*sinks, keep], loss_traces=LossTracing(60, top_k=4),
+    )  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        losses = torch.nn.functional.cross_entropy(model(x[:60]), y[:60], reduction="none")
+        losses.mean().backward()
+        opt.step()
+        monitor.record_losses(torch.arange(60), losses, step=step)
+        monitor.step(step)
+    monitor.close()
+    return monitor, keep.reports
+
+
 def byte_bpe_tokenizer(texts, *, vocab_size=300):
     """A byte-level BPE tokenizer trained here on ``texts`` (``<pad>``, ``<eos>``), offline, as a
     ``transformers`` fast tokenizer."""

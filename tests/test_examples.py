@@ -325,3 +325,20 @@ def test_synthetic_census_quick(tmp_path):
     # one TensorBoard run folder per fit (its named series are sub-folders of it)
     runs = {p.relative_to(tmp_path).parts[0] for p in event_files(tmp_path)}
     assert runs == {f"{kind}_n{n}_seed0" for kind in ("ctgan", "tvae") for n in (50, 100)}, runs
+
+
+def test_loss_traces_reports_loss_tnr_and_the_most_vulnerable_records(tmp_path):
+    out = run_example("loss_traces.py", "--epochs", "4", "--every", "20", "--logdir", str(tmp_path))
+    rows = [ln.split() for ln in out.splitlines() if re.fullmatch(rf"\s*\d+(\s+{NUM}){{4}}", ln)]
+    assert [int(r[0]) for r in rows] == [20, 40, 60], out
+    for _, adv, lower, tnr_01, tnr_1 in ([float(v) for v in r] for r in rows):
+        assert 0 <= lower <= adv <= 1 and 0 <= tnr_01 <= tnr_1 <= 1, out
+    lines = out.splitlines()
+    top = lines[lines.index("most vulnerable by LT-IQR (training-set index: LT-IQR):") + 1]
+    pairs = [p.split(": ") for p in top.strip().split(", ")]
+    assert len(pairs) == 5 and len({int(i) for i, _ in pairs}) == 5, out
+    assert all(0 <= int(i) < 898 for i, _ in pairs), out
+    scores = [float(v) for _, v in pairs]
+    assert scores == sorted(scores, reverse=True) and scores[-1] > 0, out
+    assert "loss traces: 256 bytes per record, 230 kB for 898 records" in out
+    assert (tmp_path / "checks.jsonl").exists() and event_files(tmp_path)

@@ -176,6 +176,28 @@ def plain_loop(ns, mp):
 
 
 @snippet_setup
+def traced_loop(ns, mp):
+    """training-loop.md: a model, its audit loaders, 200 training batches yielding indices."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = digits()
+    model = mlp()
+    train_set = TensorDataset(torch.arange(100), x[:100], y[:100])
+    ns.update(
+        torch=torch,
+        model=model,
+        train_set=train_set,
+        member_loader=DataLoader(TensorDataset(x[:100], y[:100]), batch_size=100),
+        heldout_loader=DataLoader(TensorDataset(x[100:], y[100:]), batch_size=300),
+        train_loader=[b for _ in range(10) for b in DataLoader(train_set, batch_size=5)],
+        opt=torch.optim.Adam(model.parameters(), lr=1e-3),
+    )
+    yield
+    checked(ns["monitor"], checks=2)
+    assert ns["monitor"].loss_traces.loop.steps == 201
+
+
+@snippet_setup
 def mlflow_run(ns, mp):
     """training-loop.md: a query and audit sets; MLflow's store in the working directory."""
     pytest.importorskip("mlflow")

@@ -126,9 +126,10 @@ _MAY_IMPORT = {
     "privmon.report": {"privmon.estimators", "privmon.bounds"},
     "privmon.sinks": {"privmon.estimators", "privmon.report"},
     "privmon.offline": {"privmon.estimators", "privmon.bounds"},
-    "privmon.callbacks": {
+    "privmon.callbacks": {  # it wires all of them (docs/architecture.md)
         "privmon.estimators",
         "privmon.bounds",
+        "privmon.attacks",
         "privmon.audit",
         "privmon.queries",
         "privmon.report",

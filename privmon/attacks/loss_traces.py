@@ -18,7 +18,7 @@ import torch
 from privmon._shown import shown
 from privmon._validation import as_tensor, check_fraction, check_int, check_unit
 
-__all__ = ["LossTraces", "LtIqr", "lt_iqr"]
+__all__ = ["LossTraces", "LtIqr", "checked_batch", "lt_iqr"]
 
 _VERSION = 1
 _KEYS = ("version", "n_records", "records", "stride", "steps", "dropped", "sums", "counts")
@@ -50,6 +50,48 @@ def _tracked(records: Any, n_records: int) -> torch.Tensor | None:
     if torch.unique(r).numel() != r.numel():
         raise ValueError("records must not repeat an index")
     return torch.sort(r).values
+
+
+def checked_batch(indices: Any, losses: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``indices`` and ``losses`` as tensors (of their own dtype and device) after the checks
+    that compute nothing: 1-D, integer indices, float losses, one loss per index. The indices'
+    range is checked when they are added (:meth:`LossTraces.update`).
+
+    Raises:
+        ValueError naming the argument.
+
+    Examples:
+        >>> import torch
+        >>> from privmon.attacks.loss_traces import checked_batch
+        >>> idx, loss = checked_batch([3, 1], torch.tensor([0.5, 2.0]))
+        >>> idx.tolist(), loss.dtype
+        ([3, 1], torch.float32)
+    """
+    loss = (
+        losses
+        if isinstance(losses, torch.Tensor)
+        else as_tensor(losses, name="losses", what="a 1-D array of per-sample losses")
+    )
+    idx = (
+        indices
+        if isinstance(indices, torch.Tensor)
+        else as_tensor(indices, name="indices", what="a 1-D array of record indices")
+    )
+    if loss.ndim != 1 or not loss.is_floating_point():
+        raise ValueError(
+            f"losses must be a 1-D float array of per-sample losses, got shape "
+            f"{tuple(loss.shape)} and dtype {loss.dtype}"
+        )
+    if idx.ndim != 1 or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+        raise ValueError(
+            f"indices must be a 1-D integer array, got shape {tuple(idx.shape)} and dtype "
+            f"{idx.dtype}"
+        )
+    if idx.shape != loss.shape:
+        raise ValueError(
+            f"indices and losses must have the same length, got {idx.shape[0]} and {loss.shape[0]}"
+        )
+    return idx, loss
 
 
 def _coarsened(values: torch.Tensor) -> torch.Tensor:
@@ -143,23 +185,24 @@ class LossTraces:
         """The state's bytes per tracked record (the subset's index table aside)."""
         return self._slots * (self._sums.element_size() + self._counts.element_size())
 
-    def update(self, indices: Any, losses: Any, *, step: int) -> None:
-        """Add one batch: ``losses[i]`` is record ``indices[i]``'s loss at training ``step``.
+    def update(self, indices: Any, losses: Any, *, step: Any) -> None:
+        """Add one batch: ``losses[i]`` is record ``indices[i]``'s loss at training ``step``
+        (or at ``step[i]``: several batches at once, as one).
 
         Args:
             indices: (b,) integer indices into the data set (repeats allowed: each counts;
                 records outside the tracked subset are ignored).
             losses: (b,) the per-sample losses the loop computed (detached here; any float
                 dtype and device: the state moves to the first batch's device).
-            step: the training step, an integer >= 0.
+            step: the training step, an integer >= 0; or (b,) integer steps, one per loss.
 
         Raises:
             ValueError naming the argument: shapes that differ or are not 1-D, non-integer or
                 out-of-range indices, a negative step.
         """
-        step = check_int(step, name="step")
         idx, loss = self._batch(indices, losses)
-        while step >= self._slots * self._stride:
+        steps, last = self._steps_of(step, idx)
+        while last >= self._slots * self._stride:
             self._sums, self._counts = _coarsened(self._sums), _coarsened(self._counts)
             self._stride *= 2
         rows = idx if self._row is None else self._row[idx].to(torch.int64)
@@ -167,35 +210,37 @@ class LossTraces:
         tracked = rows >= 0
         keep = finite & tracked
         self._dropped += (tracked & ~finite).sum()
-        flat = torch.where(keep, rows * self._slots + step // self._stride, 0)
+        flat = torch.where(keep, rows * self._slots + steps // self._stride, 0)
         self._sums.view(-1).index_add_(0, flat, torch.where(keep, loss, 0.0))
         self._counts.view(-1).index_add_(0, flat, keep.to(torch.int32))
-        self._steps = max(self._steps, step + 1)
+        self._steps = max(self._steps, last + 1)
         self._fed = True
+
+    def _steps_of(self, step: Any, idx: torch.Tensor) -> tuple[Any, int]:
+        """The step (an int) or the per-loss steps (an int64 tensor on the state's device), and
+        the last one."""
+        if not isinstance(step, torch.Tensor):
+            step = check_int(step, name="step")
+            return step, step
+        if step.shape != idx.shape or step.is_floating_point() or step.dtype == torch.bool:
+            raise ValueError(
+                f"step must be an integer >= 0 or 1-D integers, one per loss; got shape "
+                f"{tuple(step.shape)} and dtype {step.dtype}"
+            )
+        steps = step.to(self._sums.device, torch.int64)
+        first, last = torch.aminmax(steps) if steps.numel() else (steps.new_zeros(()),) * 2
+        if int(first) < 0:
+            raise ValueError("step must be integers >= 0")
+        return steps, int(last)
 
     def _batch(self, indices: Any, losses: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Checked (b,) int64 indices and float32 losses on the state's device."""
-        loss = as_tensor(losses, name="losses", what="a 1-D array of per-sample losses")
-        idx = as_tensor(indices, name="indices", what="a 1-D array of record indices")
-        if loss.ndim != 1 or not loss.is_floating_point():
-            raise ValueError(
-                f"losses must be a 1-D float array of per-sample losses, got shape "
-                f"{tuple(loss.shape)} and dtype {loss.dtype}"
-            )
-        if idx.ndim != 1 or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
-            raise ValueError(
-                f"indices must be a 1-D integer array, got shape {tuple(idx.shape)} and dtype "
-                f"{idx.dtype}"
-            )
-        if idx.shape != loss.shape:
-            raise ValueError(
-                f"indices and losses must have the same length, got {idx.shape[0]} and "
-                f"{loss.shape[0]}"
-            )
+        idx, loss = checked_batch(indices, losses)
         if not self._fed and loss.device != self._sums.device:
             self._move(loss.device)
         idx = idx.to(self._sums.device, torch.int64)
-        if bool(((idx < 0) | (idx >= self._n)).any()):
+        low, high = torch.aminmax(idx) if idx.numel() else (idx.new_zeros(()),) * 2
+        if int(low) < 0 or int(high) >= self._n:
             raise ValueError(f"indices must lie in [0, {self._n - 1}] (n_records = {self._n})")
         return idx, loss.to(self._sums.device, torch.float32)
 

@@ -15,6 +15,7 @@ from privmon._shown import shown
 from privmon._validation import check_audit_set, check_has_methods, check_int
 from privmon.bounds import epsilon_from_opacus
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.loss_tracking import LossTracing
 from privmon.callbacks.user_frame import stacklevel_to_user
 from privmon.queries import CallableQuery
 from privmon.report import tags
@@ -31,8 +32,10 @@ __all__ = [
     "check_audit_sets",
     "check_early_stopping",
     "check_epsilon_readable",
+    "check_loss_tracing",
     "check_run_id",
     "optional_count",
+    "traces_for_losses",
 ]
 
 logger = logging.getLogger("privmon")
@@ -98,6 +101,20 @@ def as_modules(modules: nn.Module | Sequence[nn.Module] | None) -> tuple[nn.Modu
 def optional_count(value: Any, *, name: str) -> int | None:
     """None, or ``value`` as an integer >= 1 (``max_batches``, ``planned_checks``)."""
     return None if value is None else check_int(value, name=name, minimum=1)
+
+
+def check_loss_tracing(tracing: Any) -> LossTracing | None:
+    """``tracing`` when it is a :class:`LossTracing` or None, else a ValueError."""
+    if tracing is not None and not isinstance(tracing, LossTracing):
+        raise ValueError(f"loss_traces must be a LossTracing or None, got {type(tracing).__name__}")
+    return tracing
+
+
+def traces_for_losses(tracing: LossTracing | None) -> LossTracing:
+    """The monitor's loss traces for ``record_losses``; a ValueError when it has none."""
+    if tracing is None:
+        raise ValueError("record_losses needs PrivacyMonitor(..., loss_traces=LossTracing(n))")
+    return tracing
 
 
 def check_accountant(accountant: Any) -> None:

@@ -24,6 +24,7 @@ from privmon.callbacks.distributed import (
     failed_stage,
     layout_of,
 )
+from privmon.callbacks.loss_tracking import LossTracing, TracesSent
 from privmon.callbacks.mechanism_audit import Local, findings_of
 from privmon.callbacks.score_exchange import Packed, gather_scores, packed
 
@@ -57,10 +58,14 @@ def _collected(
     return collected, findings, None, ""
 
 
-def _packed(collected: Collected) -> tuple[Packed | None, Exception | None]:
-    """This rank's scores as the bytes it sends, or why they could not be packed."""
+def _packed(
+    collected: Collected, traces: LossTracing | None
+) -> tuple[tuple[Packed, TracesSent | None] | None, Exception | None]:
+    """This rank's scores and loop loss traces as the bytes it sends, and what it sends of the
+    traces; or why they could not be packed."""
     try:
-        return packed(collected.scores), None
+        sent, data = (None, None) if traces is None else traces.outgoing()
+        return (packed(collected.scores, data), sent), None
     except Exception as err:  # e.g. out of memory on the collective device
         return None, err
 
@@ -75,13 +80,16 @@ def exchange(
     spent: int,
     settings: str,
     strict: bool,
+    traces: LossTracing | None = None,
 ) -> tuple[Agreement, Scores] | None:
     """This rank's part of the check at ``step`` (none when it ``checked`` the step already)
     and, under torch.distributed, every rank's agreed on (None: a rank had checked the step,
     and every rank skips it) with the scores on rank 0 (the others get none); one process: its
     own, with no collective. Raises where the check must fail on every rank
     (:func:`~privmon.callbacks.distributed.agree_on_headers`); ``spent``: this rank's
-    certified checks, ``settings``: whatever changes the figures."""
+    certified checks, ``settings``: whatever changes the figures; ``traces``: the monitor's
+    loss traces, whose loop losses go to rank 0 with the scores (there in
+    ``Agreement.traces_data``)."""
     local, findings, error, stage = (
         (_NOTHING, {}, None, "")
         if checked
@@ -93,7 +101,7 @@ def exchange(
             raise error
         alone = Agreement({}, {}, dict(local.failed), spent, local.forward, [findings], [])
         return alone, local.scores
-    mine, failed = _packed(local) if error is None else (None, None)
+    mine, failed = _packed(local, traces) if error is None else (None, None)
     if failed is not None:
         local, error, stage = _NOTHING, failed, "collecting the scores"
     header = Header(
@@ -107,13 +115,14 @@ def exchange(
         rows={n: (s[0].shape[0], s[1].shape[0]) for n, s in local.scores.items()},
         findings=findings,
         forward=local.forward,
-        sent={} if mine is None else mine[1],
+        sent={} if mine is None else mine[0][1],
+        traces=None if mine is None else mine[1],
     )
     agreed = agree_on_headers(every_rank(header, world), mine=header, error=error, strict=strict)
     if agreed is None:
         return None
     assert mine is not None  # the agreement raises where a rank failed
-    gathered, failed = gather_scores(mine[0], agreed, like=local.scores)
+    gathered, data, failed = gather_scores(mine[0][0], agreed, like=local.scores)
     if failed is not None:  # rank 0 only: its outcome says so to the others
         return dataclasses.replace(agreed, gathered=failed), {}
-    return agreed, gathered or {}
+    return dataclasses.replace(agreed, traces_data=tuple(data)), gathered or {}

@@ -19,10 +19,11 @@ from privmon.callbacks.check_analysis import CheckAnalysis, analyse_check
 from privmon.callbacks.collection import Scores
 from privmon.callbacks.distributed import Agreement, StageFailure
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
+from privmon.callbacks.loss_tracking import LossTracing
 from privmon.callbacks.publishing import decided, publish
 from privmon.callbacks.traps import Traps
 from privmon.report import Report
-from privmon.report.build import build_report
+from privmon.report.build import TraceFigures, build_report
 from privmon.report.stopping import StoppingDecision
 from privmon.sinks.base import Sink
 
@@ -72,6 +73,8 @@ class CheckParts:
     strict: bool
     say: Callable[[Report], None]
     """Says a report's DP violations (a warnings filter that makes them errors fails it)."""
+    traces: LossTracing | None = None
+    """The monitor's loss traces (None: none)."""
 
 
 def conclude(
@@ -102,6 +105,7 @@ def conclude(
             step, analysis, scores, budget=budget, traps=parts.traps, queries=parts.queries,
             prior=parts.prior, delta=parts.delta, run_id=parts.run_id,
             seconds=time.perf_counter() - t0, query_seconds=agreed.forward,
+            traces=_traced(agreed, scores, parts),
         )  # fmt: skip
         parts.say(built)
         report, stage = built, "early stopping"
@@ -150,6 +154,15 @@ def _analysed(step: int, agreed: Agreement, scores: Scores, *, parts: CheckParts
     )
 
 
+def _traced(agreed: Agreement, scores: Scores, parts: CheckParts) -> TraceFigures | None:
+    """The loss traces' figures of the check (None without loss traces)."""
+    if parts.traces is None:
+        return None
+    return parts.traces.figures(
+        scores, parts.queries, sent=agreed.traces, data=agreed.traces_data, strict=parts.strict
+    )
+
+
 def take_stopping(stopping: PrivacyEarlyStopping | None, state: StoppingState | None) -> None:
     """Early stopping as rank 0 left it (its budget is the same on every rank: the ranks
     compared it before the check)."""
@@ -173,6 +186,7 @@ def report_of(
     run_id: str,
     seconds: float,
     query_seconds: float,
+    traces: TraceFigures | None = None,
 ) -> Report:
     """The report of the check at ``step`` (:func:`~privmon.report.build.build_report`), the
     budget's audit sizes of its queries kept, and the traps it shows said (swapped sets, every
@@ -191,6 +205,7 @@ def report_of(
         run_id=run_id,
         seconds=seconds,
         query_seconds=query_seconds,
+        traces=traces,
     )
     if not report.queries:
         traps.queries_failed(step, report.failures)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -100,6 +100,9 @@ class Header:
     """Seconds this rank spent in the queries."""
     sent: dict[str, tuple[int, int]]
     """Per query scored, in the order this rank sends them: the bytes of each side."""
+    traces: tuple[int, int, int, int] | None = None
+    """What this rank sends after the scores of its loop's loss traces (stride, steps, dropped
+    losses, bytes); None: none."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,10 @@ class Agreement:
     gathered: Exception | None = None
     """On rank 0: why rebuilding the gathered scores failed, after the collective (the others
     already wait for its outcome, which then says so)."""
+    traces: list[tuple[int, int, int, int] | None] = field(default_factory=list)
+    """What each rank sends of its loop's loss traces (:attr:`Header.traces`), in rank order."""
+    traces_data: tuple[torch.Tensor, ...] = ()
+    """On rank 0: each rank's loss-trace bytes, in rank order."""
 
 
 def layout_of(scores: tuple[torch.Tensor, torch.Tensor]) -> tuple[Layout | None, Layout | None]:
@@ -205,6 +212,7 @@ def agree_on_headers(
         forward=max(h.forward for h in headers),
         findings=[h.findings for h in headers],
         sent=[h.sent for h in headers],
+        traces=[h.traces for h in headers],
     )
 
 

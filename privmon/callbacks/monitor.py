@@ -29,6 +29,7 @@ from privmon.callbacks.check_scores import CheckScores
 from privmon.callbacks.distributed import StepDisagreement, agree_on_schedule
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
+from privmon.callbacks.loss_tracking import LossTracing
 from privmon.callbacks.publishing import call_or_log, say_outcome, stopped
 from privmon.callbacks.records import RankedRecords, RecordTracker
 from privmon.callbacks.traps import Traps
@@ -92,6 +93,7 @@ class PrivacyMonitor:
         strict: re-raise exceptions from a check (on every rank) instead of logging them.
         run_id: the run's id (:attr:`run_id`); None: a fresh one. Another run in the writer
             folder or JsonlSink file warns, unless this one resumes it under its id.
+        loss_traces: a :class:`~privmon.callbacks.LossTracing`: per-record loss traces, LT-IQR.
 
     Examples:
         >>> import torch
@@ -138,6 +140,7 @@ class PrivacyMonitor:
         top_k: int = 10,
         strict: bool = False,
         run_id: str | None = None,
+        loss_traces: LossTracing | None = None,
     ) -> None:
         self.queries = arguments.as_queries(query)
         arguments.check_audit_sets(members, nonmembers, sharded=rank_and_world()[1] > 1)
@@ -166,11 +169,11 @@ class PrivacyMonitor:
         self.dp_alarm_delta = check_open_unit(dp_alarm_delta, name="dp_alarm_delta")
         self.early_stopping, self.max_batches, self.strict = early_stopping, max_batches, strict
         self.history, self.records = ReportHistory(), RecordTracker()
+        self.loss_traces = arguments.check_loss_tracing(loss_traces)
         self.n_failed, self._stop = 0, False
         self._restored: int | None = None  # the step whose weights an adapter restored
         self._last_step: int | None = None
-        self._traps = Traps()  # silent traps said out loud, once each
-        self._schedule_agreed = False  # under torch.distributed: at the first step()
+        self._traps, self._schedule_agreed = Traps(), False  # traps said once; schedule at step 1
         self._scores = CheckScores(
             self.queries, members, nonmembers, modules=self.modules, max_batches=max_batches,
             strict=strict, traps=self._traps,
@@ -223,6 +226,11 @@ class PrivacyMonitor:
         else:  # under torch.distributed the ranks skip together, in the check's one exchange
             self._locked_check(global_step, checked=checked)
         return self._stop
+
+    def record_losses(self, indices: Any, losses: Any, *, step: int) -> None:
+        """Trace a training batch's per-sample losses (copied detached): ``losses[i]`` is record
+        ``indices[i]``'s at ``step`` (:meth:`privmon.callbacks.LossTracing.record`)."""
+        arguments.traces_for_losses(self.loss_traces).record(indices, losses, step=step)
 
     def plan(self, *, total_steps: int) -> int | None:
         """Plan the checks from the run's length (adapters call it): ``planned_checks`` =
@@ -327,7 +335,7 @@ class PrivacyMonitor:
             exchanged = exchange(
                 step, checked=checked, scores=self._scores, audits=self._audits,
                 accountant=self.accountant, spent=self._budget.spent, settings=self._settings(),
-                strict=self.strict,
+                strict=self.strict, traces=self.loss_traces,
             )  # fmt: skip
         except Exception as err:
             # a rank behind must not then enter, alone, the check the others have already left
@@ -351,7 +359,7 @@ class PrivacyMonitor:
             interval_delta=self.interval_delta, top_k=self.top_k, accountant=self.accountant,
             delta=self.delta, audits=self._audits, budget=self._budget, traps=self._traps,
             early_stopping=self.early_stopping, sinks=self.sinks, other_runs=self._other_runs,
-            run_id=self.run_id, strict=self.strict, say=_say_violations,
+            run_id=self.run_id, strict=self.strict, say=_say_violations, traces=self.loss_traces,
         )  # fmt: skip
 
     def _apply(self, step: int, outcome: Outcome, own: Exception | None) -> Report | None:
@@ -393,13 +401,10 @@ class PrivacyMonitor:
     def _settings(self) -> str:
         """Whatever changes the figures: the ranks' must be the same."""
         return saved.settings(
-            self._setup(),
-            every_n_steps=self.every_n_steps,
-            top_k=self.top_k,
-            delta=None if self.accountant is None else self.delta,
-            queries=self.queries,
-            stopping=self.early_stopping,
-        )
+            self._setup(), every_n_steps=self.every_n_steps, top_k=self.top_k, queries=self.queries,
+            delta=None if self.accountant is None else self.delta, stopping=self.early_stopping,
+            traces=self.loss_traces,
+        )  # fmt: skip
 
     def _setup(self) -> dict[str, Any]:
         """What a saved state was measured under (:func:`~privmon.callbacks.state.setup`)."""
@@ -413,28 +418,23 @@ class PrivacyMonitor:
         """Everything a resumed run needs: a flat, versioned dict of tensors and plain values
         (:mod:`~privmon.callbacks.state`; ``torch.load(..., weights_only=True)`` reads it)."""
         return saved.state_dict(
-            self._setup(),
-            run_id=self.run_id,
-            last_step=self._last_step,
-            stop=self._stop,
-            n_failed=self.n_failed,
-            n_certified_checks=self.n_certified_checks,
-            history=self.history,
-            early_stopping=self.early_stopping,
-            records=self.records,
-        )
+            self._setup(), run_id=self.run_id, last_step=self._last_step, stop=self._stop,
+            n_failed=self.n_failed, n_certified_checks=self.n_certified_checks,
+            history=self.history, early_stopping=self.early_stopping, records=self.records,
+            loss_traces=self.loss_traces,
+        )  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a monitor with the same setup (queries, methods,
         prior, both δ, ``planned_checks`` if given); every field is checked first."""
         run = saved.read_state(
-            state,
-            measured_under=self._setup(),
-            user_planned=self._budget.user_planned,
-            early_stopping=self.early_stopping,
-        )
+            state, measured_under=self._setup(), user_planned=self._budget.user_planned,
+            early_stopping=self.early_stopping, loss_traces=self.loss_traces,
+        )  # fmt: skip
         if self.early_stopping is not None and run.early_stopping is not None:  # both, or neither
             self.early_stopping.load_state_dict(run.early_stopping)
+        if self.loss_traces is not None and run.loss_traces is not None:  # both, or neither
+            self.loss_traces.load_state_dict(run.loss_traces)
         self.history, self.records = run.history, run.records
         self._traps.stopping_checked = bool(self.history)  # checked at the run's first report
         self._last_step, self._stop = run.last_step, run.stop

@@ -4,12 +4,13 @@
 Fields (:data:`STATE_VERSION` 3): ``state_version``; the setup the figures were measured under
 (:data:`SETUP_FIELDS`: ``queries``, ``methods``, ``prior``, ``interval_delta``, ``dp_alarm_delta``,
 ``planned_checks``, ``canaries``); the run (``run_id``, ``last_step``, ``stop``, ``n_failed``,
-``n_certified_checks``); and the states of the history, early stopping and the record tracker
-(``history``, ``early_stopping``, ``records``); and ``digest``, over all of them: a state whose
-content changed (a damaged file) is refused. A state of another version — version 2, saved before
-the DP alarm had its own level (its mechanism checks spent ``interval_delta``), version 1, saved
-before states carried a digest, and one saved before states carried a version — is refused with a
-ValueError naming both versions.
+``n_certified_checks``); and the states of the history, early stopping, the record tracker and
+the loss traces (``history``, ``early_stopping``, ``records``, ``loss_traces``); and
+``digest``, over all of them: a state whose content changed (a damaged file) is refused. A
+state of another version — version 2, saved before the DP alarm had its own level (its
+mechanism checks spent ``interval_delta``) and before states carried loss traces, version 1,
+saved before states carried a digest, and one saved before states carried a version — is
+refused with a ValueError naming both versions.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from privmon._digest import DIGEST_KEY, check_sealed, sealed
 from privmon._validation import check_int
 from privmon.callbacks.early_stopping import PrivacyEarlyStopping
 from privmon.callbacks.history import ReportHistory
+from privmon.callbacks.loss_tracking import LossTracing
 from privmon.callbacks.records import RecordTracker
 
 __all__ = [
@@ -55,10 +57,11 @@ SETUP_FIELDS = (
 _SAVED_BEFORE = {  # what an older version lacks
     1: " (saved before states carried a digest)",
     2: " (saved before the DP alarm had its own level, dp_alarm_delta: its statistical tests "
-    "spent interval_delta, so its figures were decided otherwise)",
+    "spent interval_delta, so its figures were decided otherwise; and before states carried "
+    "loss traces)",
 }
 _RUN_FIELDS = ("run_id", "last_step", "stop", "n_failed", "n_certified_checks")
-_PARTS = ("history", "early_stopping", "records")
+_PARTS = ("history", "early_stopping", "records", "loss_traces")
 _FIELDS = ("state_version", *SETUP_FIELDS, *_RUN_FIELDS, *_PARTS, DIGEST_KEY)
 
 
@@ -95,11 +98,13 @@ def settings(
     delta: float | None,
     queries: list[Any],
     stopping: PrivacyEarlyStopping | None,
+    traces: LossTracing | None = None,
 ) -> str:
     """Whatever changes a check's figures, which the ranks of a torch.distributed run compare
     before any scores move: the setup (:func:`setup`), the schedule (ranks that differ never
     meet in a check), ``top_k``, the DP δ (None without an accountant), each query's kind and
-    early stopping's budget (rank 0 decides, and every rank takes its decision and state)."""
+    early stopping's budget (rank 0 decides, and every rank takes its decision and state) and
+    the loss traces' setup (rank 0 merges the ranks' traces)."""
     return repr(
         {
             **measured_under,
@@ -115,6 +120,7 @@ def settings(
                 stopping.patience,
                 stopping.min_checks,
             ),
+            "loss_traces": None if traces is None else traces.setup(),
             "kinds": [
                 (getattr(q, "discrete", False), getattr(q, "higher_is_member", None))
                 for q in queries
@@ -134,6 +140,7 @@ def state_dict(
     history: ReportHistory,
     early_stopping: PrivacyEarlyStopping | None,
     records: RecordTracker,
+    loss_traces: LossTracing | None = None,
 ) -> dict[str, Any]:
     """The saved state of a monitor set up as ``measured_under`` (:func:`setup`), sealed
     with the digest of its content."""
@@ -149,6 +156,7 @@ def state_dict(
             "history": history.state_dict(),
             "early_stopping": None if early_stopping is None else early_stopping.state_dict(),
             "records": records.state_dict(),
+            "loss_traces": None if loss_traces is None else loss_traces.state_dict(),
         }
     )
 
@@ -166,6 +174,7 @@ class SavedRun:
     history: ReportHistory
     records: RecordTracker
     early_stopping: dict[str, Any] | None
+    loss_traces: dict[str, Any] | None = None
 
 
 def _checked_whole(state: Any) -> dict[str, Any]:
@@ -177,7 +186,8 @@ def _checked_whole(state: Any) -> dict[str, Any]:
         saved = (
             "no state_version (saved by a privmon before states carried one)"
             if version is None
-            else f"state_version {version!r}" + _SAVED_BEFORE.get(version, "")
+            else f"state_version {version!r}"
+            + _SAVED_BEFORE.get(version if isinstance(version, int) else -1, "")
         )
         raise ValueError(
             f"state has {saved}; this privmon reads state_version {STATE_VERSION} only: resume "
@@ -228,16 +238,36 @@ def _checked_last_step(last_step: Any, history: ReportHistory, n_failed: int) ->
     return last_step
 
 
+def _checked_parts(
+    state: dict[str, Any],
+    early_stopping: PrivacyEarlyStopping | None,
+    loss_traces: LossTracing | None,
+) -> tuple[Any, Any]:
+    """The saved states of early stopping and of the loss traces, each checked by loading it
+    into a copy of the monitor's (both present, or neither)."""
+    for key, mine, what in (
+        ("early_stopping", early_stopping, "early stopping is set"),
+        ("loss_traces", loss_traces, "loss traces are kept"),
+    ):
+        if (state[key] is None) != (mine is None):
+            raise ValueError(f"state_dict and monitor disagree on whether {what}")
+        if mine is not None:
+            copy.deepcopy(mine).load_state_dict(state[key])  # raises on a bad field
+    return state["early_stopping"], state["loss_traces"]
+
+
 def read_state(
     state: Any,
     *,
     measured_under: dict[str, Any],
     user_planned: bool,
     early_stopping: PrivacyEarlyStopping | None,
+    loss_traces: LossTracing | None = None,
 ) -> SavedRun:
     """Every field of ``state`` checked, on its own and against the others, for a monitor set
     up as ``measured_under`` (:func:`setup`; ``user_planned``: its ``planned_checks`` was given,
-    else the saved plan is taken) with ``early_stopping``: a ValueError names the first field
+    else the saved plan is taken) with ``early_stopping`` and ``loss_traces``: a ValueError
+    names the first field
     that does not fit. A certified-check count above the checks the state ran warns (looser
     bounds from then on)."""
     state = _checked_whole(state)
@@ -258,11 +288,7 @@ def read_state(
         raise ValueError(
             f"state n_certified_checks ({n_certified}) is below its {len(history)} checks"
         )
-    es = state["early_stopping"]
-    if (es is None) != (early_stopping is None):
-        raise ValueError("state_dict and monitor disagree on whether early stopping is set")
-    if early_stopping is not None:
-        copy.deepcopy(early_stopping).load_state_dict(es)  # raises on a bad field
+    es, traces = _checked_parts(state, early_stopping, loss_traces)
     records = RecordTracker()
     records.load_state_dict(state["records"])
     run_id = state["run_id"]
@@ -288,4 +314,5 @@ def read_state(
         history=history,
         records=records,
         early_stopping=es,
+        loss_traces=traces,
     )

@@ -127,6 +127,7 @@ class LossQuery(ClassifierQuery):
     """
 
     higher_is_member = False
+    per_record_loss = True  # a LossTracing traces its members' losses and reports LOSS TNR
 
     def __init__(self, model: nn.Module, *, name: str = "loss", transform: Transform | None = None):
         super().__init__(model, name=name, transform=transform)

@@ -26,7 +26,7 @@ verdict and its ROC*. Layout: :mod:`~privmon.report.tags` (every figure's name),
 """
 
 from privmon.report.blocks import REPORT_NAME
-from privmon.report.check import QueryResult, Report
+from privmon.report.check import QueryResult, Report, Vulnerable
 from privmon.report.page import render_html, write_report
 from privmon.report.runs import (
     JSONL_NAME,
@@ -53,6 +53,7 @@ __all__ = [
     "StoppingDecision",
     "StoppingOutcome",
     "Verdict",
+    "Vulnerable",
     "checks_from_reports",
     "read_checks",
     "read_runs",

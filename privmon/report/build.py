@@ -16,9 +16,9 @@ from privmon._failure import Failure
 from privmon.bounds import epsilon_lower_bound, tanh_bound
 from privmon.estimators.analysis import QueryResult
 from privmon.report import tags
-from privmon.report.check import Report
+from privmon.report.check import Report, Vulnerable
 
-__all__ = ["CANARIES", "CanaryFigures", "build_report", "violation_message"]
+__all__ = ["CANARIES", "CanaryFigures", "TraceFigures", "build_report", "violation_message"]
 
 CANARIES = "canaries"
 """The canary audit's entry among a check's failures."""
@@ -36,6 +36,16 @@ class CanaryFigures:
     violation: bool
     messages: tuple[str, ...]
     causes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class TraceFigures:
+    """What the loss traces said at one check: LOSS TNR ``scalars`` (tag -> estimate), the most
+    ``vulnerable`` records per source and the ``failures`` (what failed -> why)."""
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    vulnerable: dict[str, Vulnerable] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 def violation_message(step: int, tag: str, lower: float, ceiling: float, eps: float) -> str:
@@ -63,6 +73,7 @@ def build_report(
     run_id: str,
     seconds: float,
     query_seconds: float,
+    traces: TraceFigures | None = None,
 ) -> Report:
     """The report of the check at ``step``.
 
@@ -80,6 +91,7 @@ def build_report(
         certify_delta: the δ each certified figure of the check holds at.
         run_id: the run's id.
         seconds: the whole check's duration; ``query_seconds``: of which in the queries.
+        traces: the loss traces' figures (None: no loss traces).
 
     Raises:
         RuntimeError: when every query's analysis failed and no part of the canaries' audit
@@ -106,6 +118,8 @@ def build_report(
         else _Part(f.scalars, {}, f.messages, f.causes, f.violation)
         for key, f in canaries.items()
     ]
+    traces = traces or TraceFigures()
+    parts.append(_Part(traces.scalars, traces.failures))
     failures = {k: v for part in parts for k, v in part.failures.items()}
     if not analysed and not audited:
         raise RuntimeError(f"every query's analysis failed: {failures}")
@@ -126,6 +140,7 @@ def build_report(
         query_seconds=query_seconds,
         run_id=run_id,
         dp_causes=tuple(c for part in parts for c in part.causes),
+        vulnerable=dict(traces.vulnerable),
     )
 
 

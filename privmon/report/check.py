@@ -9,7 +9,36 @@ from typing import Any
 from privmon.estimators.analysis import QueryResult
 from privmon.report.stopping import StoppingDecision
 
-__all__ = ["QueryResult", "Report"]
+__all__ = ["QueryResult", "Report", "Vulnerable"]
+
+
+@dataclass(frozen=True)
+class Vulnerable:
+    """A check's most vulnerable records by LT-IQR (Pollock et al., "Free Record-Level Privacy
+    Risk Evaluation Through Artifact-Based Methods") from one source of loss traces: their
+    indices (into the training set for the loop's traces, the member set for a query's),
+    highest score first, their scores, how many records had one and over how many steps (the
+    loop's) or checks (a query's) the traces run.
+
+    Examples:
+        >>> from privmon.report import Vulnerable
+        >>> Vulnerable(records=(7, 2), scores=(1.5, 0.4), n_scored=100, steps=800).to_json()
+        {'records': [7, 2], 'scores': [1.5, 0.4], 'n_scored': 100, 'steps': 800}
+    """
+
+    records: tuple[int, ...]
+    scores: tuple[float, ...]
+    n_scored: int
+    steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready: lists and integers."""
+        return {
+            "records": list(self.records),
+            "scores": list(self.scores),
+            "n_scored": self.n_scored,
+            "steps": self.steps,
+        }
 
 
 @dataclass(frozen=True)
@@ -34,8 +63,10 @@ class Report:
     at this check (:class:`~privmon.report.stopping.StoppingDecision`; None without early
     stopping), taken before any sink writes the report; its numbers are among the ``scalars``
     (``privacy/stopping/…``), which is all a monitor's ``history`` keeps of it for a check
-    before the last (as of the per-query results). Only indices and scores are held, never raw
-    records.
+    before the last (as of the per-query results). ``vulnerable``: with loss traces
+    (:class:`~privmon.callbacks.LossTracing`), per source (the training loop, or a query whose
+    scores are per-record losses) its most vulnerable records by LT-IQR. Only indices and scores
+    are held, never raw records.
 
     Examples:
         >>> from privmon.report import Report
@@ -56,6 +87,7 @@ class Report:
     run_id: str = ""
     dp_causes: tuple[str, ...] = ()
     stopping: StoppingDecision | None = None
+    vulnerable: dict[str, Vulnerable] = field(default_factory=dict)
 
     def without_arrays(self) -> Report:
         """A copy whose query results hold no per-record arrays
@@ -66,7 +98,8 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready summary: scalars, flags and the most exposed record indices; ``dp_causes``
-        only when the check found a DP violation, ``stopping`` only with early stopping."""
+        only when the check found a DP violation, ``stopping`` only with early stopping,
+        ``lt_iqr`` (the most vulnerable records per source) only with loss traces."""
         out = {
             "run_id": self.run_id,
             "step": self.step,
@@ -85,4 +118,6 @@ class Report:
             out["dp_causes"] = list(self.dp_causes)
         if self.stopping is not None:
             out["stopping"] = self.stopping.to_json()
+        if self.vulnerable:
+            out["lt_iqr"] = {k: v.to_json() for k, v in self.vulnerable.items()}
         return out

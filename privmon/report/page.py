@@ -21,6 +21,17 @@ from privmon.report.verdict import EXCHANGEABILITY, certificates, certified_floo
 
 __all__ = ["REPORT_NAME", "render_html", "write_page", "write_report"]
 
+_LOSS_TRACES_NOTE = (
+    'LOSS TNR (Dodd et al., "The Tail Tells All"): the share of held-out records whose loss '
+    "exceeds all but a fraction α of the members' losses, an estimate of LiRA's TPR at FPR α "
+    "from the losses alone: an estimate, with no confidence level, not a certified bound; "
+    "shown beside the advantage and its certified lower bound. Most vulnerable records: the "
+    'highest LT-IQR (Pollock et al., "Free Record-Level Privacy Risk Evaluation Through '
+    "Artifact-Based Methods\"), the interquartile range of a record's loss over training, "
+    "which ranks the records LiRA identifies at low FPR without reference models; beside the "
+    "most exposed records above, which rank by the out-of-sample posterior at one check."
+)
+
 
 def _summary_table(checks: Checks, used: set[str]) -> str:
     """The last check's figures per query and method, beside the run's largest certified lower
@@ -100,6 +111,44 @@ def _top_records_html(checks: Checks) -> str:
     return "".join(parts)
 
 
+def _loss_tail_table(checks: Checks, used: set[str]) -> str | None:
+    """Per loss query at the last check: LOSS TNR at each FPR beside the advantage and its
+    certified lower bound (each method's); None when no check reported LOSS TNR."""
+    s = checks.records[-1]["scalars"]
+    tnr: dict[str, dict[str, float]] = {}
+    for tag, v in s.items():
+        if (parsed := tags.parse_loss_tnr(tag)) is not None:
+            tnr.setdefault(parsed[0], {})[parsed[1]] = v
+    if not tnr:
+        return None
+    fprs = sorted({f for by in tnr.values() for f in by}, key=float)
+    rows = [
+        [q, m, s.get(tags.value(q, m)), s.get(tags.lower(q, m)), *(tnr[q].get(f) for f in fprs)]
+        for q in sorted(tnr)
+        for m in checks.methods(q) or ["–"]
+    ]
+    header = ["query", "method", "value", "certified lower"]
+    return table([*header, *(f"LOSS TNR at FPR {float(f):.1%}" for f in fprs)], rows, left=2,
+                 used=used)  # fmt: skip
+
+
+def _vulnerable_html(checks: Checks) -> str:
+    """Each source's most vulnerable records by LT-IQR at the last check."""
+    last = checks.records[-1]
+    parts = []
+    for source, top in sorted(last.get("lt_iqr", {}).items()):
+        what = (
+            f"training-set indices, traced up to step {top['steps'] - 1}"
+            if source == tags.TRAINING_LOOP
+            else f"indices into the audit member set, traced over {top['steps']} checks"
+        )
+        parts.append(f"<h3>{html.escape(source)}</h3><p>{what}; {top['n_scored']} scored.</p>")
+        rows = [[str(r), str(i), fmt(v, 4)] for r, (i, v) in
+                enumerate(zip(top["records"], top["scores"], strict=True), 1)]  # fmt: skip
+        parts.append(table(["rank", "record index", "LT-IQR"], rows, left=0))
+    return "".join(parts)
+
+
 def _dp_checks_html(checks: Checks) -> str:
     """The DP mechanism checks over the run: where each fired, its tests' p-values."""
     fired: dict[str, list[int]] = {}
@@ -131,7 +180,7 @@ def _dp_checks_html(checks: Checks) -> str:
         "<p class='caption'>Each check tests one assumption of the accountant on the optimizer "
         "itself (clipping, noise, sampling, steps counted, no update but the private steps). A "
         "deterministic test never fires on a correct run; a statistical test fires when its "
-        "p-value falls below its check's alarm level (privacy/dp_alarm_delta: the check's share "
+        f"p-value falls below its check's alarm level ({tags.DP_ALARM_DELTA}: the check's share "
         "of the monitor's dp_alarm_delta, split over its statistical tests), so that their "
         "false alarms over the whole run stay below dp_alarm_delta"
         + (f"; the smallest level of the run: {fmt(min(levels), 3)}" if levels else "")
@@ -262,6 +311,13 @@ def render_html(checks: Checks, title: str | None = None) -> str:
         out.append("<p>No per-record risk was recorded (queries of more than two dimensions).</p>")
     out.append("<h2>Most exposed records</h2>")
     out.append(_top_records_html(checks))
+    tail = _loss_tail_table(checks, used)
+    if tail is not None or last.get("lt_iqr"):
+        out.append("<h2>Loss traces and the loss tail</h2>")
+        out.append(caption(_LOSS_TRACES_NOTE))
+    if tail is not None:
+        out.append(tail)
+    out.append(_vulnerable_html(checks))
     out.append("<h2>All checks</h2>")
     out.append(_checks_table(checks))
     secs = [r["seconds"] for r in checks.records if math.isfinite(r["seconds"])]

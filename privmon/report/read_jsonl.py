@@ -137,6 +137,22 @@ def check_stopping(v: Any, field: str) -> dict[str, Any]:
     return out
 
 
+def _vulnerable(v: Any, field: str) -> dict[str, Any]:
+    """One source's most vulnerable records (``Vulnerable.to_json``), every field checked."""
+    if not isinstance(v, dict):
+        raise BadLine(f"{field} must be an object, got {_shown(v)}")
+    records = _list(v.get("records"), f"{field}['records']", "record indices (integers >= 0)")
+    scores = _list(v.get("scores"), f"{field}['scores']", "numbers or null")
+    if len(records) != len(scores):
+        raise BadLine(f"{field} must hold as many scores as records")
+    return {
+        "records": [_count(i, f"{field}['records'][{j}]") for j, i in enumerate(records)],
+        "scores": [_number_or_null(x, f"{field}['scores'][{j}]") for j, x in enumerate(scores)],
+        "n_scored": _count(v.get("n_scored"), f"{field}['n_scored']"),
+        "steps": _count(v.get("steps"), f"{field}['steps']"),
+    }
+
+
 def check_record(obj: Any) -> dict[str, Any]:
     """One line's JSON value as a check record, every field type checked (JsonlSink's format:
     ``privmon.report.Report.to_json``; other keys are ignored); :class:`BadLine` names the
@@ -171,6 +187,7 @@ def check_record(obj: Any) -> dict[str, Any]:
         field = f"top_risks[{k!r}]"
         risks = _list(v, field, "numbers or null")
         top_risks[k] = [_number_or_null(r, f"{field}[{j}]") for j, r in enumerate(risks)]
+    lt_iqr = {k: _vulnerable(v, f"lt_iqr[{k!r}]") for k, v in _mapping(obj, "lt_iqr").items()}
     messages = _list(obj.get("messages") or [], "messages", "strings")
     if not all(isinstance(m, str) for m in messages):
         raise BadLine(f"messages must be a list of strings, got {_shown(messages)}")
@@ -191,6 +208,7 @@ def check_record(obj: Any) -> dict[str, Any]:
         "messages": messages,
         "seconds": _number_or_null(obj.get("seconds"), "seconds"),
         **({"dp_causes": causes} if causes else {}),  # a check that found a DP violation
+        **({"lt_iqr": lt_iqr} if lt_iqr else {}),  # with loss traces
         **(
             {"stopping": check_stopping(obj["stopping"], "stopping")} if obj.get("stopping") else {}
         ),

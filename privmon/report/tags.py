@@ -36,21 +36,22 @@ __all__ = [
     "ADVANTAGE_FIELDS", "CANARY_COUNT", "CEILINGS", "CEILING_EPS_DELTA", "CEILING_TANH",
     "CERTIFY_DELTA", "DETAIL_CATEGORY", "DP_ALARM_DELTA", "DP_CAUSES_EVENT_TAG",
     "DP_CAUSES_TEXT_TAG", "DP_CHECKS_CATEGORY", "DP_VIOLATION", "EPSILON", "EPSILON_CHART",
-    "ESTIMATE_FIGURES", "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_RUN_ID_TAG",
-    "MLFLOW_STOPPING_TAG", "PLUGIN_FIELDS", "RUN_ID_EVENT_TAG", "RUN_ID_TEXT_TAG", "SERIES",
-    "SERIES_ACCOUNTANT", "SERIES_BLACK_BOX", "SERIES_CANARIES", "SERIES_CEILING",
-    "SERIES_ESTIMATE", "SERIES_LOWER", "SERIES_THRESHOLD", "STOPPING_EVENT_TAG", "STOPPING_FIGURE",
-    "STOPPING_HIGHEST", "STOPPING_HIGHEST_STEP", "STOPPING_OUTCOME_KEY", "STOPPING_RESTORED_STEP",
-    "STOPPING_STOP", "STOPPING_STOPPED", "STOPPING_STOPPED_STEP", "STOPPING_TEXT_TAG",
-    "STOPPING_THRESHOLD", "STOPPING_WAIT", "WANDB_FIGURES", "WANDB_RUN_ID_KEY", "WANDB_STEP",
-    "WANDB_STOPPING_KEY", "auc", "band_edges", "canary_count", "canary_epsilon", "canary_source",
-    "ceilings", "console_advantage", "console_lower", "detectable", "dp_check_fired",
-    "dp_check_p_value", "epsilon_lower_bound", "estimate", "fired_checks", "glance_advantage",
-    "is_advantage_estimate", "is_debiased_estimate", "is_epsilon_lower_bound", "is_privacy_figure",
-    "lower", "member_risk", "membership_pr", "most_exposed", "most_exposed_event", "n_dropped",
-    "out_of_range", "parse_advantage", "parse_canary", "parse_dp_check", "parse_membership_pr",
-    "parse_operating_point", "parse_risk", "plugin", "plugin_upper", "query_figure", "roc",
-    "tpr_at_fpr", "valid_range", "value", "watched_tags",
+    "ESTIMATE_FIGURES", "GLANCE_EPSILON", "LAYOUT_CATEGORY", "MLFLOW_LT_IQR_TAG",
+    "MLFLOW_RUN_ID_TAG", "MLFLOW_STOPPING_TAG", "PLUGIN_FIELDS", "RUN_ID_EVENT_TAG",
+    "RUN_ID_TEXT_TAG", "SERIES", "SERIES_ACCOUNTANT", "SERIES_BLACK_BOX", "SERIES_CANARIES",
+    "SERIES_CEILING", "SERIES_ESTIMATE", "SERIES_LOWER", "SERIES_THRESHOLD", "STOPPING_EVENT_TAG",
+    "STOPPING_FIGURE", "STOPPING_HIGHEST", "STOPPING_HIGHEST_STEP", "STOPPING_OUTCOME_KEY",
+    "STOPPING_RESTORED_STEP", "STOPPING_STOP", "STOPPING_STOPPED", "STOPPING_STOPPED_STEP",
+    "STOPPING_TEXT_TAG", "STOPPING_THRESHOLD", "STOPPING_WAIT", "TRAINING_LOOP", "WANDB_FIGURES",
+    "WANDB_RUN_ID_KEY", "WANDB_STEP", "WANDB_STOPPING_KEY", "auc", "band_edges", "canary_count",
+    "canary_epsilon", "canary_source", "ceilings", "console_advantage", "console_lower",
+    "detectable", "dp_check_fired", "dp_check_p_value", "epsilon_lower_bound", "estimate",
+    "fired_checks", "glance_advantage", "is_advantage_estimate", "is_debiased_estimate",
+    "is_epsilon_lower_bound", "is_privacy_figure", "loss_tnr", "lower", "member_risk",
+    "membership_pr", "most_exposed", "most_exposed_event", "most_vulnerable", "n_dropped",
+    "out_of_range", "parse_advantage", "parse_canary", "parse_dp_check", "parse_loss_tnr",
+    "parse_membership_pr", "parse_operating_point", "parse_risk", "plugin", "plugin_upper",
+    "query_figure", "roc", "tpr_at_fpr", "valid_range", "value", "watched_tags",
 ]
 # fmt: on
 
@@ -141,6 +142,8 @@ STOPPING_EVENT_TAG = STOPPING_TEXT_TAG + "/text_summary"
 """What TensorBoard stores :data:`STOPPING_TEXT_TAG` under in the event files."""
 STOPPING_OUTCOME_KEY = "stopping_outcome"
 """The key of a JSON line holding the run's early-stopping outcome (not a check)."""
+MLFLOW_LT_IQR_TAG = "privmon.lt_iqr"
+"""The MLflow run tags of the last check's most vulnerable records: ``privmon.lt_iqr.<source>``."""
 MLFLOW_STOPPING_TAG = "privmon.stopping"
 """MLflow run tags' prefix: ``.budget``, ``.decision`` (the last check's), ``.outcome``."""
 WANDB_STOPPING_KEY = "privmon_stopping"
@@ -303,6 +306,27 @@ def most_exposed(query: str) -> str:
     return f"privacy/{query}/most_exposed"
 
 
+TRAINING_LOOP = "training_loop"
+"""The source of the loss traces the training loop fed (``PrivacyMonitor.record_losses``)."""
+_LOSS_TNR = re.compile(r"^privacy/(.+)/loss_tnr@fpr=(.+)$")
+
+
+def loss_tnr(query: str, fpr: float) -> str:
+    """LOSS TNR of ``query``'s losses: an estimate (no confidence) of LiRA's TPR at ``fpr``."""
+    return f"privacy/{query}/loss_tnr@fpr={fpr!r}"
+
+
+def parse_loss_tnr(tag: str) -> tuple[str, str] | None:
+    """(query, FPR as written) of a :func:`loss_tnr` figure, else None."""
+    m = _LOSS_TNR.match(tag)
+    return None if m is None else (m.group(1), m.group(2))
+
+
+def most_vulnerable(source: str) -> str:
+    """The table (TensorBoard text, W&B table) of the records most vulnerable by LT-IQR."""
+    return f"privacy/{source}/lt_iqr/most_vulnerable"
+
+
 def most_exposed_event(query: str) -> str:
     """What TensorBoard stores :func:`most_exposed` under in the event files.
 
@@ -455,6 +479,8 @@ def valid_range(tag: str) -> tuple[float, float, str] | None:
         return 0.0, math.inf, "an ε"
     if parse_dp_check(tag) is not None:
         return 0.0, 1.0, "a p-value or a flag"
+    if parse_loss_tnr(tag) is not None:
+        return 0.0, 1.0, "a LOSS TNR estimate"
     return None
 
 

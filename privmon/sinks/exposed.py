@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from privmon.report import Report
 
-__all__ = ["ExposedRecords", "ExposedRow"]
+__all__ = ["ExposedRecords", "ExposedRow", "vulnerable_rows"]
 
 COLUMNS = ("rank", "member index", "membership posterior", "times among the most exposed")
 """The columns of a most-exposed table, in :class:`ExposedRow`'s order."""
+VULNERABLE_COLUMNS = ("rank", "record index", "LT-IQR")
+"""The columns of a most-vulnerable table (:func:`vulnerable_rows`)."""
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,23 @@ class ExposedRecords:
             ]
         self._last, self._rows = key, out
         return out
+
+
+def vulnerable_rows(report: Report) -> dict[str, list[tuple[int, int, float]]]:
+    """Per source of loss traces (the training loop: training-set indices; a query: member-set
+    indices), the report's most vulnerable records by LT-IQR as (rank, index, score) rows.
+
+    Examples:
+        >>> from privmon.report import Report, Vulnerable
+        >>> from privmon.sinks.exposed import vulnerable_rows
+        >>> top = Vulnerable(records=(7, 2), scores=(1.5, 0.4), n_scored=9, steps=80)
+        >>> vulnerable_rows(Report(step=1, scalars={}, vulnerable={"training_loop": top}))
+        {'training_loop': [(1, 7, 1.5), (2, 2, 0.4)]}
+    """
+    return {
+        source: [
+            (rank, int(i), float(v))
+            for rank, (i, v) in enumerate(zip(top.records, top.scores, strict=True), 1)
+        ]
+        for source, top in report.vulnerable.items()
+    }

@@ -1,6 +1,6 @@
 """MLflow sink: each report's scalars as MLflow metrics at the check's step (early stopping's
-decision among them), the budget and each decision as run tags, and the run's early-stopping
-outcome (tags and metrics) at its end.
+decision and LOSS TNR among them), the budget, each decision and the most vulnerable records by
+LT-IQR as run tags, and the run's early-stopping outcome (tags and metrics) at its end.
 
 ``mlflow`` (or ``mlflow-skinny``) is imported at the first write, never by ``import privmon``:
 ``pip install 'privmon[mlflow]'``, which also installs what MLflow 3's default store,
@@ -19,6 +19,7 @@ from privmon._validation import check_optional_str
 from privmon.report import Report, tags
 from privmon.report.stopping import StoppingOutcome, budget_text
 from privmon.sinks.base import finite_scalars
+from privmon.sinks.exposed import vulnerable_rows
 
 __all__ = ["MlflowSink", "mlflow_key"]
 
@@ -113,7 +114,9 @@ class MlflowSink:
         wait); at a run's first report, tag the MLflow run with its run id
         (:data:`~privmon.report.tags.MLFLOW_RUN_ID_TAG`); with early stopping, tag it with the
         budget (``privmon.stopping.budget``) and this check's decision and why
-        (``privmon.stopping.decision``)."""
+        (``privmon.stopping.decision``); with loss traces, tag it with each source's most
+        vulnerable records by LT-IQR at this check (``privmon.lt_iqr.<source>``: "index
+        (score)", highest first)."""
         client, run_id = self._target()
         if report.run_id and self._tagged.get(run_id) != report.run_id:
             before = client.get_run(run_id).data.tags.get(tags.MLFLOW_RUN_ID_TAG)
@@ -129,6 +132,9 @@ class MlflowSink:
             client.set_tag(run_id, tags.MLFLOW_RUN_ID_TAG, report.run_id)
             self._tagged[run_id] = report.run_id
         self._log(client, run_id, finite_scalars(report), int(report.step))
+        for source, found in vulnerable_rows(report).items():  # the last check's, by LT-IQR
+            listed = ", ".join(f"{i} ({v:.4g})" for _, i, v in found)
+            client.set_tag(run_id, mlflow_key(f"{tags.MLFLOW_LT_IQR_TAG}.{source}"), listed)
         d = report.stopping
         if d is not None:
             budget = budget_text(d.tag, d.threshold, d.use, d.patience)

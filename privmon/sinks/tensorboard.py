@@ -1,6 +1,7 @@
 """TensorBoard sink: privacy scalars, per-record risk histograms, a PR curve of the membership
 classifier, the most exposed member records (a text table per query: index, posterior, times
-among the most exposed), the run id of every check, the causes of a DP violation and early
+among the most exposed), the most vulnerable records by LT-IQR (a text table per source of loss
+traces), the run id of every check, the causes of a DP violation and early
 stopping's decisions (texts), and the first charts a person opens TensorBoard to see.
 
 TensorBoard draws every series of one run in one colour and names a series only by its run, so
@@ -27,7 +28,13 @@ from privmon._validation import check_writable_dir
 from privmon.report import Report, tags
 from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import Backlog
-from privmon.sinks.exposed import COLUMNS, ExposedRecords, ExposedRow
+from privmon.sinks.exposed import (
+    COLUMNS,
+    VULNERABLE_COLUMNS,
+    ExposedRecords,
+    ExposedRow,
+    vulnerable_rows,
+)
 
 __all__ = ["TensorBoardSink"]
 
@@ -185,7 +192,9 @@ class TensorBoardSink:
         member risks as a histogram and its posteriors as a membership PR curve, its most exposed
         member records as a text table (:func:`~privmon.report.tags.most_exposed`: rank, member
         index, membership posterior, and how many of the checks this sink wrote listed that
-        record), and the first charts' named series, each in its own run; the first report also
+        record), each source's most vulnerable records by LT-IQR as a text table
+        (:func:`~privmon.report.tags.most_vulnerable`: rank, record index, LT-IQR), and the
+        first charts' named series, each in its own run; the first report also
         writes the Custom Scalars layout. Reports a write fault kept back are written first, into
         a new event file."""
         if self._failed:
@@ -223,6 +232,10 @@ class TensorBoardSink:
         for qname, rows in self._exposed.rows(report).items():
             tied = report.queries[qname].top_tied
             w.add_text(tags.most_exposed(qname), _markdown(rows, tied), step)
+        for source, found in vulnerable_rows(report).items():
+            lines = ["| " + " | ".join(VULNERABLE_COLUMNS) + " |", "|---:|---:|---:|"]
+            lines += [f"| {r} | {i} | {v:.6g} |" for r, i, v in found]
+            w.add_text(tags.most_vulnerable(source), "\n".join(lines), step)
         self._write_glance(report)
         w.flush()
         self._last_step = step

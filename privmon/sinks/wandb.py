@@ -1,6 +1,6 @@
-"""Weights & Biases sink: each check's figures (early stopping's decision among them), ROC, ε chart
-and most exposed records in a W&B run; the budget in its config, each decision and the run's
-early-stopping outcome in its summary.
+"""Weights & Biases sink: each check's figures (early stopping's decision among them), ROC, ε chart,
+most exposed records and most vulnerable records (LT-IQR) in a W&B run; the budget in its config,
+each decision and the run's early-stopping outcome in its summary.
 
 ``wandb`` is imported when the sink is made, never by ``import privmon``:
 ``pip install 'privmon[wandb]'``. The sink never starts, finishes or configures a run beyond
@@ -20,7 +20,7 @@ from privmon.estimators import roc_curve
 from privmon.report import Report, tags
 from privmon.report.stopping import StoppingOutcome
 from privmon.sinks.base import finite_scalars
-from privmon.sinks.exposed import COLUMNS, ExposedRecords
+from privmon.sinks.exposed import COLUMNS, VULNERABLE_COLUMNS, ExposedRecords, vulnerable_rows
 
 __all__ = ["WandbSink"]
 
@@ -70,7 +70,8 @@ class WandbSink:
             none active, the check's write fails with an error that says to call
             ``wandb.init()`` (logged), and the training goes on.
         prefix: put before every key (e.g. ``"audit/"``), step axis included.
-        log_records: log the most exposed member records' table (default True).
+        log_records: log the tables of the most exposed member records and of the most
+            vulnerable records by LT-IQR (default True).
 
     Examples:
         >>> import os
@@ -155,6 +156,10 @@ class WandbSink:
                 table = [[r.rank, r.index, r.risk, r.times] for r in rows]
                 data[p + tags.most_exposed(name)] = self._wandb.Table(
                     columns=list(COLUMNS), data=table
+                )
+            for source, found in vulnerable_rows(report).items():
+                data[p + tags.most_vulnerable(source)] = self._wandb.Table(
+                    columns=list(VULNERABLE_COLUMNS), data=[list(r) for r in found]
                 )
         epsilon = [t for t in scalars if t == tags.EPSILON or tags.is_epsilon_lower_bound(t)]
         for tag in epsilon:

@@ -32,10 +32,11 @@ import privmon.callbacks.check_analysis as analysis_module
 import privmon.callbacks.check_outcome as outcome_module
 import privmon.callbacks.score_exchange as exchange_module
 from privmon._failure import Failure
-from privmon.callbacks import PrivacyEarlyStopping, PrivacyMonitor
+from privmon.callbacks import LossTracing, PrivacyEarlyStopping, PrivacyMonitor
 from privmon.callbacks.distributed import Header, RankFailure, StageFailure, agree_on_headers
 from privmon.callbacks.monitor import PrivacyViolationWarning
 from privmon.queries import CallableQuery, LossQuery
+from privmon.report import tags
 from privmon.sinks import JsonlSink
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -330,23 +331,58 @@ def _counted(run):
     return calls, analysed
 
 
-def _counts(rank, model, members, nonmembers, tmp):
-    """The collectives and analyses of one check by ``step()`` (after the first, which agrees
-    on the schedule once per run) and by ``check()``, with two queries, early stopping and a
-    sink."""
+def _loop_batches(rank, step):
+    """The training loop's batches on ``rank`` at ``step``: (record indices, per-sample losses),
+    rank 0 training records 0-179 and rank 1 records 180-359, each record's loss its own curve."""
+    idx = torch.arange(180 * rank, 180 * rank + 180)
+    loss = (idx % 7 + 1) * torch.exp(-step * (idx % 5 + 1).float() / 50)
+    return list(zip(idx.split(60), loss.split(60), strict=True))
+
+
+def _traced(rank, model, members, nonmembers, tmp=None, *, ranks=(0,)):
+    """A monitor with two queries, early stopping, a sink and loss traces, the loop's losses of
+    ``ranks`` recorded before each of its checks at steps 100, 200 (both by ``step()``) and
+    300 (by ``check()``): the collectives of the last two, and its last report's traced
+    figures."""
 
     def loss(b):
         return F.cross_entropy(model(b[0]), b[1], reduction="none")
 
     mon = PrivacyMonitor(
         [LossQuery(model), CallableQuery(loss, name="margin")],
-        *_shard(rank, members, nonmembers),
+        members,
+        nonmembers,
         every_n_steps=100,
-        sinks=JsonlSink(f"{tmp}/count{rank}.jsonl"),
+        sinks=None if tmp is None else JsonlSink(f"{tmp}/count{rank}.jsonl"),
         early_stopping=PrivacyEarlyStopping("loss/histogram", 0.99),
+        loss_traces=LossTracing(360, top_k=12),
     )
-    mon.step(100)
-    return {"step": _counted(lambda: mon.step(200)), "check": _counted(lambda: mon.check(300))}
+
+    def trained(first, run):
+        for step in range(first, first + 100, 10):
+            for r in ranks:
+                for idx, losses in _loop_batches(r, step):
+                    mon.record_losses(idx, losses, step=step)
+        return run()
+
+    trained(1, lambda: mon.step(100))
+    out = {
+        "step": _counted(lambda: trained(101, lambda: mon.step(200))),
+        "check": _counted(lambda: trained(201, lambda: mon.check(300))),
+    }
+    report = mon.last_report
+    out["traced"] = (
+        {k: v.to_json() for k, v in report.vulnerable.items()},
+        {k: v for k, v in report.scalars.items() if tags.parse_loss_tnr(k)},
+    )
+    return out
+
+
+def _counts(rank, model, members, nonmembers, tmp):
+    """The collectives and analyses of one check by ``step()`` (after the first, which agrees
+    on the schedule once per run) and by ``check()``, with two queries, early stopping, a sink
+    and loss traces (the loop's losses of this rank's batches, merged on rank 0)."""
+    return _traced(rank, model, *_shard(rank, members, nonmembers), tmp, ranks=(rank,))
 
 
 def _worker(rank, world, port, tmp):
@@ -654,6 +690,23 @@ def test_one_check_is_three_collectives_and_one_analysis_on_rank_0(ranks):
             assert analysed == (["loss", "margin"] if rank == 0 else []), (rank, how)
 
 
+def test_the_loss_traces_of_the_ranks_merge_in_the_exchange_as_one_process_keeps_them(ranks):
+    """Each rank records its own batches' losses; at the check they travel with the scores to
+    rank 0, whose most vulnerable records by LT-IQR (the loop's, and the members' losses over
+    the checks) and LOSS TNR equal one process's that recorded every batch."""
+    _, outs = ranks
+    model, members, nonmembers = _audit()
+    vulnerable, tnr = _traced(0, model, members, nonmembers, ranks=(0, 1))["traced"]
+    assert set(vulnerable) == {tags.TRAINING_LOOP, "loss"} and len(tnr) == 2
+    assert vulnerable[tags.TRAINING_LOOP]["n_scored"] == 360
+    got_vulnerable, got_tnr = outs[0]["count"]["traced"]
+    assert got_vulnerable[tags.TRAINING_LOOP] == vulnerable[tags.TRAINING_LOOP]
+    assert got_vulnerable["loss"]["records"] == vulnerable["loss"]["records"]
+    assert got_vulnerable["loss"]["scores"] == pytest.approx(vulnerable["loss"]["scores"], abs=1e-6)
+    assert got_tnr == pytest.approx(tnr, abs=1e-12)
+    assert outs[1]["count"]["traced"] == outs[0]["count"]["traced"]  # every rank's report
+
+
 def test_one_process_runs_no_collective(monkeypatch):
     """Outside a process group a check exchanges nothing (nor builds a header to pickle)."""
     calls = []
@@ -695,8 +748,15 @@ def test_the_scores_travel_as_their_bytes_in_any_dtype():
             rows={n: ([s[0].shape[0]], [s[1].shape[0]]) for n, s in scores.items()},
             layouts=layouts, left_out={}, spent=0, forward=0.0, findings=[{}], sent=[sent],
         )  # fmt: skip
-        back, failed = gather_scores(mine, agreed, like=scores)
-        assert failed is None
+        back, traces, failed = gather_scores(mine, agreed, like=scores)
+        assert failed is None and [t.numel() for t in traces] == [0]
+        # loss-trace bytes after the scores: they come back, exactly, apart from the scores
+        extra = torch.randint(0, 256, (13,), generator=g, dtype=torch.uint8)
+        with_traces = dataclasses.replace(agreed, traces=[(1, 5, 0, extra.numel())])
+        again, traces, failed = gather_scores(packed(scores, extra)[0], with_traces, like=scores)
+        assert failed is None and traces[0].tolist() == extra.tolist()
+        assert all(torch.equal(again[n][0].view(torch.uint8), back[n][0].view(torch.uint8))
+                   for n in scores)  # fmt: skip
     finally:
         dist.destroy_process_group()
     for name, sides in scores.items():

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import traced_run
 from opacus.accountants import RDPAccountant
 from sklearn.datasets import load_digits
 from torch import nn
@@ -375,3 +376,27 @@ def test_nan_scalars_and_empty_runs(tmp_path, mpl):
     (tmp_path / "checks.jsonl").write_text("")
     assert verdict(read_checks(tmp_path)).level == "empty"
     assert "No checks recorded" in open(write_report(tmp_path), encoding="utf-8").read()
+
+
+def test_the_page_shows_loss_tnr_beside_the_advantage_and_the_most_vulnerable_records(
+    mpl, tmp_path
+):
+    """LOSS TNR named as an estimate beside the advantage and its certified lower bound; each
+    source's most vulnerable records by LT-IQR, as the last check's report lists them."""
+    _, reports = traced_run([JsonlSink(tmp_path / "checks.jsonl")])
+    page = open(write_report(tmp_path), encoding="utf-8").read()
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    section = text[text.index("Loss traces and the loss tail") : text.index("All checks")]
+    assert "not a certified bound" in section and "LOSS TNR at FPR 0.1%" in section
+    last = reports[-1]
+    cells = section.split()
+    value = last.scalars["privacy/loss/histogram/value"]
+    assert cells[cells.index("histogram") + 1] == f"{value:.3g}"
+    for source in ("training_loop", "loss"):
+        top = last.vulnerable[source]
+        after = page[page.index("Loss traces and the loss tail") :]
+        after = after[after.index(f"<h3>{source}</h3>") :]
+        cells = re.sub(r"<[^>]+>", " ", after[: after.index("</table>")]).split()
+        rows = cells[cells.index("LT-IQR") + 1 :]
+        assert [int(x) for x in rows[1::3]] == list(top.records)
+        assert [float(x) for x in rows[2::3]] == pytest.approx(top.scores, rel=1e-3)

@@ -9,11 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import traced_run
 from torch import nn
 
 from privmon import PrivacyMonitor
 from privmon.queries import LossQuery
-from privmon.report import Report
+from privmon.report import Report, tags
 from privmon.report.tags import MLFLOW_RUN_ID_TAG
 from privmon.sinks import JsonlSink, MlflowSink, Sink, TensorBoardSink, finite_scalars
 from privmon.sinks.mlflow import mlflow_key
@@ -171,3 +172,19 @@ def _split_query(scores):
             return torch.as_tensor(scores[:half] if batch == 0 else scores[half:])
 
     return Query()
+
+
+def test_loss_tnr_and_the_most_vulnerable_records_reach_the_mlflow_run(store):
+    """LOSS TNR as metrics at each check's step; the last check's most vulnerable records by
+    LT-IQR, per source, as run tags ("index (score)", highest first)."""
+    uri, client, run_id = store
+    _, reports = traced_run([MlflowSink(run_id=run_id, tracking_uri=uri)])
+    key = mlflow_key(tags.loss_tnr("loss", 0.001))
+    want = {r.step: r.scalars[tags.loss_tnr("loss", 0.001)] for r in reports}
+    assert _history(client, run_id, key) == pytest.approx(want)
+    run_tags = client.get_run(run_id).data.tags
+    for source, top in reports[-1].vulnerable.items():
+        listed = run_tags[mlflow_key(f"{tags.MLFLOW_LT_IQR_TAG}.{source}")]
+        assert listed == ", ".join(
+            f"{i} ({v:.4g})" for i, v in zip(top.records, top.scores, strict=True)
+        )

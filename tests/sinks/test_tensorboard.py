@@ -22,7 +22,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import RecordingSink
+from conftest import RecordingSink, traced_run
 from opacus.accountants import RDPAccountant
 from sklearn.datasets import load_breast_cancer
 from tensorboard.backend.event_processing import event_accumulator
@@ -587,3 +587,25 @@ def test_the_first_cards_are_the_named_series_charts_no_helper_among_them(dp, ro
     assert first == [GLANCE_TAG, tags.GLANCE_EPSILON]
     assert sorted(sorted(cards, key=_tensorboard_order)[-2:]) == sorted(BAND)  # then the bands
     assert not any(t.startswith("privacy/axis") for t in cards)
+
+
+def test_loss_tnr_and_the_most_vulnerable_records_reach_the_event_file(tmp_path):
+    """LOSS TNR as scalars beside the advantage, each source's most vulnerable records by
+    LT-IQR as a text table per check, read back with TensorBoard's EventAccumulator."""
+    _, reports = traced_run([], writer=str(tmp_path))
+    acc = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    acc.Reload()
+    for fpr in (0.001, 0.01):
+        got = [e.value for e in acc.Scalars(tags.loss_tnr("loss", fpr))]
+        assert got == pytest.approx([r.scalars[tags.loss_tnr("loss", fpr)] for r in reports])
+    for source in (tags.TRAINING_LOOP, "loss"):
+        events = acc.Tensors(tags.most_vulnerable(source) + "/text_summary")
+        assert [e.step for e in events] == [2, 4, 6]
+        for event, report in zip(events, reports, strict=True):
+            text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
+            lines = text.split("\n")
+            assert lines[0] == "| rank | record index | LT-IQR |"
+            rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+            top = report.vulnerable[source]
+            assert [int(r[1]) for r in rows] == list(top.records) and len(rows) == 4
+            assert [float(r[2]) for r in rows] == pytest.approx(top.scores, rel=1e-5)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import RecordingSink
+from conftest import RecordingSink, traced_run
 from opacus.accountants import RDPAccountant
 from torch import nn
 from wandb_files import OfflineRun
@@ -282,3 +282,19 @@ def test_a_missing_extra_is_named(monkeypatch):
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         WandbSink(**kwargs)
+
+
+def test_loss_tnr_and_the_most_vulnerable_records_reach_an_offline_run(offline):
+    start, finished = offline
+    run = start()
+    _, reports = traced_run([WandbSink()])
+    written = finished(run)
+    checks = written.checks()
+    for report in reports:
+        row = checks[report.step]
+        assert row[tags.loss_tnr("loss", 0.01)] == report.scalars[tags.loss_tnr("loss", 0.01)]
+        for source, top in report.vulnerable.items():
+            columns, data = written.table(row, tags.most_vulnerable(source))
+            assert columns == ["rank", "record index", "LT-IQR"]
+            assert [d[1] for d in data] == list(top.records)
+            assert [d[2] for d in data] == pytest.approx(top.scores)

@@ -272,7 +272,7 @@ def sequence_losses(
         ... )
         >>> model = GPT2LMHeadModel(config).eval()  # untrained: about log 28 nats a token
         >>> sequence_losses(model, tokenizer, ["abc", "hello world"])
-        array([ 6.5945425 , 33.29724503])
+        array([ 6.5945, 33.2972])
     """
     batch_size = check_int(batch_size, name="batch_size", minimum=1)
     if not callable(tokenizer) or getattr(tokenizer, "pad_token", None) is None:

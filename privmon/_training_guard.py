@@ -1,6 +1,7 @@
 """What a check must leave as it found it: the training's RNGs, modes, buffers, gradients,
-default dtype and grad mode, Opacus per-sample-gradient hooks and the audit loaders' generators
-and iterators; and the weights, which it cannot restore cheaply, it watches.
+default dtype and grad mode, what the step keeps for the optimizer (Opacus' hooks and
+per-sample gradients) and the audit loaders' generators and iterators; and the weights, which
+it cannot restore cheaply, it watches.
 
 A check runs the user's queries between two training steps. Anything they can change that the
 next step reads is saved before and restored after (:class:`TrainingGuard`), and a query that
@@ -15,7 +16,7 @@ import random
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 from privmon._inplace_writes import InPlaceWrites
 
 __all__ = [
+    "PerSample",
     "TrainingGuard",
     "audit_view",
     "begin_check",
@@ -87,6 +89,15 @@ def end_check() -> None:
     _CHECK_LOCK.release()
 
 
+class PerSample(Protocol):
+    """What a training step keeps for its optimizer step that queries must not see:
+    :meth:`hide` before each query, :meth:`restore` as found at the end."""
+
+    def hide(self) -> None: ...
+
+    def restore(self) -> None: ...
+
+
 class _Param(NamedTuple):
     """A parameter as a check found it: where it lives, the tensor, its storage (an alias:
     ``p.data = …`` rebinds it, which is put back) and its gradient and ``requires_grad``."""
@@ -127,12 +138,9 @@ class TrainingGuard:
     - every buffer's values (BatchNorm statistics: a query that calls ``.train()`` changes
       them), a copy of each taken on entry;
     - the default dtype and the grad mode;
-    - the per-sample-gradient hooks of ``hook_switches`` (Opacus' ``GradSampleModule``s:
-      :func:`~privmon.audit.opacus_adapter.grad_sample_modules`), disabled inside the block, so
-      a query's backward pass neither consumes the training step's captured activations nor
-      leaves partial per-sample gradients that make the next training step fail; and the step's
-      per-sample gradients (``grad_sample``), hidden inside the block (torch's Expanded Weights,
-      Opacus' ``grad_sample_mode="ew"``, refuses a forward while a parameter holds them);
+    - what the training step keeps for its optimizer step (``per_sample``: Opacus' hooks and
+      per-sample gradients, :class:`~privmon.audit.opacus_adapter.PerSampleState`), hidden
+      inside the block;
     - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
       ``p.data = …`` are put back); a lazy parameter not yet materialised has neither and is
       passed by.
@@ -148,11 +156,11 @@ class TrainingGuard:
     """
 
     def __init__(
-        self, roots: Sequence[nn.Module], loaders: Sequence[Any], *, hook_switches: Sequence[Any]
+        self, roots: Sequence[nn.Module], loaders: Sequence[Any], *, per_sample: PerSample
     ) -> None:
         self.roots = list({id(root): root for root in roots}.values())
         self.loaders = list(loaders)
-        self.hook_switches = list(hook_switches)
+        self.per_sample = per_sample
 
     def __enter__(self) -> TrainingGuard:
         self._rng = _save_rng()
@@ -168,12 +176,6 @@ class TrainingGuard:
             for name, b in m.named_buffers(recurse=False)
             if not is_lazy(b)
         ]
-        self._opacus = [(m, m.hooks_enabled) for m in self.hook_switches]
-        self._grad_samples = [  # Opacus' per-sample gradients of the step (a plain attribute)
-            (p.tensor, p.tensor.__dict__["grad_sample"])
-            for p in self._params
-            if p.tensor.__dict__.get("grad_sample") is not None
-        ]
         try:
             self._set_check_state()
         except BaseException:
@@ -186,14 +188,11 @@ class TrainingGuard:
 
     def _set_check_state(self) -> None:
         """What each query starts from: eval mode, no gradients (``requires_grad`` as found), no
-        Opacus hooks, the default dtype as found, grad mode off."""
+        per-sample state, the default dtype as found, grad mode off."""
         for p in self._params:
             p.tensor.grad = None
             p.tensor.requires_grad_(p.requires_grad)
-        for m, _ in self._opacus:
-            m.disable_hooks()
-        for tensor, _ in self._grad_samples:  # Expanded Weights refuses a forward over them
-            tensor.grad_sample = None  # type: ignore[attr-defined]
+        self.per_sample.hide()
         for root in self.roots:
             root.eval()
         torch.set_default_dtype(self._dtype)
@@ -256,10 +255,7 @@ class TrainingGuard:
             p.tensor.grad = p.grad
             p.tensor.requires_grad_(p.requires_grad)
         self._restore_buffers()
-        for m, enabled in self._opacus:
-            m.hooks_enabled = enabled
-        for tensor, samples in self._grad_samples:
-            tensor.grad_sample = samples  # type: ignore[attr-defined]
+        self.per_sample.restore()
         for g, state in self._generators:
             g.set_state(state)
         _restore_rng(self._rng)

@@ -544,8 +544,8 @@ class InputCanaries:
         modules = list(getattr(query, "modules", ()))
         parts = []
         try:
-            switches = adapter.grad_sample_modules(modules)
-            with TrainingGuard(modules, [], hook_switches=switches) as guard:
+            per_sample = adapter.PerSampleState(modules)
+            with TrainingGuard(modules, [], per_sample=per_sample) as guard:
                 getattr(query, "prepare", lambda device: None)(getattr(query, "device", None))
                 for batch in loader:
                     out = query(batch)

@@ -3,7 +3,8 @@ mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of pri
 optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
 Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
 clipping call, the LR schedulers already bound to an optimizer, the ``GradSampleModule``s
-whose per-sample-gradient hooks a check switches off, and ghost clipping's per-sample norms and
+whose per-sample-gradient hooks a check switches off and the per-sample gradients it hides
+(:class:`PerSampleState`), and ghost clipping's per-sample norms and
 clipping coefficients; AdaClip's gradient noise multiplier and its noisy count of unclipped
 rows.
 
@@ -35,6 +36,7 @@ __all__ = [
     "PER_LAYER_DDP",
     "Hook",
     "OpacusFamily",
+    "PerSampleState",
     "accountant_steps",
     "attached",
     "bound_schedulers",
@@ -436,6 +438,52 @@ def grad_sample_modules(roots: Sequence[torch.nn.Module]) -> list[Any]:
             owners.append(getattr(getattr(hook, "func", hook), "__self__", None))  # a partial
         found |= {id(owner): owner for owner in owners if _switches_hooks(owner)}
     return list(found.values())
+
+
+class PerSampleState:
+    """What an Opacus step keeps on the model between its backward pass and the optimizer step,
+    which a check's queries must neither consume nor see, as found when made: the hook switches
+    of :func:`grad_sample_modules` (a query's backward pass would consume the step's captured
+    activations, or leave partial per-sample gradients that fail the next step) and the
+    parameters' per-sample gradients (``grad_sample``: torch's Expanded Weights, Opacus'
+    ``grad_sample_mode="ew"``, refuses a forward while a parameter holds them).
+
+    Examples:
+        >>> import torch
+        >>> from opacus import GradSampleModule
+        >>> from privmon.audit.opacus_adapter import PerSampleState
+        >>> model = GradSampleModule(torch.nn.Linear(3, 2))
+        >>> model(torch.ones(4, 3)).sum().backward()
+        >>> weight = next(model.parameters())
+        >>> state = PerSampleState([model])
+        >>> state.hide()
+        >>> model.hooks_enabled, weight.grad_sample is None
+        (False, True)
+        >>> state.restore()
+        >>> model.hooks_enabled, weight.grad_sample.shape
+        (True, torch.Size([4, 2, 3]))
+    """
+
+    def __init__(self, roots: Sequence[torch.nn.Module]) -> None:
+        self._switches = [(m, m.hooks_enabled) for m in grad_sample_modules(roots)]
+        params = {id(p): p for root in roots for p in root.parameters()}.values()
+        self._samples = [  # a plain attribute of the parameter
+            (p, samples) for p in params if (samples := p.__dict__.get("grad_sample")) is not None
+        ]
+
+    def hide(self) -> None:
+        """Hooks off and the per-sample gradients found hidden: before each query."""
+        for m, _ in self._switches:
+            m.disable_hooks()
+        for p, _ in self._samples:
+            p.grad_sample = None  # type: ignore[attr-defined]
+
+    def restore(self) -> None:
+        """Hooks and per-sample gradients as found."""
+        for m, enabled in self._switches:
+            m.hooks_enabled = enabled
+        for p, samples in self._samples:
+            p.grad_sample = samples  # type: ignore[attr-defined]
 
 
 def check_ghost_module(module: Any, optimizer: Any) -> Any:

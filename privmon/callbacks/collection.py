@@ -20,7 +20,7 @@ from torch import nn
 
 from privmon._failure import Failure
 from privmon._training_guard import TrainingGuard
-from privmon.audit.opacus_adapter import grad_sample_modules
+from privmon.audit.opacus_adapter import PerSampleState
 from privmon.queries.base import check_scores
 from privmon.queries.batches import batch_digests, count_records
 
@@ -182,8 +182,8 @@ def collect_scores(
     transforms = (getattr(q, "transform", None) for q in queries)
     transform = next((t for t in transforms if t is not None), None)
     try:
-        switches = grad_sample_modules(roots)
-        with TrainingGuard(roots, audit_sets, hook_switches=switches) as guard:
+        per_sample = PerSampleState(roots)
+        with TrainingGuard(roots, audit_sets, per_sample=per_sample) as guard:
             scoring = _Scoring(queries, guard, strict=strict)
             scoring.prepare(device)
             scoring.seen = [[], []] if digests else None

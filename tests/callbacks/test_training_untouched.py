@@ -597,10 +597,12 @@ def test_prepare_runs_in_the_check_state_and_a_failing_eval_leaves_training_unto
 
 def test_the_guard_alone_restores_what_its_block_changed_even_when_it_raises():
     from privmon._training_guard import TrainingGuard
+    from privmon.audit.opacus_adapter import PerSampleState
 
     model = _bn_model()
     weight, before = model[0].weight, model[0].weight.detach().clone()
-    with pytest.raises(RuntimeError, match="inside"), TrainingGuard([model], [], hook_switches=()):
+    guard = TrainingGuard([model], [], per_sample=PerSampleState([model]))
+    with pytest.raises(RuntimeError, match="inside"), guard:
         model[0].weight = nn.Parameter(torch.zeros(8, 5))
         torch.set_default_dtype(torch.float64)
         raise RuntimeError("inside")

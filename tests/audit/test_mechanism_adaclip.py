@@ -9,19 +9,17 @@ seeds and train bit-identically; halved gradient noise, a count left without noi
 from __future__ import annotations
 
 import re
-import warnings
 
 import pytest
 import torch
+from dp_sgd import make_private, toy_data, toy_net, train
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from privmon.audit import MechanismChecks
 
 pytest.importorskip("opacus")
-from opacus import PrivacyEngine
 
-N, BATCH, SIGMA, SIGMA_COUNT, STEPS = 200, 20, 1.0, 2.0, 30
+BATCH, SIGMA, SIGMA_COUNT, STEPS = 20, 1.0, 2.0, 30
 SEEDS = range(5)
 
 
@@ -74,36 +72,25 @@ FAULTS = {
 
 def _run(seed: int, fault: str = "", *, watched: bool = True) -> tuple[dict, list]:
     torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed + 100)
-    data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
-    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus' secure-RNG and accountant notices
-        model, optimizer, loader = PrivacyEngine().make_private(
-            module=net,
-            optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
-            data_loader=DataLoader(data, batch_size=BATCH),
-            noise_multiplier=SIGMA,
-            max_grad_norm=1.0,
-            clipping="adaptive",
-            target_unclipped_quantile=0.5,
-            clipbound_learning_rate=0.2,
-            max_clipbound=10.0,
-            min_clipbound=0.01,
-            unclipped_num_std=SIGMA_COUNT,
-        )
+    data, net = toy_data(seed + 100), toy_net()
+    model, optimizer, loader = make_private(
+        net,
+        net,
+        data,
+        batch=BATCH,
+        noise_multiplier=SIGMA,
+        max_grad_norm=1.0,
+        clipping="adaptive",
+        target_unclipped_quantile=0.5,
+        clipbound_learning_rate=0.2,
+        max_clipbound=10.0,
+        min_clipbound=0.01,
+        unclipped_num_std=SIGMA_COUNT,
+    )
     checks = MechanismChecks(optimizer) if watched else None
     if fault:
         FAULTS[fault](optimizer)  # after the checks: outside their wrappers, and still seen
-    steps = 0
-    while steps < STEPS:
-        for x, y in loader:
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            steps += 1
-            if steps == STEPS:
-                break
+    train(model, optimizer, loader, nn.functional.cross_entropy, steps=STEPS)
     found = {} if checks is None else {f"{f.check}/{f.test}": f for f in checks.mechanism()}
     return found, [p.detach().clone() for p in net.parameters()]
 

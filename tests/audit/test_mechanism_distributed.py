@@ -23,6 +23,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
+from dp_sgd import N, make_private, toy_data, toy_net, train
 from ranks import spawn
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 MEETING_TIMEOUT = datetime.timedelta(seconds=120)
-N, BATCH, STEPS = 200, 20, 30  # q = 0.1; each rank's shard holds 100 records
+BATCH, STEPS = 20, 30  # q = 0.1; each rank's shard holds 100 records
 CASES = (
     "correct",
     "noise-half",
@@ -50,22 +51,19 @@ LAYER_BOUNDS = [0.5] * 4  # C = 1
 def _run(case: str, rank: int) -> dict:
     import warnings
 
-    from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
     from privmon.audit import GradientCanaries, MechanismChecks
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
-    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    data, net = toy_data(1), toy_net()
     per_layer, ghost = case.startswith("per-layer"), case.startswith("ghost")
-    engine = PrivacyEngine()
-    made = engine.make_private(
-        module=DPDDP(net),
-        optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
-        data_loader=DataLoader(data, batch_size=BATCH),
+    made = make_private(
+        DPDDP(net),
+        net,
+        data,
+        batch=BATCH,
         noise_multiplier=1.0,
         max_grad_norm=LAYER_BOUNDS if per_layer else 1.0,
         clipping="per_layer" if per_layer else "flat",
@@ -101,15 +99,7 @@ def _run(case: str, rank: int) -> dict:
         if per_layer or ghost
         else GradientCanaries(optimizer, 100, seed=0)
     )
-    steps = 0
-    while steps < STEPS:
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss_of(model(x), y).backward()
-            optimizer.step()
-            steps += 1
-            if steps == STEPS:
-                break
+    train(model, optimizer, loader, loss_of, steps=STEPS)
     canaries_kept = not (per_layer or ghost)
     return {
         "kind": type(optimizer).__name__,

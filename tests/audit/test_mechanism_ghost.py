@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from dp_sgd import N, make_private, toy_data, toy_net, train
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,41 +21,30 @@ from privmon.audit import MechanismChecks
 pytest.importorskip("opacus")
 from opacus import PrivacyEngine
 
-N, BATCH, SIGMA, CLIP, STEPS = 200, 20, 1.0, 0.1, 20  # q = 0.1; the rows' norms are above C
+BATCH, SIGMA, CLIP, STEPS = 20, 1.0, 0.1, 20  # q = 0.1; the rows' norms are above C
 SEEDS = range(5)
 
 
 def _run(seed: int, fault: str = "", *, watched: bool = True) -> tuple[dict, dict]:
     torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed + 100)
-    data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
-    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus' secure-RNG and accountant notices
-        model, optimizer, criterion, loader = PrivacyEngine().make_private(
-            module=net,
-            optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
-            data_loader=DataLoader(data, batch_size=BATCH),
-            criterion=nn.CrossEntropyLoss(),
-            noise_multiplier=SIGMA,
-            max_grad_norm=CLIP,
-            grad_sample_mode="ghost",
-        )
+    data, net = toy_data(seed + 100), toy_net()
+    model, optimizer, criterion, loader = make_private(
+        net,
+        net,
+        data,
+        batch=BATCH,
+        criterion=nn.CrossEntropyLoss(),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        grad_sample_mode="ghost",
+    )
     checks = MechanismChecks(optimizer, module=model) if watched else None
     if fault == "clip at 10 C":  # the model clips at 10 C, the noise stays for C
         model.max_grad_norm = 10 * CLIP
     loss_of = nn.CrossEntropyLoss() if fault == "not the DP criterion" else criterion
     if fault == "full batches":
         loader = DataLoader(data, batch_size=N)
-    steps = 0
-    while steps < STEPS:
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss_of(model(x), y).backward()
-            optimizer.step()
-            steps += 1
-            if steps == STEPS:
-                break
+    train(model, optimizer, loader, loss_of, steps=STEPS)
     found = {} if checks is None else {f"{f.check}/{f.test}": f for f in checks.mechanism()}
     return found, {k: v.clone() for k, v in net.state_dict().items()}
 

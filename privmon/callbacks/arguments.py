@@ -103,10 +103,16 @@ def optional_count(value: Any, *, name: str) -> int | None:
     return None if value is None else check_int(value, name=name, minimum=1)
 
 
-def check_loss_tracing(tracing: Any) -> LossTracing | None:
-    """``tracing`` when it is a :class:`LossTracing` or None, else a ValueError."""
+def check_loss_tracing(tracing: Any, queries: Sequence[Any]) -> LossTracing | None:
+    """``tracing`` when it is a :class:`LossTracing` or None, else a ValueError; also one when
+    a query bears the name the loop's traces are reported under (``report.vulnerable``)."""
     if tracing is not None and not isinstance(tracing, LossTracing):
         raise ValueError(f"loss_traces must be a LossTracing or None, got {type(tracing).__name__}")
+    if tracing is not None and any(q.name == tags.TRAINING_LOOP for q in queries):
+        raise ValueError(
+            f"a query is named {tags.TRAINING_LOOP!r}, the name loss_traces reports the training "
+            "loop's traces under: name the query otherwise"
+        )
     return tracing
 
 

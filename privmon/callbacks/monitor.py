@@ -169,7 +169,7 @@ class PrivacyMonitor:
         self.dp_alarm_delta = check_open_unit(dp_alarm_delta, name="dp_alarm_delta")
         self.early_stopping, self.max_batches, self.strict = early_stopping, max_batches, strict
         self.history, self.records = ReportHistory(), RecordTracker()
-        self.loss_traces = arguments.check_loss_tracing(loss_traces)
+        self.loss_traces = arguments.check_loss_tracing(loss_traces, self.queries)
         self.n_failed, self._stop = 0, False
         self._restored: int | None = None  # the step whose weights an adapter restored
         self._last_step: int | None = None

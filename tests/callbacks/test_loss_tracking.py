@@ -155,6 +155,16 @@ def test_a_monitor_without_loop_traces_says_what_record_losses_needs():
             _monitor(_model(), x, y, tracing).record_losses([0], [1.0], step=0)
 
 
+def test_a_query_named_as_the_loops_traces_is_refused_only_beside_loss_traces():
+    x, y = _data()
+    model = _model()
+    members, nonmembers = [(x[:40], y[:40])], [(x[80:120], y[80:120])]
+    query = LossQuery(model, name=tags.TRAINING_LOOP)
+    with pytest.raises(ValueError, match=r"a query is named 'training_loop'.*name the query"):
+        PrivacyMonitor(query, members, nonmembers, loss_traces=LossTracing(80))
+    assert PrivacyMonitor(query, members, nonmembers).queries[0].name == tags.TRAINING_LOOP
+
+
 def test_recording_leaves_the_losses_and_their_graph_untouched():
     model = _model()
     x, y = _data()

@@ -36,7 +36,7 @@ FAULTS = ("noise removed", "noise halved", "not the DP criterion", "clip at 10 C
 ALARM = 1e-6  # the level of each statistical test: below any share of dp_alarm_delta = 1e-4
 
 
-def _make(seed: int):
+def _make(seed: int, *, nan: bool = False):
     import warnings
 
     from opacus import PrivacyEngine
@@ -46,6 +46,8 @@ def _make(seed: int):
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 100)
     data = TensorDataset(torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g))
+    if nan:  # one NaN input value of one record
+        data.tensors[0][0, 0] = float("nan")
     net = FSDP2Wrapper(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)))
     return PrivacyEngine().make_private(
         module=net,
@@ -76,7 +78,7 @@ def _scaled_noise(optimizer, factor: float) -> None:
 def _run(seed: int, fault: str = "", *, watched: bool = True) -> dict:
     from privmon.audit import MechanismChecks
 
-    model, optimizer, criterion, loader = _make(seed)
+    model, optimizer, criterion, loader = _make(seed, nan=fault == "a NaN in one record")
     if fault in ("noise removed", "noise halved"):  # the checks see the optimizer's σ
         _scaled_noise(optimizer, 0.0 if fault == "noise removed" else 0.5)
     checks = MechanismChecks(optimizer, module=model) if watched else None
@@ -140,6 +142,9 @@ def _worker(rank, world, port, tmp):
                 run = _run(seed, fault)
                 run["agreed"] = _agreed(run["findings"])
                 out[fault or "correct", seed] = run
+        run = _run(0, "a NaN in one record")
+        run["agreed"] = _agreed(run["findings"])
+        out["a NaN in one record"] = run
         out["refusals"] = _refusals()
     finally:
         with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
@@ -255,6 +260,35 @@ def test_a_clip_at_10_c_with_noise_for_c_fires_every_ranks_probe(ranks, seed):
         )
         assert run["agreed"]["alarm"]
     assert ranks[0]["clip at 10 C", seed]["agreed"] == ranks[1]["clip at 10 C", seed]["agreed"]
+
+
+def test_a_nan_in_one_record_fires_every_ranks_finite_test_naming_the_record(ranks):
+    """The record's NaN norm makes its clipping coefficient NaN and its rank's gradient NaN;
+    FSDP's reduce-scatter carries it into every rank's shard. The rank whose batch held it
+    names the row; a rank whose batch did not says so."""
+    said = []
+    for out in ranks:
+        run = out["a NaN in one record"]
+        found = _by_name(run)["clipping/finite"]
+        assert found.fired
+        assert run["agreed"]["alarm"]
+        assert not any("repeats the noise" in c for c in run["agreed"]["causes"])
+        said.append(found.evidence)
+    named = [
+        e
+        for e in said
+        if re.match(
+            r"clipping: a per-sample gradient of record slot \d+ "
+            r"was NaN at step \d+: it passed clipping unbounded",
+            e,
+        )
+    ]
+    assert named, said
+    for e in said:
+        assert e in named or e.startswith(
+            "clipping: this rank's shard of the clipped sum was not finite at step "
+        ), e
+    assert ranks[0]["a NaN in one record"]["agreed"] == ranks[1]["a NaN in one record"]["agreed"]
 
 
 def test_without_the_module_clipping_and_sampling_are_refused_saying_why(ranks):

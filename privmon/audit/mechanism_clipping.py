@@ -123,7 +123,7 @@ class ClippingCheck(MechanismCheck):
         if self.pending is None and rows:
             self.pending = (
                 adapter.nonfinite_norm_row(context.optimizer, context.params, context.module)
-                if context.sharded
+                if context.module is not None  # ghost clipping: per-sample norms, no gradients
                 else adapter.nonfinite_row(context.params)
             )
 

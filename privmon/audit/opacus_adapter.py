@@ -490,10 +490,11 @@ def ghost_rows(optimizer: Any, params: list[Any], module: Any) -> tuple[int, boo
 def nonfinite_norm_row(
     optimizer: Any, params: list[Any], module: Any
 ) -> tuple[int | None, str] | None:
-    """Under FSDP: None when this rank's shard of every summed gradient is finite; else the
-    first row of this rank's batch whose per-sample gradient norm is not finite and whether it
-    is NaN or inf — the row None when every norm is finite (another rank's record, or the
-    clipping, made the shard so)."""
+    """Under ghost clipping (which keeps per-sample norms, no per-sample gradients): None when
+    every summed gradient (this rank's shard of it under FSDP) is finite; else the first row of
+    the batch whose per-sample gradient norm is not finite and whether it is NaN or inf — the
+    row None when every norm is finite (the clipping, or under FSDP another rank's record, made
+    the sum so)."""
     sums = [s for p in params if (s := summed_grad(optimizer, p)) is not None and s.numel()]
     totals = [s.sum(dtype=torch.promote_types(s.dtype, torch.float32)) for s in sums]
     if not sums or bool(torch.stack(totals).isfinite().all()):

@@ -36,7 +36,7 @@ FAULTS = ("noise removed", "noise halved", "not the DP criterion", "clip at 10 C
 ALARM = 1e-6  # the level of each statistical test: below any share of dp_alarm_delta = 1e-4
 
 
-def _make(seed: int, *, nan: bool = False):
+def _make(seed: int, *, nan: bool = False, reduction: str = "mean"):
     import warnings
 
     from opacus import PrivacyEngine
@@ -53,10 +53,11 @@ def _make(seed: int, *, nan: bool = False):
         module=net,
         optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
         data_loader=DataLoader(data, batch_size=BATCH),
-        criterion=nn.CrossEntropyLoss(),
+        criterion=nn.CrossEntropyLoss(reduction=reduction),
         noise_multiplier=SIGMA,
         max_grad_norm=CLIP,
         grad_sample_mode="ghost_fsdp",
+        loss_reduction=reduction,
     )
 
 
@@ -78,7 +79,9 @@ def _scaled_noise(optimizer, factor: float) -> None:
 def _run(seed: int, fault: str = "", *, watched: bool = True) -> dict:
     from privmon.audit import MechanismChecks
 
-    model, optimizer, criterion, loader = _make(seed, nan=fault == "a NaN in one record")
+    model, optimizer, criterion, loader = _make(
+        seed, nan=fault == "a NaN in one record", reduction="sum" if fault == "sum" else "mean"
+    )
     if fault in ("noise removed", "noise halved"):  # the checks see the optimizer's σ
         _scaled_noise(optimizer, 0.0 if fault == "noise removed" else 0.5)
     checks = MechanismChecks(optimizer, module=model) if watched else None
@@ -142,9 +145,10 @@ def _worker(rank, world, port, tmp):
                 run = _run(seed, fault)
                 run["agreed"] = _agreed(run["findings"])
                 out[fault or "correct", seed] = run
-        run = _run(0, "a NaN in one record")
-        run["agreed"] = _agreed(run["findings"])
-        out["a NaN in one record"] = run
+        for case in ("a NaN in one record", "sum"):
+            run = _run(0, case)
+            run["agreed"] = _agreed(run["findings"])
+            out[case] = run
         out["refusals"] = _refusals()
     finally:
         with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
@@ -208,6 +212,17 @@ def test_a_correct_fsdp_run_is_silent_on_every_rank_and_the_ranks_agree(ranks, s
     assert _by_name(ranks[0]["correct", seed])["noise/variance"].evidence != (
         _by_name(ranks[1]["correct", seed])["noise/variance"].evidence
     )
+
+
+def test_under_sum_reduction_each_shard_is_tested_against_the_whole_sigma_c(ranks):
+    """With loss_reduction="sum" Opacus does not divide each rank's noise by the world size."""
+    for rank, out in enumerate(ranks):
+        run = out["sum"]
+        assert run["agreed"] == {"alarm": False, "causes": (), "failures": []}
+        noise = _by_name(run)["noise/variance"].evidence
+        assert "(σ·C = 0.1, on this rank's shard, 1 of 2;" in noise, noise
+        ratio = float(re.search(r"the noise added has ([0-9.]+) ×", noise).group(1))
+        assert ratio == pytest.approx(1.0, abs=0.1), (rank, noise)
 
 
 def test_training_is_bit_identical_with_and_without_the_checks(ranks):

@@ -139,7 +139,7 @@ class TrainingGuard:
       them), a copy of each taken on entry;
     - the default dtype and the grad mode;
     - what the training step keeps for its optimizer step (``per_sample``: Opacus' hooks and
-      per-sample gradients, :class:`~privmon.audit.opacus_adapter.PerSampleState`), hidden
+      per-sample gradients, :class:`~privmon.audit.opacus_per_sample.PerSampleState`), hidden
       inside the block;
     - every parameter the modules hold, and the storage it holds (``module.weight = …`` and
       ``p.data = …`` are put back); a lazy parameter not yet materialised has neither and is

@@ -29,6 +29,7 @@ from privmon.audit import opacus_adapter as adapter
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_checks import MechanismChecks
 from privmon.audit.one_run import inclusion_bits
+from privmon.audit.opacus_per_sample import PerSampleState
 
 __all__ = ["GradientCanaries", "InputCanaries"]
 
@@ -544,7 +545,7 @@ class InputCanaries:
         modules = list(getattr(query, "modules", ()))
         parts = []
         try:
-            per_sample = adapter.PerSampleState(modules)
+            per_sample = PerSampleState(modules)
             with TrainingGuard(modules, [], per_sample=per_sample) as guard:
                 getattr(query, "prepare", lambda device: None)(getattr(query, "device", None))
                 for batch in loader:

@@ -16,14 +16,9 @@ import torch
 
 from privmon._digest import check_sealed, sealed
 from privmon.audit.mechanism import MechanismFinding
-from privmon.audit.opacus_adapter import FSDP, OpacusFamily
+from privmon.audit.opacus_adapter import OpacusFamily
 
 __all__ = ["MechanismCheck", "StepContext"]
-
-# The Opacus optimizers on which no mechanism check can run: why.
-_NO_CHECK = {
-    FSDP: "FSDP shards every tensor over the ranks; the checks read whole tensors",
-}
 
 
 @dataclass
@@ -31,9 +26,11 @@ class StepContext:
     """What the checks on one optimizer share: the optimizer, the canary block (a parameter that
     is no model parameter, or None), the model whose backward pass clips under ghost clipping
     (the ``GradSampleModule`` make_private returned, or None), this rank and the world size
-    (distributed Opacus), the sampling rate of the accountant's hook (None: unknown), the
-    parameters the optimizer clips (read at each ``pre_step``), the private steps counted so
-    far, and whether the clipping probe is running (its clipping call is no step's).
+    (distributed Opacus), whether the parameters are sharded over the ranks (FSDP2: each rank
+    holds, and noises, its own shard of every parameter), the sampling rate of the accountant's
+    hook (None: unknown), the parameters the optimizer clips (read at each ``pre_step``), the
+    private steps counted so far, and whether the clipping probe is running (its clipping call
+    is no step's).
 
     Examples:
         >>> from privmon.audit import StepContext
@@ -47,6 +44,7 @@ class StepContext:
     module: Any = None
     rank: int = 0
     world: int = 1
+    sharded: bool = False
     sample_rate: float | None = None
     params: list[Any] = field(default_factory=list)
     steps: int = 0
@@ -160,11 +158,10 @@ class MechanismCheck:
     # -- the events of a step ------------------------------------------------------------------
     def refusal(self, context: StepContext, *, family: OpacusFamily | None) -> str | None:
         """Why the check cannot run on ``context.optimizer`` (of Opacus ``family``, None for
-        flat clipping), or None; default: :attr:`refused_on`'s reason for the family, and for
-        the family no check can run on (FSDP), its own."""
+        flat clipping), or None; default: :attr:`refused_on`'s reason for the family."""
         if family is None:
             return None
-        return dict(self.refused_on).get(family) or _NO_CHECK.get(family)
+        return dict(self.refused_on).get(family)
 
     def attach(self, context: StepContext) -> None:
         """The checks joined the optimizer (register extra hooks here)."""

@@ -81,6 +81,21 @@ def _refuse_unsupported(context: StepContext, checks: list[MechanismCheck]) -> N
     )
 
 
+def _refuse_carried(optimizer: Any, canary_block: Any) -> None:
+    """Refuse an optimizer that carries other mechanism checks, or (``canary_block`` None:
+    these are no canaries' own) gradient canaries."""
+    if adapter.attached(optimizer, "checks") is not None:
+        raise ValueError(
+            "optimizer already carries mechanism checks (a MechanismChecks, or "
+            "GradientCanaries with checks on): detach() them before attaching others"
+        )
+    if canary_block is None and adapter.attached(optimizer, "canaries"):
+        raise ValueError(
+            "optimizer carries GradientCanaries: their checks= runs the mechanism checks "
+            "(they know the canary block); detach() them or pass checks= to them"
+        )
+
+
 class MechanismChecks:
     """Tests of the assumptions the accountant makes, inside an Opacus ``DPOptimizer``.
 
@@ -110,11 +125,13 @@ class MechanismChecks:
     The checks use no random numbers and never change the gradients, the optimizer's state or
     the weights: training is bit-identical with and without them. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
-    cannot run (ghost clipping without ``module``: clipping; FSDP: all), saying which run there
-    (:meth:`runnable`) and where the refused ones run; flat, per-layer and adaptive clipping
-    run on one process, flat and per-layer under DDP too. Use as a context manager (or call
-    :meth:`detach`). :class:`~privmon.audit.GradientCanaries` creates one (its ``checks=``):
-    use either.
+    cannot run (ghost clipping without ``module``: clipping; FSDP2 without it: clipping and
+    sampling), saying which run there (:meth:`runnable`) and where the refused ones run; flat,
+    per-layer and adaptive clipping run on one process, flat and per-layer under DDP too, ghost
+    clipping on one process, under DDP and under FSDP2 (each rank tests its own shard: its
+    noise, its batch, its weights; the monitor's exchange combines the ranks' findings). Use as
+    a context manager (or call :meth:`detach`). :class:`~privmon.audit.GradientCanaries`
+    creates one (its ``checks=``): use either.
 
     Args:
         optimizer: the ``DPOptimizer`` that ``PrivacyEngine.make_private`` returned.
@@ -125,10 +142,11 @@ class MechanismChecks:
         canary_block: a parameter of the optimizer that is no model parameter and sees only
             noise (GradientCanaries' block): its noise joins the noise test, and the clipping
             probe and the row count leave it out.
-        module: under ghost clipping (``grad_sample_mode="ghost"``), the model
-            ``make_private`` returned: it computes the clipping coefficients in the loss's
-            backward pass, which the clipping check probes and counts (without it, the
-            clipping check is refused there). Only ghost clipping takes it.
+        module: under ghost clipping (``grad_sample_mode="ghost"`` or ``"ghost_fsdp"``), the
+            model ``make_private`` returned: it computes the clipping coefficients in the
+            loss's backward pass, which the clipping check probes and counts (without it, the
+            clipping check is refused there; under FSDP2 the sampling check too: the model
+            keeps the per-sample norms). Only ghost clipping takes it.
 
     Examples:
         >>> import torch
@@ -170,13 +188,14 @@ class MechanismChecks:
         self._optimizer = adapter.check_dp_optimizer(optimizer, who="MechanismChecks")
         self._checks = _chosen(checks)
         found = adapter.opacus_family(optimizer)
-        ghost = found is not None and found[0] is adapter.GHOST
+        ghost = found is not None and found[0] in adapter.CLIPS_IN_BACKWARD
         if module is not None and not ghost:
             raise ValueError(
                 "module is read under ghost clipping only (it clips in the loss's backward "
                 "pass there); this optimizer clips in its own step: leave module out"
             )
-        # distributed Opacus: noise added on rank 0, each rank samples its shard
+        # distributed Opacus: noise added on rank 0 (FSDP: on each rank's own shard), each rank
+        # samples its shard of the dataset
         rank, world = adapter.rank_and_world(optimizer)
         self._context = StepContext(
             optimizer=optimizer,
@@ -184,19 +203,12 @@ class MechanismChecks:
             module=None if module is None else adapter.check_ghost_module(module, optimizer),
             rank=rank,
             world=world,
+            sharded=found is not None and found[0] is adapter.FSDP,
             sample_rate=adapter.hook_sample_rate(optimizer),
         )
         _refuse_unsupported(self._context, self._checks)
-        if self._checks and adapter.attached(optimizer, "checks") is not None:
-            raise ValueError(
-                "optimizer already carries mechanism checks (a MechanismChecks, or "
-                "GradientCanaries with checks on): detach() them before attaching others"
-            )
-        if self._checks and canary_block is None and adapter.attached(optimizer, "canaries"):
-            raise ValueError(
-                "optimizer carries GradientCanaries: their checks= runs the mechanism checks "
-                "(they know the canary block); detach() them or pass checks= to them"
-            )
+        if self._checks:
+            _refuse_carried(optimizer, canary_block)
         self._noised = False  # add_noise came back within the current pre_step
         self._frozen: tuple[MechanismFinding, ...] | None = None  # the findings at detach
         self._hooks: list[adapter.Hook] = []
@@ -249,7 +261,8 @@ class MechanismChecks:
     def _accumulate(self, original: Any) -> None:
         """Ghost clipping's sum of the step's clipped gradient; then the checks hear how many
         rows its backward pass clipped."""
-        self._clipping(original, adapter.ghost_rows)
+        opt, module = self._context.optimizer, self._context.module
+        self._clipping(original, lambda params: adapter.ghost_rows(opt, params, module))
 
     def _clipping(self, original: Any, rows_of: Any) -> None:
         context = self._context

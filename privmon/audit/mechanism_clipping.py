@@ -49,12 +49,13 @@ class ClippingCheck(MechanismCheck):
 
     name = "clipping"
     tests = evidence.kinds_of("clipping")
-    refused_on = (
+    refused_on = tuple(
         (
-            adapter.GHOST,
+            family,
             "ghost clipping clips inside the loss's backward pass, in the model: pass "
             "module= (the model make_private returned) to probe its clipping coefficients",
-        ),
+        )
+        for family in adapter.CLIPS_IN_BACKWARD
     )
     probes: int
     over: int
@@ -90,7 +91,7 @@ class ClippingCheck(MechanismCheck):
         self._hooks: list[adapter.Hook] = []
 
     def refusal(self, context: StepContext, *, family: adapter.OpacusFamily | None) -> str | None:
-        if family is adapter.GHOST and context.module is not None:
+        if family in adapter.CLIPS_IN_BACKWARD and context.module is not None:
             return None
         return super().refusal(context, family=family)
 
@@ -120,7 +121,11 @@ class ClippingCheck(MechanismCheck):
             if context.module is not None:
                 self.step_clipped, self.coefficients = self.coefficients > 0, 0
         if self.pending is None and rows:
-            self.pending = adapter.nonfinite_row(context.params)
+            self.pending = (
+                adapter.nonfinite_norm_row(context.optimizer, context.params, context.module)
+                if context.module is not None  # ghost clipping: per-sample norms, no gradients
+                else adapter.nonfinite_row(context.params)
+            )
 
     def private_step(self, context: StepContext) -> None:
         if self.pending is not None:
@@ -178,7 +183,9 @@ class ClippingCheck(MechanismCheck):
             evidence.clipping(
                 self.worst, self.probes, self.over, context.steps, self.bound, self.error, unclipped
             ),
-            evidence.finite_gradients(self.first_nonfinite, self.nonfinite, context.steps),
+            evidence.finite_gradients(
+                self.first_nonfinite, self.nonfinite, context.steps, sharded=context.sharded
+            ),
         ]
 
 

@@ -31,6 +31,13 @@ class SamplingCheck(MechanismCheck):
 
     name = "sampling"
     tests = evidence.kinds_of("sampling")
+    refused_on = (
+        (
+            adapter.FSDP,
+            "under FSDP the model keeps each row's gradient norm: pass module= (the model "
+            "make_private returned) to count the rows of each step",
+        ),
+    )
     counts: RowCounts
     rows: int
 
@@ -38,6 +45,11 @@ class SamplingCheck(MechanismCheck):
         super().__init__()
         self.add_state("counts", RowCounts())
         self.add_state("rows", 0, persistent=False)  # rows clipped in the current logical step
+
+    def refusal(self, context: StepContext, *, family: adapter.OpacusFamily | None) -> str | None:
+        if family is adapter.FSDP and context.module is not None:
+            return None
+        return super().refusal(context, family=family)
 
     def clipped(self, context: StepContext, *, rows: int, fresh: bool) -> None:
         """The count follows the summed gradient: it restarts with it, so rows of a step that

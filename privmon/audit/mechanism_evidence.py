@@ -117,10 +117,12 @@ def clipping(
 
 
 def finite_gradients(
-    first: tuple[int, int | None, str] | None, hits: int, steps: int
+    first: tuple[int, int | None, str] | None, hits: int, steps: int, *, sharded: bool = False
 ) -> MechanismFinding:
     """Whether a non-finite per-sample gradient reached a noised update: ``hits`` private steps
-    of ``steps`` did, the first (step, the row of its batch or None, "NaN" or "inf")."""
+    of ``steps`` did, the first (step, the row of its batch or None, "NaN" or "inf");
+    ``sharded``: FSDP, where the row is told by its per-sample norm and this rank's shard of
+    the sum, which another rank's record reaches too."""
     if first is None:
         said = (
             f"every per-sample gradient that reached the noise was finite ({steps} steps)"
@@ -136,6 +138,10 @@ def finite_gradients(
         if slot is not None
         else f"the clipped sum was not finite at step {step}, though every per-sample gradient "
         f"of the call was: the clipping made it so {count}"
+        if not sharded
+        else f"this rank's shard of the clipped sum was not finite at step {step}, though every "
+        f"per-sample gradient norm of its batch was: another rank's record or the clipping "
+        f"made it so {count}"
     )
     return _finding("clipping/finite", True, None, f"clipping: {said}")
 
@@ -152,12 +158,15 @@ def noise_variance(
     left_out: tuple[int, int] = (0, 0),
     *,
     count: tuple[float, int] = (0.0, 0),
+    shards: int = 0,
+    share: float = 1.0,
 ) -> MechanismFinding:
-    """S = Σ z² / (σ C)² over ``values`` noise values of ``steps`` steps (σ C: the last);
-    ``left_out``: the (values, steps) read where the noised gradient was not finite, which the
-    test leaves out (a non-finite value has no χ² term); under AdaClip ``count``: (Σ (count
-    noise / σ_u)², steps), its p-value Bonferroni-combined with the gradient's,
-    min(1, 2 min(p_g, p_c))."""
+    """S = Σ z² / (share · σ C)² over ``values`` noise values of ``steps`` steps (σ C: the
+    last); ``left_out``: the (values, steps) read where the noised gradient was not finite,
+    which the test leaves out (a non-finite value has no χ² term); under AdaClip ``count``:
+    (Σ (count noise / σ_u)², steps), its p-value Bonferroni-combined with the gradient's,
+    min(1, 2 min(p_g, p_c)); ``shards``: under FSDP the world size (0: not sharded), each
+    rank's shard noised at ``share`` · σ C (1 / world size under mean reduction)."""
     if rank:
         return _finding(
             "noise/variance", False, 1.0, f"noise: not tested on rank {rank}: {_OTHER_RANK}"
@@ -173,9 +182,13 @@ def noise_variance(
         return _finding("noise/variance", False, 1.0, f"noise: not tested: {why}{out}")
     ratio = math.sqrt(squares / values)
     p = noise_p_value(squares, values)
+    assumed = f"σ·C = {_num(scale)}"
+    if shards:
+        part = f"σ·C/{round(1 / share)} = {_num(share * scale)}" if share != 1 else assumed
+        assumed = f"{part}, on this rank's shard, 1 of {shards}"
     said = (
         f"noise: the noise added has {_num(ratio)} × the standard deviation the accountant "
-        f"assumes (σ·C = {_num(scale)}; {values:,} values over {steps} steps{out})"
+        f"assumes ({assumed}; {values:,} values over {steps} steps{out})"
     )
     count_squares, count_steps = count
     if count_steps:

@@ -14,6 +14,7 @@ from privmon._inplace_writes import InPlaceWrites
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.mechanism_check import MechanismCheck, StepContext
+from privmon.audit.opacus_adapter import local
 
 __all__ = ["LedgerCheck"]
 
@@ -29,15 +30,21 @@ class _Weights(NamedTuple):
     @classmethod
     def of(cls, optimizer: Any) -> _Weights:
         params = [p for g in optimizer.original_optimizer.param_groups for p in g["params"]]
-        return cls(params, [p.data_ptr() for p in params], InPlaceWrites(params))
+        return cls(params, _storage(params), InPlaceWrites(params))
 
     def changed(self) -> bool:
         """Written in place, or given other storage, since."""
-        return self.writes.any() or [p.data_ptr() for p in self.params] != self.storage
+        return self.writes.any() or _storage(self.params) != self.storage
+
+
+def _storage(params: list[torch.Tensor]) -> list[int]:
+    """Where each parameter's values are (this rank's shard of a DTensor)."""
+    return [local(p).data_ptr() for p in params]
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape and values (NaN where the other is NaN)."""
+    """Same shape and values (NaN where the other is NaN; this rank's shards of DTensors)."""
+    a, b = local(a), local(b)
     return a.shape == b.shape and bool(torch.where(a.isnan(), b.isnan(), a == b).all())
 
 
@@ -119,7 +126,8 @@ class LedgerCheck(MechanismCheck):
             return
         rows = zip(weights.params, copies, weights.storage, strict=True)
         if frozen.any() or any(
-            p.data_ptr() != ptr if c is None else not _same_values(c, p) for p, c, ptr in rows
+            local(p).data_ptr() != ptr if c is None else not _same_values(c, p)
+            for p, c, ptr in rows
         ):
             if self.unnoised == 0:
                 self.first_unnoised = self._context.steps

@@ -29,17 +29,21 @@ DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
 
 def fixed_tensor(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The tensor read at every step, whose noise makes the digest: the first with
-    DIGEST_VALUES entries, else the largest."""
-    return next((p for p in tensors if p.numel() >= DIGEST_VALUES), max(tensors, key=torch.numel))
+    DIGEST_VALUES entries on this rank (a DTensor's local shard), else the largest."""
+    sizes = [adapter.local(p).numel() for p in tensors]
+    first = next((i for i, n in enumerate(sizes) if n >= DIGEST_VALUES), None)
+    return tensors[sizes.index(max(sizes)) if first is None else first]
 
 
 Reading = tuple[float, int, bytes, int]  # Σ z², values, the digest, values not finite
+Pair = tuple["torch.Tensor | None", "torch.Tensor | None"]  # a tensor's (grad, summed_grad)
 
 
-def read_noise(tensors: Sequence[torch.Tensor], scale: float) -> Reading:
+def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
     """(Σ z², number of values, the step's digest, number of values left out as not finite) of
-    the noise z = grad − summed_grad just added at std ``scale`` = σ C > 0, on up to
-    NOISE_VALUES values of each tensor (the first makes the digest). Only finite entries whose
+    the noise z = grad − summed_grad just added at std ``scale`` > 0 (σ C, or each shard's
+    share of it), on up to NOISE_VALUES values of each tensor's (gradient, summed gradient)
+    pair (the first makes the digest). Only finite entries whose
     summed gradient s the tensor's precision resolves
     (:func:`~privmon.audit.mechanism_math.resolved_sum`) count: where it is coarser, rounding
     s + noise may remove the noise from z (not from the rounded s + noise, a function of the
@@ -49,12 +53,11 @@ def read_noise(tensors: Sequence[torch.Tensor], scale: float) -> Reading:
     DIGEST_RESOLVED of them. Few operations and one copy to the host: this runs at every
     step."""
     reads = []  # (z, s, the largest |s| the precision resolves)
-    for p in tensors:
-        if p.numel() == 0:
-            continue
-        grad, summed = p.grad, getattr(p, "summed_grad", None)
+    for grad, summed in pairs:
         if grad is None or summed is None:
             return 0.0, 0, b"", 0
+        if summed.numel() == 0:
+            continue
         sums = summed.detach().reshape(-1)[:NOISE_VALUES]
         wide = torch.promote_types(sums.dtype, torch.float32)  # z = fl(s + n) − s exactly
         z = grad.detach().reshape(-1)[:NOISE_VALUES].to(wide) - sums.to(wide)
@@ -150,10 +153,10 @@ class NoiseCheck(MechanismCheck):
         self.count_before = adapter.noisy_count(context.optimizer)
 
     def noised(self, context: StepContext) -> None:
-        """Read the noise just added (rank 0 only: Opacus adds it there): a fixed tensor
-        (``fixed_tensor`` of the canary block and the model's) and one of the model's in turn
-        (each one every len(params) steps)."""
-        self.reading = None if context.rank else _read(context)
+        """Read the noise just added (rank 0 only: Opacus adds it there; under FSDP every rank,
+        on its shard): a fixed tensor (``fixed_tensor`` of the canary block and the model's)
+        and one of the model's in turn (each one every len(params) steps)."""
+        self.reading = None if context.rank and not context.sharded else _read(context)
 
     def private_step(self, context: StepContext) -> None:
         reading, self.reading = self.reading, None
@@ -177,23 +180,26 @@ class NoiseCheck(MechanismCheck):
             self.nonfinite += nonfinite
             self.nonfinite_steps += 1
         if values and sigma * bound > 0:
-            self.squares += squares / (sigma * bound) ** 2
+            self.squares += squares / (sigma * bound * adapter.noise_share(opt)) ** 2
             self.values += values
             self.steps += 1
             self.scale = (sigma, bound)
 
     def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
+        rank = 0 if context.sharded else context.rank  # under FSDP each rank tests its own
         return [
             evidence.noise_variance(
                 self.squares,
                 self.values,
                 self.steps,
                 math.prod(self.scale),
-                context.rank,
+                rank,
                 (self.nonfinite, self.nonfinite_steps),
                 count=(self.count_squares, self.count_values),
+                shards=context.world if context.sharded else 0,
+                share=adapter.noise_share(context.optimizer),
             ),
-            evidence.noise_repeat(bytes(self.digests), context.rank),
+            evidence.noise_repeat(bytes(self.digests), rank),
         ]
 
 
@@ -204,4 +210,8 @@ def _read(context: StepContext) -> Reading:
         return 0.0, 0, b"", 0
     fixed = fixed_tensor([block, *params] if block is not None else params)
     turn = params[context.steps % len(params)]
-    return read_noise((fixed,) if turn is fixed else (fixed, turn), scale)
+    pairs = [
+        (adapter.local(p.grad), adapter.summed_grad(opt, p))
+        for p in ((fixed,) if turn is fixed else (fixed, turn))
+    ]
+    return read_noise(pairs, scale * adapter.noise_share(opt))

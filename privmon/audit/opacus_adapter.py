@@ -1,25 +1,23 @@
-"""Everything privmon reads of Opacus' internals, in one place, for the gradient canaries and the
-mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's objects an
-optimizer carries, the Opacus optimizer families some of them cannot run on (by class), what
-Opacus' accountant hook closes over (the accountant and its sampling rate), the rows of a
-clipping call, the LR schedulers already bound to an optimizer, the ``GradSampleModule``s
-whose per-sample-gradient hooks a check switches off and the per-sample gradients it hides
-(:class:`PerSampleState`), and ghost clipping's per-sample norms and
-clipping coefficients; AdaClip's gradient noise multiplier and its noisy count of unclipped
-rows.
+"""Everything privmon reads of Opacus' optimizers, in one place, for the gradient canaries and
+the mechanism checks: wrappers of a ``DPOptimizer`` instance's methods, which of privmon's
+objects an optimizer carries, the Opacus optimizer families some of them cannot run on (by
+class), what Opacus' accountant hook closes over (the accountant and its sampling rate), the
+rows of a clipping call, ghost clipping's per-sample norms and clipping coefficients; AdaClip's
+gradient noise multiplier and its noisy count of unclipped rows; under FSDP2, each rank's shard
+of a DTensor, the summed gradients, the model's per-sample norms and each rank's share of the
+noise. What a step keeps on the model for the training guard is
+:mod:`~privmon.audit.opacus_per_sample`'s.
 
-Checked against Opacus 1.6.0. Two reads have no public route there: ``make_private`` keeps the
+Checked against Opacus 1.6.0. One read has no public route there: ``make_private`` keeps the
 accountant and the sampling rate only in the step hook's closure
-(``accountant.get_optimizer_hook_fn(sample_rate=...)``), and a ``ReduceLROnPlateau`` leaves no
-trace on the optimizer it schedules (torch's other schedulers set ``'initial_lr'``), so those
-are found among the live objects."""
+(``accountant.get_optimizer_hook_fn(sample_rate=...)``). The LR schedulers bound to an optimizer
+(torch's, not Opacus') are :mod:`~privmon.audit.lr_schedulers`'."""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,19 +25,19 @@ import numpy as np
 import torch
 
 from privmon._validation import check_unit
+from privmon.audit.lr_schedulers import bound_schedulers
 
 __all__ = [
     "ADACLIP",
+    "CLIPS_IN_BACKWARD",
     "FSDP",
     "GHOST",
     "PER_LAYER",
     "PER_LAYER_DDP",
     "Hook",
     "OpacusFamily",
-    "PerSampleState",
     "accountant_steps",
     "attached",
-    "bound_schedulers",
     "canary_sample_rate",
     "check_canary_optimizer",
     "check_dp_optimizer",
@@ -47,19 +45,22 @@ __all__ = [
     "claim",
     "ghost_coefficient",
     "ghost_rows",
-    "grad_sample_modules",
     "gradient_noise_multiplier",
     "hook_accountant",
     "hook_sample_rate",
     "install",
     "kept_clipping_counts",
+    "local",
+    "noise_share",
     "noisy_count",
+    "nonfinite_norm_row",
     "nonfinite_row",
     "opacus_family",
     "rank_and_world",
     "release",
     "rows_to_clip",
     "runs_with",
+    "summed_grad",
     "uninstall",
 ]
 
@@ -91,6 +92,8 @@ GHOST = OpacusFamily(
 )
 PER_LAYER = OpacusFamily(("DPPerLayerOptimizer",))
 ADACLIP = OpacusFamily(("AdaClipDPOptimizer",))
+CLIPS_IN_BACKWARD = (GHOST, FSDP)
+"""The families that clip in the loss's backward pass, in the model (ghost clipping)."""
 # most derived first: an optimizer belongs to the first family it matches
 _FAMILIES = (FSDP, PER_LAYER_DDP, GHOST, PER_LAYER, ADACLIP)
 # How a user gets each family (None: flat clipping, DPOptimizer and DistributedDPOptimizer), in
@@ -315,37 +318,31 @@ def rank_and_world(optimizer: Any) -> tuple[int, int]:
     return rank, world
 
 
-def _scheduler_kinds() -> tuple[type, ...]:
-    from torch.optim import lr_scheduler
+def local(tensor: Any) -> Any:
+    """This rank's shard of a DTensor (FSDP2's parameters and gradients: ``to_local``, no copy,
+    no collective); anything else as it is (no DTensor exists before its module is loaded)."""
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
 
-    names = ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau")
-    return tuple({getattr(lr_scheduler, n) for n in names if hasattr(lr_scheduler, n)})
+
+def summed_grad(optimizer: Any, p: Any) -> torch.Tensor | None:
+    """This rank's part of the summed (clipped) gradient of ``p``: Opacus keeps it in
+    ``p.summed_grad``, FSDP's optimizer in ``grad_state[p]["summed_grad"]`` (a DTensor); None
+    while the sum is empty."""
+    if FSDP.matched(optimizer) is not None:
+        summed = optimizer.grad_state[p]["summed_grad"]
+    else:
+        summed = getattr(p, "summed_grad", None)
+    return None if summed is None else local(summed)
 
 
-def bound_schedulers(optimizer: Any) -> list[str]:
-    """The class names of the LR schedulers bound to ``optimizer`` or to the optimizer it wraps
-    (``original_optimizer``): torch's schedulers (``LRScheduler``, ``ReduceLROnPlateau`` and
-    their subclasses: LambdaLR, OneCycleLR, SequentialLR, transformers' schedules, ...) among the
-    live objects, and "a scheduler" for a param group carrying 'initial_lr' (what torch's and
-    timm's schedulers set). A scheduler keeps its optimizer, never the other way round, so the
-    live objects are searched (once, at construction); one already dropped is collected first."""
-    kinds = _scheduler_kinds()
-    targets = {id(optimizer), id(getattr(optimizer, "original_optimizer", optimizer))}
-
-    def live() -> list[str]:
-        return sorted(
-            type(obj).__name__
-            for obj in gc.get_objects()
-            if issubclass(type(obj), kinds) and id(getattr(obj, "optimizer", None)) in targets
-        )
-
-    found = live()
-    if found:  # one dropped but not yet collected (in a reference cycle) is not bound
-        gc.collect()
-        found = live()
-    if not found and any("initial_lr" in group for group in optimizer.param_groups):
-        found = ["a scheduler (its param groups carry 'initial_lr')"]
-    return found
+def noise_share(optimizer: Any) -> float:
+    """The share of σ C in the noise ``add_noise`` puts on each entry of the summed gradient:
+    1 / world size under FSDP with mean reduction (each rank noises its shard of the average
+    over the ranks), else 1."""
+    if FSDP.matched(optimizer) is None or optimizer.loss_reduction != "mean":
+        return 1.0
+    return 1.0 / rank_and_world(optimizer)[1]
 
 
 def check_canary_optimizer(
@@ -409,93 +406,19 @@ def canary_sample_rate(sample_rate: Any, optimizer: Any) -> float:
     return rate
 
 
-def _switches_hooks(owner: Any) -> bool:
-    return callable(getattr(owner, "disable_hooks", None)) and isinstance(
-        getattr(owner, "hooks_enabled", None), bool
-    )
-
-
-def grad_sample_modules(roots: Sequence[torch.nn.Module]) -> list[Any]:
-    """Opacus ``GradSampleModule``s whose per-sample-gradient hooks fire on these modules, each
-    once: the roots themselves, and the owners of the hooks Opacus lists on the model it wraps
-    (``autograd_grad_sample_hooks``: a query may hold the wrapped model, not the wrapper).
-
-    Examples:
-        >>> import torch
-        >>> from opacus import GradSampleModule
-        >>> from privmon.audit.opacus_adapter import grad_sample_modules
-        >>> model = torch.nn.Linear(3, 2)
-        >>> wrapper = GradSampleModule(model)
-        >>> grad_sample_modules([model]) == [wrapper]
-        True
-    """
-    found: dict[int, Any] = {}
-    for m in (m for root in roots for m in root.modules()):
-        owners: list[Any] = [m]
-        for handle in getattr(m, "autograd_grad_sample_hooks", ()):
-            hooks = handle.hooks_dict_ref()  # torch's RemovableHandle
-            hook = None if hooks is None else hooks.get(handle.id)
-            owners.append(getattr(getattr(hook, "func", hook), "__self__", None))  # a partial
-        found |= {id(owner): owner for owner in owners if _switches_hooks(owner)}
-    return list(found.values())
-
-
-class PerSampleState:
-    """What an Opacus step keeps on the model between its backward pass and the optimizer step,
-    which a check's queries must neither consume nor see, as found when made: the hook switches
-    of :func:`grad_sample_modules` (a query's backward pass would consume the step's captured
-    activations, or leave partial per-sample gradients that fail the next step) and the
-    parameters' per-sample gradients (``grad_sample``: torch's Expanded Weights, Opacus'
-    ``grad_sample_mode="ew"``, refuses a forward while a parameter holds them).
-
-    Examples:
-        >>> import torch
-        >>> from opacus import GradSampleModule
-        >>> from privmon.audit.opacus_adapter import PerSampleState
-        >>> model = GradSampleModule(torch.nn.Linear(3, 2))
-        >>> model(torch.ones(4, 3)).sum().backward()
-        >>> weight = next(model.parameters())
-        >>> state = PerSampleState([model])
-        >>> state.hide()
-        >>> model.hooks_enabled, weight.grad_sample is None
-        (False, True)
-        >>> state.restore()
-        >>> model.hooks_enabled, weight.grad_sample.shape
-        (True, torch.Size([4, 2, 3]))
-    """
-
-    def __init__(self, roots: Sequence[torch.nn.Module]) -> None:
-        self._switches = [(m, m.hooks_enabled) for m in grad_sample_modules(roots)]
-        params = {id(p): p for root in roots for p in root.parameters()}.values()
-        self._samples = [  # a plain attribute of the parameter
-            (p, samples) for p in params if (samples := p.__dict__.get("grad_sample")) is not None
-        ]
-
-    def hide(self) -> None:
-        """Hooks off and the per-sample gradients found hidden: before each query."""
-        for m, _ in self._switches:
-            m.disable_hooks()
-        for p, _ in self._samples:
-            p.grad_sample = None  # type: ignore[attr-defined]
-
-    def restore(self) -> None:
-        """Hooks and per-sample gradients as found."""
-        for m, enabled in self._switches:
-            m.hooks_enabled = enabled
-        for p, samples in self._samples:
-            p.grad_sample = samples  # type: ignore[attr-defined]
-
-
 def check_ghost_module(module: Any, optimizer: Any) -> Any:
     """``module`` if it is the model whose backward pass clips for the ghost-clipping
-    ``optimizer``: an Opacus ``GradSampleModuleFastGradientClipping`` (what ``make_private``
-    returns with ``grad_sample_mode="ghost"``) whose trainable parameters the optimizer steps."""
-    from opacus.grad_sample import GradSampleModuleFastGradientClipping  # the optimizer's
+    ``optimizer``: the ``GradSampleModuleFastGradientClipping`` (``...FSDP`` under FSDP) that
+    ``make_private`` returns with ``grad_sample_mode="ghost"`` (``"ghost_fsdp"``), whose
+    trainable parameters the optimizer steps."""
+    from opacus import grad_sample  # the optimizer's
 
-    if not isinstance(module, GradSampleModuleFastGradientClipping):
+    fsdp = FSDP.matched(optimizer) is not None
+    kind = grad_sample.GradSampleModuleFastGradientClipping.__name__ + ("FSDP" if fsdp else "")
+    if not isinstance(module, getattr(grad_sample, kind)):
         raise TypeError(
-            "module must be the GradSampleModuleFastGradientClipping that make_private "
-            f"returned with grad_sample_mode='ghost', got {type(module).__name__}"
+            f"module must be the {kind} that make_private returned with grad_sample_mode="
+            f"{'ghost_fsdp' if fsdp else 'ghost'!r}, got {type(module).__name__}"
         )
     stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if not all(id(p) in stepped for p in module.trainable_parameters):
@@ -506,35 +429,85 @@ def check_ghost_module(module: Any, optimizer: Any) -> Any:
     return module
 
 
-def ghost_rows(params: list[Any]) -> tuple[int, bool] | None:
+def _norm_owners(module: Any) -> list[Any]:
+    """Under FSDP, the submodules that keep per-sample gradient norms (``norm_sample``, one per
+    trainable parameter, of the whole parameter and this rank's batch), as the model's
+    ``get_norm_sample`` reads them; [] for any other model (or None)."""
+    walk, inner = getattr(module, "iterate_submodules", None), getattr(module, "_module", None)
+    found = walk(inner) if callable(walk) and inner is not None else ()
+    return [m for m in found if isinstance(getattr(m, "norm_sample", None), list)]
+
+
+def _norms(params: list[Any], module: Any) -> list[torch.Tensor]:
+    """The last backward pass's per-sample gradient norms: each parameter's ``_norm_sample``
+    (ghost clipping), or those of ``module``'s submodules (FSDP)."""
+    found = [n for p in params if isinstance(n := getattr(p, "_norm_sample", None), torch.Tensor)]
+    return found or [n for m in _norm_owners(module) for n in m.norm_sample]
+
+
+def ghost_rows(optimizer: Any, params: list[Any], module: Any) -> tuple[int, bool] | None:
     """Under ghost clipping: the rows whose per-sample gradient norms the step's backward pass
-    computed (those of the first parameter with any) and whether the summed gradient restarts
-    (``summed_grad`` None); None when no parameter has them."""
-    for p in params:
-        norms = getattr(p, "_norm_sample", None)
-        if isinstance(norms, torch.Tensor):
-            return len(norms), getattr(p, "summed_grad", None) is None
-    return None
+    computed (of ``module``'s submodules under FSDP) and whether the summed gradient restarts
+    (it is None); None when there are no norms."""
+    norms = _norms(params, module)
+    if not norms or not params:
+        return None
+    return len(norms[0]), summed_grad(optimizer, params[0]) is None
 
 
-def ghost_coefficient(module: Any, share: float) -> float:
-    """The clipping coefficient ghost clipping's ``module.get_clipping_coef()`` gives one row
-    whose per-sample gradient norm on each trainable parameter is ``share`` (each parameter's
-    ``_norm_sample`` and the module's per-sample norms put back after)."""
-    params = list(module.trainable_parameters)
+def nonfinite_norm_row(
+    optimizer: Any, params: list[Any], module: Any
+) -> tuple[int | None, str] | None:
+    """Under ghost clipping (which keeps per-sample norms, no per-sample gradients): None when
+    every summed gradient (this rank's shard of it under FSDP) is finite; else the first row of
+    the batch whose per-sample gradient norm is not finite and whether it is NaN or inf — the
+    row None when every norm is finite (the clipping, or under FSDP another rank's record, made
+    the sum so)."""
+    sums = [s for p in params if (s := summed_grad(optimizer, p)) is not None and s.numel()]
+    totals = [s.sum(dtype=torch.promote_types(s.dtype, torch.float32)) for s in sums]
+    if not sums or bool(torch.stack(totals).isfinite().all()):
+        return None
+    norms = [n.reshape(len(n), -1) for n in _norms(params, module)]
+    rows = torch.cat(norms, dim=1) if norms and len({len(n) for n in norms}) == 1 else None
+    bad = [] if rows is None else torch.nonzero(~rows.isfinite().all(dim=1)).flatten().tolist()
+    if rows is None or not bad:
+        return None, "not finite"
+    return bad[0], "NaN" if bool(rows[bad[0]].isnan().any()) else "inf"
+
+
+@contextlib.contextmanager
+def _probe_norms(module: Any, share: float) -> Iterator[None]:
+    """Within the block one row of per-sample gradient norm ``share`` on each trainable
+    parameter is the model's last backward pass (each parameter's ``_norm_sample``, or under
+    FSDP its submodules' ``norm_sample``); what was there is put back after."""
+    owners = _norm_owners(module)
+    params = [] if owners else list(module.trainable_parameters)
+    kept = [(m, m.norm_sample) for m in owners]
     saved = [(p, p.__dict__.get("_norm_sample", _ABSENT)) for p in params]
     norms = module.__dict__.get("_per_sample_gradient_norms")
     try:
+        for m, slots in kept:
+            m.norm_sample = [torch.full((1,), share, dtype=n.dtype, device=n.device) for n in slots]
         for p in params:
             p._norm_sample = torch.full((1,), share, dtype=p.dtype, device=p.device)
-        return float(module.get_clipping_coef().reshape(-1)[0])
+        yield
     finally:
+        for m, slots in kept:
+            m.norm_sample = slots
         for p, value in saved:
             if value is _ABSENT:
                 p.__dict__.pop("_norm_sample", None)
             else:
                 p._norm_sample = value
         module._per_sample_gradient_norms = norms
+
+
+def ghost_coefficient(module: Any, share: float) -> float:
+    """The clipping coefficient ghost clipping's ``module.get_clipping_coef()`` gives one row
+    whose per-sample gradient norm on each trainable parameter is ``share`` (the norms put back
+    after). Under FSDP it reads this rank's norms alone: no collective."""
+    with _probe_norms(module, share):
+        return float(module.get_clipping_coef().reshape(-1)[0])
 
 
 _ABSENT = object()

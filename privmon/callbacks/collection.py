@@ -20,7 +20,7 @@ from torch import nn
 
 from privmon._failure import Failure
 from privmon._training_guard import TrainingGuard
-from privmon.audit.opacus_adapter import PerSampleState
+from privmon.audit.opacus_per_sample import PerSampleState
 from privmon.queries.base import check_scores
 from privmon.queries.batches import batch_digests, count_records
 

@@ -8,6 +8,7 @@ all) and full batches where Poisson ones are accounted are each caught in 5 of 5
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -140,3 +141,38 @@ def test_a_module_that_is_not_the_optimizers_ghost_model_is_refused():
         )
     with pytest.raises(ValueError, match="module is read under ghost clipping only"):
         MechanismChecks(flat, module=flat_model)
+
+
+def test_a_nan_in_one_record_names_its_row_from_the_per_sample_norms():
+    """Ghost clipping keeps no per-sample gradients: the row is read from its NaN norm (its
+    clipping coefficient is NaN, and so is the clipped sum)."""
+    torch.manual_seed(0)
+    x = torch.randn(N, 6)
+    x[0, 0] = float("nan")
+    data = TensorDataset(x, torch.randint(0, 3, (N,)))
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, criterion, loader = PrivacyEngine().make_private(
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.2),
+            data_loader=DataLoader(data, batch_size=BATCH),
+            criterion=nn.CrossEntropyLoss(),
+            noise_multiplier=SIGMA,
+            max_grad_norm=CLIP,
+            grad_sample_mode="ghost",
+        )
+    with MechanismChecks(optimizer, module=model) as checks:
+        for _ in range(3):  # 30 steps
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                criterion(model(xb), yb).backward()
+                optimizer.step()
+        found = {f"{f.check}/{f.test}": f for f in checks.mechanism()}["clipping/finite"]
+    assert found.fired
+    # Poisson batches keep the dataset's order: record 0 is row 0 of any batch it is in
+    assert re.fullmatch(
+        r"clipping: a per-sample gradient of record slot 0 was NaN at step \d+: it passed "
+        r"clipping unbounded \(\d+ of 30 steps noised a non-finite clipped sum\)",
+        found.evidence,
+    ), found.evidence

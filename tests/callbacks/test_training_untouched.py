@@ -597,7 +597,7 @@ def test_prepare_runs_in_the_check_state_and_a_failing_eval_leaves_training_unto
 
 def test_the_guard_alone_restores_what_its_block_changed_even_when_it_raises():
     from privmon._training_guard import TrainingGuard
-    from privmon.audit.opacus_adapter import PerSampleState
+    from privmon.audit.opacus_per_sample import PerSampleState
 
     model = _bn_model()
     weight, before = model[0].weight, model[0].weight.detach().clone()

@@ -52,22 +52,13 @@ def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
     DIGEST_VALUES of the fixed tensor, rounded to σ C / DIGEST_GRID (the others inf), and needs
     DIGEST_RESOLVED of them. Few operations and one copy to the host: this runs at every
     step."""
-    reads = []  # (z, s, the largest |s| the precision resolves)
-    for grad, summed in pairs:
-        if grad is None or summed is None:
+    with torch.no_grad():
+        reads = _differences(pairs, scale)
+        if not reads:
             return 0.0, 0, b"", 0
-        if summed.numel() == 0:
-            continue
-        sums = summed.detach().reshape(-1)[:NOISE_VALUES]
-        wide = torch.promote_types(sums.dtype, torch.float32)  # z = fl(s + n) − s exactly
-        z = grad.detach().reshape(-1)[:NOISE_VALUES].to(wide) - sums.to(wide)
-        info = torch.finfo(sums.dtype)
-        reads.append((z, sums, resolved_sum(scale, info.eps, info.tiny)))
-    if not reads:
-        return 0.0, 0, b"", 0
-    head = torch.round(reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
-    stats = [x for z, s, _ in reads for x in (torch.linalg.vector_norm(z), *torch.aminmax(s))]
-    host = torch.cat([torch.stack(stats).double(), head]).cpu().numpy()
+        head = torch.round(reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
+        stats = [x for z, s, _ in reads for x in (torch.linalg.vector_norm(z), *torch.aminmax(s))]
+        host = torch.cat([torch.stack(stats).double(), head]).cpu().numpy()
     n = 3 * len(reads)
     norms, lows, highs, head_values = host[0:n:3], host[1:n:3], host[2:n:3], host[n:]
     peaks = np.maximum(-lows, highs)  # NaN when a sum is; a NaN norm: some z is not finite
@@ -82,6 +73,25 @@ def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
         return squares, values, b"", nonfinite
     digest = hashlib.blake2b(head_values.tobytes(), digest_size=8).digest()
     return squares, values, digest, nonfinite
+
+
+def _differences(pairs: Sequence[Pair], scale: float) -> list[tuple[Any, Any, float]]:
+    """Per pair with entries: (z = grad − summed_grad on up to NOISE_VALUES entries, in at least
+    float32, where z = fl(s + n) − s is exact; those entries of s; the largest |s| the precision
+    resolves); none when a pair lacks a tensor. Fewest operations: this runs at every step."""
+    reads = []
+    for grad, summed in pairs:
+        if grad is None or summed is None:
+            return []
+        if summed.numel() == 0:
+            continue
+        sums = summed.reshape(-1)[:NOISE_VALUES]
+        values = grad.reshape(-1)[:NOISE_VALUES]
+        wide = torch.promote_types(sums.dtype, torch.float32)
+        z = (values if values.dtype == wide else values.to(wide)) - sums  # s promoted exactly
+        info = torch.finfo(sums.dtype)
+        reads.append((z, sums, resolved_sum(scale, info.eps, info.tiny)))
+    return reads
 
 
 def _resolved(

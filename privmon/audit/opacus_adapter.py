@@ -16,10 +16,11 @@ accountant and the sampling rate only in the step hook's closure
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -74,15 +75,22 @@ class OpacusFamily:
 
     def matched(self, optimizer: Any) -> str | None:
         """The name of the first of the classes ``optimizer`` is an instance of, or None."""
-        try:
-            from opacus import optimizers
-        except ImportError:  # pragma: no cover - opacus is an optional dependency
-            return None
-        for name in self.classes:
-            cls = getattr(optimizers, name, None)
-            if isinstance(cls, type) and isinstance(optimizer, cls):
-                return name
+        return _first_base(self.classes, cast(Hashable, type(optimizer)))
+
+
+@functools.cache
+def _first_base(classes: tuple[str, ...], kind: type) -> str | None:
+    """The first of the Opacus optimizer ``classes`` that ``kind`` derives from, or None: asked
+    several times a step, so kept per class."""
+    try:
+        from opacus import optimizers
+    except ImportError:  # pragma: no cover - opacus is an optional dependency
         return None
+    for name in classes:
+        cls = getattr(optimizers, name, None)
+        if isinstance(cls, type) and issubclass(kind, cls):
+            return name
+    return None
 
 
 FSDP = OpacusFamily(("FSDPOptimizerFastGradientClipping",))

@@ -25,7 +25,9 @@ class MechanismFinding:
     outcome and ``p_value`` is None. A ``"statistical"`` test gives the p-value of "the
     mechanism is as accounted" (``fired`` is False: the caller decides at its level).
     ``evidence`` is the sentence to show when it fires, e.g. "clipping: a row of norm 100
-    contributed 100.0, above C = 1.0".
+    contributed 100.0, above C = 1.0". ``undecided``: the test could not be decided (its
+    check stopped when one of its hooks raised; ``evidence`` says why): it neither fired nor
+    passed.
 
     Examples:
         >>> from privmon.audit import MechanismFinding
@@ -43,3 +45,4 @@ class MechanismFinding:
     fired: bool
     p_value: float | None
     evidence: str
+    undecided: bool = False

@@ -7,7 +7,9 @@ its findings."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import logging
+import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -18,7 +20,9 @@ from privmon._digest import check_sealed, sealed
 from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.opacus_adapter import OpacusFamily
 
-__all__ = ["MechanismCheck", "StepContext"]
+__all__ = ["MechanismCheck", "StepContext", "guarded", "stop_check", "stopped_findings"]
+
+logger = logging.getLogger("privmon")
 
 
 @dataclass
@@ -29,8 +33,9 @@ class StepContext:
     (distributed Opacus), whether the parameters are sharded over the ranks (FSDP2: each rank
     holds, and noises, its own shard of every parameter), the sampling rate of the accountant's
     hook (None: unknown), the parameters the optimizer clips (read at each ``pre_step``), the
-    private steps counted so far, and whether the clipping probe is running (its clipping call
-    is no step's).
+    private steps counted so far, whether the clipping probe is running (its clipping call is
+    no step's), and the checks stopped because one of their hooks raised (why, by name: their
+    tests are undecided).
 
     Examples:
         >>> from privmon.audit import StepContext
@@ -49,6 +54,43 @@ class StepContext:
     params: list[Any] = field(default_factory=list)
     steps: int = 0
     probing: bool = False
+    stopped: dict[str, str] = field(default_factory=dict)
+
+
+def stop_check(name: str, context: StepContext, event: str, error: BaseException) -> None:
+    """Stop the check ``name`` after its ``event`` hook raised ``error`` inside the training
+    step: said once (the exception's type and where it was raised, never its message: it may
+    hold a value), its tests undecided from then on, and training goes on."""
+    if name in context.stopped:
+        return
+    context.stopped[name] = (
+        f"its {event} hook raised {type(error).__name__} at private step {context.steps}"
+    )
+    frame = traceback.extract_tb(error.__traceback__)[-1:]
+    where = f" ({frame[0].filename}:{frame[0].lineno})" if frame else ""
+    logger.error(
+        "privmon: the %s mechanism check stopped: %s%s; training goes on, and the check's "
+        "tests are undecided from here",
+        name,
+        context.stopped[name],
+        where,
+    )
+
+
+def guarded(name: str, context: StepContext, event: str, hook: Callable[..., Any]) -> Any:
+    """``hook`` (one a check registers itself, e.g. an optimizer step hook), as run while the
+    check ``name`` runs: once it raises, the check stops (:func:`stop_check`) and the step goes
+    on."""
+
+    def run(*args: Any) -> None:
+        if name in context.stopped:
+            return
+        try:
+            hook(*args)
+        except Exception as error:
+            stop_check(name, context, event, error)
+
+    return run
 
 
 def _saved(value: Any) -> Any:
@@ -164,7 +206,8 @@ class MechanismCheck:
         return dict(self.refused_on).get(family)
 
     def attach(self, context: StepContext) -> None:
-        """The checks joined the optimizer (register extra hooks here)."""
+        """The checks joined the optimizer (register extra hooks here, each through
+        :func:`guarded`: one that raises stops the check, never the training step)."""
 
     def detach(self) -> None:
         """The checks left the optimizer (remove what :meth:`attach` registered)."""
@@ -182,3 +225,12 @@ class MechanismCheck:
         """One finding per test, over the run so far (``accountant``: the one the caller
         reports, or None for the one the optimizer's step hook counts with)."""
         raise NotImplementedError
+
+
+def stopped_findings(check: MechanismCheck, why: str) -> list[MechanismFinding]:
+    """The findings of a stopped check: each of its tests undecided, saying why."""
+    said = f"{check.name}: the check stopped ({why}): undecided, not a DP violation"
+    return [
+        MechanismFinding(check.name, test, kind, False, None, said, undecided=True)
+        for test, kind in check.tests
+    ]

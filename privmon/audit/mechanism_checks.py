@@ -7,7 +7,7 @@ derivations are on the docs' Theory page, *Mechanism checks*."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -16,7 +16,12 @@ from privmon._digest import check_sealed, sealed
 from privmon._validation import check_names
 from privmon.audit import opacus_adapter as adapter
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
-from privmon.audit.mechanism_check import MechanismCheck, StepContext
+from privmon.audit.mechanism_check import (
+    MechanismCheck,
+    StepContext,
+    stop_check,
+    stopped_findings,
+)
 from privmon.audit.mechanism_clipping import ClippingCheck
 from privmon.audit.mechanism_counts import SamplingCheck, StepsCheck
 from privmon.audit.mechanism_ledger import LedgerCheck
@@ -123,7 +128,9 @@ class MechanismChecks:
       value (told by a copy of the parameters with a gradient, taken before such a step only).
 
     The checks use no random numbers and never change the gradients, the optimizer's state or
-    the weights: training is bit-identical with and without them. Each can be switched off by
+    the weights: training is bit-identical with and without them. A check one of whose hooks
+    raises inside the step stops there (logged once; its tests undecided from then on, said in
+    its findings) and the step goes on. Each can be switched off by
     name; a check of your own joins them as an object (``checks=``). Refused where a check
     cannot run (ghost clipping without ``module``: clipping; FSDP2 without it: clipping and
     sampling), saying which run there (:meth:`runnable`) and where the refused ones run; flat,
@@ -269,7 +276,12 @@ class MechanismChecks:
         if context.probing:
             original()
             return
-        counted = rows_of(context.params)
+        try:
+            counted = rows_of(context.params)
+        except Exception as error:  # what every check hears of the call: none can go on
+            for check in self._checks:
+                stop_check(check.name, context, "clipping", error)
+            counted = None
         done = False
         try:
             original()
@@ -277,16 +289,16 @@ class MechanismChecks:
         finally:
             if counted is not None:
                 rows, fresh = counted
-                for check in self._checks:
-                    check.clipped(context, rows=rows if done else 0, fresh=fresh)
+                self._tell(
+                    "clipping", lambda c: c.clipped(context, rows=rows if done else 0, fresh=fresh)
+                )
 
     def _add_noise(self, original: Any) -> None:
         """The optimizer's noise; then the checks read it (before ``scale_grad``)."""
         self._noised = False
         original()
         self._noised = True
-        for check in self._checks:
-            check.noised(self._context)
+        self._tell("noise", lambda c: c.noised(self._context))
 
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Opacus' ``pre_step``; once a step reached the noise and came back, it is counted and
@@ -299,9 +311,19 @@ class MechanismChecks:
         noised, self._noised = self._noised, False
         if noised:
             context.steps += 1
-            for check in self._checks:
-                check.private_step(context)
+            self._tell("step", lambda c: c.private_step(context))
         return result
+
+    def _tell(self, event: str, call: Callable[[MechanismCheck], None]) -> None:
+        """Every running check hears ``event`` (``call``); one that raises stops
+        (:func:`~privmon.audit.mechanism_check.stop_check`), and the step goes on."""
+        for check in self._checks:
+            if check.name in self._context.stopped:
+                continue
+            try:
+                call(check)
+            except Exception as error:
+                stop_check(check.name, self._context, event, error)
 
     # -- findings --------------------------------------------------------------------------
     def mechanism(self, accountant: Any = None) -> tuple[MechanismFinding, ...]:
@@ -316,8 +338,16 @@ class MechanismChecks:
         """
         if self._frozen is not None:
             return self._frozen
-        context = self._context
-        return tuple(f for c in self._checks for f in c.findings(context, accountant=accountant))
+        context, found = self._context, []
+        for check in self._checks:
+            if check.name not in context.stopped:
+                try:
+                    found += check.findings(context, accountant=accountant)
+                    continue
+                except Exception as error:
+                    stop_check(check.name, context, "findings", error)
+            found += stopped_findings(check, context.stopped[check.name])
+        return tuple(found)
 
     @property
     def statistical_tests(self) -> tuple[tuple[str, str], ...]:
@@ -372,12 +402,14 @@ class MechanismChecks:
         check's state by name (:meth:`MechanismCheck.state_dict`: the accountant's count when
         the checks were first attached, so that a resume whose accountant lost its state is
         seen; the noise statistics and the steps' digests, 8 bytes a step; the row counts; the
-        probe's worst case; the steps taken without noise), sealed with the digest of all of
-        it. The ledger restarts at the next private step."""
+        probe's worst case; the steps taken without noise) and the checks stopped (a hook of
+        theirs raised: why), sealed with the digest of all of it. The ledger restarts at the
+        next private step."""
         return sealed(
             {
                 "steps": self._context.steps,
                 "checks": {c.name: c.state_dict() for c in self._checks},
+                "stopped": dict(self._context.stopped),
             }
         )
 
@@ -408,3 +440,4 @@ class MechanismChecks:
         for check in self._checks:
             check.load_state_dict(saved[check.name])
         self._context.steps = int(state["steps"])
+        self._context.stopped = dict(state.get("stopped", {}))  # none before checks could stop

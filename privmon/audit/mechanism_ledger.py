@@ -13,7 +13,7 @@ import torch
 from privmon._inplace_writes import InPlaceWrites
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit.mechanism import MechanismFinding
-from privmon.audit.mechanism_check import MechanismCheck, StepContext
+from privmon.audit.mechanism_check import MechanismCheck, StepContext, guarded
 from privmon.audit.opacus_adapter import local
 
 __all__ = ["LedgerCheck"]
@@ -85,8 +85,8 @@ class LedgerCheck(MechanismCheck):
         inner = context.optimizer.original_optimizer
         self._context = context
         self._handles = [
-            inner.register_step_pre_hook(self._before_step),
-            inner.register_step_post_hook(self._after_step),
+            inner.register_step_pre_hook(guarded(self.name, context, "step", self._before_step)),
+            inner.register_step_post_hook(guarded(self.name, context, "step", self._after_step)),
         ]
 
     def detach(self) -> None:

@@ -5,16 +5,18 @@ its p-value is below the check's alarm level — its share of the monitor's ``dp
 spent over the checks as ``interval_delta`` is and split over the check's statistical tests
 (:meth:`~privmon.callbacks.budget.CertificationBudget.alarm_level`), so that any false alarm of
 these tests over the whole run has probability ≤ ``dp_alarm_delta``. A statistical test without
-a p-value (NaN or None) is undecided: never a DP violation, never silent — logged and said in
-the report's failures (``dp_checks/<check>/<test>``). Theory, *Spending the run's confidence
-budget*.
+a p-value (NaN or None) is undecided, as is every test of a check that stopped (one of its hooks
+raised inside the training step): never a DP violation, never silent — logged and said in the
+report's failures (``dp_checks/<check>/<test>``), the check's fired flag NaN. Theory, *Spending
+the run's confidence budget*.
 
 Ranks: every rank's findings travel to rank 0 in the check's one exchange and are combined
 there, so every rank reports the same outcome: a deterministic test fires when
 it fired on any rank; a statistical test's p-value is the Bonferroni-adjusted minimum
 min(1, k · min_r p_r) over the k ranks that gave one, which is below δ with probability ≤ δ
 under the null whatever the ranks' dependence — so a fault on any rank is seen and the budget
-holds without a share per rank; the ranks that gave none are said as undecided. A rank whose
+holds without a share per rank; the ranks that gave none are said as undecided. A deterministic
+test that fired on no rank and is undecided on one (its check stopped) is undecided. A rank whose
 ``mechanism()`` failed is said in the failures; the others' findings still count.
 """
 
@@ -77,6 +79,7 @@ def _finding(found: Any) -> MechanismFinding:
         fired=bool(getattr(found, "fired", False)),
         p_value=None if p is None else float(p),
         evidence=str(getattr(found, "evidence", "")),
+        undecided=bool(getattr(found, "undecided", False)),
     )
 
 
@@ -141,12 +144,14 @@ def _combined(found: Sequence[tuple[str, MechanismFinding]], *, adjust: bool) ->
     """One test's findings from several places (``(where, finding)``, ``where`` "" or " (rank
     r)"): fired anywhere; the smallest p-value, times their number when ``adjust``."""
     first = found[0][1]
-    if first.kind == "deterministic":
-        fired = [(w, f) for w, f in found if f.fired]
-        where, shown = (fired or found)[0]
+    if first.kind == "deterministic":  # fired anywhere; else undecided where one is
+        fired = [(w, f) for w, f in found if f.fired and not f.undecided]
+        unknown = [(w, f) for w, f in found if f.undecided]
+        where, shown = (fired or unknown or found)[0]
         return MechanismFinding(
-            first.check, first.test, first.kind, bool(fired), None, shown.evidence + where
-        )
+            first.check, first.test, first.kind, bool(fired), None, shown.evidence + where,
+            undecided=not fired and bool(unknown),
+        )  # fmt: skip
     with_p = [(p, w, f) for w, f in found if not math.isnan(p := _p(f))]
     if not with_p:
         return MechanismFinding(first.check, first.test, first.kind, False, None, first.evidence)
@@ -224,11 +229,15 @@ def _cause(f: MechanismFinding, alarm_delta: float) -> str:
 
 
 def _undecided(f: MechanismFinding, *, step: int) -> Failure:
-    """A statistical test without a p-value at the check at ``step``: undecided, said."""
-    said = (
-        f"the {f.test} test of the {f.check} check gave no p-value (NaN or none) at step "
-        f"{step}: undecided, not a DP violation"
-    )
+    """A test undecided at the check at ``step`` (its check stopped, or a statistical test
+    gave no p-value): said."""
+    if f.undecided:
+        said = f"the {f.test} test of the {f.check} check is undecided at step {step}"
+    else:
+        said = (
+            f"the {f.test} test of the {f.check} check gave no p-value (NaN or none) at step "
+            f"{step}: undecided, not a DP violation"
+        )
     if f.evidence:
         said += f"; its evidence: {f.evidence}"
     logger.warning("privmon: %s", said)
@@ -241,27 +250,30 @@ def decide_findings(
     """The figures of the combined ``findings`` at the check's alarm level per statistical
     test (``alarm_delta``): per check a 0/1 flag (any of its tests fired) and its tests'
     p-values, the level (:data:`~privmon.report.tags.DP_ALARM_DELTA`) when a test is
-    statistical; the cause and the message of each test that fired. A statistical test
-    without a p-value (NaN or None) fires not, and is logged and returned among the failures
-    (``dp_checks/<check>/<test>``): undecided, never a DP violation."""
+    statistical; the cause and the message of each test that fired. An undecided test (its
+    check stopped, or a statistical test without a p-value) fires not, and is logged and
+    returned among the failures (``dp_checks/<check>/<test>``), never a DP violation; a check
+    none of whose tests was decided has a NaN flag."""
     fired: dict[str, bool] = {}
+    decided: set[str] = set()  # the checks with a test decided
     p_values: dict[str, dict[str, float]] = {}
     causes: list[tuple[str, str]] = []  # (check, cause)
     undecided: dict[str, Failure] = {}
     for f in findings:
-        hit = f.fired
-        if f.kind == "statistical":
-            p = _p(f)
+        p = _p(f) if f.kind == "statistical" else None
+        if p is not None:
             p_values.setdefault(f.check, {})[f.test] = p
-            hit = p < alarm_delta
-            if math.isnan(p):
-                undecided[f"{DP_CHECKS}/{f.check}/{f.test}"] = _undecided(f, step=step)
+        hit = not f.undecided and (f.fired if p is None else p < alarm_delta)
+        if f.undecided or (p is not None and math.isnan(p)):
+            undecided[f"{DP_CHECKS}/{f.check}/{f.test}"] = _undecided(f, step=step)
+        else:
+            decided.add(f.check)
         fired[f.check] = fired.get(f.check, False) or hit
         if hit:
             causes.append((f.check, _cause(f, alarm_delta)))
     scalars: dict[str, float] = {tags.DP_ALARM_DELTA: alarm_delta} if p_values else {}
-    for check, hit in fired.items():
-        scalars[tags.dp_check_fired(check)] = float(hit)
+    for check, hit in fired.items():  # NaN: none of its tests was decided
+        scalars[tags.dp_check_fired(check)] = float(hit) if check in decided else math.nan
         for test, p in p_values.get(check, {}).items():
             scalars[tags.dp_check_p_value(check, test)] = p
     messages = tuple(

@@ -44,6 +44,26 @@ def test_lt_iqr_is_numpys_interquartile_range_of_each_trace():
     assert risk.records.tolist() == list(range(40))
 
 
+def test_lt_iqr_of_a_shuffled_loop_is_the_papers_per_epoch_reduction():
+    # the paper's reduction (Pollock et al.'s code: pandas' quantile(0.75) - quantile(0.25) of
+    # each record's per-epoch losses); here every step is its own slot, so the trace the loop
+    # feeds in shuffled batches is exactly the per-epoch trace
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(7)
+    n, epochs = 30, 9
+    per_epoch = rng.exponential(size=(n, epochs)) * np.linspace(2.0, 0.1, epochs)
+    traces = LossTraces(n_records=n, slots=epochs * 4)  # 4 batches per epoch: stride 1
+    step = 0
+    for e in range(epochs):
+        for b in np.array_split(rng.permutation(n), 4):
+            traces.update(torch.from_numpy(b), torch.from_numpy(per_epoch[b, e]), step=step)
+            step += 1
+    assert traces.stride == 1
+    frame = pd.DataFrame(per_epoch)
+    paper = (frame.quantile(0.75, axis=1) - frame.quantile(0.25, axis=1)).to_numpy()
+    np.testing.assert_allclose(lt_iqr(traces).scores.numpy(), paper, rtol=1e-6)
+
+
 def test_a_thinned_trace_holds_each_slots_mean():
     rng = np.random.default_rng(1)
     values = rng.integers(0, 64, size=(10, 64)) / 8.0  # dyadic: every sum is exact
@@ -279,6 +299,20 @@ def test_loss_tnr_matches_a_brute_force_search_over_thresholds():
             if np.mean(members > t) <= alpha
         )
         assert loss_tnr(members, nonmembers, fpr=alpha).estimate[0] == pytest.approx(best)
+
+
+def test_loss_tnr_is_the_loss_attacks_tnr_at_fnr_alpha_on_its_roc_curve():
+    # "The Tail Tells All": the TNR of the loss attack (member when the loss is low) at the
+    # threshold where at most a fraction alpha of the members are missed (FNR <= alpha), read
+    # off scikit-learn's ROC curve of the attack (members positive, score -loss)
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(11)
+    members, nonmembers = rng.lognormal(-2.0, 1.5, 3000), rng.lognormal(-1.0, 1.5, 2000)
+    labels = np.r_[np.ones(members.size), np.zeros(nonmembers.size)]
+    fpr, tpr, _ = metrics.roc_curve(labels, -np.r_[members, nonmembers], drop_intermediate=False)
+    for alpha in (0.001, 0.01, 0.1):
+        tnr = 1.0 - fpr[tpr >= 1.0 - alpha - 1e-12].min()
+        assert loss_tnr(members, nonmembers, fpr=alpha).estimate[0] == pytest.approx(tnr)
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,7 @@ def stop_check(name: str, context: StepContext, event: str, error: BaseException
     if name in context.stopped:
         return
     context.stopped[name] = (
-        f"its {event} hook raised {type(error).__name__} at private step {context.steps}"
+        f"its {event} hook raised {type(error).__name__} after {context.steps} private steps"
     )
     frame = traceback.extract_tb(error.__traceback__)[-1:]
     where = f" ({frame[0].filename}:{frame[0].lineno})" if frame else ""

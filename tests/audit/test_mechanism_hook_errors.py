@@ -85,7 +85,7 @@ def test_a_check_whose_hook_raises_stops_alone_and_training_goes_on_bit_identica
     assert all(torch.equal(a, b) for a, b in zip(weights, plain, strict=True))
     found = checks.mechanism()
     said = (
-        "raises: the check stopped (its step hook raised ValueError at private step 5): "
+        "raises: the check stopped (its step hook raised ValueError after 5 private steps): "
         "undecided, not a DP violation"
     )
     assert [(f.test, f.kind, f.fired, f.p_value, f.evidence, f.undecided)
@@ -130,7 +130,7 @@ def test_a_built_in_check_whose_hook_raises_stops_alone(monkeypatch, owner, even
 def test_a_stopped_check_stays_undecided_across_a_checkpoint():
     _, checks, _ = _run([*MECHANISM_CHECKS, RaisesAtStep()])
     state = copy.deepcopy(checks.state_dict())
-    assert state["stopped"] == {"raises": "its step hook raised ValueError at private step 5"}
+    assert state["stopped"] == {"raises": "its step hook raised ValueError after 5 private steps"}
     _, fresh, _ = _run([*MECHANISM_CHECKS, RaisesAtStep()], steps=1)
     fresh.load_state_dict(state)
     assert _stopped(fresh.mechanism(), "raises") == _stopped(checks.mechanism(), "raises")

@@ -4,8 +4,10 @@ stuck in a collective gives up sooner, at its process group's timeout)."""
 
 from __future__ import annotations
 
+import pickle
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
@@ -35,3 +37,9 @@ def spawn(worker, tmp, world=2):
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
+
+
+def spawned_results(worker, tmp, world=2):
+    """:func:`spawn`, then what each rank left in ``tmp`` as ``rank{r}.pkl``, in rank order."""
+    spawn(worker, tmp, world)
+    return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(world)]

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dp_sgd import N, make_private, toy_data, toy_net, train
-from ranks import spawn
+from ranks import spawned_results
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -162,11 +162,7 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo-checks")
-    spawn(_worker, tmp)
-    out = []
-    for rank in (0, 1):
-        with open(tmp / f"rank{rank}.pkl", "rb") as f:
-            out.append(pickle.load(f))
+    out = spawned_results(_worker, tmp)  # fails, never hangs
     return out
 
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ranks import spawn
+from ranks import spawned_results
 from torch import nn
 
 import privmon.callbacks.check_analysis as analysis_module
@@ -439,11 +439,7 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo")
-    spawn(_worker, tmp)
-    out = []
-    for rank in (0, 1):
-        with open(tmp / f"rank{rank}.pkl", "rb") as f:
-            out.append(pickle.load(f))
+    out = spawned_results(_worker, tmp)  # fails, never hangs
     return tmp, out
 
 
@@ -801,11 +797,7 @@ def _three_worker(rank, world, port, tmp):
 
 
 def test_three_gloo_ranks_equal_one_process_and_keep_one_state(tmp_path):
-    spawn(_three_worker, tmp_path, world=3)
-    outs = []
-    for rank in range(3):
-        with open(tmp_path / f"rank{rank}.pkl", "rb") as f:
-            outs.append(pickle.load(f))
+    outs = spawned_results(_three_worker, tmp_path, world=3)
     alone = _three_ranks_run(*_audit())
     for out in outs:  # the same figures, bit for bit, and the same state on every rank
         assert out["reports"] == alone["reports"] and out["posteriors"] == alone["posteriors"]

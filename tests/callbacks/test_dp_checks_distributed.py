@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawn
+from ranks import spawned_results
 
 from privmon import PrivacyMonitor, PrivacyViolationWarning
 from privmon.audit.mechanism import MechanismFinding
@@ -107,11 +107,7 @@ def _worker(rank, world, port, tmp):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo_dp")
-    spawn(_worker, tmp)  # tests/ranks.py: fails, never hangs
-    out = []
-    for rank in (0, 1):
-        with open(tmp / f"rank{rank}.pkl", "rb") as f:
-            out.append(pickle.load(f))
+    out = spawned_results(_worker, tmp)  # fails, never hangs
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.linalg import vector_norm as norm
 
 from privmon.audit import mechanism_evidence as evidence
 from privmon.audit import opacus_adapter as adapter
@@ -56,19 +57,20 @@ def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
         reads = _differences(pairs, scale)
         if not reads:
             return 0.0, 0, b"", 0
-        head = torch.round(reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale))
-        stats = [x for z, s, _ in reads for x in (torch.linalg.vector_norm(z), *torch.aminmax(s))]
-        host = torch.cat([torch.stack(stats).double(), head]).cpu().numpy()
-    n = 3 * len(reads)
-    norms, lows, highs, head_values = host[0:n:3], host[1:n:3], host[2:n:3], host[n:]
-    peaks = np.maximum(-lows, highs)  # NaN when a sum is; a NaN norm: some z is not finite
+        stats = [  # ‖z‖ and max |s|: NaN when a value is (a NaN norm: some z is not finite)
+            x for z, s, _ in reads for x in (norm(z), norm(s, ord=math.inf))
+        ]
+        host = torch.cat([torch.stack(stats), reads[0][0][:DIGEST_VALUES]]).double().cpu()
+    n = 2 * len(reads)
+    norms, peaks = host[0:n:2].numpy(), host[1:n:2].numpy()
+    head_values = np.round(host[n:].numpy() * (DIGEST_GRID / scale))  # z exact in float64
     nonfinite = 0
     if np.isfinite(norms).all() and all(
         peak <= limit for peak, (*_, limit) in zip(peaks, reads, strict=True)
     ):
         squares, values = float(np.square(norms).sum()), sum(len(z) for z, *_ in reads)
     else:  # rare: sums too large for their precision, or values not finite: left out
-        squares, values, nonfinite, head_values = _resolved(reads, head)
+        squares, values, nonfinite, head_values = _resolved(reads, head_values)
     if int(np.isfinite(head_values).sum()) < DIGEST_RESOLVED:
         return squares, values, b"", nonfinite
     digest = hashlib.blake2b(head_values.tobytes(), digest_size=8).digest()
@@ -95,22 +97,20 @@ def _differences(pairs: Sequence[Pair], scale: float) -> list[tuple[Any, Any, fl
 
 
 def _resolved(
-    reads: list[tuple[torch.Tensor, torch.Tensor, float]], head: torch.Tensor
+    reads: list[tuple[torch.Tensor, torch.Tensor, float]], head: np.ndarray
 ) -> tuple[float, int, int, np.ndarray]:
     """(Σ z², number of values, number not finite, the digest's values) over the finite
     entries whose sum s the precision resolves; the digest's others are inf."""
     finite = [z.isfinite() & s.isfinite() for z, s, _ in reads]
     keeps = [f & (s.abs() <= limit) for f, (_, s, limit) in zip(finite, reads, strict=True)]
-    kept = [
-        torch.linalg.vector_norm(torch.where(k, z, 0.0))
-        for k, (z, *_) in zip(keeps, reads, strict=True)
-    ]
-    marked = torch.where(keeps[0][: len(head)], head, math.inf)
+    kept = [norm(torch.where(k, z, 0.0)) for k, (z, *_) in zip(keeps, reads, strict=True)]
     counts = [k.sum() for k in keeps] + [(~f).sum() for f in finite]
-    host = torch.cat([torch.stack([*kept, *counts]).double(), marked]).cpu().numpy()
+    stats = torch.stack([*kept, *counts]).double()
+    host = torch.cat([stats, keeps[0][: len(head)].double()]).cpu().numpy()
     n = len(reads)
     squares, values = float(np.square(host[:n]).sum()), int(host[n : 2 * n].sum())
-    return squares, values, int(host[2 * n : 3 * n].sum()), host[3 * n :]
+    marked = np.where(host[3 * n :] > 0, head, math.inf)
+    return squares, values, int(host[2 * n : 3 * n].sum()), marked
 
 
 class NoiseCheck(MechanismCheck):

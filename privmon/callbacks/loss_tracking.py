@@ -23,15 +23,19 @@ from privmon.attacks.loss_traces import LossTraces, checked_batch, lt_iqr
 from privmon.report import Vulnerable, tags
 from privmon.report.build import TraceFigures
 
-__all__ = ["FLUSH_EVERY", "LOSS_TRACES", "LossTracing", "TracesSent"]
+__all__ = ["FLUSH_BATCHES", "FLUSH_LOSSES", "LOSS_TRACES", "LossTracing", "TracesSent"]
 
 logger = logging.getLogger("privmon")
 
 LOSS_TRACES = "loss_traces"
 """The loss traces' entry among a check's failures."""
 
-FLUSH_EVERY = 64
-"""How many recorded batches are kept before they are added to the traces together."""
+FLUSH_LOSSES = 1 << 16
+"""How many recorded losses are kept (12 bytes each: the loss and its index) before they are
+added to the traces together: the update's fixed cost is then spread over many batches."""
+
+FLUSH_BATCHES = 1024
+"""How many recorded batches are kept at most before they are added (small batches)."""
 
 TracesSent = tuple[int, int, int, int]
 """What a rank sends of its loop traces: stride, steps, dropped losses, bytes."""
@@ -101,6 +105,7 @@ class LossTracing:
             else LossTraces(n_records=n_records, slots=slots, records=records)
         )
         self._pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        self._kept = 0  # losses in the batches pending
         self.slots = LossTraces(n_records=1, slots=slots).slots
         self.checks = check_flag(checks, name="checks")
         self.top_k = check_int(top_k, name="top_k", minimum=1)
@@ -138,8 +143,10 @@ class LossTracing:
     def record(self, indices: Any, losses: Any, *, step: int) -> None:
         """One batch of the loop (:meth:`~privmon.PrivacyMonitor.record_losses`): checked at
         once where that computes nothing (shapes, dtypes), kept (the losses copied, detached)
-        and added with the next :data:`FLUSH_EVERY` batches in one vectorised update, where the
-        indices' range is checked (a ValueError names the step of the batch out of range)."""
+        and added with the batches kept since, once they hold :data:`FLUSH_LOSSES` losses or
+        :data:`FLUSH_BATCHES` batches (and before a check reads the traces), in one vectorised
+        update, where the indices' range is checked (a ValueError names the step of the batch
+        out of range)."""
         if self._loop is None:
             raise ValueError(
                 "record_losses needs LossTracing(n_records=...): the monitor's loss_traces "
@@ -148,14 +155,15 @@ class LossTracing:
         step = check_int(step, name="step")
         idx, loss = checked_batch(indices, losses)
         self._pending.append((idx, loss.detach().clone(), step))
-        if len(self._pending) >= FLUSH_EVERY:
+        self._kept += idx.numel()
+        if self._kept >= FLUSH_LOSSES or len(self._pending) >= FLUSH_BATCHES:
             self._flush()
 
     def _flush(self) -> None:
         """The batches kept, added to the loop's traces in one update (dropped if it fails)."""
         if not self._pending or self._loop is None:
             return
-        pending, self._pending = self._pending, []
+        pending, self._pending, self._kept = self._pending, [], 0
         device = pending[0][1].device
         idx = torch.cat([i if i.device == device else i.to(device) for i, _, _ in pending])
         loss = torch.cat([v if v.device == device else v.to(device) for _, v, _ in pending])
@@ -277,6 +285,6 @@ class LossTracing:
             checks[name] = LossTraces(n_records=n, slots=self.slots)
             checks[name].load_state_dict(saved)
         if self._loop is not None:
-            self._pending = []  # the state replaces every loss recorded
+            self._pending, self._kept = [], 0  # the state replaces every loss recorded
             self._loop.load_state_dict(state["loop"])
         self.at_checks = checks

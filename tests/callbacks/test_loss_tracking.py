@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from privmon import PrivacyMonitor
 from privmon.attacks import LossTraces, loss_tnr, lt_iqr
 from privmon.callbacks import LossTracing
-from privmon.callbacks.loss_tracking import FLUSH_EVERY
+from privmon.callbacks.loss_tracking import FLUSH_BATCHES
 from privmon.queries import LossQuery
 from privmon.report import Report, Vulnerable, checks_from_reports, tags
 from privmon.report.read_jsonl import BadLine, check_record
@@ -110,15 +110,15 @@ def test_bad_input_to_record_losses_is_refused_naming_the_argument(indices, loss
 
 
 def test_indices_out_of_range_are_refused_naming_the_batchs_step():
-    """The range is checked where the kept batches are added together (every FLUSH_EVERY
-    batches, and before a check reads them): the error names the step of the bad batch, and
+    """The range is checked where the kept batches are added together (every FLUSH_BATCHES
+    batches of one, and before a check reads them): the error names the step of the bad batch, and
     the batches kept with it are left out; the traces go on from there."""
     x, y = _data()
     mon = _monitor(_model(), x, y, LossTracing(80))
     mon.record_losses(torch.tensor([0, 1]), torch.ones(2), step=0)
     mon.record_losses(torch.tensor([0, 80]), torch.ones(2), step=1)
     with pytest.raises(ValueError, match=r"indices of the batch at step 1 must lie in \[0, 79\]"):
-        for step in range(2, FLUSH_EVERY + 1):
+        for step in range(2, FLUSH_BATCHES):
             mon.record_losses(torch.tensor([2]), torch.ones(1), step=step)
     assert mon.loss_traces.loop.steps == 0
     mon.record_losses(torch.tensor([-1]), torch.ones(1), step=3)

@@ -61,3 +61,19 @@ def train(
             done += 1
             if done == steps:
                 return
+
+
+def with_noise_factor(optimizer: Any, factor: float) -> None:
+    """``add_noise`` runs with σ · factor (the fault of noise removed or scaled); σ is restored
+    before the accountant's hook reads it."""
+    original = optimizer.add_noise
+
+    def add_noise() -> None:
+        sigma = optimizer.noise_multiplier
+        optimizer.noise_multiplier = sigma * factor
+        try:
+            original()
+        finally:
+            optimizer.noise_multiplier = sigma
+
+    optimizer.add_noise = add_noise

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from dp_sgd import with_noise_factor
 
 from privmon.audit import one_run_epsilon
 from privmon.callbacks.canary_audit import (
@@ -146,16 +147,7 @@ def _dp_run(noise_factor: float, *, canaries: int = 20_000, steps: int = 120, se
         max_grad_norm=CLIP,
     )
     if noise_factor != 1.0:  # the silent bug: σ · factor in add_noise, σ again for the hook
-        original = optimizer.add_noise
-
-        def add_noise():
-            optimizer.noise_multiplier = SIGMA * noise_factor
-            try:
-                original()
-            finally:
-                optimizer.noise_multiplier = SIGMA
-
-        optimizer.add_noise = add_noise
+        with_noise_factor(optimizer, noise_factor)
     monitor = PrivacyMonitor(
         LossQuery(model),
         [(x[:100], y[:100])],

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from dp_sgd import with_noise_factor
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -341,17 +342,7 @@ def record_run(noise_factor: float) -> tuple[Any, list[str]]:
     )
     assert engine.accountant.history == [] and optimizer.expected_batch_size == 120
     if noise_factor != 1.0:
-        original = optimizer.add_noise
-
-        def add_noise() -> None:
-            sigma = optimizer.noise_multiplier
-            optimizer.noise_multiplier = sigma * noise_factor
-            try:
-                original()
-            finally:
-                optimizer.noise_multiplier = sigma
-
-        optimizer.add_noise = add_noise
+        with_noise_factor(optimizer, noise_factor)
     checks = MechanismChecks(optimizer)
     monitor = PrivacyMonitor(
         LossQuery(model), [(x[:N_AUDIT], y[:N_AUDIT])], [(x[N:], y[N:])], every_n_steps=EVERY,

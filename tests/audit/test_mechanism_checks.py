@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from dp_sgd import with_noise_factor
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -115,21 +116,6 @@ def assert_silent(run: Run) -> None:
 
 
 # -- the faults, injected as dp_faults.py injects them ------------------------------------------
-def with_noise_factor(optimizer: Any, factor: float) -> None:
-    """``add_noise`` runs with σ · factor; σ is restored before the accountant's hook reads it."""
-    original = optimizer.add_noise
-
-    def add_noise() -> None:
-        sigma = optimizer.noise_multiplier
-        optimizer.noise_multiplier = sigma * factor
-        try:
-            original()
-        finally:
-            optimizer.noise_multiplier = sigma
-
-    optimizer.add_noise = add_noise
-
-
 def _summed(optimizer: Any, factors: torch.Tensor | None) -> None:
     for p in optimizer.params:
         samples = optimizer._get_flat_grad_sample(p).to(p.dtype)

@@ -23,7 +23,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from dp_sgd import N, make_private, toy_data, toy_net, train
+from dp_sgd import N, make_private, toy_data, toy_net, train, with_noise_factor
 from ranks import spawned_results
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -71,17 +71,7 @@ def _run(case: str, rank: int) -> dict:
     )
     model, optimizer, loss_of, loader = made if ghost else (*made[:2], _cross_entropy, made[2])
     if case.endswith("noise-half"):
-        original = optimizer.add_noise
-
-        def add_noise() -> None:
-            sigma = optimizer.noise_multiplier
-            optimizer.noise_multiplier = sigma / 2
-            try:
-                original()
-            finally:
-                optimizer.noise_multiplier = sigma
-
-        optimizer.add_noise = add_noise
+        with_noise_factor(optimizer, 0.5)
     if case == "full-shard":  # the user's own loader: the whole shard at every step
         shard = torch.arange(rank, N, 2)
         loader = DataLoader(TensorDataset(*(t[shard] for t in data.tensors)), batch_size=N)

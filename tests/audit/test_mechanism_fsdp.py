@@ -21,7 +21,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from dp_sgd import train
+from dp_sgd import train, with_noise_factor
 from ranks import spawned_results
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -62,21 +62,6 @@ def _make(seed: int, *, nan: bool = False, reduction: str = "mean"):
     )
 
 
-def _scaled_noise(optimizer, factor: float) -> None:
-    """The optimizer's noise at ``factor`` × σ; the accountant still reads σ."""
-    original = optimizer.add_noise
-
-    def add_noise() -> None:
-        sigma = optimizer.noise_multiplier
-        optimizer.noise_multiplier = sigma * factor
-        try:
-            original()
-        finally:
-            optimizer.noise_multiplier = sigma
-
-    optimizer.add_noise = add_noise
-
-
 def _run(seed: int, fault: str = "", *, watched: bool = True) -> dict:
     from privmon.audit import MechanismChecks
 
@@ -84,7 +69,7 @@ def _run(seed: int, fault: str = "", *, watched: bool = True) -> dict:
         seed, nan=fault == "a NaN in one record", reduction="sum" if fault == "sum" else "mean"
     )
     if fault in ("noise removed", "noise halved"):  # the checks see the optimizer's σ
-        _scaled_noise(optimizer, 0.0 if fault == "noise removed" else 0.5)
+        with_noise_factor(optimizer, 0.0 if fault == "noise removed" else 0.5)
     checks = MechanismChecks(optimizer, module=model) if watched else None
     if fault == "clip at 10 C":  # the model clips at 10 C, the noise stays for C
         model.max_grad_norm = 10 * CLIP

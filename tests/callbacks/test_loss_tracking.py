@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from privmon import PrivacyMonitor
 from privmon.attacks import LossTraces, loss_tnr, lt_iqr
 from privmon.callbacks import LossTracing
-from privmon.callbacks.loss_tracking import FLUSH_BATCHES
+from privmon.callbacks.loss_tracking import FLUSH_BATCHES, FLUSH_LOSSES
 from privmon.queries import LossQuery
 from privmon.report import Report, Vulnerable, checks_from_reports, tags
 from privmon.report.read_jsonl import BadLine, check_record
@@ -126,6 +126,21 @@ def test_indices_out_of_range_are_refused_naming_the_batchs_step():
         mon.check(5)  # strict: the check raises what it could not add
     mon.record_losses(torch.tensor([5]), torch.tensor([2.0]), step=4)
     assert mon.loss_traces.loop.means()[5, 4].item() == 2.0
+
+
+def test_the_kept_batches_are_added_once_they_hold_flush_losses_losses():
+    """Large batches are added by their count of losses, long before FLUSH_BATCHES of them: the
+    call whose batch brings the kept losses to FLUSH_LOSSES raises for an earlier bad index."""
+    tracing = LossTracing(80)
+    size = FLUSH_LOSSES // 4
+    tracing.record(torch.full((size,), 80), torch.ones(size), step=0)  # out of range: kept
+    for step in (1, 2):
+        tracing.record(torch.zeros(size, dtype=torch.int64), torch.ones(size), step=step)
+    with pytest.raises(ValueError, match=r"indices of the batch at step 0"):
+        tracing.record(torch.zeros(size, dtype=torch.int64), torch.ones(size), step=3)
+    tracing.record(torch.tensor([4]), torch.tensor([2.0]), step=4)  # nothing kept from before
+    assert tracing.loop.means()[4, 4].item() == 2.0
+    assert tracing.loop.steps == 5 and torch.isnan(tracing.loop.means()[0, :4]).all()
 
 
 @pytest.mark.parametrize(

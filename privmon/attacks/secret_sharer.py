@@ -271,8 +271,8 @@ def sequence_losses(
         ...     vocab_size=len(vocab), n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=0
         ... )
         >>> model = GPT2LMHeadModel(config).eval()  # untrained: about log 28 nats a token
-        >>> sequence_losses(model, tokenizer, ["abc", "hello world"])
-        array([ 6.5945, 33.2972])
+        >>> sequence_losses(model, tokenizer, ["abc", "hello world"]).round(4).tolist()
+        [6.5945, 33.2972]
     """
     batch_size = check_int(batch_size, name="batch_size", minimum=1)
     if not callable(tokenizer) or getattr(tokenizer, "pad_token", None) is None:

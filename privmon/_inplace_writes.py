@@ -53,8 +53,11 @@ class InPlaceWrites:
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         kept = [t for t in tensors if not t.is_inference()]
-        with torch.inference_mode(False), torch.enable_grad():
-            self._node = _Saved.apply(_ANCHOR, *kept).grad_fn
+        if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+            self._node = _Saved.apply(_ANCHOR, *kept).grad_fn  # the modes' switches cost more
+        else:
+            with torch.inference_mode(False), torch.enable_grad():
+                self._node = _Saved.apply(_ANCHOR, *kept).grad_fn
 
     def any(self) -> bool:
         """True once one of the tensors was written in place."""

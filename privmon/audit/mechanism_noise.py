@@ -53,16 +53,15 @@ def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
     DIGEST_VALUES of the fixed tensor, rounded to σ C / DIGEST_GRID (the others inf), and needs
     DIGEST_RESOLVED of them. Few operations and one copy to the host: this runs at every
     step."""
-    with torch.no_grad():
-        reads = _differences(pairs, scale)
-        if not reads:
-            return 0.0, 0, b"", 0
-        # ‖z‖, min s and max s (exact in the stack's promoted dtype): NaN when a value is (a NaN
-        # norm: some z is not finite); s's extremes by aminmax, ten times faster than its
-        # ∞-norm on CPU. The digest's values on the grid, z exact in float64.
-        stats = torch.stack([x for z, s, _ in reads for x in (norm(z), *torch.aminmax(s))])
-        head = (reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale)).round_()
-        host = torch.cat([stats.double(), head]).cpu().numpy()
+    reads = _differences(pairs, scale)
+    if not reads:
+        return 0.0, 0, b"", 0
+    # ‖z‖, min s and max s (exact in the stack's promoted dtype): NaN when a value is (a NaN
+    # norm: some z is not finite); s's extremes by aminmax, ten times faster than its
+    # ∞-norm on CPU. The digest's values on the grid, z exact in float64.
+    stats = torch.stack([x for z, s, _ in reads for x in (norm(z), *torch.aminmax(s))])
+    head = (reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale)).round_()
+    host = torch.cat([stats.double(), head]).cpu().numpy()
     n = 3 * len(reads)
     figures = host.tolist()  # Python floats: numpy's calls on a few values cost more here
     nonfinite = 0
@@ -94,6 +93,8 @@ def _differences(pairs: Sequence[Pair], scale: float) -> list[tuple[Any, Any, fl
         size = summed.numel()
         if size == 0:
             continue
+        if grad.requires_grad or summed.requires_grad:  # no graph (and no no_grad, dearer)
+            grad, summed = grad.detach(), summed.detach()
         sums, values = summed.reshape(-1), grad.reshape(-1)
         if size > NOISE_VALUES:
             sums, values = sums[:NOISE_VALUES], values[:NOISE_VALUES]

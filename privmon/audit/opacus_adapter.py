@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -157,6 +158,9 @@ def rows_to_clip(params: list[Any]) -> tuple[int, bool] | None:
     return None
 
 
+_WIDE = (torch.float32, torch.float64)  # sums in the dtype itself cannot overflow a correct one
+
+
 def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
     """After a clipping call: None when every parameter's summed gradient is finite (one sum a
     tensor, in at least float32 so that a correct half-precision sum cannot overflow it, and
@@ -165,8 +169,13 @@ def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
     that is not finite and whether it holds a NaN ("NaN") or only infinities ("inf") — the row
     None when every one is finite (the clipping itself made the sum non-finite)."""
     sums = [s for p in params if isinstance(s := getattr(p, "summed_grad", None), torch.Tensor)]
-    totals = [s.sum(dtype=torch.promote_types(s.dtype, torch.float32)) for s in sums]
-    if not sums or bool(torch.stack(totals).isfinite().all()):
+    totals = [s.sum() if s.dtype in _WIDE else s.sum(dtype=torch.float32) for s in sums]
+    if not sums:
+        return None
+    stacked = torch.stack(totals)
+    # a finite sum of the totals means each is finite (fewest operations: this runs at every
+    # clipping call); a sum overflowing from finite totals is told apart
+    if math.isfinite(float(stacked.sum())) or bool(stacked.isfinite().all()):
         return None
     rows: list[torch.Tensor] = []  # per row of the call: all entries finite, any entry NaN
     nans: list[torch.Tensor] = []

@@ -20,12 +20,13 @@ from privmon.audit.mechanism import MechanismFinding
 from privmon.audit.mechanism_check import MechanismCheck, StepContext
 from privmon.audit.mechanism_math import resolved_sum
 
-__all__ = ["NoiseCheck", "Reading", "fixed_tensor", "read_noise"]
+__all__ = ["Head", "NoiseCheck", "Reading", "fixed_tensor", "hashed", "read_noise"]
 
 NOISE_VALUES = 32_768  # noise values read per step and tensor (two tensors a step)
 DIGEST_VALUES = 64  # a step's digest: the first noise values of the fixed tensor
 DIGEST_RESOLVED = 32  # ... of which at least so many resolved (else the step has no digest)
 DIGEST_GRID = 16.0  # the digest rounds the noise to σ C / 16
+DIGEST_BATCH = 64  # steps whose digests are hashed together (one vectorised rounding)
 
 
 def fixed_tensor(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -36,12 +37,14 @@ def fixed_tensor(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return tensors[sizes.index(max(sizes)) if first is None else first]
 
 
-Reading = tuple[float, int, bytes, int]  # Σ z², values, the digest, values not finite
+Head = tuple[list[float], float]  # a digest not hashed yet: its noise values, the grid factor
+Reading = tuple[float, int, "bytes | Head", int]  # Σ z², values, the digest, values not finite
 Pair = tuple["torch.Tensor | None", "torch.Tensor | None"]  # a tensor's (grad, summed_grad)
 
 
 def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
-    """(Σ z², number of values, the step's digest, number of values left out as not finite) of
+    """(Σ z², number of values, the step's digest — or its :data:`Head`, which :func:`hashed`
+    hashes together with other steps' —, number of values left out as not finite) of
     the noise z = grad − summed_grad just added at std ``scale`` > 0 (σ C, or each shard's
     share of it), on up to NOISE_VALUES values of each tensor's (gradient, summed gradient)
     pair (the first makes the digest). Only finite entries whose
@@ -56,30 +59,40 @@ def read_noise(pairs: Sequence[Pair], scale: float) -> Reading:
     reads = _differences(pairs, scale)
     if not reads:
         return 0.0, 0, b"", 0
-    # ‖z‖, min s and max s (exact in the stack's promoted dtype): NaN when a value is (a NaN
-    # norm: some z is not finite); s's extremes by aminmax, ten times faster than its
-    # ∞-norm on CPU. The digest's values on the grid, z exact in float64.
+    # ‖z‖, min s and max s: NaN when a value is (a NaN norm: some z is not finite); s's extremes
+    # by aminmax, ten times faster than its ∞-norm on CPU; then the digest's values. All exact
+    # in the promoted dtype, read as Python floats in one copy.
     stats = torch.stack([x for z, s, _ in reads for x in (norm(z), *torch.aminmax(s))])
-    head = (reads[0][0][:DIGEST_VALUES].double() * (DIGEST_GRID / scale)).round_()
-    host = torch.cat([stats.double(), head]).cpu().numpy()
-    n = 3 * len(reads)
-    figures = host.tolist()  # Python floats: numpy's calls on a few values cost more here
-    nonfinite = 0
+    figures = torch.cat([stats, reads[0][0][:DIGEST_VALUES]]).tolist()
+    n, factor = 3 * len(reads), DIGEST_GRID / scale
     if all(
         math.isfinite(size) and max(-low, high) <= limit
         for size, low, high, (*_, limit) in zip(
             figures[0:n:3], figures[1:n:3], figures[2:n:3], reads, strict=True
         )
-    ):
+    ):  # every value finite and resolved: the digest is hashed later, with others (hashed)
         squares, values = sum(x * x for x in figures[0:n:3]), sum(z.numel() for z, *_ in reads)
-        head, resolved = host[n:], sum(map(math.isfinite, figures[n:]))
-    else:  # rare: sums too large for their precision, or values not finite: left out
-        squares, values, nonfinite, head = _resolved(reads, host[n:])
-        resolved = int(np.isfinite(head).sum())
-    if resolved < DIGEST_RESOLVED:
+        head = figures[n:]
+        return squares, values, (head, factor) if len(head) >= DIGEST_RESOLVED else b"", 0
+    # rare: sums too large for their precision, or values not finite: left out
+    squares, values, nonfinite, marked = _resolved(reads, np.round(np.array(figures[n:]) * factor))
+    if int(np.isfinite(marked).sum()) < DIGEST_RESOLVED:
         return squares, values, b"", nonfinite
-    digest = hashlib.blake2b(head.tobytes(), digest_size=8).digest()
-    return squares, values, digest, nonfinite
+    return squares, values, hashlib.blake2b(marked.tobytes(), digest_size=8).digest(), nonfinite
+
+
+def hashed(readings: Sequence[bytes | Head]) -> bytes:
+    """8 bytes per step, in order: a digest made is kept; a :data:`Head` is hashed, its noise
+    values rounded to the grid (``np.round(values * factor)`` in float64: z is exact there),
+    the heads of one length in one vectorised rounding."""
+    made = [r if isinstance(r, bytes) else b"" for r in readings]
+    heads = [(i, r) for i, r in enumerate(readings) if not isinstance(r, bytes)]
+    for size in {len(values) for _, (values, _) in heads}:
+        rows = [(i, values, f) for i, (values, f) in heads if len(values) == size]
+        grid = np.round(np.array([v for _, v, _ in rows]) * np.array([[f] for *_, f in rows]))
+        for (i, *_), row in zip(rows, grid, strict=True):
+            made[i] = hashlib.blake2b(row.tobytes(), digest_size=8).digest()
+    return b"".join(made)
 
 
 def _differences(pairs: Sequence[Pair], scale: float) -> list[tuple[Any, Any, float]]:
@@ -147,6 +160,7 @@ class NoiseCheck(MechanismCheck):
     count_squares: float
     count_values: int
     reading: Reading | None
+    unhashed: list[bytes | Head]
     clip_bound: float
     count_before: tuple[float, float] | None
 
@@ -162,6 +176,7 @@ class NoiseCheck(MechanismCheck):
         self.add_state("count_squares", 0.0)  # AdaClip: Σ (count noise / σ_u)²
         self.add_state("count_values", 0)
         self.add_state("reading", None, persistent=False)  # what add_noise left for the step
+        self.add_state("unhashed", [], persistent=False)  # the last steps' digests, to hash
         self.add_state("clip_bound", math.nan, persistent=False)  # the C the step clipped to
         self.add_state("count_before", None, persistent=False)  # AdaClip's count, σ_u
 
@@ -194,7 +209,9 @@ class NoiseCheck(MechanismCheck):
         sigma = adapter.gradient_noise_multiplier(opt)
         bound = bound if math.isfinite(bound) else float(opt.max_grad_norm)
         squares, values, digest, nonfinite = reading
-        self.digests += digest or context.steps.to_bytes(8, "little")
+        self.unhashed.append(digest or context.steps.to_bytes(8, "little"))
+        if len(self.unhashed) >= DIGEST_BATCH:
+            self._hash()
         if nonfinite:
             self.nonfinite += nonfinite
             self.nonfinite_steps += 1
@@ -204,7 +221,19 @@ class NoiseCheck(MechanismCheck):
             self.steps += 1
             self.scale = (sigma, bound)
 
+    def _hash(self) -> None:
+        """The steps' digests not hashed yet join ``digests`` (a few steps' together: fewer
+        operations inside the step)."""
+        if self.unhashed:
+            self.digests += hashed(self.unhashed)
+            self.unhashed = []
+
+    def state_dict(self) -> dict[str, Any]:
+        self._hash()
+        return super().state_dict()
+
     def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
+        self._hash()
         rank = 0 if context.sharded else context.rank  # under FSDP each rank tests its own
         return [
             evidence.noise_variance(

@@ -123,8 +123,9 @@ class MechanismChecks:
       for every N that ``expected_batch_size`` allows;
     - ``steps`` (deterministic): private steps taken = steps the accountant counted (across a
       resume, through :meth:`state_dict`);
-    - ``ledger`` (deterministic): the weights at a check are those the last private step left
-      (version counters and storage, no copy), and no optimizer step without noise changed a
+    - ``ledger`` (deterministic): each private step starts from the weights the one before
+      left, and the weights at a check are those the last private step left (version counters
+      and storage, no copy), and no optimizer step without noise changed a
       value (told by a copy of the parameters with a gradient, taken before such a step only).
 
     The checks use no random numbers and never change the gradients, the optimizer's state or

@@ -300,14 +300,28 @@ def step_count(counted: int | None, taken: int) -> MechanismFinding:
     )
 
 
-def ledger(unnoised: int, first: int, changed: bool | None, last: int) -> MechanismFinding:
+def ledger(
+    unnoised: int,
+    first: int,
+    changed: bool | None,
+    last: int,
+    *,
+    written: tuple[int, int] = (0, 0),
+) -> MechanismFinding:
     """``unnoised`` optimizer steps without noise (the first after private step ``first``);
-    whether the weights ``changed`` since the last private step ``last`` (None: none yet)."""
+    ``written``: how many private steps started from weights written since the private step
+    before by no step of the optimizer, and that step of the first; whether the weights
+    ``changed`` since the last private step ``last`` (None: none yet)."""
     said = []
     if unnoised:
         said.append(
             f"the optimizer stepped {unnoised} times without noise (first after private step "
             f"{first})"
+        )
+    if written[0]:
+        said.append(
+            f"the weights were written outside the optimizer's steps before {written[0]} "
+            f"private steps (first after private step {written[1]})"
         )
     if changed:
         said.append(f"the weights changed after the last private step (step {last})")

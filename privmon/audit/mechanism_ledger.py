@@ -63,6 +63,9 @@ class LedgerCheck(MechanismCheck):
     tests = evidence.kinds_of("ledger")
     unnoised: int
     first_unnoised: int
+    written: int
+    first_written: int
+    ledger_unnoised: int
     ledger: _Weights | None
     ledger_step: int
     moved: bool
@@ -73,6 +76,9 @@ class LedgerCheck(MechanismCheck):
         super().__init__()
         self.add_state("unnoised", 0)  # optimizer steps that ran without noise
         self.add_state("first_unnoised", 0)  # the private steps before the first of them
+        self.add_state("written", 0)  # private steps whose weights were written since the last
+        self.add_state("first_written", 0)  # ... by no step of the optimizer; the first's last
+        self.add_state("ledger_unnoised", 0, persistent=False)  # unnoised at the ledger's time
         self.add_state("ledger", None, persistent=False)  # as the last private step left them
         self.add_state("ledger_step", 0, persistent=False)
         self.add_state("moved", False, persistent=False)  # changed since, seen before a step
@@ -95,7 +101,19 @@ class LedgerCheck(MechanismCheck):
         self._handles = []
 
     def private_step(self, context: StepContext) -> None:
+        """Before the private step's update: the weights it starts from must be those the last
+        private step left, unless an unnoised step of the optimizer (counted apart) wrote them;
+        else something else wrote them in between (a second optimizer stepping on ``.grad``
+        after ``backward``, an in-place edit) and the private step builds on it."""
         self.private = True
+        if (
+            self.ledger is not None
+            and self.unnoised == self.ledger_unnoised
+            and (self.moved or self.ledger.changed())
+        ):
+            if self.written == 0:
+                self.first_written = self.ledger_step
+            self.written += 1
 
     def _before_step(self, *_: Any) -> None:
         """Before a step of the underlying optimizer that no noised ``pre_step`` preceded:
@@ -117,7 +135,7 @@ class LedgerCheck(MechanismCheck):
         if self.private:
             self.private, self.before, self.moved = False, None, False
             self.ledger = _Weights.of(self._context.optimizer)
-            self.ledger_step = self._context.steps
+            self.ledger_step, self.ledger_unnoised = self._context.steps, self.unnoised
             return
         if self.before is None:
             return
@@ -137,4 +155,12 @@ class LedgerCheck(MechanismCheck):
 
     def findings(self, context: StepContext, *, accountant: Any) -> list[MechanismFinding]:
         changed = None if self.ledger is None else self.moved or self.ledger.changed()
-        return [evidence.ledger(self.unnoised, self.first_unnoised, changed, self.ledger_step)]
+        return [
+            evidence.ledger(
+                self.unnoised,
+                self.first_unnoised,
+                changed,
+                self.ledger_step,
+                written=(self.written, self.first_written),
+            )
+        ]

@@ -293,6 +293,29 @@ def test_a_step_with_every_parameter_frozen_is_no_non_private_update():
         }
 
 
+def test_a_write_between_private_steps_is_found_though_no_check_falls_between():
+    """An in-place edit after step 10 that the next private step builds on; at the check after
+    step 20 the weights are that step's, but the ledger saw the write at step 11's start. A state
+    saved and loaded keeps the count."""
+    model, optimizer, loader, _, net = private()
+    with MechanismChecks(optimizer) as checks:
+        train(model, optimizer, loader, 10)
+        assert_silent(checks)
+        with torch.no_grad():
+            net[2].weight.clamp_(-0.01, 0.01)  # a max-norm-like projection: still a write
+        train(model, optimizer, loader, 10)
+        said = (
+            "ledger: the weights were written outside the optimizer's steps before 1 private "
+            "steps (first after private step 10): a non-private update"
+        )
+        assert fired(checks) == {"ledger/weights": said}
+        state = checks.state_dict()
+    _, again, *_ = private()
+    resumed = MechanismChecks(again)
+    resumed.load_state_dict(state)
+    assert fired(resumed)["ledger/weights"].startswith(said.removesuffix(": a non-private update"))
+
+
 def test_a_step_without_noise_that_moves_the_weights_is_still_found():
     model, optimizer, loader, _, net = private()
     with MechanismChecks(optimizer) as checks:

@@ -38,8 +38,9 @@ Parts (``--parts``, comma-separated):
   and the smallest p / level any statistical test reached at any check (below 1: it fired);
 * ``timing``: CPU time per step of the correct MLP run with today's ``GradientCanaries``
   (``checks=()``) and with the checks on, at 1e3 and 1e5 canaries (and without canaries);
-  interleaved repeats (the order reversed every other repeat), median and quartiles, and the
-  checks' cost as the paired ratio on / off of each repeat.
+  per repeat the five runs stepped in turn, one step each (the order reversed every other
+  step), each run's mean step (stalls left out); median and quartiles over the repeats, and
+  the checks' cost as the paired ratio on / off of each repeat.
 
     python benchmarks/dp_faults.py                  # everything: seeds 0-4, 1e3/1e5/record
     python benchmarks/dp_faults.py --quick          # smoke: 1 seed, 100 steps, 10 null runs
@@ -61,7 +62,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -493,11 +494,57 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     return float(q1), float(q2), float(q3)
 
 
+def _batches(run: Run) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The run's Poisson batches, epoch after epoch."""
+    while True:
+        yield from run.loader
+
+
+def _interleaved(settings: dict[str, tuple[str, tuple[str, ...] | None]], steps: int, data: Data):
+    """One repeat: a correct run per setting, all built first, then stepped in turn (one step
+    each, the order reversed every other step, the monitors checking on their schedule outside
+    the timing): per setting the mean CPU ms of its steps after the first 10 (the clipping
+    probe's), leaving out those above 3× the median (the machine's stalls; a step that probes
+    takes about 1.2×), and the ms of its final check. Stepping in turn pairs each step with the
+    others' over the same moment, so a busy machine's drift cancels in the ratios."""
+    runs = {}
+    for label, (kind, checks) in settings.items():
+        torch.manual_seed(0)
+        runs[label] = run = Run(FAULTS["correct"], KINDS[kind], 0, steps, data, mlp, checks)
+        build(run)
+    batches = {label: _batches(run) for label, run in runs.items()}
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    loss_fn = nn.CrossEntropyLoss()
+    for i in range(steps):
+        for label in list(runs)[:: 1 if i % 2 == 0 else -1]:
+            run = runs[label]
+            inputs, y = next(batches[label])
+            start = time.process_time()
+            inputs, y = run.fault.rows(inputs, y)
+            run.optimizer.zero_grad()
+            loss_fn(run.model(inputs), y).backward()
+            run.optimizer.step()
+            if i >= 10:
+                times[label].append(time.process_time() - start)
+            run.step += 1
+            if run.step < steps:
+                run.monitor.step(run.step)
+    out = {}
+    for label, run in runs.items():
+        start = time.process_time()
+        run.monitor.check(run.step)
+        middle = statistics.median(times[label])
+        kept = [t for t in times[label] if t <= 3 * middle]
+        out[label] = (1e3 * statistics.fmean(kept), 1e3 * (time.process_time() - start))
+        run.monitor.close()
+    return out
+
+
 def timing_table(repeats: int, steps: int) -> None:
     """CPU ms per step (and per final check) of the correct MLP run: no canaries, and 1e3 / 1e5
-    canaries with the mechanism checks off (``checks=()``, today's canaries) and on;
-    interleaved repeats, the order reversed every other repeat; median [quartiles], and the
-    checks' cost as the per-repeat ratio on / off."""
+    canaries with the mechanism checks off (``checks=()``, today's canaries) and on; per
+    repeat the runs stepped in turn (:func:`_interleaved`); median [quartiles] over the repeats,
+    and the checks' cost as the per-repeat ratio on / off of the mean step."""
     data = digits(0)
     settings: dict[str, tuple[str, tuple[str, ...] | None]] = {"no canaries": ("none", None)}
     for n in ("1e3", "1e5"):
@@ -505,17 +552,14 @@ def timing_table(repeats: int, steps: int) -> None:
         settings[f"{n}, checks on"] = (n, None)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in settings}
     t0 = time.perf_counter()
-    for kind in ("1e3", "1e5"):  # warm-up, discarded
-        run_once(FAULTS["correct"], KINDS[kind], 0, steps=steps // 4, data=data)
-    for i in range(repeats):
-        for label in list(settings)[:: 1 if i % 2 == 0 else -1]:
-            kind, checks = settings[label]
-            r = run_once(FAULTS["correct"], KINDS[kind], 0, steps=steps, data=data, checks=checks)
-            times[label].append((r["ms_per_step"], r["last_check_ms"]))
+    _interleaved(settings, 20, data)  # warm-up, discarded
+    for _ in range(repeats):
+        for label, figures in _interleaved(settings, steps, data).items():
+            times[label].append(figures)
     minutes = (time.perf_counter() - t0) / 60
     print(
-        f"\n## CPU time per step ({repeats} interleaved repeats of {steps} steps; median "
-        f"[quartiles]; {minutes:.1f} min)\n"
+        f"\n## CPU time per step ({repeats} repeats of {steps} steps, the runs stepped in turn; "
+        f"median [quartiles]; {minutes:.1f} min)\n"
     )
     print("| canaries | ms / step | checks on / off, paired | ms / final check |")
     print("|---|---:|---:|---:|")

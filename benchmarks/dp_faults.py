@@ -38,7 +38,7 @@ Parts (``--parts``, comma-separated):
   and the smallest p / level any statistical test reached at any check (below 1: it fired);
 * ``timing``: CPU time per step of the correct MLP run with today's ``GradientCanaries``
   (``checks=()``) and with the checks on, at 1e3 and 1e5 canaries (and without canaries);
-  per repeat the five runs stepped in turn, one step each (the order reversed every other
+  per repeat the five runs stepped in turn, one step each (in a new random order at every
   step), each run's mean step (stalls left out); median and quartiles over the repeats, and
   the checks' cost as the paired ratio on / off of each repeat.
 
@@ -57,6 +57,7 @@ import hashlib
 import inspect
 import logging
 import math
+import random
 import statistics
 import sys
 import time
@@ -502,7 +503,7 @@ def _batches(run: Run) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 
 def _interleaved(settings: dict[str, tuple[str, tuple[str, ...] | None]], steps: int, data: Data):
     """One repeat: a correct run per setting, all built first, then stepped in turn (one step
-    each, the order reversed every other step, the monitors checking on their schedule outside
+    each, in a new random order at every step, the monitors checking on their schedule outside
     the timing): per setting the mean CPU ms of its steps after the first 10 (the clipping
     probe's), leaving out those above 3× the median (the machine's stalls; a step that probes
     takes about 1.2×), and the ms of its final check. Stepping in turn pairs each step with the
@@ -515,8 +516,10 @@ def _interleaved(settings: dict[str, tuple[str, tuple[str, ...] | None]], steps:
     batches = {label: _batches(run) for label, run in runs.items()}
     times: dict[str, list[float]] = {label: [] for label in runs}
     loss_fn = nn.CrossEntropyLoss()
+    order, shuffle = list(runs), random.Random(0).shuffle
     for i in range(steps):
-        for label in list(runs)[:: 1 if i % 2 == 0 else -1]:
+        shuffle(order)  # each run after each other equally often: no neighbour's cache bias
+        for label in order:
             run = runs[label]
             inputs, y = next(batches[label])
             start = time.process_time()
@@ -540,16 +543,17 @@ def _interleaved(settings: dict[str, tuple[str, tuple[str, ...] | None]], steps:
     return out
 
 
-def timing_table(repeats: int, steps: int) -> None:
+def timing_table(repeats: int, steps: int, checks: tuple[str, ...] | None = None) -> None:
     """CPU ms per step (and per final check) of the correct MLP run: no canaries, and 1e3 / 1e5
     canaries with the mechanism checks off (``checks=()``, today's canaries) and on; per
     repeat the runs stepped in turn (:func:`_interleaved`); median [quartiles] over the repeats,
-    and the checks' cost as the per-repeat ratio on / off of the mean step."""
+    and the checks' cost as the per-repeat ratio on / off of the mean step. ``checks``: the
+    mechanism checks "on" runs (default all)."""
     data = digits(0)
     settings: dict[str, tuple[str, tuple[str, ...] | None]] = {"no canaries": ("none", None)}
     for n in ("1e3", "1e5"):
         settings[f"{n}, checks off"] = (n, ())
-        settings[f"{n}, checks on"] = (n, None)
+        settings[f"{n}, checks on"] = (n, checks)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in settings}
     t0 = time.perf_counter()
     _interleaved(settings, 20, data)  # warm-up, discarded
@@ -559,7 +563,8 @@ def timing_table(repeats: int, steps: int) -> None:
     minutes = (time.perf_counter() - t0) / 60
     print(
         f"\n## CPU time per step ({repeats} repeats of {steps} steps, the runs stepped in turn; "
-        f"median [quartiles]; {minutes:.1f} min)\n"
+        f"checks on: {'all' if checks is None else ', '.join(checks)}; median [quartiles]; "
+        f"{minutes:.1f} min)\n"
     )
     print("| canaries | ms / step | checks on / off, paired | ms / final check |")
     print("|---|---:|---:|---:|")
@@ -593,6 +598,9 @@ def main() -> None:
     parser.add_argument("--null-kinds", default="1e3", help="comma-separated")
     parser.add_argument("--repeats", type=int, default=11, help="timing repeats")
     parser.add_argument("--timing-steps", type=int, default=200)
+    parser.add_argument(
+        "--timing-checks", default=None, help="the checks timed, comma-separated (default all)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, 100 steps, 10 null runs")
     args = parser.parse_args()
     if args.quick:
@@ -619,7 +627,8 @@ def main() -> None:
     if "null" in parts:
         null_table(args.null_runs, args.null_steps, null_kinds)
     if "timing" in parts:
-        timing_table(args.repeats, args.timing_steps)
+        only = None if args.timing_checks is None else tuple(args.timing_checks.split(","))
+        timing_table(args.repeats, args.timing_steps, only)
 
 
 if __name__ == "__main__":

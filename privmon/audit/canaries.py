@@ -151,6 +151,7 @@ class GradientCanaries:
         self._undo: tuple[torch.Tensor, torch.Tensor] | None = None  # a step's canaries, undone
         self._noised: tuple[torch.Tensor | None] | None = None  # add_noise came back
         self._due = False  # a noised step's update is due: its gradient joins the sums
+        self._stopped: str | None = None  # why the canaries stopped (a hook of theirs raised)
         self._block = nn.Parameter(torch.zeros(self._n, device=device, dtype=dtype))
         self._join(optimizer, enabled)
 
@@ -183,6 +184,24 @@ class GradientCanaries:
             raise
 
     # -- the optimizer's step ------------------------------------------------------------
+    def _stop(self, event: str, error: BaseException) -> None:
+        """The canaries' own work in a step (sampling them into the block's sum, adding the
+        block's gradient to the scores) raised: they stop there, said once (the error's type,
+        never its message: it may hold a value), and the step goes on. From then on the block
+        still takes part in every step as a parameter with zero per-sample gradients (as on
+        every rank under torch.distributed), no canary is sampled, and the scores are
+        undecided (:meth:`scores` raises, saying why)."""
+        if self._stopped is None:
+            self._stopped = (
+                f"their {event} hook raised {type(error).__name__} after {self._steps} steps"
+            )
+            logger.error(
+                "privmon: the GradientCanaries stopped: %s; training goes on, and their scores "
+                "are undecided from here",
+                self._stopped,
+            )
+        self._undo, self._noised, self._due = None, None, False
+
     def _pre_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         """Give the block a per-sample gradient that costs no memory (zeros expanded to the
         batch size of a model parameter's, one per accumulated batch), so Opacus' bookkeeping
@@ -212,11 +231,14 @@ class GradientCanaries:
             raise
         noised, self._undo, self._noised = self._noised, None, None
         if noised is not None:
-            (sampled,) = noised
-            self._steps += 1
-            if sampled is not None:
-                self._counts += sampled
-            self._due = True
+            try:
+                (sampled,) = noised
+                if sampled is not None:
+                    self._counts += sampled
+                self._steps += 1
+                self._due = True
+            except Exception as error:
+                self._stop("pre_step", error)
         return result
 
     def _clip_and_accumulate(self, original: Any) -> None:
@@ -234,26 +256,41 @@ class GradientCanaries:
     def _add_noise(self, original: Any) -> None:
         """Once per logical step: sample the included canaries, add C · (sampled) to the block's
         summed clipped gradient, then the optimizer's own noise (distributed: on rank 0, where
-        Opacus adds the noise, before it sums the ranks' gradients)."""
-        opt = self._optimizer
+        Opacus adds the noise, before it sums the ranks' gradients), whatever the canaries' part
+        did."""
         sampled = None
-        if self._rank == 0:
-            summed = self._block.summed_grad  # type: ignore[attr-defined]
-            self._undo = (summed.clone(), self._generator.get_state())
-            rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
-            draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
-            sampled = (draws < rate) & self._included
-            summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
+        if self._stopped is None:
+            try:
+                sampled = self._sample()
+            except Exception as error:
+                self._stop("add_noise", error)
         original()
-        self._noised = (sampled,)
+        if self._stopped is None:
+            self._noised = (sampled,)
+
+    def _sample(self) -> torch.Tensor | None:
+        """This step's sampled canaries, added at C to the block's summed gradient (rank 0)."""
+        if self._rank != 0:
+            return None
+        opt = self._optimizer
+        summed = self._block.summed_grad  # type: ignore[attr-defined]
+        self._undo = (summed.clone(), self._generator.get_state())
+        rate = min(1.0, self._sample_rate * opt.accumulated_iterations)
+        draws = torch.rand(self._n, generator=self._generator, device=self._counts.device)
+        sampled = (draws < rate) & self._included
+        summed.add_(sampled.to(summed.dtype), alpha=float(opt.max_grad_norm))
+        return sampled
 
     def _before_update(self, *_: Any) -> None:
         """Before the underlying optimizer's update of a noised step: the block's gradient (noised,
         scaled and, distributed, summed over the ranks) joins the scores."""
         if self._due:
             self._due = False
-            if self._block.grad is not None:
-                self._sums.add_(self._block.grad)
+            try:
+                if self._block.grad is not None:
+                    self._sums.add_(self._block.grad)
+            except Exception as error:
+                self._stop("step", error)
 
     def _before_load(self, optimizer: Any, state: dict[str, Any]) -> None:
         """Name the canary block when a state saved without it is loaded."""
@@ -282,7 +319,14 @@ class GradientCanaries:
         Learning rates and the update rule play no part: under SGD with one constant lr the
         block's update θ_0 − θ_T is lr times the scores.
 
-        After :meth:`detach` the scores are those of the moment it was called."""
+        After :meth:`detach` the scores are those of the moment it was called.
+
+        Raises:
+            RuntimeError: the canaries stopped (a hook of theirs raised inside a step): their
+                scores are undecided.
+        """
+        if self._stopped is not None:
+            raise RuntimeError(f"the GradientCanaries stopped ({self._stopped}): no scores")
         score = (self._final if self._final is not None else self._scores()).numpy()
         included = self.included
         return score[included], score[~included]
@@ -388,6 +432,8 @@ class GradientCanaries:
         }
         if self._checks.checks:
             state["mechanism"] = self._checks.state_dict()
+        if self._stopped is not None:
+            state["stopped"] = self._stopped
         return sealed(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -403,7 +449,7 @@ class GradientCanaries:
         """
         check_sealed(state, what="GradientCanaries state")
         mine = self.state_dict()
-        missing = sorted(set(mine) - set(state) - {"mechanism"})
+        missing = sorted(set(mine) - set(state) - {"mechanism", "stopped"})
         if missing:
             raise ValueError(f"state is not a GradientCanaries state_dict: it lacks {missing}")
         for key in ("n_canaries", "seed", "sample_rate"):
@@ -429,6 +475,7 @@ class GradientCanaries:
             self._block.copy_(values)
         if "mechanism" in mine and state.get("mechanism") is not None:
             self._checks.load_state_dict(state["mechanism"])
+        self._stopped = state.get("stopped")  # saved by canaries that had stopped: still so
 
 
 def _check_query(query: Any) -> bool:

@@ -163,3 +163,55 @@ def test_through_the_monitor_a_stopped_check_is_a_failure_not_a_violation():
         f"the always test of the raises check is undecided at step {STEPS}; its evidence: "
         "raises: the check stopped (its step hook raised ValueError"
     )
+
+
+# -- the canaries' own hooks ----------------------------------------------------------------------
+def _canary_run(*, fail_at: int | None) -> tuple[nn.Module, Any]:
+    """20 steps with 1,000 GradientCanaries; from step ``fail_at`` on, drawing the canaries'
+    samples raises (their generator's draws only: the loader's and the noise's are untouched)."""
+    from privmon.audit import GradientCanaries
+
+    torch.manual_seed(0)
+    net = toy_net()
+    model, optimizer, loader = make_private(
+        net, net, toy_data(0), batch=20, noise_multiplier=1.0, max_grad_norm=1.0
+    )
+    canaries = GradientCanaries(optimizer, 1000, seed=0)
+    rand = torch.rand
+
+    def failing(*args: Any, generator: Any = None, **kwargs: Any) -> torch.Tensor:
+        if generator is canaries._generator and canaries.steps >= fail_at:
+            raise RuntimeError(SECRET)
+        return rand(*args, generator=generator, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        if fail_at is not None:
+            patch.setattr(torch, "rand", failing)
+        train(model, optimizer, loader, nn.functional.cross_entropy, steps=STEPS)
+    return net, canaries
+
+
+def test_canaries_whose_hook_raises_stop_and_training_goes_on_bit_identical(caplog):
+    clean, _ = _canary_run(fail_at=None)
+    with caplog.at_level(logging.ERROR, logger="privmon"):
+        net, canaries = _canary_run(fail_at=5)
+    for (name, a), b in zip(clean.state_dict().items(), net.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # the model's training is untouched
+    said = "their add_noise hook raised RuntimeError after 5 steps"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"privmon: the GradientCanaries stopped: {said}; training goes on, and their scores "
+        "are undecided from here"
+    ]
+    assert SECRET not in caplog.text
+    stopped = rf"^the GradientCanaries stopped \({said}\): no scores$"
+    with pytest.raises(RuntimeError, match=stopped):
+        canaries.scores()
+    assert canaries.steps == 5
+    assert not any(f.fired for f in canaries.mechanism())  # the checks still run, silent
+    state = canaries.state_dict()
+    assert state["stopped"] == said
+    _, fresh = _canary_run(fail_at=None)
+    fresh.load_state_dict(state)  # a resume keeps them stopped
+    with pytest.raises(RuntimeError, match="stopped"):
+        fresh.scores()

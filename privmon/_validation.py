@@ -123,6 +123,8 @@ def check_threshold(value: Any, *, epsilon: bool) -> float:
 
 def check_int(value: Any, *, name: str, minimum: int = 0) -> int:
     """Return ``value`` as an int after checking it is an integer (not a bool) >= ``minimum``."""
+    if type(value) is int and value >= minimum:  # the common case first: asked once a step
+        return value
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {shown(value)}")
     if value < minimum:

@@ -4,12 +4,15 @@ stuck in a collective gives up sooner, at its process group's timeout)."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 DEADLINE_S = 240  # generous for 2 loaded cores
@@ -43,3 +46,16 @@ def spawned_results(worker, tmp, world=2):
     """:func:`spawn`, then what each rank left in ``tmp`` as ``rank{r}.pkl``, in rank order."""
     spawn(worker, tmp, world)
     return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(world)]
+
+
+@contextlib.contextmanager
+def rank_results(rank: int, tmp: str) -> Iterator[dict]:
+    """A dict a worker fills: whatever the block raises, it reaches :func:`spawned_results`
+    (``rank{rank}.pkl`` in ``tmp``) as it stands, and the process group is destroyed after."""
+    out: dict = {}
+    try:
+        yield out
+    finally:
+        with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
+            pickle.dump(out, f)
+        dist.destroy_process_group()

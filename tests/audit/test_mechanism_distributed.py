@@ -17,14 +17,13 @@ out after 30 s, and test_distributed's spawn fails the tests when the ranks outl
 from __future__ import annotations
 
 import datetime
-import pickle
 import re
 
 import pytest
 import torch
 import torch.distributed as dist
 from dp_sgd import N, make_private, toy_data, toy_net, train, with_noise_factor
-from ranks import spawned_results
+from ranks import rank_results, spawned_results
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -138,15 +137,10 @@ def _worker(rank, world, port, tmp):
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
-    out = {}
-    try:
+    with rank_results(rank, tmp) as out:
         for case in CASES:
             out[case] = _run(case, rank)
         out["refusals"] = _refusals()
-    finally:
-        with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
-            pickle.dump(out, f)
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

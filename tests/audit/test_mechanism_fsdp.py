@@ -15,14 +15,13 @@ after 30 s; the spawn fails the tests when the ranks outlive its deadline.
 from __future__ import annotations
 
 import datetime
-import pickle
 import re
 
 import pytest
 import torch
 import torch.distributed as dist
 from dp_sgd import train, with_noise_factor
-from ranks import spawned_results
+from ranks import rank_results, spawned_results
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -115,8 +114,7 @@ def _worker(rank, world, port, tmp):
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=MEETING_TIMEOUT)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
-    out: dict = {}
-    try:
+    with rank_results(rank, tmp) as out:
         out["unwatched"] = _run(0, watched=False)
         for fault in ("", *FAULTS):
             for seed in SEEDS:
@@ -128,10 +126,6 @@ def _worker(rank, world, port, tmp):
             run["agreed"] = _agreed(run["findings"])
             out[case] = run
         out["refusals"] = _refusals()
-    finally:
-        with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
-            pickle.dump(out, f)
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

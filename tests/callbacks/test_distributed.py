@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ranks import spawned_results
+from ranks import rank_results, spawned_results
 from torch import nn
 
 import privmon.callbacks.check_analysis as analysis_module
@@ -400,8 +400,7 @@ def _worker(rank, world, port, tmp):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
     log = _Log()
     logging.getLogger("privmon").addHandler(log)
-    out = {}
-    try:
+    with rank_results(rank, tmp) as out:
         mon = _monitor(model, *_shard(rank, members, nonmembers), f"{tmp}/ddp")
         stop = mon.step(100)
         rep = mon.last_report
@@ -430,10 +429,6 @@ def _worker(rank, world, port, tmp):
             )
             result["after"] = _outcome(functools.partial(healthy.check, 1))
             out[name] = result
-    finally:
-        with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
-            pickle.dump(out, f)
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

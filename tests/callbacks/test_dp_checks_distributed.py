@@ -9,14 +9,13 @@ tests/callbacks/test_distributed.py."""
 from __future__ import annotations
 
 import datetime
-import pickle
 import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from ranks import spawned_results
+from ranks import rank_results, spawned_results
 
 from privmon import PrivacyMonitor, PrivacyViolationWarning
 from privmon.audit.mechanism import MechanismFinding
@@ -83,8 +82,7 @@ def _worker(rank, world, port, tmp):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
     rng = np.random.default_rng(rank)
     members, nonmembers = [rng.normal(0.0, 1.0, 100)], [rng.normal(0.0, 1.0, 100)]
-    out = {}
-    try:
+    with rank_results(rank, tmp) as out:
         for i, (name, case) in enumerate(CASES.items()):
             case = dict(case)
             strict = case.pop("strict", False)
@@ -98,10 +96,6 @@ def _worker(rank, world, port, tmp):
                 strict=strict,
             )
             out[name] = _outcome(monitor, i + 1)
-    finally:
-        with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
-            pickle.dump(out, f)
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ reference-model attack, and one-run DP audits: canaries (gradient canaries insid
 optimizer, input canaries for any model) and the ε lower bound their scores give; and the audit
 of a released synthetic table (DOMIAS, its baselines and DCR)."""
 
-from privmon.audit.canaries import GradientCanaries, InputCanaries
+from privmon.audit.canaries import GradientCanaries
+from privmon.audit.input_canaries import InputCanaries
 from privmon.audit.mechanism import MECHANISM_CHECKS, MechanismFinding
 from privmon.audit.mechanism_check import MechanismCheck, StepContext
 from privmon.audit.mechanism_checks import MechanismChecks

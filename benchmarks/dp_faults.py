@@ -214,23 +214,29 @@ def build(run: Run) -> None:
     )
 
 
+def step_once(run: Run, inputs: torch.Tensor, y: torch.Tensor) -> float:
+    """One DP-SGD step on a batch (the fault's rows), then the monitor on its schedule before
+    the run's last step (the last check comes after the fault's post-training work); the CPU
+    seconds of the step alone."""
+    start = time.process_time()
+    inputs, y = run.fault.rows(inputs, y)
+    run.optimizer.zero_grad()
+    nn.functional.cross_entropy(run.model(inputs), y).backward()
+    run.optimizer.step()
+    seconds = time.process_time() - start
+    run.step += 1
+    if run.step < run.steps:
+        run.monitor.step(run.step)
+    return seconds
+
+
 def train(run: Run, until: int) -> None:
-    """DP-SGD steps up to global step ``until``; the monitor checks on its schedule before the
-    last step (the last check comes after the fault's post-training work)."""
-    loss_fn = nn.CrossEntropyLoss()
+    """DP-SGD steps up to global step ``until``."""
     while run.step < until:
         run.fault.epoch_start(run)
         for inputs, y in run.loader:
             run.fault.before_step(run)
-            start = time.process_time()
-            inputs, y = run.fault.rows(inputs, y)
-            run.optimizer.zero_grad()
-            loss_fn(run.model(inputs), y).backward()
-            run.optimizer.step()
-            run.step_seconds += time.process_time() - start
-            run.step += 1
-            if run.step < run.steps:
-                run.monitor.step(run.step)
+            run.step_seconds += step_once(run, inputs, y)
             if run.step >= until:
                 break
 
@@ -515,23 +521,13 @@ def _interleaved(settings: dict[str, tuple[str, tuple[str, ...] | None]], steps:
         build(run)
     batches = {label: _batches(run) for label, run in runs.items()}
     times: dict[str, list[float]] = {label: [] for label in runs}
-    loss_fn = nn.CrossEntropyLoss()
     order, shuffle = list(runs), random.Random(0).shuffle
     for i in range(steps):
         shuffle(order)  # each run after each other equally often: no neighbour's cache bias
         for label in order:
-            run = runs[label]
-            inputs, y = next(batches[label])
-            start = time.process_time()
-            inputs, y = run.fault.rows(inputs, y)
-            run.optimizer.zero_grad()
-            loss_fn(run.model(inputs), y).backward()
-            run.optimizer.step()
+            seconds = step_once(runs[label], *next(batches[label]))
             if i >= 10:
-                times[label].append(time.process_time() - start)
-            run.step += 1
-            if run.step < steps:
-                run.monitor.step(run.step)
+                times[label].append(seconds)
     out = {}
     for label, run in runs.items():
         start = time.process_time()

@@ -169,9 +169,9 @@ def nonfinite_row(params: list[Any]) -> tuple[int | None, str] | None:
     that is not finite and whether it holds a NaN ("NaN") or only infinities ("inf") — the row
     None when every one is finite (the clipping itself made the sum non-finite)."""
     sums = [s for p in params if isinstance(s := getattr(p, "summed_grad", None), torch.Tensor)]
-    totals = [s.sum() if s.dtype in _WIDE else s.sum(dtype=torch.float32) for s in sums]
     if not sums:
         return None
+    totals = [s.sum() if s.dtype in _WIDE else s.sum(dtype=torch.float32) for s in sums]
     stacked = torch.stack(totals)
     # a finite sum of the totals means each is finite (fewest operations: this runs at every
     # clipping call); a sum overflowing from finite totals is told apart
